@@ -31,13 +31,108 @@ var ErrShort = errors.New("icrc: packet too short")
 
 func update(crc uint32, p []byte) uint32 { return crc32.Update(crc, crc32.IEEETable, p) }
 
+// slicing8 holds the tables of the slicing-by-8 CRC-32 (IEEE, reflected)
+// used for the staged header bytes. hash/crc32 would do as well, but
+// handing it a stack buffer moves the buffer to the heap (the hardware
+// path is called through a function value), which would cost one
+// allocation per packet.
+var slicing8 [8][256]uint32
+
+func init() {
+	for i := range 256 {
+		c := uint32(i)
+		for range 8 {
+			if c&1 != 0 {
+				c = c>>1 ^ crc32.IEEE
+			} else {
+				c >>= 1
+			}
+		}
+		slicing8[0][i] = c
+	}
+	for i := range 256 {
+		c := slicing8[0][i]
+		for t := 1; t < 8; t++ {
+			c = slicing8[0][c&0xff] ^ c>>8
+			slicing8[t][i] = c
+		}
+	}
+}
+
+// updateSmall is crc32.Update(crc, IEEETable, p) for short buffers that
+// must stay on the caller's stack.
+func updateSmall(crc uint32, p []byte) uint32 {
+	crc = ^crc
+	t := &slicing8
+	for len(p) >= 8 {
+		crc ^= uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16 | uint32(p[3])<<24
+		crc = t[0][p[7]] ^ t[1][p[6]] ^ t[2][p[5]] ^ t[3][p[4]] ^
+			t[4][crc>>24] ^ t[5][crc>>16&0xff] ^ t[6][crc>>8&0xff] ^ t[7][crc&0xff]
+		p = p[8:]
+	}
+	for _, v := range p {
+		crc = t[0][byte(crc)^v] ^ crc>>8
+	}
+	return ^crc
+}
+
 // tail hashes the BTH (masked) and everything after it up to the ICRC.
 func tail(crc uint32, roce []byte) uint32 {
 	var b [bthLen]byte
 	copy(b[:], roce[:bthLen])
 	b[4] = 0xff
-	crc = update(crc, b[:])
+	crc = updateSmall(crc, b[:])
 	return update(crc, roce[bthLen:len(roce)-Len])
+}
+
+// The sums below stage the masked headers (IP or GRH, UDP, BTH) in one
+// stack buffer so that they cost a single CRC call, then hash the rest of
+// the packet in place. Callers have checked the lengths.
+
+// ipv4Sum: ip is the whole IPv4 header (20..60 bytes), udp the UDP
+// segment through the ICRC (at least 8+12+4 bytes).
+func ipv4Sum(ip, udp []byte) uint32 {
+	var h [60 + 8 + bthLen]byte
+	n := copy(h[:], ip)
+	h[1] = 0xff               // TOS (DSCP and ECN) may change in flight
+	h[8] = 0xff               // TTL
+	h[10], h[11] = 0xff, 0xff // header checksum follows TTL and TOS
+	n += copy(h[n:], udp[:8+bthLen])
+	h[n-bthLen-2], h[n-bthLen-1] = 0xff, 0xff // UDP checksum
+	h[n-bthLen+4] = 0xff                      // BTH resv8a: FECN, BECN
+	crc := updateSmall(crcLRH, h[:n])
+	return update(crc, udp[8+bthLen:len(udp)-Len])
+}
+
+// ipv6Sum: ip is the 40-byte IPv6 header, udp as for ipv4Sum.
+func ipv6Sum(ip, udp []byte) uint32 {
+	var h [40 + 8 + bthLen]byte
+	copy(h[:], ip[:40])
+	maskGRH(h[:40])
+	copy(h[40:], udp[:8+bthLen])
+	h[46], h[47] = 0xff, 0xff
+	h[48+4] = 0xff
+	crc := updateSmall(crcLRH, h[:])
+	return update(crc, udp[8+bthLen:len(udp)-Len])
+}
+
+// roceV1Sum: grh is the 40-byte GRH, roce the BTH through the ICRC.
+func roceV1Sum(grh, roce []byte) uint32 {
+	var h [40 + bthLen]byte
+	copy(h[:], grh[:40])
+	maskGRH(h[:40])
+	copy(h[40:], roce[:bthLen])
+	h[40+4] = 0xff
+	crc := updateSmall(crcLRH, h[:])
+	return update(crc, roce[bthLen:len(roce)-Len])
+}
+
+// maskGRH sets traffic class, flow label and hop limit of an IPv6 header
+// or GRH to ones (annex A17.3.3; the same fields for both layouts).
+func maskGRH(h []byte) {
+	h[0] |= 0x0f
+	h[1], h[2], h[3] = 0xff, 0xff, 0xff
+	h[7] = 0xff
 }
 
 // IPv4 returns the ICRC of a RoCEv2 packet given its IPv4 header (options
@@ -47,15 +142,7 @@ func IPv4(ip, udp []byte) (uint32, error) {
 	if len(ip) < 20 || len(ip) > 60 || len(udp) < 8+bthLen+Len {
 		return 0, ErrShort
 	}
-	var h [68]byte
-	n := copy(h[:], ip)
-	h[1] = 0xff               // TOS
-	h[8] = 0xff               // TTL
-	h[10], h[11] = 0xff, 0xff // header checksum
-	copy(h[n:], udp[:8])
-	h[n+6], h[n+7] = 0xff, 0xff // UDP checksum
-	crc := update(crcLRH, h[:n+8])
-	return tail(crc, udp[8:]), nil
+	return ipv4Sum(ip, udp), nil
 }
 
 // IPv6 is IPv4's counterpart: traffic class, flow label and hop limit masked.
@@ -63,15 +150,7 @@ func IPv6(ip, udp []byte) (uint32, error) {
 	if len(ip) < 40 || len(udp) < 8+bthLen+Len {
 		return 0, ErrShort
 	}
-	var h [48]byte
-	copy(h[:], ip[:40])
-	h[0] |= 0x0f
-	h[1], h[2], h[3] = 0xff, 0xff, 0xff
-	h[7] = 0xff
-	copy(h[40:], udp[:8])
-	h[46], h[47] = 0xff, 0xff
-	crc := update(crcLRH, h[:])
-	return tail(crc, udp[8:]), nil
+	return ipv6Sum(ip, udp), nil
 }
 
 // RoCEv1 returns the ICRC of a RoCEv1 packet: GRH (traffic class, flow
@@ -80,12 +159,7 @@ func RoCEv1(grh, roce []byte) (uint32, error) {
 	if len(grh) < 40 || len(roce) < bthLen+Len {
 		return 0, ErrShort
 	}
-	var h [40]byte
-	copy(h[:], grh[:40])
-	h[0] |= 0x0f
-	h[1], h[2], h[3] = 0xff, 0xff, 0xff
-	h[7] = 0xff
-	return tail(update(crcLRH, h[:]), roce), nil
+	return roceV1Sum(grh, roce), nil
 }
 
 // Wire returns the ICRC carried in the last four bytes of a packet.
@@ -127,17 +201,17 @@ func Synth(h *Header, roce []byte) (uint32, error) {
 		copy(b[12:], h.Src)
 		copy(b[16:], h.Dst)
 		putUDP(b[20:28], h.SrcPort, h.DstPort, udpLen)
-		return tail(update(crcLRH, b[:28]), roce), nil
+		return tail(updateSmall(crcLRH, b[:28]), roce), nil
 	case len(h.Src) == 16 && len(h.Dst) == 16:
 		b[0], b[1], b[2], b[3] = 0x6f, 0xff, 0xff, 0xff
 		binary.BigEndian.PutUint16(b[4:], uint16(udpLen))
 		b[6], b[7] = 17, 0xff
 		copy(b[8:], h.Src)
 		copy(b[24:], h.Dst)
-		crc := update(crcLRH, b[:40])
+		crc := updateSmall(crcLRH, b[:40])
 		var u [8]byte
 		putUDP(u[:], h.SrcPort, h.DstPort, udpLen)
-		return tail(update(crc, u[:]), roce), nil
+		return tail(updateSmall(crc, u[:]), roce), nil
 	}
 	return 0, fmt.Errorf("icrc: addresses must both be IPv4 or both IPv6 (got %d and %d bytes)", len(h.Src), len(h.Dst))
 }
