@@ -97,9 +97,37 @@ func Parse(p *Packet, b []byte) error {
 		return &ParseError{Kind: ErrMissingHeader, Opcode: op,
 			Detail: fmt.Sprintf("%s needs %d header bytes after the BTH, packet has %d", info.Headers, info.HdrLen-BTHLen, len(body))}
 	}
+	off := p.setHeaders(body)
+	rest := body[off:]
+	pad := p.BTH.PadCnt()
+	if pad > len(rest) {
+		return &ParseError{Kind: ErrPadCnt, Opcode: op, Detail: fmt.Sprintf("PadCnt %d but only %d bytes after the headers", pad, len(rest))}
+	}
+	p.Payload = rest[:len(rest)-pad]
+	p.Pad = rest[len(rest)-pad:]
+	switch info.Payload {
+	case PayloadNone:
+		if len(rest) != 0 {
+			return &ParseError{Kind: ErrPayloadLen, Opcode: op, Detail: fmt.Sprintf("%d bytes after the headers, opcode carries no payload", len(rest))}
+		}
+	case PayloadFixed:
+		// A CNP's 16 bytes are reserved; real senders are consistent, but
+		// accept a CNP of any length rather than drop congestion signals.
+		if info.Op != OpCNP && len(p.Payload) != info.FixedLen {
+			return &ParseError{Kind: ErrPayloadLen, Opcode: op, Detail: fmt.Sprintf("payload %d bytes, %s carries exactly %d", len(p.Payload), info.Name, info.FixedLen)}
+		}
+	}
+	return nil
+}
+
+// setHeaders points the extended-header views at body, which starts
+// right after the BTH and holds at least the opcode's headers, and returns
+// their total length.
+func (p *Packet) setHeaders(body []byte) int {
 	off := 0
+	hdrs := p.Info.Headers
 	for _, e := range headerOrder {
-		if info.Headers&e.h == 0 {
+		if hdrs&e.h == 0 {
 			continue
 		}
 		h := body[off : off+e.size : off+e.size]
@@ -127,25 +155,38 @@ func Parse(p *Packet, b []byte) error {
 			p.IETH = IETH(h)
 		}
 	}
-	rest := body[off:]
-	pad := p.BTH.PadCnt()
-	if pad > len(rest) {
-		return &ParseError{Kind: ErrPadCnt, Opcode: op, Detail: fmt.Sprintf("PadCnt %d but only %d bytes after the headers", pad, len(rest))}
-	}
-	p.Payload = rest[:len(rest)-pad]
-	p.Pad = rest[len(rest)-pad:]
-	switch info.Payload {
-	case PayloadNone:
-		if len(rest) != 0 {
-			return &ParseError{Kind: ErrPayloadLen, Opcode: op, Detail: fmt.Sprintf("%d bytes after the headers, opcode carries no payload", len(rest))}
+	return off
+}
+
+// ParseHeaders decodes the BTH and the extended headers of a packet whose
+// end may be missing, such as a capture cut by its snap length: b starts
+// at the BTH and must hold at least the opcode's headers. Payload is set to
+// whatever follows the headers (pad and ICRC not separated); Pad and ICRC
+// stay nil. Errors are as for Parse (ErrShort, ErrReservedOpcode,
+// ErrMissingHeader).
+func ParseHeaders(p *Packet, b []byte) error {
+	*p = Packet{}
+	if len(b) < BTHLen {
+		var op Opcode
+		if len(b) > 0 {
+			op = Opcode(b[0])
 		}
-	case PayloadFixed:
-		// A CNP's 16 bytes are reserved; real senders are consistent, but
-		// accept a CNP of any length rather than drop congestion signals.
-		if info.Op != OpCNP && len(p.Payload) != info.FixedLen {
-			return &ParseError{Kind: ErrPayloadLen, Opcode: op, Detail: fmt.Sprintf("payload %d bytes, %s carries exactly %d", len(p.Payload), info.Name, info.FixedLen)}
-		}
+		return &ParseError{Kind: ErrShort, Opcode: op, Detail: fmt.Sprintf("%d bytes, need the %d-byte BTH", len(b), BTHLen)}
 	}
+	p.Raw = b
+	p.BTH = BTH(b[:BTHLen])
+	op := p.BTH.Opcode()
+	p.Info = op.Info()
+	if !p.Info.Valid {
+		p.Payload = b[BTHLen:]
+		return &ParseError{Kind: ErrReservedOpcode, Opcode: op, Detail: p.Info.Name}
+	}
+	if len(b) < p.Info.HdrLen {
+		return &ParseError{Kind: ErrMissingHeader, Opcode: op,
+			Detail: fmt.Sprintf("%s needs %d header bytes after the BTH, have %d", p.Info.Headers, p.Info.HdrLen-BTHLen, len(b)-BTHLen)}
+	}
+	off := p.setHeaders(b[BTHLen:])
+	p.Payload = b[BTHLen+off:]
 	return nil
 }
 

@@ -106,6 +106,9 @@ type FrameError struct {
 	Step   string // the header being decoded: "ethernet", "ipv4", "udp", ...
 	Offset int    // offset of that header in the frame
 	Detail string
+	// Truncated is set when the capture ends before the headers needed to
+	// locate the packet: a snap-length effect, not a malformed packet.
+	Truncated bool
 }
 
 func (e *FrameError) Error() string {
@@ -125,7 +128,7 @@ func CheckFrame(frame []byte) (Result, error) {
 	nv := 0
 	for et == EtherTypeVLAN || et == EtherTypeQinQ || et == EtherTypeQinQ91 {
 		if len(frame) < off+6 {
-			return Result{}, &FrameError{Step: "vlan", Offset: off, Detail: "frame ends inside a VLAN tag"}
+			return Result{}, &FrameError{Step: "vlan", Offset: off, Detail: "frame ends inside a VLAN tag", Truncated: true}
 		}
 		if nv < MaxVLANTags {
 			vlan[nv] = binary.BigEndian.Uint16(frame[off+2:]) & 0x0fff
@@ -174,7 +177,7 @@ func checkIPv4(pkt []byte) (Result, error) {
 		if len(pkt) >= 10 && pkt[9] != 17 {
 			return Result{}, ErrNotRoCE
 		}
-		return Result{}, &FrameError{Step: "ipv4", Detail: fmt.Sprintf("capture ends after %d bytes of the IPv4 header", len(pkt))}
+		return Result{}, &FrameError{Step: "ipv4", Detail: fmt.Sprintf("capture ends after %d bytes of the IPv4 header", len(pkt)), Truncated: true}
 	}
 	if pkt[0]>>4 != 4 {
 		return Result{}, &FrameError{Step: "ipv4", Detail: fmt.Sprintf("version %d in an IPv4 EtherType", pkt[0]>>4)}
@@ -192,7 +195,7 @@ func checkIPv4(pkt []byte) (Result, error) {
 		return Result{}, &FrameError{Step: "ipv4", Detail: fmt.Sprintf("header length %d, total length %d", ihl, total)}
 	}
 	if len(pkt) < ihl+8 {
-		return Result{}, &FrameError{Step: "udp", Offset: ihl, Detail: "capture ends inside the UDP header"}
+		return Result{}, &FrameError{Step: "udp", Offset: ihl, Detail: "capture ends inside the UDP header", Truncated: true}
 	}
 	r, err := udpLayout(pkt, ihl, total-ihl)
 	if err != nil {
@@ -213,7 +216,7 @@ func checkIPv6(pkt []byte) (Result, error) {
 		if len(pkt) >= 7 && pkt[6] != 17 {
 			return Result{}, ErrNotRoCE
 		}
-		return Result{}, &FrameError{Step: "ipv6", Detail: fmt.Sprintf("capture ends after %d bytes of the IPv6 header", len(pkt))}
+		return Result{}, &FrameError{Step: "ipv6", Detail: fmt.Sprintf("capture ends after %d bytes of the IPv6 header", len(pkt)), Truncated: true}
 	}
 	if pkt[0]>>4 != 6 {
 		return Result{}, &FrameError{Step: "ipv6", Detail: fmt.Sprintf("version %d in an IPv6 EtherType", pkt[0]>>4)}
@@ -224,7 +227,7 @@ func checkIPv6(pkt []byte) (Result, error) {
 		return Result{}, ErrNotRoCE
 	}
 	if len(pkt) < 48 {
-		return Result{}, &FrameError{Step: "udp", Offset: 40, Detail: "capture ends inside the UDP header"}
+		return Result{}, &FrameError{Step: "udp", Offset: 40, Detail: "capture ends inside the UDP header", Truncated: true}
 	}
 	r, err := udpLayout(pkt, 40, int(binary.BigEndian.Uint16(pkt[4:])))
 	if err != nil {
@@ -263,7 +266,7 @@ func udpLayout(pkt []byte, l3len, ipPayload int) (Result, error) {
 
 func checkRoCEv1(pkt []byte) (Result, error) {
 	if len(pkt) < 40 {
-		return Result{}, &FrameError{Step: "grh", Detail: fmt.Sprintf("capture ends after %d bytes of the GRH", len(pkt))}
+		return Result{}, &FrameError{Step: "grh", Detail: fmt.Sprintf("capture ends after %d bytes of the GRH", len(pkt)), Truncated: true}
 	}
 	if pkt[6] != grhNextHeaderIBA {
 		return Result{}, &FrameError{Step: "grh", Detail: fmt.Sprintf("next header 0x%02x, want 0x1b (IBA transport)", pkt[6])}

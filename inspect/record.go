@@ -1,0 +1,330 @@
+// Package inspect decodes and verifies RoCE captures: every frame of a pcap
+// or pcapng file becomes a Record (addresses, BTH, extended headers, payload
+// length, ICRC verdict), records add up to a per-connection Summary, and
+// writers render them as one line per packet, as a field tree with frame
+// offsets, or as JSON Lines.
+//
+// Decoding follows the lengths the headers give (UDP length for RoCEv2, GRH
+// PayLen for RoCEv1), so Ethernet padding and FCS bytes are ignored, and a
+// frame cut by the capture's snap length is reported as "truncated" rather
+// than as an ICRC failure. The ICRC is checked with package icrc (IBTA annex
+// A17); Wireshark shows the ICRC but never checks it.
+package inspect
+
+import (
+	"encoding/binary"
+	"errors"
+	"net/netip"
+	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+
+	"github.com/softroce/softroce/bth"
+	"github.com/softroce/softroce/icrc"
+)
+
+// Record is one decoded frame. Non-RoCE frames have RoCE == false and only
+// the capture fields set. Optional headers are nil when the opcode does not
+// carry them.
+type Record struct {
+	Frame     int       `json:"frame"` // 1-based position in its file
+	Time      time.Time `json:"time"`
+	CapLen    int       `json:"cap_len"`  // bytes captured
+	WireLen   int       `json:"wire_len"` // bytes on the wire
+	Interface int       `json:"interface,omitempty"`
+	RoCE      bool      `json:"-"`
+
+	Transport string     `json:"transport"` // "RoCEv2" or "RoCEv1"
+	VLAN      []uint16   `json:"vlan,omitempty"`
+	Src       netip.Addr `json:"src"` // IP source, or source GID for RoCEv1
+	Dst       netip.Addr `json:"dst"`
+	SrcPort   uint16     `json:"src_port,omitempty"`
+	DstPort   uint16     `json:"dst_port,omitempty"`
+
+	Opcode     uint8  `json:"opcode"`
+	OpcodeName string `json:"opcode_name"`
+	SE         bool   `json:"se"`
+	MigReq     bool   `json:"mig_req"`
+	PadCnt     int    `json:"pad_cnt"`
+	TVer       uint8  `json:"tver"`
+	PKey       uint16 `json:"pkey"`
+	FECN       bool   `json:"fecn"`
+	BECN       bool   `json:"becn"`
+	DestQP     uint32 `json:"dest_qp"`
+	AckReq     bool   `json:"ack_req"`
+	PSN        uint32 `json:"psn"`
+
+	RDETH     *RDETH     `json:"rdeth,omitempty"`
+	DETH      *DETH      `json:"deth,omitempty"`
+	XRCETH    *XRCETH    `json:"xrceth,omitempty"`
+	FETH      *FETH      `json:"feth,omitempty"`
+	RETH      *RETH      `json:"reth,omitempty"`
+	AtomicETH *AtomicETH `json:"atomic_eth,omitempty"`
+	AETH      *AETH      `json:"aeth,omitempty"`
+	AtomicAck *AtomicAck `json:"atomic_ack_eth,omitempty"`
+	Imm       *uint32    `json:"imm,omitempty"` // immediate data as read (big-endian)
+	IETH      *IETH      `json:"ieth,omitempty"`
+
+	PayloadLen int `json:"payload_len"` // from the length fields; known even when truncated
+
+	ICRC         string `json:"icrc"` // "ok", "bad" or "truncated"
+	ICRCComputed uint32 `json:"icrc_computed,omitempty"`
+	ICRCWire     uint32 `json:"icrc_wire,omitempty"`
+
+	// Malformed explains why the transport headers could not be decoded
+	// (short packet, PadCnt beyond the payload, reserved opcode, ...).
+	Malformed string `json:"malformed,omitempty"`
+
+	// Data is the frame as captured; Loc locates the packet in it.
+	Data     []byte          `json:"-"`
+	LinkType layers.LinkType `json:"-"`
+	Base     int             `json:"-"` // Loc's offsets count from Data[Base:]
+	Loc      icrc.Result     `json:"-"`
+}
+
+// RDETH holds the Reliable Datagram ETH fields.
+type RDETH struct {
+	EEContext uint32 `json:"ee_context"`
+}
+
+// DETH holds the Datagram ETH fields.
+type DETH struct {
+	QKey  uint32 `json:"qkey"`
+	SrcQP uint32 `json:"src_qp"`
+}
+
+// XRCETH holds the XRC ETH fields.
+type XRCETH struct {
+	XRCSRQ uint32 `json:"xrc_srq"`
+}
+
+// FETH holds the FLUSH ETH fields (IBTA 1.5 annex A19).
+type FETH struct {
+	Placement   uint8 `json:"placement_type"`
+	Selectivity uint8 `json:"selectivity"`
+}
+
+// RETH holds the RDMA ETH fields.
+type RETH struct {
+	VA     uint64 `json:"va"`
+	RKey   uint32 `json:"rkey"`
+	DMALen uint32 `json:"dma_len"`
+}
+
+// AtomicETH holds the Atomic ETH fields.
+type AtomicETH struct {
+	VA      uint64 `json:"va"`
+	RKey    uint32 `json:"rkey"`
+	SwapAdd uint64 `json:"swap_add"`
+	Compare uint64 `json:"compare"`
+}
+
+// AETH holds the ACK ETH, with its syndrome decoded (IBTA §9.3.5).
+type AETH struct {
+	Syndrome uint8  `json:"syndrome"`
+	Kind     string `json:"kind"` // "ACK", "RNR_NAK", "NAK" or "reserved"
+	// Credits is the ACK credit count, -1 for "unlimited" (code 31).
+	Credits *int `json:"credits,omitempty"`
+	// RNRTimerUS is the RNR NAK's timer in microseconds.
+	RNRTimer   *uint8 `json:"rnr_timer,omitempty"`
+	RNRTimerUS *int64 `json:"rnr_timer_us,omitempty"`
+	NAKCode    *uint8 `json:"nak_code,omitempty"`
+	NAKName    string `json:"nak,omitempty"`
+	MSN        uint32 `json:"msn"`
+	Text       string `json:"text"` // as bth.Syndrome.String
+}
+
+// AtomicAck holds the Atomic ACK ETH.
+type AtomicAck struct {
+	Orig uint64 `json:"orig"`
+}
+
+// IETH holds the Invalidate ETH.
+type IETH struct {
+	RKey uint32 `json:"rkey"`
+}
+
+// Decode decodes one Ethernet frame. The caller sets Frame.
+func Decode(frame []byte, ci gopacket.CaptureInfo) Record {
+	return DecodeLink(layers.LinkTypeEthernet, frame, ci)
+}
+
+// DecodeLink decodes one frame of the given link type: Ethernet, Linux
+// cooked (SLL, SLL2) and raw IP (101, 228, 229) captures are understood.
+// Other link types give a non-RoCE record.
+func DecodeLink(lt layers.LinkType, frame []byte, ci gopacket.CaptureInfo) Record {
+	r := Record{Time: ci.Timestamp, CapLen: len(frame), WireLen: ci.Length, Interface: ci.InterfaceIndex, Data: frame, LinkType: lt}
+	if r.WireLen < r.CapLen {
+		r.WireLen = r.CapLen
+	}
+	var (
+		res icrc.Result
+		err error
+		off int
+	)
+	switch lt {
+	case layers.LinkTypeEthernet:
+		res, err = icrc.CheckFrame(frame)
+	case layers.LinkTypeLinuxSLL:
+		// 16-byte cooked header, protocol type in the last two bytes.
+		if len(frame) < 16 {
+			return r
+		}
+		off = 16
+		res, err = icrc.CheckL3(binary.BigEndian.Uint16(frame[14:]), frame[off:])
+	case layers.LinkTypeLinuxSLL2:
+		// 20-byte cooked header, protocol type first.
+		if len(frame) < 20 {
+			return r
+		}
+		off = 20
+		res, err = icrc.CheckL3(binary.BigEndian.Uint16(frame[0:]), frame[off:])
+	case layers.LinkTypeRaw, layers.LinkTypeIPv4, layers.LinkTypeIPv6, 12, 14:
+		// 12 and 14 are raw IP on some platforms (DLT_RAW/DLT_C_HDLC vary).
+		if len(frame) == 0 {
+			return r
+		}
+		et := uint16(icrc.EtherTypeIPv4)
+		if frame[0]>>4 == 6 {
+			et = icrc.EtherTypeIPv6
+		}
+		res, err = icrc.CheckL3(et, frame)
+	default:
+		return r
+	}
+	if errors.Is(err, icrc.ErrNotRoCE) {
+		return r
+	}
+	var fe *icrc.FrameError
+	if errors.As(err, &fe) && fe.Truncated && fe.Step != "grh" {
+		// Cut before the UDP port could be read: nothing says it is RoCE.
+		return r
+	}
+	r.RoCE = true
+	if err != nil {
+		// Headers that claim RoCE but cannot be followed: show what is
+		// known and say why.
+		r.Transport = "RoCE"
+		r.Malformed = err.Error()
+		r.ICRC = "bad"
+		if fe != nil && fe.Truncated {
+			r.ICRC = "truncated"
+		}
+		return r
+	}
+	r.Base, r.Loc = off, res
+	r.fill(frame[off:], &res)
+	return r
+}
+
+// fill decodes addresses, BTH and extended headers of a located packet.
+func (r *Record) fill(pkt []byte, res *icrc.Result) {
+	r.Transport = res.Kind.String()
+	r.ICRC = res.Status.String()
+	r.ICRCComputed, r.ICRCWire = res.Computed, res.Wire
+	for i := 0; i < res.NumVLAN && i < icrc.MaxVLANTags; i++ {
+		r.VLAN = append(r.VLAN, res.VLAN[i])
+	}
+	ip := pkt[res.L3:]
+	switch res.Kind {
+	case icrc.KindRoCEv2IPv4:
+		r.Src = netip.AddrFrom4([4]byte(ip[12:16]))
+		r.Dst = netip.AddrFrom4([4]byte(ip[16:20]))
+	default: // IPv6 header and GRH share the address layout
+		r.Src = netip.AddrFrom16([16]byte(ip[8:24]))
+		r.Dst = netip.AddrFrom16([16]byte(ip[24:40]))
+	}
+	if res.UDP >= 0 {
+		u := pkt[res.UDP:]
+		r.SrcPort = binary.BigEndian.Uint16(u[0:])
+		r.DstPort = binary.BigEndian.Uint16(u[2:])
+	}
+	end := min(res.End, len(pkt))
+	roce := pkt[res.BTH:end]
+	var p bth.Packet
+	var err error
+	if res.Status == icrc.StatusTruncated {
+		err = bth.ParseHeaders(&p, roce)
+	} else {
+		err = bth.Parse(&p, roce)
+	}
+	if p.BTH != nil {
+		f := p.BTH.Fields()
+		r.Opcode, r.OpcodeName = uint8(f.Opcode), f.Opcode.String()
+		r.SE, r.MigReq, r.PadCnt, r.TVer, r.PKey = f.SE, f.MigReq, f.PadCnt, f.TVer, f.PKey
+		r.FECN, r.BECN, r.DestQP, r.AckReq, r.PSN = f.FECN, f.BECN, f.DestQP, f.AckReq, f.PSN
+		// The payload length follows from the length fields, so it is
+		// known even when the capture stops early (as rxe computes it).
+		r.PayloadLen = max(0, res.End-res.BTH-p.Info.HdrLen-f.PadCnt-bth.ICRCLen)
+	}
+	if err != nil {
+		r.Malformed = err.Error()
+		if !p.Info.Valid || p.BTH == nil {
+			return
+		}
+	}
+	r.setHeaders(&p)
+}
+
+func (r *Record) setHeaders(p *bth.Packet) {
+	if p.RDETH != nil {
+		r.RDETH = &RDETH{EEContext: p.RDETH.EEContext()}
+	}
+	if p.DETH != nil {
+		r.DETH = &DETH{QKey: p.DETH.QKey(), SrcQP: p.DETH.SrcQP()}
+	}
+	if p.XRCETH != nil {
+		r.XRCETH = &XRCETH{XRCSRQ: p.XRCETH.XRCSRQ()}
+	}
+	if p.FETH != nil {
+		r.FETH = &FETH{Placement: p.FETH.PlacementType(), Selectivity: p.FETH.Selectivity()}
+	}
+	if p.RETH != nil {
+		r.RETH = &RETH{VA: p.RETH.VA(), RKey: p.RETH.RKey(), DMALen: p.RETH.DMALen()}
+	}
+	if p.AtomicETH != nil {
+		r.AtomicETH = &AtomicETH{VA: p.AtomicETH.VA(), RKey: p.AtomicETH.RKey(), SwapAdd: p.AtomicETH.SwapAdd(), Compare: p.AtomicETH.Compare()}
+	}
+	if p.AETH != nil {
+		r.AETH = decodeAETH(p.AETH)
+	}
+	if p.AtomicAckETH != nil {
+		r.AtomicAck = &AtomicAck{Orig: p.AtomicAckETH.Orig()}
+	}
+	if p.ImmDt != nil {
+		v := p.ImmDt.Imm()
+		r.Imm = &v
+	}
+	if p.IETH != nil {
+		r.IETH = &IETH{RKey: p.IETH.RKey()}
+	}
+}
+
+func decodeAETH(h bth.AETH) *AETH {
+	s := h.Syndrome()
+	a := &AETH{Syndrome: uint8(s), MSN: h.MSN(), Text: s.String()}
+	v := s.Value()
+	switch s.Type() {
+	case bth.SynACK:
+		a.Kind = "ACK"
+		c := s.Credits()
+		a.Credits = &c
+	case bth.SynRNRNAK:
+		a.Kind = "RNR_NAK"
+		us := bth.RNRTimer(v).Microseconds()
+		a.RNRTimer, a.RNRTimerUS = &v, &us
+	case bth.SynNAK:
+		a.Kind = "NAK"
+		a.NAKCode, a.NAKName = &v, bth.NAKName(v)
+	default:
+		a.Kind = "reserved"
+	}
+	return a
+}
+
+// Bad reports whether the record counts against --strict: an ICRC
+// mismatch or a malformed RoCE packet.
+func (r *Record) Bad() bool {
+	return r.RoCE && (r.ICRC == "bad" || r.Malformed != "")
+}

@@ -1,0 +1,305 @@
+package inspect
+
+import (
+	"net/netip"
+	"sort"
+
+	"github.com/softroce/softroce/bth"
+)
+
+// Summary totals a capture: frame counts, ICRC verdicts, opcode counts and
+// one entry per connection.
+type Summary struct {
+	File          string         `json:"file,omitempty"`
+	Frames        int            `json:"frames"`
+	RoCE          int            `json:"roce"`
+	NonRoCE       int            `json:"non_roce"`
+	Bytes         int            `json:"roce_bytes"` // wire bytes of the RoCE frames
+	ICRCOK        int            `json:"icrc_ok"`
+	ICRCBad       int            `json:"icrc_bad"`
+	ICRCTruncated int            `json:"icrc_truncated"`
+	Malformed     int            `json:"malformed"`
+	CNPs          int            `json:"cnps"`
+	NAKs          map[string]int `json:"naks,omitempty"`
+	RNRNAKs       int            `json:"rnr_naks"`
+	Opcodes       map[string]int `json:"opcodes"`
+	Connections   []*Connection  `json:"connections"`
+}
+
+// Connection is a queue-pair connection: the flow of packets addressed to
+// one destination QP, and the reverse flow it was matched with. The BTH
+// names only the destination QP, so A→B carries B's QPN and B→A carries
+// A's; the two directions are paired by the PSNs that responses echo from
+// requests (IBTA §9.7.5: an ACK or read response carries the request's
+// PSN). A flow that cannot be paired is a connection with one direction.
+type Connection struct {
+	Transport string `json:"transport"`
+	A         string `json:"a"`    // address of the first direction's sender
+	B         string `json:"b"`    // address of its receiver
+	QPA       *int64 `json:"qp_a"` // A's QPN if seen as a destination
+	QPB       int64  `json:"qp_b"` // B's QPN
+	AtoB      *Flow  `json:"a_to_b"`
+	BtoA      *Flow  `json:"b_to_a,omitempty"`
+}
+
+// Flow counts one direction: the packets from one address to a
+// destination QP at another.
+type Flow struct {
+	Src     netip.Addr     `json:"src"`
+	Dst     netip.Addr     `json:"dst"`
+	DestQP  uint32         `json:"dest_qp"`
+	Packets int            `json:"packets"`
+	Bytes   int            `json:"bytes"`         // wire bytes
+	Payload int            `json:"payload_bytes"` // transport payload bytes
+	Opcodes map[string]int `json:"opcodes"`
+	// A direction carries two PSN spaces: its sender's requests and its
+	// sender's responses to the other side's requests (§9.7.1).
+	Requests  *PSNRange `json:"request_psns,omitempty"`
+	Responses *PSNRange `json:"response_psns,omitempty"`
+	Other     *PSNRange `json:"other_psns,omitempty"` // CNPs, reserved opcodes
+	// PSNGaps counts requests that skipped ahead of the next expected PSN;
+	// MissingPSNs the PSNs skipped.
+	PSNGaps     int `json:"psn_gaps"`
+	MissingPSNs int `json:"missing_psns"`
+	// Retransmissions counts requests and read responses whose PSN is not
+	// beyond the highest already seen in the flow (duplicates, go-back-N).
+	Retransmissions int            `json:"retransmissions"`
+	ACKs            int            `json:"acks"`
+	NAKs            map[string]int `json:"naks,omitempty"`
+	RNRNAKs         int            `json:"rnr_naks"`
+	CNPs            int            `json:"cnps"`
+	ECNMarked       int            `json:"becn_or_fecn"`
+	ICRCBad         int            `json:"icrc_bad"`
+	ICRCTruncated   int            `json:"icrc_truncated"`
+	Malformed       int            `json:"malformed"`
+
+	transport string
+	reqMax    uint32 // highest request PSN
+	reqSeen   bool
+	expect    uint32 // next request PSN, when known
+	expectOK  bool
+	respMax   uint32 // highest read-response PSN
+	respSeen  bool
+	reqPSNs   map[uint32]struct{}
+	respPSNs  []uint32
+}
+
+// PSNRange is the PSNs of a set of packets: first and last seen, and the
+// lowest and highest in 24-bit serial order (bth.PSNDiff).
+type PSNRange struct {
+	Packets int    `json:"packets"`
+	First   uint32 `json:"first"`
+	Last    uint32 `json:"last"`
+	Min     uint32 `json:"min"`
+	Max     uint32 `json:"max"`
+}
+
+func (p *PSNRange) add(psn uint32) *PSNRange {
+	if p == nil {
+		p = &PSNRange{First: psn, Min: psn, Max: psn}
+	}
+	p.Packets++
+	p.Last = psn
+	if bth.PSNDiff(psn, p.Min) < 0 {
+		p.Min = psn
+	}
+	if bth.PSNDiff(psn, p.Max) > 0 {
+		p.Max = psn
+	}
+	return p
+}
+
+type flowKey struct {
+	transport string
+	src, dst  netip.Addr
+	qp        uint32
+}
+
+// Summarizer accumulates records into a Summary.
+type Summarizer struct {
+	s     Summary
+	flows map[flowKey]*Flow
+	order []*Flow
+}
+
+// NewSummarizer returns an empty summarizer for the named file.
+func NewSummarizer(file string) *Summarizer {
+	return &Summarizer{s: Summary{File: file, Opcodes: map[string]int{}}, flows: map[flowKey]*Flow{}}
+}
+
+// Add counts one record.
+func (z *Summarizer) Add(r *Record) {
+	s := &z.s
+	s.Frames++
+	if !r.RoCE {
+		s.NonRoCE++
+		return
+	}
+	s.RoCE++
+	s.Bytes += r.WireLen
+	switch r.ICRC {
+	case "ok":
+		s.ICRCOK++
+	case "bad":
+		s.ICRCBad++
+	case "truncated":
+		s.ICRCTruncated++
+	}
+	if r.Malformed != "" {
+		s.Malformed++
+	}
+	if r.OpcodeName == "" { // headers not located
+		return
+	}
+	s.Opcodes[r.OpcodeName]++
+	k := flowKey{r.Transport, r.Src, r.Dst, r.DestQP}
+	f := z.flows[k]
+	if f == nil {
+		f = &Flow{Src: r.Src, Dst: r.Dst, DestQP: r.DestQP, Opcodes: map[string]int{}, transport: r.Transport,
+			reqPSNs: map[uint32]struct{}{}}
+		z.flows[k] = f
+		z.order = append(z.order, f)
+	}
+	f.add(r)
+	if r.Opcode == uint8(bth.CNP) {
+		s.CNPs++
+	}
+	if a := r.AETH; a != nil {
+		switch a.Kind {
+		case "NAK":
+			if s.NAKs == nil {
+				s.NAKs = map[string]int{}
+			}
+			s.NAKs[a.NAKName]++
+		case "RNR_NAK":
+			s.RNRNAKs++
+		}
+	}
+}
+
+func (f *Flow) add(r *Record) {
+	f.Packets++
+	f.Bytes += r.WireLen
+	f.Payload += r.PayloadLen
+	f.Opcodes[r.OpcodeName]++
+	switch r.ICRC {
+	case "bad":
+		f.ICRCBad++
+	case "truncated":
+		f.ICRCTruncated++
+	}
+	if r.Malformed != "" {
+		f.Malformed++
+	}
+	if r.FECN || r.BECN {
+		f.ECNMarked++
+	}
+	psn := r.PSN
+	info := bth.Opcode(r.Opcode).Info()
+	switch {
+	case info.Op == bth.OpCNP:
+		f.CNPs++
+		f.Other = f.Other.add(psn)
+	case !info.Valid:
+		f.Other = f.Other.add(psn)
+	case info.Request:
+		f.Requests = f.Requests.add(psn)
+		f.reqPSNs[psn] = struct{}{}
+		if f.reqSeen && bth.PSNDiff(psn, f.reqMax) <= 0 {
+			f.Retransmissions++
+		} else if f.expectOK && bth.PSNDiff(psn, f.expect) > 0 {
+			f.PSNGaps++
+			f.MissingPSNs += bth.PSNDiff(psn, f.expect)
+		}
+		if !f.reqSeen || bth.PSNDiff(psn, f.reqMax) > 0 {
+			f.reqMax = psn
+		}
+		f.reqSeen = true
+		// A READ request consumes one PSN per response packet, which
+		// depends on the path MTU the capture does not show (§9.7.1):
+		// the next expected PSN is unknown until the next request.
+		f.expect, f.expectOK = bth.PSNAdd(psn, 1), info.Op != bth.OpReadRequest
+	default: // responses: ACK, ATOMIC ACK, READ RESPONSE
+		f.Responses = f.Responses.add(psn)
+		f.respPSNs = append(f.respPSNs, psn)
+		if info.Op == bth.OpReadResponse {
+			if f.respSeen && bth.PSNDiff(psn, f.respMax) <= 0 {
+				f.Retransmissions++
+			}
+			if !f.respSeen || bth.PSNDiff(psn, f.respMax) > 0 {
+				f.respMax = psn
+			}
+			f.respSeen = true
+		}
+	}
+	if a := r.AETH; a != nil {
+		switch a.Kind {
+		case "ACK":
+			if info.Op == bth.OpAck {
+				f.ACKs++
+			}
+		case "NAK":
+			if f.NAKs == nil {
+				f.NAKs = map[string]int{}
+			}
+			f.NAKs[a.NAKName]++
+		case "RNR_NAK":
+			f.RNRNAKs++
+		}
+	}
+}
+
+// Summary pairs the flows into connections and returns the totals.
+func (z *Summarizer) Summary() Summary {
+	s := z.s
+	s.Connections = nil
+	paired := map[*Flow]bool{}
+	// Score every pair of opposite flows by the PSNs their responses echo
+	// from the other's requests; pair greedily, best first.
+	type cand struct {
+		x, y  *Flow
+		score int
+	}
+	var cands []cand
+	for i, x := range z.order {
+		for _, y := range z.order[i+1:] {
+			if x.transport != y.transport || x.Src != y.Dst || x.Dst != y.Src {
+				continue
+			}
+			if sc := echoes(y, x) + echoes(x, y); sc > 0 {
+				cands = append(cands, cand{x, y, sc})
+			}
+		}
+	}
+	sort.SliceStable(cands, func(i, j int) bool { return cands[i].score > cands[j].score })
+	conns := map[*Flow]*Connection{}
+	for _, c := range cands {
+		if paired[c.x] || paired[c.y] {
+			continue
+		}
+		paired[c.x], paired[c.y] = true, true
+		qpa := int64(c.y.DestQP)
+		conns[c.x] = &Connection{Transport: c.x.transport, A: c.x.Src.String(), B: c.x.Dst.String(),
+			QPA: &qpa, QPB: int64(c.x.DestQP), AtoB: c.x, BtoA: c.y}
+	}
+	for _, f := range z.order {
+		if c := conns[f]; c != nil {
+			s.Connections = append(s.Connections, c)
+		} else if !paired[f] {
+			s.Connections = append(s.Connections, &Connection{Transport: f.transport, A: f.Src.String(), B: f.Dst.String(),
+				QPB: int64(f.DestQP), AtoB: f})
+		}
+	}
+	return s
+}
+
+// echoes counts the response PSNs of resp that match request PSNs of req.
+func echoes(resp, req *Flow) int {
+	n := 0
+	for _, p := range resp.respPSNs {
+		if _, ok := req.reqPSNs[p]; ok {
+			n++
+		}
+	}
+	return n
+}

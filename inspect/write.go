@@ -1,0 +1,220 @@
+package inspect
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Line renders a RoCE record as one line: frame, time, addresses,
+// transport, opcode, destination QP, PSN, key header fields, payload length
+// and the ICRC verdict.
+func Line(r *Record) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%5d %s ", r.Frame, r.Time.UTC().Format("15:04:05.000000"))
+	if r.Transport == "RoCE" {
+		fmt.Fprintf(&b, "RoCE MALFORMED: %s", r.Malformed)
+		return b.String()
+	}
+	b.WriteString(endpoint(r.Src, r.SrcPort))
+	b.WriteString(" > ")
+	b.WriteString(endpoint(r.Dst, r.DstPort))
+	for _, v := range r.VLAN {
+		fmt.Fprintf(&b, " vlan %d", v)
+	}
+	fmt.Fprintf(&b, " %s %s qp 0x%06x psn %d", r.Transport, r.OpcodeName, r.DestQP, r.PSN)
+	if r.AckReq {
+		b.WriteString(" A")
+	}
+	if r.SE {
+		b.WriteString(" SE")
+	}
+	if r.FECN {
+		b.WriteString(" FECN")
+	}
+	if r.BECN {
+		b.WriteString(" BECN")
+	}
+	if r.PKey != 0xffff {
+		fmt.Fprintf(&b, " pkey 0x%04x", r.PKey)
+	}
+	writeKeys(&b, r)
+	fmt.Fprintf(&b, " len %d", r.PayloadLen)
+	switch r.ICRC {
+	case "ok":
+		b.WriteString(" icrc ok")
+	case "bad":
+		fmt.Fprintf(&b, " icrc BAD (wire 0x%08x, computed 0x%08x)", r.ICRCWire, r.ICRCComputed)
+	default:
+		b.WriteString(" icrc truncated")
+	}
+	if r.Malformed != "" {
+		fmt.Fprintf(&b, " MALFORMED: %s", r.Malformed)
+	}
+	return b.String()
+}
+
+func endpoint(a netip.Addr, port uint16) string {
+	if port == 0 {
+		return a.String()
+	}
+	return netip.AddrPortFrom(a, port).String()
+}
+
+func writeKeys(b *strings.Builder, r *Record) {
+	if h := r.RDETH; h != nil {
+		fmt.Fprintf(b, " eec 0x%06x", h.EEContext)
+	}
+	if h := r.DETH; h != nil {
+		fmt.Fprintf(b, " qkey 0x%08x srcqp 0x%06x", h.QKey, h.SrcQP)
+	}
+	if h := r.XRCETH; h != nil {
+		fmt.Fprintf(b, " xrcsrq 0x%06x", h.XRCSRQ)
+	}
+	if h := r.FETH; h != nil {
+		fmt.Fprintf(b, " placement %d selectivity %d", h.Placement, h.Selectivity)
+	}
+	if h := r.RETH; h != nil {
+		fmt.Fprintf(b, " va 0x%x rkey 0x%08x dlen %d", h.VA, h.RKey, h.DMALen)
+	}
+	if h := r.AtomicETH; h != nil {
+		fmt.Fprintf(b, " va 0x%x rkey 0x%08x swap/add 0x%x compare 0x%x", h.VA, h.RKey, h.SwapAdd, h.Compare)
+	}
+	if h := r.AETH; h != nil {
+		switch h.Kind {
+		case "ACK":
+			if *h.Credits < 0 {
+				b.WriteString(" ACK")
+			} else {
+				fmt.Fprintf(b, " ACK credits %d", *h.Credits)
+			}
+		case "RNR_NAK":
+			fmt.Fprintf(b, " RNR NAK timer %d (%v)", *h.RNRTimer, time.Duration(*h.RNRTimerUS)*time.Microsecond)
+		case "NAK":
+			fmt.Fprintf(b, " NAK %s", h.NAKName)
+		default:
+			fmt.Fprintf(b, " AETH reserved syndrome 0x%02x", h.Syndrome)
+		}
+		fmt.Fprintf(b, " msn %d", h.MSN)
+	}
+	if h := r.AtomicAck; h != nil {
+		fmt.Fprintf(b, " orig 0x%x", h.Orig)
+	}
+	if r.Imm != nil {
+		fmt.Fprintf(b, " imm 0x%08x", *r.Imm)
+	}
+	if h := r.IETH; h != nil {
+		fmt.Fprintf(b, " inv rkey 0x%08x", h.RKey)
+	}
+}
+
+// WriteText writes a RoCE record as one line and, when verbose, its field
+// tree indented below it. Non-RoCE records are skipped.
+func WriteText(w io.Writer, r *Record, verbose bool) error {
+	if !r.RoCE {
+		return nil
+	}
+	if _, err := fmt.Fprintln(w, Line(r)); err != nil {
+		return err
+	}
+	if !verbose {
+		return nil
+	}
+	for _, f := range Fields(r) {
+		if _, err := fmt.Fprintf(w, "      %s\n", f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteJSON writes a RoCE record as one JSON line. Non-RoCE records are
+// skipped: they are counted in the summary.
+func WriteJSON(w io.Writer, r *Record) error {
+	if !r.RoCE {
+		return nil
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encode frame %d: %w", r.Frame, err)
+	}
+	b = append(b, '\n')
+	_, err = w.Write(b)
+	return err
+}
+
+// WriteJSONSummary writes {"summary": s} as one JSON line.
+func WriteJSONSummary(w io.Writer, s *Summary) error {
+	b, err := json.Marshal(struct {
+		Summary *Summary `json:"summary"`
+	}{s})
+	if err != nil {
+		return fmt.Errorf("encode summary: %w", err)
+	}
+	b = append(b, '\n')
+	_, err = w.Write(b)
+	return err
+}
+
+// WriteSummary writes the summary for people.
+func WriteSummary(w io.Writer, s *Summary) error {
+	var b strings.Builder
+	name := s.File
+	if name == "" {
+		name = "capture"
+	}
+	fmt.Fprintf(&b, "\n== %s: %d frames, %d RoCE (%d bytes), %d other\n", name, s.Frames, s.RoCE, s.Bytes, s.NonRoCE)
+	fmt.Fprintf(&b, "   ICRC: %d ok, %d bad, %d truncated; %d malformed; %d CNPs; %d RNR NAKs; NAKs: %s\n",
+		s.ICRCOK, s.ICRCBad, s.ICRCTruncated, s.Malformed, s.CNPs, s.RNRNAKs, counts(s.NAKs))
+	fmt.Fprintf(&b, "   opcodes: %s\n", counts(s.Opcodes))
+	for i, c := range s.Connections {
+		qpa := "?"
+		if c.QPA != nil {
+			qpa = fmt.Sprintf("0x%06x", *c.QPA)
+		}
+		fmt.Fprintf(&b, "   connection %d (%s): %s qp %s <-> %s qp 0x%06x\n", i+1, c.Transport, c.A, qpa, c.B, c.QPB)
+		writeFlow(&b, "A->B", c.AtoB)
+		if c.BtoA != nil {
+			writeFlow(&b, "B->A", c.BtoA)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func writeFlow(b *strings.Builder, dir string, f *Flow) {
+	fmt.Fprintf(b, "     %s %s > %s qp 0x%06x: %d packets, %d bytes (%d payload); gaps %d (%d PSNs missing); retransmissions %d\n",
+		dir, f.Src, f.Dst, f.DestQP, f.Packets, f.Bytes, f.Payload, f.PSNGaps, f.MissingPSNs, f.Retransmissions)
+	for _, p := range []struct {
+		name string
+		r    *PSNRange
+	}{{"requests", f.Requests}, {"responses", f.Responses}, {"other", f.Other}} {
+		if p.r != nil {
+			fmt.Fprintf(b, "          %s: %d, psn %d..%d (first %d, last %d)\n", p.name, p.r.Packets, p.r.Min, p.r.Max, p.r.First, p.r.Last)
+		}
+	}
+	fmt.Fprintf(b, "          acks %d, NAKs %s, RNR NAKs %d, CNPs %d, ECN-marked %d, ICRC bad %d, truncated %d, malformed %d\n",
+		f.ACKs, counts(f.NAKs), f.RNRNAKs, f.CNPs, f.ECNMarked, f.ICRCBad, f.ICRCTruncated, f.Malformed)
+	fmt.Fprintf(b, "          opcodes: %s\n", counts(f.Opcodes))
+}
+
+// counts renders a count map sorted by name: "RC ACKNOWLEDGE=3 RC SEND_ONLY=2".
+func counts(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}
