@@ -1,0 +1,284 @@
+package rc
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/softroce/softroce/bth"
+	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/qpstate"
+)
+
+// complete is the completer: it matches an ACK, NAK, READ response or
+// ATOMIC ACKNOWLEDGE to the oldest outstanding work requests (IBTA
+// §9.7.5.1; rxe_comp.c), completing them strictly in posting order.
+func (qp *QP) complete(p *bth.Packet) {
+	psn := p.BTH.PSN()
+	op := p.Info.Op
+	var syn bth.Syndrome = bth.SyndromeACKUnlimited
+	if p.AETH != nil {
+		syn = p.AETH.Syndrome()
+	}
+	// A READ response or atomic ACK whose AETH is not an ACK is malformed
+	// (rxe moves the QP to ERR); treat it as a bad response.
+	if op != bth.OpAck && !syn.IsACK() {
+		qp.Stats.Dropped++
+		return
+	}
+	isNAK := op == bth.OpAck && !syn.IsACK()
+	for qp.sqCount > 0 && qp.sqSendOff > 0 {
+		w := &qp.sq[qp.sqHead]
+		if w.state != wqeStarted {
+			return
+		}
+		wop := w.wr.Opcode
+		switch {
+		case wop.isSend() || wop.isWrite():
+			// Any response at or beyond the last PSN acknowledges the
+			// message (coalesced and implicit ACKs); a NAK acknowledges
+			// everything before its PSN.
+			if d := bth.PSNDiff(psn, w.lastPSN); d > 0 || d == 0 && !isNAK {
+				qp.completeHead(cq.Success, 0)
+				continue
+			}
+			if isNAK {
+				if bth.PSNDiff(psn, w.firstPSN) >= 0 {
+					qp.handleNAK(w, psn, syn)
+				}
+				return
+			}
+			// A plain ACK inside the message: partial progress.
+			if op == bth.OpAck && bth.PSNDiff(psn, qp.compPSN) >= 0 {
+				qp.progress(bth.PSNAdd(psn, 1))
+			}
+			return
+		case wop == WRRDMARead:
+			if op == bth.OpReadResponse && bth.PSNDiff(psn, w.firstPSN) >= 0 && bth.PSNDiff(psn, w.lastPSN) <= 0 {
+				qp.readResponse(w, p)
+				return
+			}
+			if isNAK && bth.PSNDiff(psn, w.firstPSN) >= 0 && bth.PSNDiff(psn, w.lastPSN) <= 0 {
+				qp.handleNAK(w, psn, syn)
+				return
+			}
+			if bth.PSNDiff(psn, w.lastPSN) > 0 {
+				// Implied NAK: a later response means this READ's
+				// responses were lost (rxe check_psn); re-read now.
+				qp.retry(w, "implied NAK on READ", false)
+			}
+			return
+		default: // atomics, ATOMIC_WRITE
+			if psn == w.firstPSN {
+				switch {
+				case op == bth.OpAtomicAck && wop.isAtomic():
+					orig := p.AtomicAckETH.Orig()
+					var b [8]byte
+					// The original value lands in the local buffer in host
+					// order, as rxe and libibverbs users expect.
+					binary.LittleEndian.PutUint64(b[:], orig)
+					if err := scatter(qp.e.mrs, qp.cfg.PD, w.sgl, 0, b[:]); err != nil {
+						qp.completeHead(cq.LocProtErr, 0)
+						qp.toError("atomic result: " + err.Error())
+						return
+					}
+					qp.completeHead(cq.Success, orig)
+					continue
+				case op == bth.OpReadResponse && wop == WRAtomicWrite:
+					qp.completeHead(cq.Success, 0)
+					continue
+				case isNAK:
+					qp.handleNAK(w, psn, syn)
+					return
+				}
+			}
+			if bth.PSNDiff(psn, w.lastPSN) > 0 {
+				qp.retry(w, "implied NAK on atomic", false)
+			}
+			return
+		}
+	}
+}
+
+// readResponse places one READ response segment. Responses must arrive in
+// PSN order; an out-of-order one re-reads at once from the first missing
+// PSN, as ConnectX does (rxe waits for its timer instead).
+func (qp *QP) readResponse(w *sendWQE, p *bth.Packet) {
+	pmtu := qp.path.PMTU
+	psn := p.BTH.PSN()
+	k := bth.PSNDiff(psn, w.firstPSN)
+	want := w.readDone / pmtu
+	if w.readDone == w.length && w.length > 0 {
+		want = w.npsn
+	}
+	switch {
+	case k < want:
+		return // duplicate
+	case k > want:
+		exp := bth.PSNAdd(w.firstPSN, want)
+		if !qp.readRetried || qp.readRetryPSN != exp {
+			qp.readRetried, qp.readRetryPSN = true, exp
+			qp.retry(w, "READ response gap", true)
+		}
+		return
+	}
+	last := k == w.npsn-1
+	plen := len(p.Payload)
+	wantLen := min(pmtu, w.length-k*pmtu)
+	if plen != wantLen {
+		qp.completeHead(cq.BadRespErr, 0)
+		qp.toError("READ response of wrong length")
+		return
+	}
+	if plen > 0 {
+		if err := scatter(qp.e.mrs, qp.cfg.PD, w.sgl, k*pmtu, p.Payload); err != nil {
+			qp.completeHead(cq.LocProtErr, 0)
+			qp.toError("READ response placement: " + err.Error())
+			return
+		}
+	}
+	w.readDone += plen
+	if last {
+		qp.completeHead(cq.Success, 0)
+		return
+	}
+	qp.progress(bth.PSNAdd(psn, 1))
+}
+
+// handleNAK acts on a NAK or RNR NAK for w at psn (IBTA §9.7.5.1.3-4).
+func (qp *QP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
+	if bth.PSNDiff(psn, qp.compPSN) > 0 {
+		qp.progress(psn) // everything before the NAKed PSN arrived
+	}
+	switch {
+	case syn.IsRNRNAK():
+		qp.Stats.RNRNAKsRecv++
+		if qp.path.RNRRetry != 7 {
+			if qp.rnrLeft == 0 {
+				qp.completeHead(cq.RNRRetryExcErr, 0)
+				qp.toError("RNR retry count exceeded")
+				return
+			}
+			qp.rnrLeft--
+		}
+		qp.compPSN = psn
+		qp.rnrDeadline = qp.e.now.Add(max(bth.RNRTimer(syn.Value()), time.Microsecond))
+		qp.retryDeadline = time.Time{}
+		qp.updateTimerSet()
+	case syn.Value() == bth.NAKPSNSeqError:
+		qp.Stats.SeqNAKsRecv++
+		// One go-back-N per NAKed PSN: further NAKs for the same gap, or
+		// ones that arrive while the retry is on its way, change nothing.
+		if qp.nakRetried && qp.nakRetryPSN == psn {
+			return
+		}
+		qp.compPSN = psn
+		qp.nakRetried, qp.nakRetryPSN = true, psn
+		qp.retry(w, "PSN sequence error NAK", false)
+	default:
+		st := cq.RemOpErr
+		switch syn.Value() {
+		case bth.NAKInvalidRequest:
+			st = cq.RemInvReqErr
+		case bth.NAKRemoteAccessError:
+			st = cq.RemAccessErr
+		}
+		qp.completeHead(st, 0)
+		qp.toError("remote NAK: " + syn.String())
+	}
+}
+
+// retry goes back to compPSN, spending retry_cnt unless free is set (a
+// re-read for a READ response gap costs nothing, like a NAK would not).
+func (qp *QP) retry(w *sendWQE, why string, free bool) {
+	if !free {
+		if qp.retryLeft == 0 {
+			qp.completeHead(cq.RetryExcErr, 0)
+			qp.toError("transport retry counter exceeded (" + why + ")")
+			return
+		}
+		qp.retryLeft--
+	}
+	qp.goBackN()
+}
+
+// goBackN rewinds the requester to the oldest unacknowledged PSN. A SEND
+// or WRITE resumes mid-message with a MIDDLE or LAST packet; a READ is
+// re-issued for the missing part only (rxe req_retry).
+func (qp *QP) goBackN() {
+	qp.sqSendOff, qp.sqPkt = 0, 0
+	if qp.sqCount == 0 {
+		return
+	}
+	w := &qp.sq[qp.sqHead]
+	if w.state == wqeStarted {
+		k := bth.PSNDiff(qp.compPSN, w.firstPSN)
+		switch {
+		case k <= 0 || w.wr.Opcode.isAtomic() || w.wr.Opcode == WRAtomicWrite:
+			k = 0
+		case k >= w.npsn:
+			k = w.npsn - 1
+		}
+		if w.wr.Opcode == WRRDMARead {
+			k = w.readDone / qp.path.PMTU
+		}
+		qp.sqPkt = k
+	}
+	qp.retryDeadline = time.Time{}
+	qp.updateTimerSet()
+	qp.kick()
+}
+
+// progress records that every PSN before next has been acknowledged.
+func (qp *QP) progress(next uint32) {
+	if bth.PSNDiff(next, qp.compPSN) <= 0 {
+		return
+	}
+	qp.compPSN = next
+	qp.retryLeft = int(qp.path.RetryCnt)
+	qp.rnrLeft = int(qp.path.RNRRetry)
+	qp.nakRetried = false
+	qp.readRetried = false
+	if qp.sqSendOff > 0 && qp.path.Timeout != 0 {
+		qp.retryDeadline = qp.e.now.Add(localAckTimeout(qp.path.Timeout))
+	} else {
+		qp.retryDeadline = time.Time{}
+	}
+	qp.updateTimerSet()
+	qp.kick()
+}
+
+// completeHead completes the oldest WQE with status st and retires it.
+func (qp *QP) completeHead(st cq.Status, orig uint64) {
+	w := &qp.sq[qp.sqHead]
+	if st == cq.Success {
+		qp.progress(bth.PSNAdd(w.lastPSN, 1))
+	}
+	if w.wr.Opcode.needsRDResource() && w.state == wqeStarted {
+		qp.rdOutstanding--
+	}
+	qp.pushSendWC(w, st, orig)
+	w.state = wqeDone
+	qp.retireHead()
+	if qp.sqSendOff == 0 && qp.sqCount == 0 || qp.sqSendOff == 0 {
+		qp.retryDeadline = time.Time{}
+		qp.updateTimerSet()
+	}
+	qp.kick()
+}
+
+// checkTimers fires the RNR wait and the local ACK timeout.
+func (qp *QP) checkTimers() {
+	now := qp.e.now
+	if !qp.rnrDeadline.IsZero() && !now.Before(qp.rnrDeadline) {
+		qp.rnrDeadline = time.Time{}
+		qp.goBackN()
+	}
+	if !qp.retryDeadline.IsZero() && !now.Before(qp.retryDeadline) {
+		qp.retryDeadline = time.Time{}
+		qp.Stats.Timeouts++
+		if qp.sqSendOff > 0 && qp.state == qpstate.RTS {
+			qp.retry(&qp.sq[qp.sqHead], "local ACK timeout", false)
+		}
+	}
+	qp.updateTimerSet()
+}

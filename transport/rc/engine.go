@@ -1,0 +1,313 @@
+package rc
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/softroce/softroce/bth"
+	"github.com/softroce/softroce/memreg"
+	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/qpstate"
+)
+
+// MaxPacket is the largest RoCE packet the engine builds: a 4096-byte
+// PMTU payload plus the longest RC header set, pad and ICRC.
+const MaxPacket = 4096 + 64
+
+// Engine is the transport of one device: its QPs, and the packets they
+// exchange. One mutex guards it all; there is no goroutine per QP. It is
+// safe for concurrent use: Post* from any goroutine, Receive and Progress
+// from the driver.
+type Engine struct {
+	mu      sync.Mutex
+	mrs     *memreg.Table
+	qps     map[uint32]*QP
+	pending []*QP
+	timed   map[*QP]struct{}
+	now     time.Time
+
+	tx   []nic.Packet
+	free [][]byte
+
+	// MaxBatch is how many packets Progress returns at most per call.
+	MaxBatch int
+	// SignalAll makes every send WR signaled (sq_sig_all).
+	SignalAll bool
+	// OnAsyncError is called (under the engine lock) when a QP enters ERR
+	// because of a transport error, like IBV_EVENT_QP_FATAL.
+	OnAsyncError func(qpn uint32, reason string)
+	// Wake is called (under the engine lock, must not block) when posted
+	// work is waiting for Progress.
+	Wake func()
+	// OnPacket, if set, sees every packet sent (dir 'T') and received
+	// (dir 'R') for tracing; it must not keep the buffer.
+	OnPacket func(dir byte, p *nic.Packet)
+
+	Stats EngineStats
+}
+
+// EngineStats count what the engine dropped and why.
+type EngineStats struct {
+	RxPackets     uint64
+	TxPackets     uint64
+	RxMalformed   uint64 // failed bth.Parse
+	RxUnknownQP   uint64 // no such QP, or QP not ready (IBTA: silently dropped)
+	RxBadHeader   uint64 // TVer != 0, P_Key mismatch, not an RC opcode
+	RxWrongSource uint64 // source IP does not match the QP's address vector
+}
+
+// NewEngine returns an engine whose responders and requesters access
+// memory through mrs.
+func NewEngine(mrs *memreg.Table) *Engine {
+	return &Engine{mrs: mrs, qps: map[uint32]*QP{}, timed: map[*QP]struct{}{}, MaxBatch: 64}
+}
+
+// CreateQP makes an RC QP in RESET with a random 24-bit QP number (never
+// 0 or 1, which IBTA reserves for SMI and GSI).
+func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
+	if cfg.MaxSendWR < 1 || cfg.MaxRecvWR < 1 {
+		return nil, fmt.Errorf("rc: max_send_wr and max_recv_wr must be at least 1 (got %d, %d)", cfg.MaxSendWR, cfg.MaxRecvWR)
+	}
+	if cfg.MaxSGE < 1 {
+		cfg.MaxSGE = 1
+	}
+	if cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.PD == nil {
+		return nil, fmt.Errorf("rc: create QP needs a PD, a send CQ and a receive CQ")
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var num uint32
+	for {
+		var b [4]byte
+		rand.Read(b[:])
+		num = binary.LittleEndian.Uint32(b[:]) & bth.PSNMask
+		if _, used := e.qps[num]; num > 1 && !used {
+			break
+		}
+	}
+	qp := &QP{e: e, num: num, cfg: cfg, state: qpstate.Reset}
+	qp.sq = make([]sendWQE, cfg.MaxSendWR)
+	for i := range qp.sq {
+		qp.sq[i].sgl = make([]SGE, 0, cfg.MaxSGE)
+	}
+	qp.rq = make([]recvWQE, cfg.MaxRecvWR)
+	for i := range qp.rq {
+		qp.rq[i].sgl = make([]SGE, 0, cfg.MaxSGE)
+	}
+	qp.setPathLocked(Path{PMTU: 1024})
+	e.qps[num] = qp
+	return qp, nil
+}
+
+// DestroyQP removes the QP; packets for it are dropped from now on.
+func (e *Engine) DestroyQP(qp *QP) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.qps, qp.num)
+	delete(e.timed, qp)
+	qp.state = qpstate.Reset
+}
+
+// QP finds a QP by number.
+func (e *Engine) QP(num uint32) *QP {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.qps[num]
+}
+
+// Lock and Unlock give callers (the verbs layer) atomic multi-step access,
+// e.g. a modify-QP that validates then applies.
+func (e *Engine) Lock()   { e.mu.Lock() }
+func (e *Engine) Unlock() { e.mu.Unlock() }
+
+// SetPathLocked and SetStateLocked are SetPath and SetState for callers
+// holding the engine lock.
+func (qp *QP) SetPathLocked(p Path)           { qp.setPathLocked(p) }
+func (qp *QP) SetStateLocked(s qpstate.State) { qp.setStateLocked(s) }
+
+func (e *Engine) getBuf() []byte {
+	if n := len(e.free); n > 0 {
+		b := e.free[n-1]
+		e.free = e.free[:n-1]
+		return b
+	}
+	return make([]byte, MaxPacket)
+}
+
+// newPacket appends a packet for qp to the transmit batch and returns its
+// buffer for the caller to fill; the caller then calls qp.sent(n).
+func (qp *QP) newPacket() []byte {
+	e := qp.e
+	e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: qp.path.Remote, Local: qp.path.Local, SrcPort: srcPort(qp.num)})
+	return e.tx[len(e.tx)-1].Buf
+}
+
+func (qp *QP) sent(n int) {
+	e := qp.e
+	p := &e.tx[len(e.tx)-1]
+	p.N = n
+	qp.Stats.TxPackets++
+	e.Stats.TxPackets++
+	if e.OnPacket != nil {
+		e.OnPacket('T', p)
+	}
+}
+
+// srcPort is the UDP source port for a QP: fixed per QP so a flow stays on
+// one ECMP path, in the range rxe uses (0xC000 | 14-bit hash of the QPN).
+func srcPort(qpn uint32) uint16 {
+	return 0xC000 | uint16((qpn*0x61C88647)>>18)&0x3FFF
+}
+
+// Receive processes a batch of received packets at time now. Responses it
+// generates (ACKs, NAKs, READ responses) are collected by Progress.
+func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.now = now
+	var p bth.Packet
+	for i := range pkts {
+		pk := &pkts[i]
+		e.Stats.RxPackets++
+		if e.OnPacket != nil {
+			e.OnPacket('R', pk)
+		}
+		if err := bth.Parse(&p, pk.Bytes()); err != nil {
+			e.Stats.RxMalformed++
+			continue
+		}
+		// Silent drops, as rxe and IBTA §9.6 (header validation): TVer
+		// must be 0, P_Key the default partition (0xFFFF or 0x7FFF).
+		if p.BTH.TVer() != 0 || p.BTH.PKey()&0x7fff != 0x7fff || p.Info.Transport != bth.TransportRC {
+			e.Stats.RxBadHeader++
+			continue
+		}
+		qp := e.qps[p.BTH.DestQP()]
+		if qp == nil {
+			e.Stats.RxUnknownQP++
+			continue
+		}
+		if qp.path.Remote.IsValid() && pk.Remote.Addr() != qp.path.Remote.Addr() {
+			e.Stats.RxWrongSource++
+			continue
+		}
+		qp.Stats.RxPackets++
+		if p.Info.Request {
+			if qp.state != qpstate.RTR && qp.state != qpstate.RTS && qp.state != qpstate.SQD {
+				e.Stats.RxUnknownQP++
+				continue
+			}
+			if len(qp.resp.jobs) > 0 {
+				if !qp.resp.deferPacket(pk.Bytes()) {
+					qp.Stats.Dropped++
+				}
+				continue
+			}
+			qp.respond(&p)
+		} else {
+			if qp.state != qpstate.RTS && qp.state != qpstate.SQD {
+				e.Stats.RxUnknownQP++
+				continue
+			}
+			qp.complete(&p)
+		}
+	}
+	// Coalesced ACKs: one ACK per QP per batch, for the newest PSN that
+	// asked for one (the MSN covers everything before it).
+	for _, qp := range e.pending {
+		if qp.ackPending {
+			qp.sendAck()
+		}
+	}
+}
+
+// Progress runs expired timers and lets QPs with pending work transmit. It
+// returns the packets to send; the caller passes them to Release once the
+// link has sent them. more reports that work remains (call again).
+func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.now = now
+	for qp := range e.timed {
+		qp.checkTimers()
+	}
+	budget := e.MaxBatch
+	i := 0
+	for ; i < len(e.pending) && len(e.tx) < budget; i++ {
+		qp := e.pending[i]
+		if qp.ackPending {
+			qp.sendAck()
+		}
+		respDone := qp.resp.transmit(qp, budget)
+		done := qp.transmit(budget) && respDone
+		if done {
+			qp.txPending = false
+		} else {
+			// Budget ran out: keep it pending for the next call.
+			e.pending = append(e.pending, qp)
+		}
+	}
+	e.pending = append(e.pending[:0], e.pending[i:]...)
+	out = e.tx
+	e.tx = nil
+	return out, len(e.pending) > 0
+}
+
+// Release returns sent packets' buffers to the engine.
+func (e *Engine) Release(pkts []nic.Packet) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i := range pkts {
+		e.free = append(e.free, pkts[i].Buf)
+		pkts[i].Buf = nil
+	}
+	if e.tx == nil {
+		e.tx = pkts[:0]
+	}
+}
+
+// NextDeadline is the earliest time a timer wants Progress to run, or the
+// zero time when none is armed.
+func (e *Engine) NextDeadline() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var d time.Time
+	for qp := range e.timed {
+		for _, t := range [2]time.Time{qp.retryDeadline, qp.rnrDeadline} {
+			if !t.IsZero() && (d.IsZero() || t.Before(d)) {
+				d = t
+			}
+		}
+	}
+	return d
+}
+
+func (qp *QP) updateTimerSet() {
+	if qp.retryDeadline.IsZero() && qp.rnrDeadline.IsZero() {
+		delete(qp.e.timed, qp)
+	} else {
+		qp.e.timed[qp] = struct{}{}
+	}
+}
+
+// localAckTimeout is 4.096 us * 2^timeout (IBTA §9.7.6.1.3); 0 = never.
+func localAckTimeout(t uint8) time.Duration {
+	if t == 0 {
+		return 0
+	}
+	return time.Duration(4096<<t) * time.Nanosecond
+}
+
+// Remote builds the address a QP sends to from an IP address.
+func Remote(ip netip.Addr) netip.AddrPort { return netip.AddrPortFrom(ip, nic.RoCEv2Port) }
+
+// SignalAllFor sets sq_sig_all for one QP (every send WR completes).
+func (e *Engine) SignalAllFor(qp *QP, on bool) {
+	e.mu.Lock()
+	qp.sigAll = on
+	e.mu.Unlock()
+}

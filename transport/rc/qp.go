@@ -1,0 +1,411 @@
+package rc
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/softroce/softroce/bth"
+	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/memreg"
+	"github.com/softroce/softroce/qpstate"
+)
+
+// Defaults follow rxe where IBTA leaves a choice.
+const (
+	// maxUnackedPSNs bounds the requester's window of unacknowledged PSNs
+	// (rxe: RXE_MAX_UNACKED_PSNS).
+	maxUnackedPSNs = 128
+	// ackReqEvery sets AckReq inside long messages so the window keeps
+	// moving (rxe sets it every 64 packets without one).
+	ackReqEvery = 32
+)
+
+// QPConfig is fixed at creation.
+type QPConfig struct {
+	PD        *memreg.PD
+	SendCQ    *cq.CQ
+	RecvCQ    *cq.CQ
+	MaxSendWR int
+	MaxRecvWR int
+	MaxSGE    int
+	MaxInline int
+}
+
+// Path holds the attributes set by modify-QP to RTR and RTS.
+type Path struct {
+	Remote          netip.AddrPort // peer IP and UDP port (4791)
+	Local           netip.Addr     // our source IP (zero: the link's default)
+	DestQPN         uint32
+	PMTU            int // bytes: 256..4096
+	RQPSN           uint32
+	SQPSN           uint32
+	Timeout         uint8 // local ACK timeout: 4.096 us * 2^Timeout, 0 = infinite
+	RetryCnt        uint8
+	RNRRetry        uint8 // 7 = infinite (IBTA)
+	MinRNRTimer     uint8
+	MaxRDAtomic     int
+	MaxDestRDAtomic int
+	Access          memreg.Access // remote access enabled on the QP (ibv_qp_attr.qp_access_flags)
+}
+
+// Errors returned by Post*.
+var (
+	ErrQueueFull = errors.New("rc: work queue full")
+	ErrState     = errors.New("rc: QP state does not allow this")
+)
+
+type wqeState uint8
+
+const (
+	wqeQueued  wqeState = iota // posted, no PSN assigned yet
+	wqeStarted                 // PSNs assigned, (re)transmitting
+	wqeDone                    // completed; waiting to be retired in order
+)
+
+// sendWQE is a send-queue slot. Slots are preallocated so posting does not
+// allocate: SGL and inline data are copied into fixed storage.
+type sendWQE struct {
+	wr       SendWR
+	sgl      []SGE
+	inline   []byte
+	isInline bool
+	length   int
+	state    wqeState
+	firstPSN uint32
+	lastPSN  uint32
+	npsn     int
+	readDone int // READ: bytes of response received in order
+}
+
+type recvWQE struct {
+	id  uint64
+	sgl []SGE
+	len int
+}
+
+// QP is one RC queue pair's transport state.
+type QP struct {
+	e     *Engine
+	num   uint32
+	cfg   QPConfig
+	path  Path
+	state qpstate.State
+
+	// send queue ring: [sqHead, sqTail) occupied; sqSend is the next WQE
+	// to transmit from (as an offset from sqHead), sqPkt the packet index
+	// within it.
+	sq                        []sendWQE
+	sqHead, sqTail, sqSendOff int
+	sqCount                   int
+	sqPkt                     int
+	nextPSN                   uint32 // PSN for the next new WQE
+	compPSN                   uint32 // oldest unacknowledged PSN
+	rdOutstanding             int
+	retryLeft, rnrLeft        int
+	retryDeadline             time.Time // zero: not armed
+	rnrDeadline               time.Time // zero: not waiting
+	nakRetryPSN               uint32    // PSN of the last NAK-driven retry, to ignore repeats
+	nakRetried                bool
+	readRetryPSN              uint32
+	readRetried               bool
+	maxSentPSN                uint32 // highest PSN sent, to count retransmissions
+	sentAny                   bool
+
+	// receive queue ring
+	rq              []recvWQE
+	rqHead, rqCount int
+
+	resp responder
+
+	// scheduling flags
+	txPending  bool // requester or responder may have packets to send
+	ackPending bool
+	ackPSN     uint32
+	sigAll     bool
+
+	Stats QPStats
+}
+
+// QPStats are per-QP counters, in the spirit of rxe's hw counters.
+type QPStats struct {
+	TxPackets, RxPackets     uint64
+	Retransmits              uint64 // packets sent again by go-back-N
+	Timeouts                 uint64
+	RNRNAKsRecv, RNRNAKsSent uint64
+	SeqNAKsRecv, SeqNAKsSent uint64
+	DupRequests              uint64
+	OutOfSeqRequests         uint64
+	Dropped                  uint64
+}
+
+// Num is the QP number.
+func (qp *QP) Num() uint32 { return qp.num }
+
+// State is the transport's view of the QP state.
+func (qp *QP) State() qpstate.State { return qp.state }
+
+// Path returns the current path attributes.
+func (qp *QP) Path() Path { return qp.path }
+
+// SetPath installs attributes validated by qpstate.Modify. It is called
+// for INIT->RTR (responder side) and RTR->RTS (requester side).
+func (qp *QP) SetPath(p Path) {
+	qp.e.mu.Lock()
+	defer qp.e.mu.Unlock()
+	qp.setPathLocked(p)
+}
+
+func (qp *QP) setPathLocked(p Path) {
+	qp.path = p
+	if p.MaxDestRDAtomic < 1 {
+		qp.path.MaxDestRDAtomic = 1
+	}
+	if p.MaxRDAtomic < 1 {
+		qp.path.MaxRDAtomic = 1
+	}
+	qp.resp.resources = make([]rdResource, pow2(qp.path.MaxDestRDAtomic))
+}
+
+func pow2(n int) int {
+	p := 1
+	for p < n {
+		p <<= 1
+	}
+	return p
+}
+
+// SetState moves the transport to s (already validated by qpstate).
+// Entering RTR arms the responder at RQPSN; entering RTS starts the
+// requester at SQPSN; entering ERR flushes both queues (IBTA §10.3.1).
+func (qp *QP) SetState(s qpstate.State) {
+	qp.e.mu.Lock()
+	defer qp.e.mu.Unlock()
+	qp.setStateLocked(s)
+}
+
+func (qp *QP) setStateLocked(s qpstate.State) {
+	prev := qp.state
+	qp.state = s
+	switch s {
+	case qpstate.Reset:
+		qp.reset()
+	case qpstate.RTR:
+		if prev != qpstate.RTR {
+			qp.resp.ePSN = qp.path.RQPSN & bth.PSNMask
+			qp.resp.msn = 0
+		}
+	case qpstate.RTS:
+		if prev == qpstate.RTR {
+			qp.nextPSN = qp.path.SQPSN & bth.PSNMask
+			qp.compPSN = qp.nextPSN
+			qp.retryLeft = int(qp.path.RetryCnt)
+			qp.rnrLeft = int(qp.path.RNRRetry)
+		}
+		qp.kick()
+	case qpstate.Err:
+		qp.flush()
+	}
+}
+
+func (qp *QP) reset() {
+	qp.sqHead, qp.sqTail, qp.sqSendOff, qp.sqCount, qp.sqPkt = 0, 0, 0, 0, 0
+	qp.rqHead, qp.rqCount = 0, 0
+	qp.rdOutstanding = 0
+	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
+	qp.resp = responder{resources: qp.resp.resources}
+	clear(qp.resp.resources)
+}
+
+// flush completes every outstanding work request with WR_FLUSH_ERR. Error
+// completions are generated even for unsignaled WRs (IBA 10.7.3.1).
+func (qp *QP) flush() {
+	for qp.sqCount > 0 {
+		w := &qp.sq[qp.sqHead]
+		if w.state != wqeDone {
+			qp.pushSendWC(w, cq.WRFlushErr, 0)
+		}
+		qp.retireHead()
+	}
+	qp.sqSendOff, qp.sqPkt = 0, 0
+	qp.rdOutstanding = 0
+	for qp.rqCount > 0 {
+		r := &qp.rq[qp.rqHead]
+		qp.cfg.RecvCQ.Push(cq.WC{WRID: r.id, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
+		qp.rqHead = (qp.rqHead + 1) % len(qp.rq)
+		qp.rqCount--
+	}
+	qp.resp.cur = curMsg{}
+	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
+}
+
+func (qp *QP) retireHead() {
+	qp.sq[qp.sqHead].state = wqeQueued
+	qp.sqHead = (qp.sqHead + 1) % len(qp.sq)
+	qp.sqCount--
+	if qp.sqSendOff > 0 {
+		qp.sqSendOff--
+	} else {
+		qp.sqPkt = 0
+	}
+}
+
+// toError moves the QP to ERR after a fatal completion or responder error
+// and tells the owner through the engine's async hook.
+func (qp *QP) toError(reason string) {
+	if qp.state == qpstate.Err {
+		return
+	}
+	qp.state = qpstate.Err
+	qp.flush()
+	if qp.e.OnAsyncError != nil {
+		qp.e.OnAsyncError(qp.num, reason)
+	}
+}
+
+// PostSend queues a send work request. It checks what can be checked at
+// post time (queue depth, SGE count, inline size, opcode); protection
+// problems with lkeys surface as completions, as with hardware.
+func (qp *QP) PostSend(wr *SendWR) error {
+	e := qp.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if qp.state != qpstate.RTS && qp.state != qpstate.SQD {
+		if qp.state != qpstate.Err {
+			return fmt.Errorf("%w: post send on QP %d in state %v (needs RTS)", ErrState, qp.num, qp.state)
+		}
+	}
+	if qp.sqCount == len(qp.sq) {
+		return fmt.Errorf("%w: send queue of QP %d holds %d WRs (max_send_wr)", ErrQueueFull, qp.num, len(qp.sq))
+	}
+	if len(wr.SGL) > qp.cfg.MaxSGE {
+		return fmt.Errorf("rc: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(wr.SGL), qp.num, qp.cfg.MaxSGE)
+	}
+	if _, ok := wrNames[wr.Opcode]; !ok {
+		return fmt.Errorf("rc: opcode %v is not supported on an RC QP", wr.Opcode)
+	}
+	length := 0
+	for _, s := range wr.SGL {
+		length += int(s.Length)
+	}
+	switch {
+	case wr.Opcode.isAtomic():
+		if len(wr.SGL) != 1 || wr.SGL[0].Length != 8 {
+			return fmt.Errorf("rc: %v needs exactly one 8-byte SGE for the original value", wr.Opcode)
+		}
+		if wr.RemoteAddr&7 != 0 {
+			return fmt.Errorf("rc: %v remote address 0x%x is not 8-byte aligned", wr.Opcode, wr.RemoteAddr)
+		}
+	case wr.Opcode == WRAtomicWrite:
+		length = 8
+	case length > 1<<31:
+		return fmt.Errorf("rc: message of %d bytes exceeds the 2 GiB RC limit", length)
+	}
+	w := &qp.sq[qp.sqTail]
+	w.wr = *wr
+	w.sgl = append(w.sgl[:0], wr.SGL...)
+	w.wr.SGL = nil
+	w.isInline = false
+	if wr.Flags&SendInline != 0 && !wr.Opcode.isAtomic() && wr.Opcode != WRRDMARead && wr.Opcode != WRAtomicWrite {
+		// Inline data is copied now, so the caller may reuse its buffer as
+		// soon as PostSend returns (ibv_post_send semantics). It comes from
+		// InlineData, or else from the SGL, read through the lkeys.
+		if wr.InlineData != nil {
+			length = len(wr.InlineData)
+		}
+		if length > qp.cfg.MaxInline {
+			return fmt.Errorf("rc: inline WR of %d bytes exceeds max_inline_data %d", length, qp.cfg.MaxInline)
+		}
+		if cap(w.inline) < length {
+			w.inline = make([]byte, qp.cfg.MaxInline)
+		}
+		w.inline = w.inline[:length]
+		if wr.InlineData != nil {
+			copy(w.inline, wr.InlineData)
+		} else if err := gather(e.mrs, qp.cfg.PD, w.sgl, 0, w.inline); err != nil {
+			return fmt.Errorf("rc: inline data: %w", err)
+		}
+		w.isInline = true
+	}
+	w.wr.InlineData = nil
+	w.length = length
+	w.state = wqeQueued
+	w.readDone = 0
+	qp.sqTail = (qp.sqTail + 1) % len(qp.sq)
+	qp.sqCount++
+	qp.kick()
+	if qp.state == qpstate.Err {
+		// Posting to a QP in ERR completes with a flush error at once.
+		qp.flush()
+	}
+	return nil
+}
+
+// PostRecv queues a receive work request.
+func (qp *QP) PostRecv(wr *RecvWR) error {
+	e := qp.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if qp.state == qpstate.Reset {
+		return fmt.Errorf("%w: post recv on QP %d in RESET", ErrState, qp.num)
+	}
+	if qp.rqCount == len(qp.rq) {
+		return fmt.Errorf("%w: receive queue of QP %d holds %d WRs (max_recv_wr)", ErrQueueFull, qp.num, len(qp.rq))
+	}
+	if len(wr.SGL) > qp.cfg.MaxSGE {
+		return fmt.Errorf("rc: recv WR has %d SGEs, QP %d allows %d (max_recv_sge)", len(wr.SGL), qp.num, qp.cfg.MaxSGE)
+	}
+	r := &qp.rq[(qp.rqHead+qp.rqCount)%len(qp.rq)]
+	r.id = wr.ID
+	r.sgl = append(r.sgl[:0], wr.SGL...)
+	r.len = 0
+	for _, s := range wr.SGL {
+		r.len += int(s.Length)
+	}
+	qp.rqCount++
+	if qp.state == qpstate.Err {
+		qp.flush()
+	}
+	return nil
+}
+
+// kick marks the QP as having work for the next Progress.
+func (qp *QP) kick() {
+	if !qp.txPending {
+		qp.txPending = true
+		qp.e.pending = append(qp.e.pending, qp)
+		if qp.e.Wake != nil {
+			qp.e.Wake()
+		}
+	}
+}
+
+func (qp *QP) pushSendWC(w *sendWQE, st cq.Status, orig uint64) {
+	if st == cq.Success && w.wr.Flags&SendSignaled == 0 && !qp.e.SignalAll && !qp.sigAll {
+		return
+	}
+	wc := cq.WC{WRID: w.wr.ID, Status: st, Opcode: wcOpcode(w.wr.Opcode), QPNum: qp.num}
+	if st == cq.Success && w.wr.Opcode == WRRDMARead {
+		wc.ByteLen = uint32(w.length)
+	}
+	qp.cfg.SendCQ.Push(wc)
+}
+
+func wcOpcode(o WROpcode) cq.Opcode {
+	switch {
+	case o.isSend():
+		return cq.OpSend
+	case o.isWrite():
+		return cq.OpRDMAWrite
+	case o == WRRDMARead:
+		return cq.OpRDMARead
+	case o == WRAtomicCmpAndSwp:
+		return cq.OpCompSwap
+	case o == WRAtomicFetchAndAdd:
+		return cq.OpFetchAdd
+	case o == WRAtomicWrite:
+		return cq.OpAtomicWrite
+	}
+	return cq.OpSend
+}

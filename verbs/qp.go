@@ -1,0 +1,246 @@
+package verbs
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/softroce/softroce/memreg"
+	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/rc"
+)
+
+// QPType is the transport service of a QP. softroce implements RC.
+type QPType = qpstate.Type
+
+// QP types.
+const (
+	QPTypeRC = qpstate.RC
+	QPTypeUC = qpstate.UC
+	QPTypeUD = qpstate.UD
+)
+
+// QPInitAttr are the creation attributes (struct ibv_qp_init_attr).
+type QPInitAttr struct {
+	Type   QPType
+	SendCQ *CQ
+	RecvCQ *CQ
+	Cap    QPCap
+	// SQSigAll makes every send WR generate a completion.
+	SQSigAll bool
+}
+
+// QP is a queue pair.
+type QP struct {
+	pd   *PD
+	rc   *rc.QP
+	init QPInitAttr
+	attr QPAttr
+}
+
+// CreateQP creates a QP in RESET (ibv_create_qp). Only RC is implemented;
+// zero capacities get defaults (128 WRs, 1 SGE).
+func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
+	if init.Type != QPTypeRC {
+		return nil, fmt.Errorf("verbs: QP type %v is not implemented; softroce supports RC", init.Type)
+	}
+	c := &init.Cap
+	if c.MaxSendWR == 0 {
+		c.MaxSendWR = 128
+	}
+	if c.MaxRecvWR == 0 {
+		c.MaxRecvWR = 128
+	}
+	if c.MaxSendSGE == 0 {
+		c.MaxSendSGE = 1
+	}
+	if c.MaxRecvSGE == 0 {
+		c.MaxRecvSGE = 1
+	}
+	switch {
+	case c.MaxSendWR > MaxQPWR || c.MaxRecvWR > MaxQPWR:
+		return nil, fmt.Errorf("verbs: max_send_wr %d / max_recv_wr %d exceed the device limit max_qp_wr %d", c.MaxSendWR, c.MaxRecvWR, MaxQPWR)
+	case c.MaxSendSGE > MaxSGE || c.MaxRecvSGE > MaxSGE:
+		return nil, fmt.Errorf("verbs: max_send_sge %d / max_recv_sge %d exceed the device limit max_sge %d", c.MaxSendSGE, c.MaxRecvSGE, MaxSGE)
+	case c.MaxInlineData > MaxInline:
+		return nil, fmt.Errorf("verbs: max_inline_data %d exceeds the device limit %d", c.MaxInlineData, MaxInline)
+	case init.SendCQ == nil || init.RecvCQ == nil:
+		return nil, fmt.Errorf("verbs: CreateQP needs a send CQ and a receive CQ")
+	}
+	q, err := pd.d.eng.CreateQP(rc.QPConfig{PD: pd.pd, SendCQ: init.SendCQ, RecvCQ: init.RecvCQ,
+		MaxSendWR: c.MaxSendWR, MaxRecvWR: c.MaxRecvWR, MaxSGE: max(c.MaxSendSGE, c.MaxRecvSGE), MaxInline: c.MaxInlineData})
+	if err != nil {
+		return nil, err
+	}
+	qp := &QP{pd: pd, rc: q, init: init}
+	qp.attr.Cap = *c
+	pd.d.eng.SignalAllFor(q, init.SQSigAll)
+	return qp, nil
+}
+
+// Num is the QP number (qp_num).
+func (qp *QP) Num() uint32 { return qp.rc.Num() }
+
+// State is the current state, as the transport sees it (it may have moved
+// to ERR on its own after a fatal error).
+func (qp *QP) State() QPState { return qp.rc.State() }
+
+// Transport exposes the RC transport QP (statistics).
+func (qp *QP) Transport() *rc.QP { return qp.rc }
+
+// Modify changes attributes and state (ibv_modify_qp). It validates the
+// transition and attribute mask exactly as libibverbs does and returns a
+// *qpstate.TransitionError naming the state, transition and attribute.
+func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
+	d := qp.pd.d
+	d.eng.Lock()
+	defer d.eng.Unlock()
+	cur := qp.rc.State()
+	next, err := qpstate.Modify(qp.init.Type, cur, mask, attr)
+	if err != nil {
+		return err
+	}
+	a := &qp.attr
+	if mask&qpstate.AttrAccessFlags != 0 {
+		a.AccessFlags = attr.AccessFlags
+	}
+	if mask&qpstate.AttrAV != 0 {
+		if int(attr.AV.SGIDIndex) >= len(d.gids) {
+			return fmt.Errorf("verbs: modify QP %d: sgid_index %d out of range (GID table has %d entries)", qp.Num(), attr.AV.SGIDIndex, len(d.gids))
+		}
+		a.AV = attr.AV
+	}
+	if mask&qpstate.AttrPathMTU != 0 {
+		if port := nic_IBMTU(d); attr.PathMTU > port {
+			return fmt.Errorf("verbs: modify QP %d: path MTU %d exceeds the port's active MTU %d (link MTU %d)", qp.Num(), attr.PathMTU, port, d.link.MTU())
+		}
+		a.PathMTU = attr.PathMTU
+	}
+	if mask&qpstate.AttrMaxQPRDAtomic != 0 || mask&qpstate.AttrMaxDestRDAtomic != 0 {
+		if attr.MaxRDAtomic > MaxQPRDAtom || attr.MaxDestRDAtomic > MaxQPRDAtom {
+			return fmt.Errorf("verbs: modify QP %d: max_rd_atomic/max_dest_rd_atomic above the device limit %d", qp.Num(), MaxQPRDAtom)
+		}
+	}
+	copyIf := func(bit AttrMask, f func()) {
+		if mask&bit != 0 {
+			f()
+		}
+	}
+	copyIf(qpstate.AttrPKeyIndex, func() { a.PKeyIndex = attr.PKeyIndex })
+	copyIf(qpstate.AttrPort, func() { a.Port = attr.Port })
+	copyIf(qpstate.AttrTimeout, func() { a.Timeout = attr.Timeout })
+	copyIf(qpstate.AttrRetryCnt, func() { a.RetryCnt = attr.RetryCnt })
+	copyIf(qpstate.AttrRNRRetry, func() { a.RNRRetry = attr.RNRRetry })
+	copyIf(qpstate.AttrRQPSN, func() { a.RQPSN = attr.RQPSN })
+	copyIf(qpstate.AttrSQPSN, func() { a.SQPSN = attr.SQPSN })
+	copyIf(qpstate.AttrMaxQPRDAtomic, func() { a.MaxRDAtomic = attr.MaxRDAtomic })
+	copyIf(qpstate.AttrMaxDestRDAtomic, func() { a.MaxDestRDAtomic = attr.MaxDestRDAtomic })
+	copyIf(qpstate.AttrMinRNRTimer, func() { a.MinRNRTimer = attr.MinRNRTimer })
+	copyIf(qpstate.AttrDestQPN, func() { a.DestQPN = attr.DestQPN })
+	a.State = next
+	qp.rc.SetPathLocked(qp.path())
+	qp.rc.SetStateLocked(next)
+	return nil
+}
+
+func nic_IBMTU(d *Device) int { return d.QueryPort().ActiveMTU }
+
+// path converts the verbs attributes into the transport's path.
+func (qp *QP) path() rc.Path {
+	a := &qp.attr
+	d := qp.pd.d
+	var local netip.Addr
+	if int(a.AV.SGIDIndex) < len(d.gids) {
+		local = d.gids[a.AV.SGIDIndex].Addr
+	}
+	p := rc.Path{DestQPN: a.DestQPN, PMTU: a.PathMTU, RQPSN: a.RQPSN, SQPSN: a.SQPSN, Timeout: a.Timeout,
+		RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry, MinRNRTimer: a.MinRNRTimer, MaxRDAtomic: int(a.MaxRDAtomic),
+		MaxDestRDAtomic: int(a.MaxDestRDAtomic), Access: memreg.Access(a.AccessFlags), Local: local}
+	if p.PMTU == 0 {
+		p.PMTU = 1024
+	}
+	if a.AV.DGID != ([16]byte{}) {
+		p.Remote = rc.Remote(GID(a.AV.DGID).Addr())
+	}
+	return p
+}
+
+// Query returns the QP's attributes and creation attributes (ibv_query_qp).
+func (qp *QP) Query() (QPAttr, QPInitAttr) {
+	qp.pd.d.eng.Lock()
+	defer qp.pd.d.eng.Unlock()
+	a := qp.attr
+	a.State = qp.rc.State()
+	a.CurState = a.State
+	return a, qp.init
+}
+
+// PostSend posts a send work request (ibv_post_send).
+func (qp *QP) PostSend(wr *SendWR) error { return qp.rc.PostSend(wr) }
+
+// PostRecv posts a receive work request (ibv_post_recv).
+func (qp *QP) PostRecv(wr *RecvWR) error { return qp.rc.PostRecv(wr) }
+
+// Destroy destroys the QP (ibv_destroy_qp).
+func (qp *QP) Destroy() error {
+	qp.pd.d.eng.DestroyQP(qp.rc)
+	return nil
+}
+
+// RemoteInfo is what two sides exchange out of band to connect RC QPs,
+// the same facts ibv_rc_pingpong and perftest exchange.
+type RemoteInfo struct {
+	QPN uint32
+	PSN uint32
+	GID GID
+}
+
+// ConnectOptions tune Connect; zero fields take the ibv_rc_pingpong
+// defaults (MTU 1024, timeout 14, retry 7, RNR retry 7, min RNR timer 12,
+// 16 outstanding READ/atomics).
+type ConnectOptions struct {
+	PathMTU     int
+	SQPSN       uint32 // our initial send PSN (what the peer got as our PSN)
+	SGIDIndex   uint8
+	Timeout     uint8
+	RetryCnt    uint8
+	RNRRetry    uint8
+	MinRNRTimer uint8
+	MaxRDAtomic uint8
+	Access      Access // remote access the QP allows (default: write, read, atomic)
+}
+
+// Connect moves a RESET QP through INIT and RTR to RTS against remote.
+func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
+	if o == nil {
+		o = &ConnectOptions{}
+	}
+	def := func(v, d uint8) uint8 {
+		if v == 0 {
+			return d
+		}
+		return v
+	}
+	mtu := o.PathMTU
+	if mtu == 0 {
+		mtu = 1024
+	}
+	access := o.Access
+	if access == 0 {
+		access = AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+	}
+	a := QPAttr{State: StateInit, Port: 1, AccessFlags: uint32(access)}
+	if err := qp.Modify(&a, qpstate.AttrState|qpstate.AttrPKeyIndex|qpstate.AttrPort|qpstate.AttrAccessFlags); err != nil {
+		return err
+	}
+	a = QPAttr{State: StateRTR, PathMTU: mtu, DestQPN: remote.QPN, RQPSN: remote.PSN,
+		MaxDestRDAtomic: def(o.MaxRDAtomic, 16), MinRNRTimer: def(o.MinRNRTimer, 12),
+		AV: AddressVector{DGID: remote.GID, SGIDIndex: o.SGIDIndex, HopLimit: 64}}
+	if err := qp.Modify(&a, qpstate.AttrState|qpstate.AttrAV|qpstate.AttrPathMTU|qpstate.AttrDestQPN|qpstate.AttrRQPSN|
+		qpstate.AttrMaxDestRDAtomic|qpstate.AttrMinRNRTimer); err != nil {
+		return err
+	}
+	a = QPAttr{State: StateRTS, SQPSN: o.SQPSN, Timeout: def(o.Timeout, 14), RetryCnt: def(o.RetryCnt, 7),
+		RNRRetry: def(o.RNRRetry, 7), MaxRDAtomic: def(o.MaxRDAtomic, 16)}
+	return qp.Modify(&a, qpstate.AttrState|qpstate.AttrSQPSN|qpstate.AttrTimeout|qpstate.AttrRetryCnt|
+		qpstate.AttrRNRRetry|qpstate.AttrMaxQPRDAtomic)
+}
