@@ -1,0 +1,263 @@
+package rxevm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// netnsDir is where iproute2 (and netns.NewNamed) bind-mount named
+// namespaces.
+const netnsDir = "/run/netns"
+
+// inNetns runs fn on an OS thread switched into ns. Sockets and child
+// processes created by fn stay in ns. The thread is thrown away (its
+// goroutine exits locked) if it cannot be switched back.
+func inNetns(ns netns.NsHandle, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- fmt.Errorf("get current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter netns: %w", err)
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("leave netns: %w", err))
+			return // stay locked: the runtime ends this thread
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// createNetns creates the named namespace with lo up and the tap device
+// addressed, up and at the given MTU, leaving the calling thread where it
+// was.
+func createNetns(name string, mtu int) (netns.NsHandle, error) {
+	type result struct {
+		ns  netns.NsHandle
+		err error
+	}
+	rc := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			rc <- result{-1, fmt.Errorf("get current netns: %w", err)}
+			return
+		}
+		defer orig.Close()
+		ns, err := netns.NewNamed(name) // also switches this thread into it
+		if err != nil {
+			netns.Set(orig)
+			runtime.UnlockOSThread()
+			rc <- result{-1, fmt.Errorf("create netns %s: %w", name, err)}
+			return
+		}
+		err = setupLinks(mtu)
+		if serr := netns.Set(orig); serr != nil {
+			rc <- result{ns, errors.Join(err, fmt.Errorf("leave netns: %w", serr))}
+			return
+		}
+		runtime.UnlockOSThread()
+		if err != nil {
+			err = fmt.Errorf("set up netns %s: %w", name, err)
+		}
+		rc <- result{ns, err}
+	}()
+	r := <-rc
+	if r.err != nil {
+		if r.ns >= 0 {
+			r.ns.Close()
+		}
+		netns.DeleteNamed(name)
+		return -1, r.err
+	}
+	return r.ns, nil
+}
+
+// setupLinks runs inside the new namespace.
+func setupLinks(mtu int) error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo: %w", err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	tap := &netlink.Tuntap{
+		LinkAttrs: netlink.LinkAttrs{Name: TapName, MTU: mtu},
+		Mode:      netlink.TUNTAP_MODE_TAP,
+		Flags:     netlink.TUNTAP_NO_PI,
+	}
+	if err := netlink.LinkAdd(tap); err != nil {
+		return fmt.Errorf("create %s: %w", TapName, err)
+	}
+	for _, f := range tap.Fds {
+		f.Close() // the device is persistent; qemu opens it by name
+	}
+	link, err := netlink.LinkByName(TapName)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", TapName, err)
+	}
+	if err := netlink.LinkSetMTU(link, mtu); err != nil {
+		return fmt.Errorf("set %s mtu %d: %w", TapName, mtu, err)
+	}
+	addr, err := netlink.ParseAddr(hostPrefix.String())
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(link, addr); err != nil {
+		return fmt.Errorf("address %s: %w", TapName, err)
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up: %w", TapName, err)
+	}
+	return nil
+}
+
+// Do runs fn on an OS thread inside the VM's network namespace: sockets
+// opened and processes started by fn live there (a socket keeps the
+// namespace it was created in). fn must not start goroutines that expect to
+// inherit the namespace.
+func (vm *VM) Do(fn func() error) error {
+	return inNetns(vm.ns, fn)
+}
+
+// DialContext connects from the VM's network namespace, e.g. to
+// GuestAddr(); its signature fits net.Dialer users.
+func (vm *VM) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := vm.Do(func() error {
+		var d net.Dialer
+		var err error
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// Listen opens a listener inside the VM's network namespace, e.g. on
+// HostAddr() for a guest tool that connects to the host.
+func (vm *VM) Listen(network, addr string) (net.Listener, error) {
+	var l net.Listener
+	err := vm.Do(func() error {
+		var err error
+		l, err = net.Listen(network, addr)
+		return err
+	})
+	return l, err
+}
+
+// ListenPacket opens a packet socket (e.g. UDP 4791) inside the VM's
+// network namespace.
+func (vm *VM) ListenPacket(network, addr string) (net.PacketConn, error) {
+	var l net.PacketConn
+	err := vm.Do(func() error {
+		var err error
+		l, err = net.ListenPacket(network, addr)
+		return err
+	})
+	return l, err
+}
+
+// HostCommand prepares a host command that runs inside the VM's network
+// namespace (through `ip netns exec`).
+func (vm *VM) HostCommand(ctx context.Context, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", vm.name, name}, args...)...)
+}
+
+// SweepStale removes what earlier processes left behind when they died
+// without cleaning up: network namespaces named NetnsPrefix<pid>-<n> whose
+// pid no longer runs (killing any process still inside, e.g. an orphaned
+// qemu), and their scratch directories. It returns the number of
+// namespaces removed.
+func SweepStale() (int, error) {
+	ents, err := os.ReadDir(netnsDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("list %s: %w", netnsDir, err)
+	}
+	n := 0
+	var errs []error
+	for _, e := range ents {
+		pid, ok := ownerPid(e.Name())
+		if !ok || pidAlive(pid) {
+			continue
+		}
+		killNetnsProcs(filepath.Join(netnsDir, e.Name()))
+		if err := netns.DeleteNamed(e.Name()); err != nil {
+			errs = append(errs, fmt.Errorf("delete stale netns %s: %w", e.Name(), err))
+			continue
+		}
+		n++
+	}
+	if dirs, err := filepath.Glob(filepath.Join(os.TempDir(), NetnsPrefix+"*")); err == nil {
+		for _, d := range dirs {
+			if pid, ok := ownerPid(filepath.Base(d)); ok && !pidAlive(pid) {
+				os.RemoveAll(d)
+			}
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+// ownerPid extracts the pid from NetnsPrefix<pid>-<rest>.
+func ownerPid(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, NetnsPrefix)
+	if !ok {
+		return 0, false
+	}
+	p, _, ok := strings.Cut(rest, "-")
+	if !ok {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(p)
+	return pid, err == nil && pid > 0
+}
+
+func pidAlive(pid int) bool {
+	err := unix.Kill(pid, 0)
+	return err == nil || errors.Is(err, unix.EPERM)
+}
+
+// killNetnsProcs SIGKILLs every process whose network namespace is the one
+// bind-mounted at nsPath.
+func killNetnsProcs(nsPath string) {
+	var st unix.Stat_t
+	if err := unix.Stat(nsPath, &st); err != nil {
+		return
+	}
+	want := fmt.Sprintf("net:[%d]", st.Ino)
+	procs, _ := filepath.Glob("/proc/[0-9]*/ns/net")
+	for _, p := range procs {
+		if l, err := os.Readlink(p); err == nil && l == want {
+			if pid, err := strconv.Atoi(strings.Split(p, "/")[2]); err == nil && pid != os.Getpid() {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+}

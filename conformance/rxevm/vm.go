@@ -1,0 +1,477 @@
+package rxevm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netns"
+)
+
+// Fixed addressing of the link between the host side of the tap and the
+// guest's eth0. The addresses exist only inside the VM's network namespace,
+// so every VM can use the same ones.
+var (
+	hostPrefix  = netip.MustParsePrefix("10.88.0.1/24")
+	guestPrefix = netip.MustParsePrefix("10.88.0.2/24")
+)
+
+// TapName is the name of the tap device inside the VM's network namespace.
+const TapName = "tap0"
+
+// NetnsPrefix starts the name of every network namespace Boot creates; the
+// rest is the creating process's pid and a sequence number, so that
+// SweepStale can tell leftovers of dead processes from live VMs.
+const NetnsPrefix = "softroce-vm-"
+
+// File is an extra file placed into the guest at boot, through a second
+// initramfs archive appended to the cached base one (the kernel unpacks
+// concatenated archives in order), so adding files never invalidates the
+// cached image.
+type File struct {
+	// Path is the absolute path inside the guest. Put libraries under
+	// /usr/lib, not /lib (a symlink in the guest).
+	Path string
+	// Src is a host file to copy; Data is used when Src is empty.
+	Src  string
+	Data []byte
+	// Mode is the permission; 0 means 0755 for Src and 0644 for Data.
+	Mode fs.FileMode
+	// WithLibs also ships the shared libraries Src needs (DT_NEEDED,
+	// transitively) that the base image lacks, taken from the host's
+	// /lib/x86_64-linux-gnu and /usr/lib/x86_64-linux-gnu. Static
+	// binaries need nothing.
+	WithLibs bool
+}
+
+// Options configure one VM.
+type Options struct {
+	// MTU of the tap device and of the guest's eth0; 0 means 1500. rxe
+	// derives its active MTU from the netdev's MTU: raise it to 9000 to
+	// test a 4096-byte path MTU.
+	MTU int
+	// MemoryMB is the guest memory; 0 means 384.
+	MemoryMB int
+	// Files are added to the guest. An executable /etc/softroce/init.d/*
+	// among them runs at boot, after rxe0 exists.
+	Files []File
+	// Env words are added to the kernel command line as key=value; the
+	// guest's init and its boot hooks see them as environment variables.
+	Env map[string]string
+	// ReadyTimeout bounds the boot; 0 means 3 minutes (TCG on a busy
+	// host can be slow).
+	ReadyTimeout time.Duration
+	// CommandPort is the guest's command server port; 0 means 7000.
+	CommandPort int
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+	// KeepDir keeps the VM's scratch directory (console log, initramfs)
+	// after Close, for debugging.
+	KeepDir bool
+}
+
+// VM is a running qemu guest with kernel rdma_rxe (device rxe0 on eth0),
+// reachable only inside its own network namespace.
+type VM struct {
+	name    string
+	dir     string
+	opts    Options
+	ns      netns.NsHandle
+	qemu    *exec.Cmd
+	qdone   chan struct{}
+	qerr    error
+	wd      *exec.Cmd
+	wdIn    io.WriteCloser
+	closing sync.Once
+	closed  atomic.Bool
+	console string // saved at Close
+	logw    io.Writer
+}
+
+var vmSeq atomic.Int64
+
+// Boot starts img in a new network namespace and returns when the guest's
+// rxe0 port is ACTIVE with its IPv4 GID (index 1) in place. On error
+// everything created so far is removed again.
+func Boot(ctx context.Context, img *Image, opts Options) (_ *VM, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("rxevm: booting a VM needs root (network namespaces, tap)")
+	}
+	if opts.MTU == 0 {
+		opts.MTU = 1500
+	}
+	if opts.MemoryMB == 0 {
+		opts.MemoryMB = 384
+	}
+	if opts.ReadyTimeout == 0 {
+		opts.ReadyTimeout = 3 * time.Minute
+	}
+	if opts.CommandPort == 0 {
+		opts.CommandPort = 7000
+	}
+	logw := opts.Log
+	if logw == nil {
+		logw = io.Discard
+	}
+	if n, err := SweepStale(); err != nil {
+		fmt.Fprintf(logw, "rxevm: sweeping stale VMs: %v\n", err)
+	} else if n > 0 {
+		fmt.Fprintf(logw, "rxevm: removed %d stale VM namespace(s)\n", n)
+	}
+	name := fmt.Sprintf("%s%d-%d", NetnsPrefix, os.Getpid(), vmSeq.Add(1))
+	dir, err := os.MkdirTemp("", name+"-")
+	if err != nil {
+		return nil, fmt.Errorf("create VM dir: %w", err)
+	}
+	vm := &VM{name: name, dir: dir, opts: opts, ns: -1, logw: logw, qdone: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			log := vm.consoleTail(40)
+			vm.Close()
+			err = fmt.Errorf("%w\n--- guest console (last lines) ---\n%s", err, log)
+		}
+	}()
+
+	initrd := img.Initramfs
+	if len(opts.Files) > 0 {
+		initrd = filepath.Join(dir, "initramfs.cpio.gz")
+		if err := writeInitrd(img, opts.Files, initrd, filepath.Join(dir, "extra.cpio.gz")); err != nil {
+			return nil, err
+		}
+	}
+	cmdline, err := vm.cmdline()
+	if err != nil {
+		return nil, err
+	}
+	if vm.ns, err = createNetns(name, opts.MTU); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(logw, "rxevm: booting %s in netns %s\n", img.KernelVersion, name)
+	if err := vm.startQemu(img.Kernel, initrd, cmdline); err != nil {
+		return nil, err
+	}
+	if err := vm.startWatchdog(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if err := vm.waitReady(ctx); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(logw, "rxevm: rxe0 ACTIVE after %s\n", time.Since(start).Round(100*time.Millisecond))
+	return vm, nil
+}
+
+func (vm *VM) cmdline() (string, error) {
+	words := []string{"console=ttyS0", "quiet", "panic=-1",
+		"sr_addr=" + guestPrefix.String(),
+		"sr_mtu=" + strconv.Itoa(vm.opts.MTU),
+		"sr_port=" + strconv.Itoa(vm.opts.CommandPort)}
+	for k, v := range vm.opts.Env {
+		if !envKey.MatchString(k) || strings.ContainsAny(v, " \t\n\"'") {
+			return "", fmt.Errorf("rxevm: kernel command-line env %q=%q: key must be a plain word, value without blanks or quotes", k, v)
+		}
+		words = append(words, k+"="+v)
+	}
+	return strings.Join(words, " "), nil
+}
+
+// writeInitrd writes the extra files as their own archive and appends it to
+// a copy of the base archive.
+func writeInitrd(img *Image, files []File, out, extra string) error {
+	t := newTree()
+	var roots []string
+	for _, f := range files {
+		if !strings.HasPrefix(f.Path, "/") {
+			return fmt.Errorf("rxevm: extra file path %q is not absolute", f.Path)
+		}
+		mode := f.Mode
+		if f.Src != "" {
+			if mode == 0 {
+				mode = 0o755
+			}
+			if _, err := os.Stat(f.Src); err != nil {
+				return fmt.Errorf("rxevm: extra file: %w", err)
+			}
+			t.addFile(f.Path, f.Src, mode)
+			if f.WithLibs {
+				roots = append(roots, f.Src)
+			}
+		} else {
+			if mode == 0 {
+				mode = 0o644
+			}
+			t.addData(f.Path, f.Data, mode)
+		}
+	}
+	if len(roots) > 0 {
+		res := libResolver{dirs: []string{"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"}}
+		libs, _, err := res.closure(roots, func(so string) bool { return img.has(guestLibDir + "/" + so) })
+		if err != nil {
+			return fmt.Errorf("rxevm: libraries of extra files: %w", err)
+		}
+		for so, p := range libs {
+			t.addFile(guestLibDir+"/"+so, p, 0o755)
+		}
+	}
+	// Parent directories the base archive already has must not be
+	// repeated: that is harmless for real directories, but /lib is a
+	// symlink.
+	for _, n := range t.names() {
+		if t.entries[n].mode.IsDir() && img.has(n) {
+			delete(t.entries, n)
+		}
+	}
+	if err := t.writeGzipCpio(extra); err != nil {
+		return err
+	}
+	dst, err := os.Create(out)
+	if err != nil {
+		return fmt.Errorf("create initramfs: %w", err)
+	}
+	for _, src := range []string{img.Initramfs, extra} {
+		f, err := os.Open(src)
+		if err != nil {
+			dst.Close()
+			return fmt.Errorf("concatenate initramfs: %w", err)
+		}
+		_, err = io.Copy(dst, f)
+		f.Close()
+		if err != nil {
+			dst.Close()
+			return fmt.Errorf("concatenate initramfs: %w", err)
+		}
+	}
+	return dst.Close()
+}
+
+func (vm *VM) startQemu(kernel, initrd, cmdline string) error {
+	args := []string{
+		// KVM is not available for stock kernels here: TCG, one vCPU so
+		// that the emulation leaves host cores for the host side.
+		"-accel", "tcg,thread=multi", "-cpu", "qemu64", "-smp", "1",
+		"-m", strconv.Itoa(vm.opts.MemoryMB),
+		"-nodefaults", "-display", "none", "-no-reboot",
+		"-kernel", kernel, "-initrd", initrd, "-append", cmdline,
+		"-netdev", "tap,id=n0,ifname=" + TapName + ",script=no,downscript=no",
+		"-device", "virtio-net-pci,netdev=n0,romfile=",
+		"-serial", "file:" + vm.ConsoleLogPath(),
+		"-monitor", "none",
+	}
+	cmd := exec.Command("qemu-system-x86_64", args...)
+	qlog, err := os.Create(filepath.Join(vm.dir, "qemu.log"))
+	if err != nil {
+		return fmt.Errorf("create qemu log: %w", err)
+	}
+	defer qlog.Close()
+	cmd.Stdout, cmd.Stderr = qlog, qlog
+	// qemu dies with the process that started it, even on SIGKILL.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := vm.Do(cmd.Start); err != nil {
+		return fmt.Errorf("start qemu-system-x86_64: %w", err)
+	}
+	vm.qemu = cmd
+	go func() {
+		vm.qerr = cmd.Wait()
+		close(vm.qdone)
+	}()
+	return nil
+}
+
+// startWatchdog starts a shell outside the process group that waits for
+// this process to die (its stdin is a pipe whose write end only this
+// process holds) and then removes the qemu, the namespace and the scratch
+// directory. It covers exits that run no cleanup: go test -timeout,
+// SIGKILL, os.Exit.
+func (vm *VM) startWatchdog() error {
+	script := `read _ ; kill -9 "$1" 2>/dev/null; sleep 0.2; ip netns del "$2" 2>/dev/null; rm -rf "$3"`
+	if vm.opts.KeepDir {
+		script = `read _ ; kill -9 "$1" 2>/dev/null; sleep 0.2; ip netns del "$2" 2>/dev/null`
+	}
+	cmd := exec.Command("/bin/sh", "-c", script, "softroce-vm-watchdog", strconv.Itoa(vm.qemu.Process.Pid), vm.name, vm.dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return fmt.Errorf("start watchdog: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start watchdog: %w", err)
+	}
+	vm.wd, vm.wdIn = cmd, in
+	return nil
+}
+
+func (vm *VM) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, vm.opts.ReadyTimeout)
+	defer cancel()
+	var last error
+	for {
+		select {
+		case <-vm.qdone:
+			return fmt.Errorf("rxevm: qemu exited during boot: %v (qemu log: %s)", vm.qerr, vm.readFile("qemu.log"))
+		case <-ctx.Done():
+			return fmt.Errorf("rxevm: guest not ready after %s: %w (last check: %v)", vm.opts.ReadyTimeout, ctx.Err(), last)
+		case <-time.After(time.Second):
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+		out, err := vm.Run(rctx, "cat /sys/class/infiniband/rxe0/ports/1/state /sys/class/infiniband/rxe0/ports/1/gids/1")
+		rcancel()
+		if err != nil {
+			last = err
+			continue
+		}
+		lines := strings.Fields(out)
+		// "4: ACTIVE" then the IPv4-mapped GID ::ffff:10.88.0.2.
+		if len(lines) == 3 && lines[1] == "ACTIVE" && strings.HasSuffix(lines[2], "ffff:0a58:0002") {
+			return nil
+		}
+		last = fmt.Errorf("rxe0 port/GID not ready: %q", out)
+	}
+}
+
+// Name is the VM's name, also the name of its network namespace.
+func (vm *VM) Name() string { return vm.name }
+
+// Netns is the name of the VM's network namespace (see `ip netns`).
+func (vm *VM) Netns() string { return vm.name }
+
+// HostAddr is the address of the host side of the tap (in the namespace).
+func (vm *VM) HostAddr() netip.Addr { return hostPrefix.Addr() }
+
+// GuestAddr is the guest's eth0 address, the address of rxe0's GID 1.
+func (vm *VM) GuestAddr() netip.Addr { return guestPrefix.Addr() }
+
+// MTU is the link MTU of the tap and the guest's eth0.
+func (vm *VM) MTU() int { return vm.opts.MTU }
+
+// Dir is the VM's scratch directory (console log, qemu log).
+func (vm *VM) Dir() string { return vm.dir }
+
+// ConsoleLogPath is the file the guest's serial console is written to.
+func (vm *VM) ConsoleLogPath() string { return filepath.Join(vm.dir, "console.log") }
+
+// ConsoleLog returns the guest's serial console output so far (or, after
+// Close, as it was at Close).
+func (vm *VM) ConsoleLog() string {
+	if vm.closed.Load() {
+		return vm.console
+	}
+	return vm.readFile("console.log")
+}
+
+func (vm *VM) readFile(name string) string {
+	b, _ := os.ReadFile(filepath.Join(vm.dir, name))
+	return string(b)
+}
+
+func (vm *VM) consoleTail(n int) string {
+	lines := strings.Split(strings.TrimRight(vm.ConsoleLog(), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Close kills qemu and removes the network namespace (with its tap) and the
+// scratch directory. It is safe to call more than once.
+func (vm *VM) Close() error {
+	var errs []error
+	vm.closing.Do(func() {
+		vm.console = vm.readFile("console.log")
+		vm.closed.Store(true)
+		if vm.qemu != nil {
+			vm.qemu.Process.Kill()
+			select {
+			case <-vm.qdone:
+			case <-time.After(10 * time.Second):
+				errs = append(errs, errors.New("rxevm: qemu did not exit after SIGKILL"))
+			}
+		}
+		if vm.wd != nil {
+			vm.wd.Process.Kill()
+			vm.wdIn.Close()
+			vm.wd.Wait()
+		}
+		if vm.ns >= 0 {
+			vm.ns.Close()
+		}
+		if err := netns.DeleteNamed(vm.name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("rxevm: delete netns %s: %w", vm.name, err))
+		}
+		if !vm.opts.KeepDir {
+			if err := os.RemoveAll(vm.dir); err != nil {
+				errs = append(errs, fmt.Errorf("rxevm: remove %s: %w", vm.dir, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// CloseOnSignal closes the VM when the process gets SIGINT or SIGTERM and
+// then exits with status 130 (for command-line tools; tests rely on Close
+// and the watchdog). The returned function uninstalls the handler.
+func (vm *VM) CloseOnSignal() (stop func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ch:
+			vm.Close()
+			os.Exit(130)
+		case <-done:
+		}
+	}()
+	return func() { signal.Stop(ch); close(done) }
+}
+
+// Alive reports whether qemu is still running.
+func (vm *VM) Alive() bool {
+	select {
+	case <-vm.qdone:
+		return false
+	default:
+		return vm.qemu != nil
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func randToken() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// envKey is what a kernel command-line word must look like to reach init
+// as an environment variable (no dots: those are module parameters).
+var envKey = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
