@@ -1,0 +1,527 @@
+// Package udp is the portable, unprivileged nic.Link: a kernel UDP socket
+// bound to the RoCEv2 port (4791) on one local address, IPv4 or IPv6, with
+// batched sendmmsg/recvmmsg through golang.org/x/net's ipv4 and ipv6
+// PacketConn batch APIs.
+//
+// # What the ICRC covers, and what this link can check
+//
+// The RoCEv2 ICRC (IBTA annex A17.3.3) covers the IP header, including the
+// IPv4 Identification field, which the kernel chooses. An unconnected socket
+// with IP_MTU_DISCOVER = IP_PMTUDISC_DO makes Linux send ID 0 with DF set
+// (platform-facts.md), so Send computes the ICRC over exactly the header
+// the kernel will send (icrc.Synth with ID 0, DF), and a peer that checks
+// the ICRC over the real header (kernel rdma_rxe, a RoCE NIC, nic/afxdp)
+// accepts it. The source port is always the bound port: Packet.SrcPort is
+// ignored.
+//
+// On receive a UDP socket sees neither the peer's IPv4 header nor its ID.
+//   - IPv6: every field the ICRC covers is known (addresses from the
+//     socket and IPV6_PKTINFO, ports, lengths; traffic class, flow label
+//     and hop limit are masked), so the full ICRC is verified: packets
+//     with a bad ICRC are dropped and counted in Stats.RxICRCBad, good ones
+//     are marked nic.ICRCVerified.
+//   - IPv4: the peer's ID is invisible (rxe and NICs send non-zero IDs), so
+//     the ICRC is NOT checked: packets are delivered marked
+//     nic.ICRCUnverified and counted in Stats.RxICRCUnverified. What the
+//     transport still gets is the UDP payload, intact as far as the UDP
+//     checksum (if the peer sent one) and the Ethernet FCS go. Use
+//     nic/afxdp where the ICRC must be checked over IPv4.
+package udp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/icrc"
+	"github.com/softroce/softroce/nic"
+)
+
+// DefaultBatch is the batch size used when Config.Batch is 0.
+const DefaultBatch = 32
+
+// Config describes the socket to open.
+type Config struct {
+	// Addr is the local address to bind: a specific IPv4 or IPv6 address
+	// of an interface of this host (the ICRC covers the source address,
+	// so the wildcard address is refused).
+	Addr netip.Addr
+	// Port is the UDP port (0: 4791, the RoCEv2 port).
+	Port int
+	// MTU is the IP MTU (0: the MTU of the interface that owns Addr).
+	MTU int
+	// Batch is the largest batch per system call (0: DefaultBatch).
+	Batch int
+	// SocketBuffer sets SO_RCVBUF and SO_SNDBUF when non-zero.
+	SocketBuffer int
+}
+
+// batchConn is what ipv4.PacketConn and ipv6.PacketConn have in common
+// (their Message types are the same type).
+type batchConn interface {
+	ReadBatch(ms []ipv4.Message, flags int) (int, error)
+	WriteBatch(ms []ipv4.Message, flags int) (int, error)
+}
+
+// Link is a nic.Link over a kernel UDP socket.
+type Link struct {
+	conn   *net.UDPConn
+	bc     batchConn
+	local  netip.AddrPort
+	addrs  []netip.Addr
+	v6     bool
+	mtu    int
+	batch  int
+	closed atomic.Bool
+
+	rxMu   sync.Mutex
+	rxMsgs []ipv4.Message
+	rxBufs [][1][]byte
+	rxOOB  []byte
+
+	txMu   sync.Mutex
+	txMsgs []ipv4.Message
+	txBufs [][1][]byte
+	// txAddrs caches the *net.UDPAddr of each destination so that sending
+	// does not allocate one per packet.
+	txAddrs map[netip.AddrPort]*net.UDPAddr
+
+	rxPackets, txPackets atomic.Uint64
+	rxBytes, txBytes     atomic.Uint64
+	rxBad, rxUnverified  atomic.Uint64
+	rxMalformed          atomic.Uint64
+	rxTruncated          atomic.Uint64
+	txErrors             atomic.Uint64
+}
+
+var _ nic.RawSender = (*Link)(nil)
+
+// oobSize fits one IP_PKTINFO or IPV6_PKTINFO control message.
+const oobSize = 64
+
+// Open binds the socket and prepares its batches.
+func Open(cfg Config) (*Link, error) {
+	addr := cfg.Addr.Unmap()
+	if !addr.IsValid() {
+		return nil, errors.New("udp: no local address given")
+	}
+	if addr.IsUnspecified() || addr.IsMulticast() {
+		return nil, fmt.Errorf("udp: %v: need a specific unicast address of this host (the ICRC covers the source address)", addr)
+	}
+	port := cfg.Port
+	if port == 0 {
+		port = nic.RoCEv2Port
+	}
+	if port < 0 || port > 65535 {
+		return nil, fmt.Errorf("udp: bad port %d", port)
+	}
+	batch := cfg.Batch
+	if batch <= 0 {
+		batch = DefaultBatch
+	}
+	mtu := cfg.MTU
+	if mtu == 0 {
+		ifi, err := InterfaceOf(addr)
+		if err != nil {
+			return nil, fmt.Errorf("udp: find the MTU of %v: %w", addr, err)
+		}
+		mtu = ifi.MTU
+	}
+	v6 := addr.Is6()
+	if mtu-nic.Overhead(v6) < 12+icrc.Len {
+		return nil, fmt.Errorf("udp: MTU %d is too small for a RoCE packet", mtu)
+	}
+	network := "udp4"
+	if v6 {
+		network = "udp6"
+	}
+	la := net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, uint16(port)))
+	conn, err := net.ListenUDP(network, la)
+	if err != nil {
+		switch {
+		case errors.Is(err, syscall.EADDRINUSE):
+			return nil, fmt.Errorf("udp: UDP port %d on %v is in use: is another RoCE stack (rdma_rxe) or softroce running? choose another with --port: %w", port, addr, err)
+		case errors.Is(err, syscall.EADDRNOTAVAIL):
+			return nil, fmt.Errorf("udp: %v is not an address of any interface of this host: %w", addr, err)
+		case errors.Is(err, syscall.EACCES):
+			return nil, fmt.Errorf("udp: binding UDP port %d on %v is not permitted: %w", port, addr, err)
+		}
+		return nil, fmt.Errorf("udp: bind %v: %w", la, err)
+	}
+	l := &Link{conn: conn, local: netip.AddrPortFrom(addr, uint16(port)), addrs: []netip.Addr{addr},
+		v6: v6, mtu: mtu, batch: batch, txAddrs: make(map[netip.AddrPort]*net.UDPAddr)}
+	if err := l.setup(cfg); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	l.rxMsgs, l.rxBufs = make([]ipv4.Message, batch), make([][1][]byte, batch)
+	l.txMsgs, l.txBufs = make([]ipv4.Message, batch), make([][1][]byte, batch)
+	l.rxOOB = make([]byte, batch*oobSize)
+	for i := range l.rxMsgs {
+		l.rxMsgs[i].Buffers = l.rxBufs[i][:]
+		l.rxMsgs[i].OOB = l.rxOOB[i*oobSize : (i+1)*oobSize]
+		l.txMsgs[i].Buffers = l.txBufs[i][:]
+	}
+	return l, nil
+}
+
+// setup sets the socket options: don't-fragment with a deterministic IPv4
+// ID of 0, the local destination address as a control message, buffers.
+func (l *Link) setup(cfg Config) error {
+	rc, err := l.conn.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("udp: raw socket: %w", err)
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		if l.v6 {
+			// No fragmentation: an oversize packet fails with EMSGSIZE.
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
+		} else {
+			// Linux sends IPv4 ID 0 from an unconnected socket in this
+			// mode (platform-facts.md), the ID the ICRC is computed with.
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+		}
+		if serr != nil {
+			serr = fmt.Errorf("udp: set don't-fragment (IP_MTU_DISCOVER): %w", serr)
+			return
+		}
+		if cfg.SocketBuffer > 0 {
+			for _, opt := range []int{unix.SO_RCVBUF, unix.SO_SNDBUF} {
+				if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, cfg.SocketBuffer); e != nil {
+					serr = fmt.Errorf("udp: set socket buffer: %w", e)
+					return
+				}
+			}
+		}
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		return err
+	}
+	if l.v6 {
+		pc := ipv6.NewPacketConn(l.conn)
+		if err := pc.SetControlMessage(ipv6.FlagDst, true); err != nil {
+			return fmt.Errorf("udp: enable IPV6_PKTINFO: %w", err)
+		}
+		l.bc = pc
+	} else {
+		pc := ipv4.NewPacketConn(l.conn)
+		if err := pc.SetControlMessage(ipv4.FlagDst, true); err != nil {
+			return fmt.Errorf("udp: enable IP_PKTINFO: %w", err)
+		}
+		l.bc = pc
+	}
+	return nil
+}
+
+// InterfaceOf returns the interface that owns addr.
+func InterfaceOf(addr netip.Addr) (*net.Interface, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, fmt.Errorf("list interfaces: %w", err)
+	}
+	for i := range ifs {
+		as, err := ifs[i].Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range as {
+			if pn, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(pn.IP); ok && ip.Unmap() == addr {
+					return &ifs[i], nil
+				}
+			}
+		}
+	}
+	return nil, fmt.Errorf("no interface has address %v", addr)
+}
+
+// LocalAddrPort is the bound address and port.
+func (l *Link) LocalAddrPort() netip.AddrPort { return l.local }
+
+// MaxPacket is the largest RoCE packet (BTH through ICRC) the link sends.
+func (l *Link) MaxPacket() int { return l.mtu - nic.Overhead(l.v6) }
+
+// BatchSize implements nic.Link.
+func (l *Link) BatchSize() int { return l.batch }
+
+// MTU implements nic.Link.
+func (l *Link) MTU() int { return l.mtu }
+
+// Addrs implements nic.Link. The slice is shared: do not modify it.
+func (l *Link) Addrs() []netip.Addr { return l.addrs }
+
+// Stats implements nic.Link.
+func (l *Link) Stats() nic.Stats {
+	return nic.Stats{
+		RxPackets: l.rxPackets.Load(), TxPackets: l.txPackets.Load(),
+		RxBytes: l.rxBytes.Load(), TxBytes: l.txBytes.Load(),
+		RxICRCBad: l.rxBad.Load(), RxICRCUnverified: l.rxUnverified.Load(),
+		RxMalformed: l.rxMalformed.Load(), RxTruncated: l.rxTruncated.Load(),
+		TxErrors: l.txErrors.Load(),
+	}
+}
+
+// Close implements nic.Link.
+func (l *Link) Close() error {
+	if l.closed.Swap(true) {
+		return net.ErrClosed
+	}
+	return l.conn.Close()
+}
+
+// synth computes the ICRC of roce sent from src to dst over the header
+// Linux builds for this socket (IPv4: ID 0, DF). The address bytes stay in
+// this frame so nothing escapes.
+func synth(src, dst netip.AddrPort, roce []byte) (uint32, error) {
+	var s, d [16]byte
+	h := icrc.Header{DF: true, SrcPort: src.Port(), DstPort: dst.Port()}
+	if src.Addr().Is4() {
+		s4, d4 := src.Addr().As4(), dst.Addr().As4()
+		copy(s[:], s4[:])
+		copy(d[:], d4[:])
+		h.Src, h.Dst = s[:4], d[:4]
+	} else {
+		s, d = src.Addr().As16(), dst.Addr().As16()
+		h.Src, h.Dst = s[:], d[:]
+	}
+	return icrc.Synth(&h, roce)
+}
+
+// dest returns the destination of p, defaulting the port to 4791, or false
+// when p cannot go out of this link.
+func (l *Link) dest(p *nic.Packet) (netip.AddrPort, bool) {
+	if p.N < 12+icrc.Len || p.N > l.MaxPacket() || p.N > len(p.Buf) {
+		return netip.AddrPort{}, false
+	}
+	a := p.Remote.Addr().Unmap()
+	if !a.IsValid() || a.Is4() == l.v6 || a.IsUnspecified() {
+		return netip.AddrPort{}, false
+	}
+	if p.Local.IsValid() && p.Local.Unmap() != l.local.Addr() {
+		return netip.AddrPort{}, false
+	}
+	port := p.Remote.Port()
+	if port == 0 {
+		port = nic.RoCEv2Port
+	}
+	return netip.AddrPortFrom(a, port), true
+}
+
+// PutICRC implements nic.RawSender.
+func (l *Link) PutICRC(p *nic.Packet) error {
+	dst, ok := l.dest(p)
+	if !ok {
+		return fmt.Errorf("udp: cannot send a %d-byte packet to %v from %v (max %d bytes)", p.N, p.Remote, l.local, l.MaxPacket())
+	}
+	crc, err := synth(l.local, dst, p.Buf[:p.N])
+	if err != nil {
+		return fmt.Errorf("udp: compute ICRC: %w", err)
+	}
+	icrc.Put(p.Buf[:p.N], crc)
+	return nil
+}
+
+// Send implements nic.Link. Packets that cannot be sent (no or wrong-family
+// destination, too large for the MTU, a Local that is not this socket's
+// address) are skipped and counted in TxErrors; the return value counts
+// every packet handled, skipped ones included, unless the socket fails.
+func (l *Link) Send(pkts []nic.Packet) (int, error) {
+	for i := range pkts {
+		_ = l.PutICRC(&pkts[i]) // failures are counted by SendRaw
+	}
+	return l.SendRaw(pkts)
+}
+
+// SendRaw implements nic.RawSender.
+func (l *Link) SendRaw(pkts []nic.Packet) (int, error) {
+	l.txMu.Lock()
+	defer l.txMu.Unlock()
+	done := 0
+	for done < len(pkts) {
+		// Gather up to one batch of sendable packets.
+		k, next := 0, done
+		var bytes uint64
+		for next < len(pkts) && k < len(l.txMsgs) {
+			p := &pkts[next]
+			next++
+			dst, ok := l.dest(p)
+			if !ok {
+				l.txErrors.Add(1)
+				continue
+			}
+			m := &l.txMsgs[k]
+			m.Buffers[0] = p.Buf[:p.N]
+			m.Addr = l.udpAddr(dst)
+			bytes += uint64(p.N)
+			k++
+		}
+		sent := 0
+		for sent < k {
+			n, err := l.bc.WriteBatch(l.txMsgs[sent:k], 0)
+			if err != nil {
+				if l.closed.Load() || errors.Is(err, net.ErrClosed) {
+					return done, net.ErrClosed
+				}
+				if errors.Is(err, syscall.EMSGSIZE) || errors.Is(err, syscall.ECONNREFUSED) ||
+					errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
+					// One bad packet (or an ICMP error reported late for
+					// an earlier one): count it and carry on, as a NIC
+					// would drop it.
+					l.txErrors.Add(1)
+					sent++
+					continue
+				}
+				return done, fmt.Errorf("udp: sendmmsg from %v: %w", l.local, err)
+			}
+			sent += n
+			l.txPackets.Add(uint64(n))
+		}
+		l.txBytes.Add(bytes)
+		for i := 0; i < k; i++ {
+			l.txMsgs[i].Buffers[0] = nil // do not pin the caller's buffers
+		}
+		done = next
+	}
+	return done, nil
+}
+
+// udpAddr returns the cached *net.UDPAddr of a destination.
+func (l *Link) udpAddr(ap netip.AddrPort) *net.UDPAddr {
+	if a, ok := l.txAddrs[ap]; ok {
+		return a
+	}
+	if len(l.txAddrs) >= 4096 {
+		clear(l.txAddrs) // bound the cache; a busy server re-fills it
+	}
+	a := net.UDPAddrFromAddrPort(ap)
+	l.txAddrs[ap] = a
+	return a
+}
+
+// Recv implements nic.Link. It blocks until at least one packet is ready.
+// IPv6 packets have their ICRC verified (bad ones are dropped and
+// counted); IPv4 packets are delivered unverified (see the package doc).
+func (l *Link) Recv(pkts []nic.Packet) (int, error) {
+	if len(pkts) == 0 {
+		return 0, nil
+	}
+	l.rxMu.Lock()
+	defer l.rxMu.Unlock()
+	for {
+		m := min(len(pkts), len(l.rxMsgs))
+		for i := 0; i < m; i++ {
+			l.rxMsgs[i].Buffers[0] = pkts[i].Buf[:cap(pkts[i].Buf)]
+			l.rxMsgs[i].OOB = l.rxOOB[i*oobSize : (i+1)*oobSize]
+		}
+		n, err := l.bc.ReadBatch(l.rxMsgs[:m], 0)
+		if err != nil {
+			if l.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return 0, net.ErrClosed
+			}
+			if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) {
+				continue // an ICMP error for something we sent earlier
+			}
+			return 0, fmt.Errorf("udp: recvmmsg on %v: %w", l.local, err)
+		}
+		k := 0
+		for i := 0; i < n; i++ {
+			if l.accept(&l.rxMsgs[i], &pkts[i]) {
+				if k != i {
+					pkts[k], pkts[i] = pkts[i], pkts[k]
+				}
+				k++
+			}
+		}
+		for i := 0; i < m; i++ {
+			l.rxMsgs[i].Buffers[0] = nil
+			l.rxMsgs[i].Addr = nil
+		}
+		if k > 0 {
+			return k, nil
+		}
+	}
+}
+
+// accept fills p from m and reports whether it is delivered.
+func (l *Link) accept(m *ipv4.Message, p *nic.Packet) bool {
+	if m.Flags&unix.MSG_TRUNC != 0 {
+		l.rxTruncated.Add(1)
+		return false
+	}
+	ua, _ := m.Addr.(*net.UDPAddr)
+	if ua == nil || m.N < 12+icrc.Len {
+		l.rxMalformed.Add(1)
+		return false
+	}
+	p.N = m.N
+	p.Remote = ua.AddrPort()
+	p.Remote = netip.AddrPortFrom(p.Remote.Addr().Unmap(), p.Remote.Port())
+	p.Local = l.local.Addr()
+	if dst, ok := pktinfoDst(m.OOB[:m.NN], l.v6); ok {
+		p.Local = dst
+	}
+	p.SrcPort = 0
+	if !l.v6 {
+		// The peer's IPv4 ID is not visible: see the package doc.
+		p.ICRC = nic.ICRCUnverified
+		l.rxUnverified.Add(1)
+	} else {
+		crc, err := synth(p.Remote, netip.AddrPortFrom(p.Local, l.local.Port()), p.Buf[:p.N])
+		if err != nil {
+			l.rxMalformed.Add(1)
+			return false
+		}
+		if crc != icrc.Wire(p.Buf[:p.N]) {
+			l.rxBad.Add(1)
+			return false
+		}
+		p.ICRC = nic.ICRCVerified
+	}
+	l.rxPackets.Add(1)
+	l.rxBytes.Add(uint64(p.N))
+	return true
+}
+
+// pktinfoDst finds the header destination address in an IP_PKTINFO or
+// IPV6_PKTINFO control message, parsed by hand so that nothing allocates.
+func pktinfoDst(oob []byte, v6 bool) (netip.Addr, bool) {
+	for len(oob) >= unix.SizeofCmsghdr {
+		// struct cmsghdr { size_t len; int level; int type; } on 64-bit Linux.
+		ln := int(binary.NativeEndian.Uint64(oob))
+		level := int32(binary.NativeEndian.Uint32(oob[8:]))
+		typ := int32(binary.NativeEndian.Uint32(oob[12:]))
+		if ln < unix.SizeofCmsghdr || ln > len(oob) {
+			return netip.Addr{}, false
+		}
+		data := oob[unix.SizeofCmsghdr:ln]
+		switch {
+		case !v6 && level == unix.IPPROTO_IP && typ == unix.IP_PKTINFO && len(data) >= unix.SizeofInet4Pktinfo:
+			// struct in_pktinfo { int ifindex; in_addr spec_dst; in_addr addr; }
+			return netip.AddrFrom4([4]byte(data[8:12])), true
+		case v6 && level == unix.IPPROTO_IPV6 && typ == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
+			// struct in6_pktinfo { in6_addr addr; int ifindex; }
+			return netip.AddrFrom16([16]byte(data[0:16])).Unmap(), true
+		}
+		adv := cmsgAlign(ln)
+		if adv > len(oob) {
+			break
+		}
+		oob = oob[adv:]
+	}
+	return netip.Addr{}, false
+}
+
+func cmsgAlign(n int) int { return (n + 7) &^ 7 }

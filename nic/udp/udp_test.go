@@ -1,0 +1,339 @@
+package udp
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/icrc"
+	"github.com/softroce/softroce/nic"
+)
+
+// freePort returns a UDP port that was free on addr a moment ago.
+func freePort(t testing.TB, addr netip.Addr) int {
+	t.Helper()
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, 0)))
+	if err != nil {
+		t.Skipf("no %v on this host: %v", addr, err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).Port
+}
+
+func open(t testing.TB, addr string, mtu int) *Link {
+	t.Helper()
+	a := netip.MustParseAddr(addr)
+	l, err := Open(Config{Addr: a, Port: freePort(t, a), MTU: mtu, Batch: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func fill(b []byte, n int, seq uint32) {
+	clear(b[:n])
+	b[0] = 0x0a // RC RDMA WRITE ONLY
+	binary.BigEndian.PutUint32(b[8:], seq)
+	for i := 12; i < n-icrc.Len; i++ {
+		b[i] = byte(int(seq) * i)
+	}
+}
+
+func packets(n, size int) []nic.Packet {
+	p := make([]nic.Packet, n)
+	for i := range p {
+		p[i].Buf = make([]byte, size)
+	}
+	return p
+}
+
+// recvN receives n packets (or fails after a few seconds).
+func recvN(t *testing.T, l *Link, in []nic.Packet, n int) []nic.Packet {
+	t.Helper()
+	var got []nic.Packet
+	done := make(chan error, 1)
+	go func() {
+		for len(got) < n {
+			k, err := l.Recv(in[len(got):])
+			if err != nil {
+				done <- err
+				return
+			}
+			got = in[:len(got)+k]
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		l.Close()
+		<-done
+		t.Fatalf("received %d of %d packets", len(got), n)
+	}
+	return got
+}
+
+func exchange(t *testing.T, addr string) (a, b *Link, out, in []nic.Packet) {
+	a, b = open(t, addr, 9000), open(t, addr, 9000)
+	out = packets(40, 4200)
+	for i := range out {
+		out[i].N = 16 + i*100
+		fill(out[i].Buf, out[i].N, uint32(i))
+		out[i].Remote = b.LocalAddrPort()
+	}
+	if n, err := a.Send(out); n != len(out) || err != nil {
+		t.Fatalf("Send = %d, %v", n, err)
+	}
+	in = recvN(t, b, packets(40, 4200), len(out))
+	for i := range in {
+		p, o := &in[i], &out[i]
+		if string(p.Bytes()) != string(o.Bytes()) {
+			t.Errorf("packet %d differs", i)
+		}
+		if p.Remote != a.LocalAddrPort() || p.Local != b.LocalAddrPort().Addr() {
+			t.Errorf("packet %d: remote %v local %v", i, p.Remote, p.Local)
+		}
+		// Send filled the ICRC of the header the kernel sends: ID 0, DF.
+		want, _ := synth(a.LocalAddrPort(), b.LocalAddrPort(), o.Bytes())
+		if icrc.Wire(p.Bytes()) != want {
+			t.Errorf("packet %d: ICRC %08x, want %08x", i, icrc.Wire(p.Bytes()), want)
+		}
+	}
+	if st := a.Stats(); st.TxPackets != 40 || st.TxErrors != 0 {
+		t.Errorf("sender stats %+v", st)
+	}
+	return a, b, out, in
+}
+
+func TestIPv4(t *testing.T) {
+	_, b, _, in := exchange(t, "127.0.0.1")
+	for i := range in {
+		if in[i].ICRC != nic.ICRCUnverified {
+			t.Fatalf("IPv4 packet %d marked %v", i, in[i].ICRC)
+		}
+	}
+	if st := b.Stats(); st.RxPackets != 40 || st.RxICRCUnverified != 40 || st.RxICRCBad != 0 {
+		t.Errorf("receiver stats %+v", st)
+	}
+}
+
+func TestIPv6(t *testing.T) {
+	a, b, out, in := exchange(t, "::1")
+	for i := range in {
+		if in[i].ICRC != nic.ICRCVerified {
+			t.Fatalf("IPv6 packet %d marked %v", i, in[i].ICRC)
+		}
+	}
+	if st := b.Stats(); st.RxPackets != 40 || st.RxICRCUnverified != 0 {
+		t.Errorf("receiver stats %+v", st)
+	}
+	// A flipped bit after the ICRC was computed is caught and dropped.
+	for i := range out[:3] {
+		if err := a.PutICRC(&out[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out[0].Buf[13] ^= 0x80
+	out[1].Buf[out[1].N-1] ^= 0x01 // the ICRC itself
+	a.SendRaw(out[:3])
+	got := recvN(t, b, packets(4, 4200), 1)
+	if binary.BigEndian.Uint32(got[0].Buf[8:]) != 2 {
+		t.Errorf("delivered the wrong packet")
+	}
+	if st := b.Stats(); st.RxICRCBad != 2 {
+		t.Errorf("RxICRCBad = %d, want 2", st.RxICRCBad)
+	}
+}
+
+func TestSendErrors(t *testing.T) {
+	a, b := open(t, "127.0.0.1", 1500), open(t, "127.0.0.1", 1500)
+	if a.MaxPacket() != 1472 {
+		t.Errorf("MaxPacket %d", a.MaxPacket())
+	}
+	out := packets(5, 2000)
+	for i := range out {
+		out[i].N = 100
+		out[i].Remote = b.LocalAddrPort()
+	}
+	out[0].N = 1473                                       // over the MTU
+	out[1].Remote = netip.MustParseAddrPort("[::1]:4791") // wrong family
+	out[2].Remote = netip.AddrPort{}                      // no destination
+	out[3].Local = netip.MustParseAddr("127.0.0.2")       // not our address
+	if n, err := a.Send(out); n != 5 || err != nil {
+		t.Fatalf("Send = %d, %v", n, err)
+	}
+	if st := a.Stats(); st.TxErrors != 4 || st.TxPackets != 1 {
+		t.Errorf("stats %+v", st)
+	}
+	recvN(t, b, packets(1, 2000), 1)
+	// A receive buffer smaller than the packet: truncated, dropped.
+	out[4].N = 1000
+	a.Send(out[4:])
+	out[4].N = 200
+	a.Send(out[4:])
+	got := recvN(t, b, packets(1, 500), 1)
+	if got[0].N != 200 || b.Stats().RxTruncated != 1 {
+		t.Errorf("N %d, stats %+v", got[0].N, b.Stats())
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	lo := netip.MustParseAddr("127.0.0.1")
+	port := freePort(t, lo)
+	l, err := Open(Config{Addr: lo, Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if l.MTU() != 65536 {
+		t.Logf("loopback MTU %d", l.MTU())
+	}
+	_, err = Open(Config{Addr: lo, Port: port})
+	if err == nil || !strings.Contains(err.Error(), "is in use: is another RoCE stack (rdma_rxe) or softroce running? choose another with --port") ||
+		!errors.Is(err, unix.EADDRINUSE) {
+		t.Errorf("second bind: %v", err)
+	}
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "no local address"},
+		{Config{Addr: netip.MustParseAddr("0.0.0.0")}, "specific unicast address"},
+		{Config{Addr: netip.MustParseAddr("192.0.2.77")}, "no interface has address 192.0.2.77"},
+		{Config{Addr: netip.MustParseAddr("192.0.2.77"), MTU: 1500}, "not an address of any interface"},
+		{Config{Addr: lo, Port: 70000}, "bad port"},
+		{Config{Addr: lo, MTU: 40}, "too small"},
+	} {
+		l, err := Open(c.cfg)
+		if err == nil {
+			l.Close()
+			t.Errorf("Open(%+v) succeeded", c.cfg)
+		} else if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Open(%+v) = %v, want %q", c.cfg, err, c.want)
+		}
+	}
+}
+
+func TestCloseUnblocksRecv(t *testing.T) {
+	l := open(t, "127.0.0.1", 0)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := l.Recv(packets(1, 100))
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	l.Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Errorf("Recv after Close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Recv still blocked")
+	}
+}
+
+func TestPktinfo(t *testing.T) {
+	// A hand-made IP_PKTINFO message after an unrelated one.
+	oob := make([]byte, 64)
+	binary.NativeEndian.PutUint64(oob[0:], 16+4)
+	binary.NativeEndian.PutUint32(oob[8:], unix.SOL_SOCKET)
+	binary.NativeEndian.PutUint64(oob[24:], 16+12)
+	binary.NativeEndian.PutUint32(oob[32:], unix.IPPROTO_IP)
+	binary.NativeEndian.PutUint32(oob[36:], unix.IP_PKTINFO)
+	copy(oob[24+16+8:], []byte{10, 1, 2, 3})
+	if a, ok := pktinfoDst(oob[:24+28], false); !ok || a != netip.MustParseAddr("10.1.2.3") {
+		t.Errorf("pktinfoDst = %v %v", a, ok)
+	}
+	for _, bad := range [][]byte{nil, oob[:10], oob[:24+20]} {
+		if _, ok := pktinfoDst(bad, false); ok {
+			t.Errorf("pktinfoDst(%d bytes) succeeded", len(bad))
+		}
+	}
+	binary.NativeEndian.PutUint64(oob[0:], 1000) // a length past the end
+	if _, ok := pktinfoDst(oob, false); ok {
+		t.Error("overlong cmsg accepted")
+	}
+}
+
+// TestIPv4ICRCOnTheWire captures what the kernel really sends on lo with an
+// AF_PACKET socket and checks the ICRC Send computed against the real IPv4
+// header: the ID is 0 and the peer's check (rxe, a NIC) would pass.
+func TestIPv4ICRCOnTheWire(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for an AF_PACKET capture on lo")
+	}
+	a, b := open(t, "127.0.0.1", 9000), open(t, "127.0.0.1", 9000)
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+	if err != nil {
+		t.Skipf("AF_PACKET socket: %v", err)
+	}
+	defer unix.Close(fd)
+	lo, err := net.InterfaceByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: lo.Index}); err != nil {
+		t.Fatal(err)
+	}
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 0, Usec: 200000})
+	out := packets(3, 4200)
+	for i := range out {
+		out[i].N = 16 + 1000*i
+		fill(out[i].Buf, out[i].N, uint32(i))
+		out[i].Remote = b.LocalAddrPort()
+	}
+	a.Send(out)
+	frame := make([]byte, 10000)
+	seen := 0
+	deadline := time.Now().Add(3 * time.Second)
+	for seen < len(out) && time.Now().Before(deadline) {
+		n, from, err := unix.Recvfrom(fd, frame, 0)
+		if err != nil {
+			continue
+		}
+		// lo shows each packet twice, leaving and arriving; count it once.
+		if ll, ok := from.(*unix.SockaddrLinklayer); !ok || ll.Pkttype != unix.PACKET_OUTGOING {
+			continue
+		}
+		f := frame[:n]
+		// lo frames carry a 14-byte all-zero Ethernet header.
+		if n < 14+20+8 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+			continue
+		}
+		ip := f[14:]
+		ihl := int(ip[0]&0x0f) * 4
+		if ip[9] != unix.IPPROTO_UDP || len(ip) < ihl+8 || binary.BigEndian.Uint16(ip[ihl+2:]) != b.LocalAddrPort().Port() {
+			continue
+		}
+		tot := int(binary.BigEndian.Uint16(ip[2:]))
+		id, flags := binary.BigEndian.Uint16(ip[4:]), ip[6]>>5
+		if id != 0 || flags != 0b010 {
+			t.Errorf("IPv4 ID %d flags %03b: want ID 0 and DF (IP_PMTUDISC_DO on an unconnected socket)", id, flags)
+		}
+		want, err := icrc.IPv4(ip[:ihl], ip[ihl:tot])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := icrc.Wire(ip[:tot]); got != want {
+			t.Errorf("wire ICRC %08x, ICRC over the real header %08x", got, want)
+		}
+		seen++
+	}
+	if seen < len(out) {
+		t.Fatalf("captured %d of %d packets", seen, len(out))
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
