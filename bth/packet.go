@@ -288,3 +288,45 @@ func PSNAdd(psn uint32, n int) uint32 { return uint32(int(psn)+n) & PSNMask }
 
 // PSNDiff returns a-b as a signed 24-bit distance in [-2^23, 2^23).
 func PSNDiff(a, b uint32) int { return int(int32((a-b)<<8) >> 8) }
+
+// Fields decodes the BTH and every extended header the packet carries into
+// a Fields, the inverse of Build (reserved bits are not kept).
+func (p *Packet) Fields() Fields {
+	var f Fields
+	if p.BTH == nil {
+		return f
+	}
+	f.BTH = p.BTH.Fields()
+	if p.RDETH != nil {
+		f.EEContext = p.RDETH.EEContext()
+	}
+	if p.DETH != nil {
+		f.QKey, f.SrcQP = p.DETH.QKey(), p.DETH.SrcQP()
+	}
+	if p.XRCETH != nil {
+		f.XRCSRQ = p.XRCETH.XRCSRQ()
+	}
+	if p.FETH != nil {
+		f.Placement, f.Selectivity = p.FETH.PlacementType(), p.FETH.Selectivity()
+	}
+	if p.RETH != nil {
+		f.VA, f.RKey, f.DMALen = p.RETH.VA(), p.RETH.RKey(), p.RETH.DMALen()
+	}
+	if p.AtomicETH != nil {
+		f.VA, f.RKey = p.AtomicETH.VA(), p.AtomicETH.RKey()
+		f.SwapAdd, f.Compare = p.AtomicETH.SwapAdd(), p.AtomicETH.Compare()
+	}
+	if p.AETH != nil {
+		f.Syndrome, f.MSN = p.AETH.Syndrome(), p.AETH.MSN()
+	}
+	if p.AtomicAckETH != nil {
+		f.Orig = p.AtomicAckETH.Orig()
+	}
+	if p.ImmDt != nil {
+		f.Imm = p.ImmDt.Imm()
+	}
+	if p.IETH != nil {
+		f.InvRKey = p.IETH.RKey()
+	}
+	return f
+}
