@@ -184,9 +184,11 @@ type WC struct {
 	Opcode    Opcode
 	VendorErr uint32
 	ByteLen   uint32 // bytes transferred (receives, READs, atomics: 8)
-	// ImmData is the immediate data as it appears on the wire (big-endian
-	// bytes read as a host integer, ibv_wc.imm_data semantics: the value a
-	// peer posted as imm_data arrives unchanged). Valid with FlagWithImm.
+	// ImmData is the ImmDt field as it appears on the wire, read big-endian
+	// (bth.ImmDt.Imm). A softroce peer that posts immediate data X delivers X
+	// here. A C peer's imm_data is a __be32 stored in memory as is, so its
+	// host-order 0x1234 on x86 arrives as 0x34120000 (what rxe does too).
+	// Valid with FlagWithImm.
 	ImmData uint32
 	// InvalidatedRKey is the rkey a SEND_WITH_INVALIDATE invalidated.
 	// Valid with FlagWithInv.
