@@ -1,0 +1,641 @@
+/*
+ * sragent: a small verbs agent that the softroce conformance harness runs
+ * inside the rdma_rxe guest. It listens on a TCP port and executes one
+ * verbs operation per request line, so the harness can script a kernel
+ * rxe endpoint step by step: open the device, allocate a PD, register
+ * memory, create CQs and RC QPs, walk a QP through INIT/RTR/RTS, post work
+ * requests, poll completions and read or write registered memory.
+ *
+ * Protocol (one client at a time; everything is freed when it
+ * disconnects). A request is a command word followed by key=value
+ * arguments; numbers are decimal or 0x-prefixed hex. Every request gets
+ * exactly one reply line: "ok" plus key=value results, or "err " plus a
+ * message. See client.go in conformance/agent for the command reference.
+ *
+ * Build: gcc -O2 -Wall -o sragent agent.c -libverbs
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+
+#define MAXOBJ 64
+#define MAXARGS 32
+
+struct mr {
+	struct ibv_mr *mr;
+	char *buf;
+	size_t len;
+};
+
+struct cq {
+	struct ibv_cq *cq;
+	struct ibv_comp_channel *ch;
+	int armed;
+};
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pds[MAXOBJ];
+static struct mr mrs[MAXOBJ];
+static struct cq cqs[MAXOBJ];
+static struct ibv_qp *qps[MAXOBJ];
+
+static FILE *out;
+
+static void reply(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vfprintf(out, fmt, ap);
+	va_end(ap);
+	fputc('\n', out);
+	fflush(out);
+}
+
+/* Arguments of the current request. */
+static char *keys[MAXARGS], *vals[MAXARGS];
+static int nargs;
+
+static const char *arg(const char *k)
+{
+	for (int i = 0; i < nargs; i++)
+		if (strcmp(keys[i], k) == 0)
+			return vals[i];
+	return NULL;
+}
+
+/* num reads a numeric argument; a missing one takes def, or fails when
+ * required. */
+static int num(const char *k, uint64_t *v, int required, uint64_t def)
+{
+	const char *s = arg(k);
+	char *end;
+	if (!s) {
+		if (required) {
+			reply("err missing argument %s", k);
+			return -1;
+		}
+		*v = def;
+		return 0;
+	}
+	errno = 0;
+	*v = strtoull(s, &end, 0);
+	if (errno || *end || end == s) {
+		reply("err bad number %s=%s", k, s);
+		return -1;
+	}
+	return 0;
+}
+
+#define NUM(k, var) \
+	uint64_t var; \
+	if (num(k, &var, 1, 0)) \
+		return
+#define OPT(k, var, def) \
+	uint64_t var; \
+	if (num(k, &var, 0, def)) \
+		return
+
+/* obj checks an object id argument against a table. */
+#define OBJ(k, table, field, var) \
+	NUM(k, var##_id); \
+	if (var##_id < 1 || var##_id >= MAXOBJ || !table[var##_id] field) { \
+		reply("err no such %s %" PRIu64, k, var##_id); \
+		return; \
+	}
+
+static int slot_pd(void) { for (int i = 1; i < MAXOBJ; i++) if (!pds[i]) return i; return -1; }
+static int slot_mr(void) { for (int i = 1; i < MAXOBJ; i++) if (!mrs[i].mr) return i; return -1; }
+static int slot_cq(void) { for (int i = 1; i < MAXOBJ; i++) if (!cqs[i].cq) return i; return -1; }
+static int slot_qp(void) { for (int i = 1; i < MAXOBJ; i++) if (!qps[i]) return i; return -1; }
+
+static int hexval(int c)
+{
+	if (c >= '0' && c <= '9') return c - '0';
+	if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+	return -1;
+}
+
+static int unhex(const char *s, uint8_t *b, size_t n)
+{
+	if (strlen(s) != 2 * n)
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		int h = hexval(s[2 * i]), l = hexval(s[2 * i + 1]);
+		if (h < 0 || l < 0)
+			return -1;
+		b[i] = (uint8_t)(h << 4 | l);
+	}
+	return 0;
+}
+
+static void destroy_all(void)
+{
+	for (int i = 0; i < MAXOBJ; i++) {
+		if (qps[i]) ibv_destroy_qp(qps[i]);
+		qps[i] = NULL;
+	}
+	for (int i = 0; i < MAXOBJ; i++) {
+		if (mrs[i].mr) { ibv_dereg_mr(mrs[i].mr); free(mrs[i].buf); }
+		memset(&mrs[i], 0, sizeof mrs[i]);
+	}
+	for (int i = 0; i < MAXOBJ; i++) {
+		if (cqs[i].cq) { ibv_destroy_cq(cqs[i].cq); ibv_destroy_comp_channel(cqs[i].ch); }
+		memset(&cqs[i], 0, sizeof cqs[i]);
+	}
+	for (int i = 0; i < MAXOBJ; i++) {
+		if (pds[i]) ibv_dealloc_pd(pds[i]);
+		pds[i] = NULL;
+	}
+	if (ctx) ibv_close_device(ctx);
+	ctx = NULL;
+}
+
+static void cmd_open(void)
+{
+	const char *name = arg("dev");
+	struct ibv_device **list;
+	int n;
+	if (ctx) { reply("err device already open"); return; }
+	list = ibv_get_device_list(&n);
+	if (!list) { reply("err ibv_get_device_list: %s", strerror(errno)); return; }
+	for (int i = 0; i < n; i++) {
+		if (!name || strcmp(ibv_get_device_name(list[i]), name) == 0) {
+			ctx = ibv_open_device(list[i]);
+			if (!ctx) {
+				reply("err ibv_open_device: %s", strerror(errno));
+				ibv_free_device_list(list);
+				return;
+			}
+			reply("ok dev=%s", ibv_get_device_name(list[i]));
+			ibv_free_device_list(list);
+			return;
+		}
+	}
+	ibv_free_device_list(list);
+	reply("err no device %s", name ? name : "(any)");
+}
+
+#define NEEDCTX() if (!ctx) { reply("err device not open"); return; }
+
+static void cmd_pd(void)
+{
+	NEEDCTX();
+	int i = slot_pd();
+	if (i < 0) { reply("err too many PDs"); return; }
+	pds[i] = ibv_alloc_pd(ctx);
+	if (!pds[i]) { reply("err ibv_alloc_pd: %s", strerror(errno)); return; }
+	reply("ok pd=%d", i);
+}
+
+static void cmd_mr(void)
+{
+	NEEDCTX();
+	OBJ("pd", pds, , pd);
+	NUM("len", len);
+	OPT("access", access, IBV_ACCESS_LOCAL_WRITE);
+	int i = slot_mr();
+	if (i < 0) { reply("err too many MRs"); return; }
+	if (len == 0 || len > (1ull << 30)) { reply("err bad len"); return; }
+	if (posix_memalign((void **)&mrs[i].buf, 4096, len)) { reply("err out of memory"); return; }
+	memset(mrs[i].buf, 0, len);
+	mrs[i].len = len;
+	mrs[i].mr = ibv_reg_mr(pds[pd_id], mrs[i].buf, len, (int)access);
+	if (!mrs[i].mr) {
+		reply("err ibv_reg_mr: %s", strerror(errno));
+		free(mrs[i].buf);
+		memset(&mrs[i], 0, sizeof mrs[i]);
+		return;
+	}
+	reply("ok mr=%d addr=0x%" PRIx64 " lkey=0x%x rkey=0x%x", i, (uint64_t)(uintptr_t)mrs[i].buf,
+	      mrs[i].mr->lkey, mrs[i].mr->rkey);
+}
+
+static void cmd_cq(void)
+{
+	NEEDCTX();
+	OPT("cqe", cqe, 256);
+	int i = slot_cq();
+	if (i < 0) { reply("err too many CQs"); return; }
+	cqs[i].ch = ibv_create_comp_channel(ctx);
+	if (!cqs[i].ch) { reply("err ibv_create_comp_channel: %s", strerror(errno)); return; }
+	cqs[i].cq = ibv_create_cq(ctx, (int)cqe, NULL, cqs[i].ch, 0);
+	if (!cqs[i].cq) {
+		reply("err ibv_create_cq: %s", strerror(errno));
+		ibv_destroy_comp_channel(cqs[i].ch);
+		memset(&cqs[i], 0, sizeof cqs[i]);
+		return;
+	}
+	reply("ok cq=%d", i);
+}
+
+static void cmd_qp(void)
+{
+	NEEDCTX();
+	OBJ("pd", pds, , pd);
+	OBJ("scq", cqs, .cq, scq);
+	OBJ("rcq", cqs, .cq, rcq);
+	OPT("sq", sq, 64);
+	OPT("rq", rq, 64);
+	OPT("inline", inl, 0);
+	int i = slot_qp();
+	if (i < 0) { reply("err too many QPs"); return; }
+	struct ibv_qp_init_attr a = {
+		.send_cq = cqs[scq_id].cq,
+		.recv_cq = cqs[rcq_id].cq,
+		.cap = { .max_send_wr = (uint32_t)sq, .max_recv_wr = (uint32_t)rq,
+			 .max_send_sge = 1, .max_recv_sge = 1, .max_inline_data = (uint32_t)inl },
+		.qp_type = IBV_QPT_RC,
+	};
+	qps[i] = ibv_create_qp(pds[pd_id], &a);
+	if (!qps[i]) { reply("err ibv_create_qp: %s", strerror(errno)); return; }
+	reply("ok qp=%d qpn=0x%x", i, qps[i]->qp_num);
+}
+
+static void cmd_gid(void)
+{
+	NEEDCTX();
+	OPT("idx", idx, 1);
+	OPT("port", port, 1);
+	union ibv_gid g;
+	if (ibv_query_gid(ctx, (uint8_t)port, (int)idx, &g)) { reply("err ibv_query_gid: %s", strerror(errno)); return; }
+	char s[33];
+	for (int i = 0; i < 16; i++)
+		sprintf(s + 2 * i, "%02x", g.raw[i]);
+	reply("ok gid=%s", s);
+}
+
+static int mtu_enum(uint64_t b)
+{
+	switch (b) {
+	case 256: return IBV_MTU_256;
+	case 512: return IBV_MTU_512;
+	case 1024: return IBV_MTU_1024;
+	case 2048: return IBV_MTU_2048;
+	case 4096: return IBV_MTU_4096;
+	}
+	return -1;
+}
+
+static const char *state_name(enum ibv_qp_state s)
+{
+	static const char *n[] = { "RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR" };
+	return (unsigned)s < sizeof n / sizeof n[0] ? n[s] : "UNKNOWN";
+}
+
+static void cmd_init(void)
+{
+	OBJ("qp", qps, , qp);
+	OPT("access", access, 0);
+	OPT("port", port, 1);
+	OPT("pkey", pkey, 0);
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = (uint16_t)pkey,
+				 .port_num = (uint8_t)port, .qp_access_flags = (unsigned)access };
+	int rc = ibv_modify_qp(qps[qp_id], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	if (rc) { reply("err modify to INIT: %s", strerror(rc)); return; }
+	reply("ok");
+}
+
+static void cmd_rtr(void)
+{
+	OBJ("qp", qps, , qp);
+	NUM("dqpn", dqpn);
+	NUM("rpsn", rpsn);
+	OPT("mtu", mtu, 1024);
+	OPT("rd_atomic", rd, 1);
+	OPT("min_rnr", min_rnr, 12);
+	OPT("sgid", sgid, 1);
+	OPT("hop", hop, 64);
+	OPT("tc", tc, 0);
+	OPT("sl", sl, 0);
+	OPT("port", port, 1);
+	const char *dgid = arg("dgid");
+	int m = mtu_enum(mtu);
+	if (m < 0) { reply("err bad mtu %" PRIu64, mtu); return; }
+	if (!dgid) { reply("err missing argument dgid"); return; }
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_RTR, .path_mtu = (enum ibv_mtu)m,
+		.dest_qp_num = (uint32_t)dqpn, .rq_psn = (uint32_t)rpsn,
+		.max_dest_rd_atomic = (uint8_t)rd, .min_rnr_timer = (uint8_t)min_rnr,
+		.ah_attr = { .is_global = 1, .port_num = (uint8_t)port, .sl = (uint8_t)sl,
+			     .grh = { .sgid_index = (uint8_t)sgid, .hop_limit = (uint8_t)hop,
+				      .traffic_class = (uint8_t)tc } },
+	};
+	if (unhex(dgid, a.ah_attr.grh.dgid.raw, 16)) { reply("err bad dgid %s", dgid); return; }
+	int rc = ibv_modify_qp(qps[qp_id], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	if (rc) { reply("err modify to RTR: %s", strerror(rc)); return; }
+	reply("ok");
+}
+
+static void cmd_rts(void)
+{
+	OBJ("qp", qps, , qp);
+	NUM("spsn", spsn);
+	OPT("timeout", timeout, 14);
+	OPT("retry", retry, 7);
+	OPT("rnr_retry", rnr_retry, 7);
+	OPT("rd_atomic", rd, 1);
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTS, .sq_psn = (uint32_t)spsn, .timeout = (uint8_t)timeout,
+				 .retry_cnt = (uint8_t)retry, .rnr_retry = (uint8_t)rnr_retry,
+				 .max_rd_atomic = (uint8_t)rd };
+	int rc = ibv_modify_qp(qps[qp_id], &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+	if (rc) { reply("err modify to RTS: %s", strerror(rc)); return; }
+	reply("ok");
+}
+
+static void cmd_state(void)
+{
+	OBJ("qp", qps, , qp);
+	const char *to = arg("to");
+	struct ibv_qp_attr a = { 0 };
+	if (!to) { reply("err missing argument to"); return; }
+	if (strcmp(to, "ERR") == 0) a.qp_state = IBV_QPS_ERR;
+	else if (strcmp(to, "RESET") == 0) a.qp_state = IBV_QPS_RESET;
+	else if (strcmp(to, "SQD") == 0) a.qp_state = IBV_QPS_SQD;
+	else { reply("err state must be ERR, RESET or SQD"); return; }
+	int rc = ibv_modify_qp(qps[qp_id], &a, IBV_QP_STATE);
+	if (rc) { reply("err modify to %s: %s", to, strerror(rc)); return; }
+	reply("ok");
+}
+
+static void cmd_query(void)
+{
+	OBJ("qp", qps, , qp);
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	int rc = ibv_query_qp(qps[qp_id], &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN | IBV_QP_PATH_MTU |
+				      IBV_QP_DEST_QPN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				      IBV_QP_MIN_RNR_TIMER | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &ia);
+	if (rc) { reply("err ibv_query_qp: %s", strerror(rc)); return; }
+	reply("ok state=%s sq_psn=0x%x rq_psn=0x%x mtu=%d dqpn=0x%x timeout=%u retry=%u rnr_retry=%u min_rnr=%u "
+	      "rd_atomic=%u dest_rd_atomic=%u",
+	      state_name(a.qp_state), a.sq_psn, a.rq_psn, 128 << a.path_mtu, a.dest_qp_num, a.timeout,
+	      a.retry_cnt, a.rnr_retry, a.min_rnr_timer, a.max_rd_atomic, a.max_dest_rd_atomic);
+}
+
+/* local resolves mr/off/len into a scatter/gather element. */
+static int local(struct ibv_sge *sge, int *nsge)
+{
+	uint64_t id, off, len;
+	if (num("mr", &id, 1, 0) || num("off", &off, 0, 0) || num("len", &len, 0, 0))
+		return -1;
+	if (id < 1 || id >= MAXOBJ || !mrs[id].mr) { reply("err no such mr %" PRIu64, id); return -1; }
+	if (off > mrs[id].len || len > mrs[id].len - off) { reply("err off/len outside mr %" PRIu64, id); return -1; }
+	sge->addr = (uint64_t)(uintptr_t)mrs[id].buf + off;
+	sge->length = (uint32_t)len;
+	sge->lkey = mrs[id].mr->lkey;
+	*nsge = len > 0;
+	return 0;
+}
+
+static void cmd_send(void)
+{
+	OBJ("qp", qps, , qp);
+	NUM("wr", wr_id);
+	const char *op = arg("op");
+	OPT("raddr", raddr, 0);
+	OPT("rkey", rkey, 0);
+	OPT("imm", imm, 0);
+	OPT("compare", compare, 0);
+	OPT("swap", swap, 0);
+	OPT("add", add, 0);
+	OPT("signaled", signaled, 1);
+	OPT("fence", fence, 0);
+	OPT("solicited", solicited, 0);
+	OPT("inline", inl, 0);
+	struct ibv_sge sge;
+	struct ibv_send_wr w = { .wr_id = wr_id, .sg_list = &sge }, *bad;
+	if (!op) { reply("err missing argument op"); return; }
+	if (local(&sge, &w.num_sge))
+		return;
+	if (strcmp(op, "send") == 0) w.opcode = IBV_WR_SEND;
+	else if (strcmp(op, "send_imm") == 0) w.opcode = IBV_WR_SEND_WITH_IMM;
+	else if (strcmp(op, "write") == 0) w.opcode = IBV_WR_RDMA_WRITE;
+	else if (strcmp(op, "write_imm") == 0) w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	else if (strcmp(op, "read") == 0) w.opcode = IBV_WR_RDMA_READ;
+	else if (strcmp(op, "cas") == 0) w.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+	else if (strcmp(op, "faa") == 0) w.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+	else { reply("err unknown op %s", op); return; }
+	/* imm_data is carried in network byte order: the protocol's imm is
+	 * the value of the ImmDt field read big-endian off the wire, both
+	 * here and in poll replies. */
+	w.imm_data = htonl((uint32_t)imm);
+	if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+		w.wr.atomic.remote_addr = raddr;
+		w.wr.atomic.rkey = (uint32_t)rkey;
+		w.wr.atomic.compare_add = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? compare : add;
+		w.wr.atomic.swap = swap;
+	} else {
+		w.wr.rdma.remote_addr = raddr;
+		w.wr.rdma.rkey = (uint32_t)rkey;
+	}
+	w.send_flags = (signaled ? IBV_SEND_SIGNALED : 0) | (fence ? IBV_SEND_FENCE : 0) |
+		       (solicited ? IBV_SEND_SOLICITED : 0) | (inl ? IBV_SEND_INLINE : 0);
+	int rc = ibv_post_send(qps[qp_id], &w, &bad);
+	if (rc) { reply("err ibv_post_send: %s", strerror(rc)); return; }
+	reply("ok");
+}
+
+static void cmd_recv(void)
+{
+	OBJ("qp", qps, , qp);
+	NUM("wr", wr_id);
+	struct ibv_sge sge;
+	struct ibv_recv_wr w = { .wr_id = wr_id, .sg_list = &sge }, *bad;
+	if (local(&sge, &w.num_sge))
+		return;
+	int rc = ibv_post_recv(qps[qp_id], &w, &bad);
+	if (rc) { reply("err ibv_post_recv: %s", strerror(rc)); return; }
+	reply("ok");
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* cmd_poll waits on the CQ's completion channel instead of spinning: the
+ * guest has one emulated CPU that rxe's own tasks need. */
+static void cmd_poll(void)
+{
+	OBJ("cq", cqs, .cq, cq);
+	OPT("timeout", timeout, 1000);
+	struct cq *c = &cqs[cq_id];
+	int64_t deadline = now_ms() + (int64_t)timeout;
+	for (;;) {
+		struct ibv_wc wc;
+		int n = ibv_poll_cq(c->cq, 1, &wc);
+		if (n < 0) { reply("err ibv_poll_cq failed"); return; }
+		if (n == 1) {
+			reply("ok wr=%" PRIu64 " status=%d opcode=%d len=%u imm=0x%x qpn=0x%x src_qp=0x%x "
+			      "wc_flags=0x%x vendor_err=0x%x str=%s",
+			      wc.wr_id, wc.status, wc.opcode, wc.byte_len, ntohl(wc.imm_data), wc.qp_num, wc.src_qp,
+			      wc.wc_flags, wc.vendor_err, ibv_wc_status_str(wc.status));
+			return;
+		}
+		if (!c->armed) {
+			if (ibv_req_notify_cq(c->cq, 0)) { reply("err ibv_req_notify_cq failed"); return; }
+			c->armed = 1;
+			continue; /* poll once more: a completion may have raced the arming */
+		}
+		int64_t left = deadline - now_ms();
+		if (left <= 0) { reply("ok none"); return; }
+		struct pollfd p = { .fd = c->ch->fd, .events = POLLIN };
+		int r = poll(&p, 1, (int)left);
+		if (r < 0 && errno != EINTR) { reply("err poll: %s", strerror(errno)); return; }
+		if (r > 0) {
+			struct ibv_cq *ev;
+			void *evctx;
+			if (ibv_get_cq_event(c->ch, &ev, &evctx)) { reply("err ibv_get_cq_event failed"); return; }
+			ibv_ack_cq_events(ev, 1);
+			c->armed = 0;
+		}
+	}
+}
+
+static struct mr *mr_range(uint64_t *off, uint64_t *len, int need_len)
+{
+	uint64_t id;
+	if (num("mr", &id, 1, 0) || num("off", off, 0, 0) || num("len", len, need_len, 0))
+		return NULL;
+	if (id < 1 || id >= MAXOBJ || !mrs[id].mr) { reply("err no such mr %" PRIu64, id); return NULL; }
+	if (*off > mrs[id].len || *len > mrs[id].len - *off) { reply("err off/len outside mr %" PRIu64, id); return NULL; }
+	return &mrs[id];
+}
+
+static void cmd_mem(void)
+{
+	uint64_t off, len;
+	struct mr *m = mr_range(&off, &len, 1);
+	if (!m)
+		return;
+	fputs("ok hex=", out);
+	for (uint64_t i = 0; i < len; i++)
+		fprintf(out, "%02x", (uint8_t)m->buf[off + i]);
+	reply("");
+}
+
+static void cmd_memw(void)
+{
+	const char *hex = arg("hex");
+	uint64_t off, len;
+	if (!hex) { reply("err missing argument hex"); return; }
+	len = 0;
+	struct mr *m = mr_range(&off, &len, 0);
+	if (!m)
+		return;
+	len = strlen(hex) / 2;
+	if (strlen(hex) % 2 || off > m->len || len > m->len - off) { reply("err bad hex length"); return; }
+	if (unhex(hex, (uint8_t *)m->buf + off, len)) { reply("err bad hex"); return; }
+	reply("ok");
+}
+
+static void cmd_fill(void)
+{
+	uint64_t off, len;
+	struct mr *m = mr_range(&off, &len, 1);
+	if (!m)
+		return;
+	OPT("byte", b, 0);
+	memset(m->buf + off, (int)(b & 0xff), len);
+	reply("ok");
+}
+
+static void serve(int fd)
+{
+	FILE *in = fdopen(fd, "r");
+	out = fdopen(dup(fd), "w");
+	if (!in || !out) {
+		close(fd);
+		return;
+	}
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t n;
+	while ((n = getline(&line, &cap, in)) > 0) {
+		char *save, *w, *cmd;
+		while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+			line[--n] = 0;
+		cmd = strtok_r(line, " ", &save);
+		if (!cmd)
+			continue;
+		nargs = 0;
+		while ((w = strtok_r(NULL, " ", &save)) && nargs < MAXARGS) {
+			char *eq = strchr(w, '=');
+			if (!eq) { keys[nargs] = w; vals[nargs] = ""; }
+			else { *eq = 0; keys[nargs] = w; vals[nargs] = eq + 1; }
+			nargs++;
+		}
+		if (strcmp(cmd, "open") == 0) cmd_open();
+		else if (strcmp(cmd, "pd") == 0) cmd_pd();
+		else if (strcmp(cmd, "mr") == 0) cmd_mr();
+		else if (strcmp(cmd, "cq") == 0) cmd_cq();
+		else if (strcmp(cmd, "qp") == 0) cmd_qp();
+		else if (strcmp(cmd, "gid") == 0) cmd_gid();
+		else if (strcmp(cmd, "init") == 0) cmd_init();
+		else if (strcmp(cmd, "rtr") == 0) cmd_rtr();
+		else if (strcmp(cmd, "rts") == 0) cmd_rts();
+		else if (strcmp(cmd, "state") == 0) cmd_state();
+		else if (strcmp(cmd, "query") == 0) cmd_query();
+		else if (strcmp(cmd, "send") == 0) cmd_send();
+		else if (strcmp(cmd, "recv") == 0) cmd_recv();
+		else if (strcmp(cmd, "poll") == 0) cmd_poll();
+		else if (strcmp(cmd, "mem") == 0) cmd_mem();
+		else if (strcmp(cmd, "memw") == 0) cmd_memw();
+		else if (strcmp(cmd, "fill") == 0) cmd_fill();
+		else if (strcmp(cmd, "destroy") == 0) { destroy_all(); reply("ok"); }
+		else if (strcmp(cmd, "ping") == 0) reply("ok");
+		else if (strcmp(cmd, "quit") == 0) { reply("ok"); break; }
+		else reply("err unknown command %s", cmd);
+	}
+	free(line);
+	destroy_all();
+	fclose(in);
+	fclose(out);
+}
+
+int main(int argc, char **argv)
+{
+	int port = 7100, opt;
+	while ((opt = getopt(argc, argv, "p:")) != -1) {
+		if (opt == 'p') port = atoi(optarg);
+		else { fprintf(stderr, "usage: %s [-p port]\n", argv[0]); return 2; }
+	}
+	signal(SIGPIPE, SIG_IGN);
+	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) || listen(ls, 4)) {
+		perror("sragent: listen");
+		return 1;
+	}
+	fprintf(stderr, "sragent: listening on port %d\n", port);
+	for (;;) {
+		int fd = accept(ls, NULL, NULL);
+		if (fd < 0) {
+			if (errno == EINTR) continue;
+			perror("sragent: accept");
+			return 1;
+		}
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+		serve(fd);
+	}
+}
