@@ -26,7 +26,7 @@ func (qp *QP) complete(p *bth.Packet) {
 		return
 	}
 	isNAK := op == bth.OpAck && !syn.IsACK()
-	for qp.sqCount > 0 && qp.sqSendOff > 0 {
+	for qp.sqCount > 0 {
 		w := &qp.sq[qp.sqHead]
 		if w.state != wqeStarted {
 			return
@@ -114,11 +114,7 @@ func (qp *QP) readResponse(w *sendWQE, p *bth.Packet) {
 	case k < want:
 		return // duplicate
 	case k > want:
-		exp := bth.PSNAdd(w.firstPSN, want)
-		if !qp.readRetried || qp.readRetryPSN != exp {
-			qp.readRetried, qp.readRetryPSN = true, exp
-			qp.retry(w, "READ response gap", true)
-		}
+		qp.retry(w, "READ response gap", true)
 		return
 	}
 	last := k == w.npsn-1
@@ -166,13 +162,7 @@ func (qp *QP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
 		qp.updateTimerSet()
 	case syn.Value() == bth.NAKPSNSeqError:
 		qp.Stats.SeqNAKsRecv++
-		// One go-back-N per NAKed PSN: further NAKs for the same gap, or
-		// ones that arrive while the retry is on its way, change nothing.
-		if qp.nakRetried && qp.nakRetryPSN == psn {
-			return
-		}
 		qp.compPSN = psn
-		qp.nakRetried, qp.nakRetryPSN = true, psn
 		qp.retry(w, "PSN sequence error NAK", false)
 	default:
 		st := cq.RemOpErr
@@ -188,8 +178,17 @@ func (qp *QP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
 }
 
 // retry goes back to compPSN, spending retry_cnt unless free is set (a
-// re-read for a READ response gap costs nothing, like a NAK would not).
+// re-read for a READ response gap costs nothing).
+//
+// One go-back-N per restart point: NAKs, implied NAKs and READ gaps that
+// arrive while a retry from the same compPSN is on its way (duplicate
+// ACKs, the rest of a gap) change nothing; only progress or the local ACK
+// timeout allows another. rxe's started_retry plays the same role.
 func (qp *QP) retry(w *sendWQE, why string, free bool) {
+	if qp.retrying && qp.retryFrom == qp.compPSN {
+		return
+	}
+	qp.retrying, qp.retryFrom = true, qp.compPSN
 	if !free {
 		if qp.retryLeft == 0 {
 			qp.completeHead(cq.RetryExcErr, 0)
@@ -236,9 +235,8 @@ func (qp *QP) progress(next uint32) {
 	qp.compPSN = next
 	qp.retryLeft = int(qp.path.RetryCnt)
 	qp.rnrLeft = int(qp.path.RNRRetry)
-	qp.nakRetried = false
-	qp.readRetried = false
-	if qp.sqSendOff > 0 && qp.path.Timeout != 0 {
+	qp.retrying = false
+	if qp.outstanding() && qp.path.Timeout != 0 {
 		qp.retryDeadline = qp.e.now.Add(localAckTimeout(qp.path.Timeout))
 	} else {
 		qp.retryDeadline = time.Time{}
@@ -259,7 +257,7 @@ func (qp *QP) completeHead(st cq.Status, orig uint64) {
 	qp.pushSendWC(w, st, orig)
 	w.state = wqeDone
 	qp.retireHead()
-	if qp.sqSendOff == 0 && qp.sqCount == 0 || qp.sqSendOff == 0 {
+	if !qp.outstanding() {
 		qp.retryDeadline = time.Time{}
 		qp.updateTimerSet()
 	}
@@ -276,9 +274,22 @@ func (qp *QP) checkTimers() {
 	if !qp.retryDeadline.IsZero() && !now.Before(qp.retryDeadline) {
 		qp.retryDeadline = time.Time{}
 		qp.Stats.Timeouts++
-		if qp.sqSendOff > 0 && qp.state == qpstate.RTS {
+		if qp.outstanding() && qp.state == qpstate.RTS {
+			qp.retrying = false // a timeout always retries
 			qp.retry(&qp.sq[qp.sqHead], "local ACK timeout", false)
 		}
 	}
 	qp.updateTimerSet()
+}
+
+// outstanding reports whether packets have been sent and not acknowledged:
+// the next PSN to transmit is ahead of the oldest unacknowledged one.
+func (qp *QP) outstanding() bool {
+	next := qp.nextPSN
+	if qp.sqSendOff < qp.sqCount {
+		if w := &qp.sq[(qp.sqHead+qp.sqSendOff)%len(qp.sq)]; w.state == wqeStarted {
+			next = bth.PSNAdd(w.firstPSN, qp.sqPkt)
+		}
+	}
+	return bth.PSNDiff(next, qp.compPSN) > 0
 }

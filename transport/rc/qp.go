@@ -106,10 +106,8 @@ type QP struct {
 	retryLeft, rnrLeft        int
 	retryDeadline             time.Time // zero: not armed
 	rnrDeadline               time.Time // zero: not waiting
-	nakRetryPSN               uint32    // PSN of the last NAK-driven retry, to ignore repeats
-	nakRetried                bool
-	readRetryPSN              uint32
-	readRetried               bool
+	retryFrom                 uint32    // compPSN of the go-back-N in progress
+	retrying                  bool
 	maxSentPSN                uint32 // highest PSN sent, to count retransmissions
 	sentAny                   bool
 

@@ -1,10 +1,10 @@
 package rc
 
 import (
+	"container/heap"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -21,18 +21,19 @@ import (
 // engines never see a real clock, so timeouts and RNR waits cost nothing
 // and every run with the same seed is identical.
 type sim struct {
-	t     testing.TB
-	now   time.Time
-	ep    [2]*simEP
-	q     []flight
-	seq   int
-	rng   *rand.Rand
-	imp   impairment
-	rules []rule
-	trace []string
-	keep  bool // record the trace
-	tx    map[uint64]int
-	steps int
+	t       testing.TB
+	now     time.Time
+	ep      [2]*simEP
+	q       flights
+	seq     int
+	rng     *rand.Rand
+	imp     impairment
+	rules   []rule
+	trace   []string
+	keep    bool // record the trace
+	verbose bool
+	tx      map[uint64]int
+	steps   int
 }
 
 type impairment struct {
@@ -145,6 +146,9 @@ func (s *sim) send(from int, p *nic.Packet) {
 	nth := s.tx[key]
 	if s.keep {
 		s.trace = append(s.trace, fmt.Sprintf("%d>%d %s psn=%d%s", from, 1-from, shortOp(bp.BTH.Opcode()), bp.BTH.PSN(), aethNote(&bp)))
+		if s.verbose {
+			s.trace[len(s.trace)-1] = fmt.Sprintf("%v qp=%d ", s.now.Sub(simEpoch), bp.BTH.DestQP()) + s.trace[len(s.trace)-1]
+		}
 	}
 	for i := range s.rules {
 		r := &s.rules[i]
@@ -176,7 +180,7 @@ func (s *sim) send(from int, p *nic.Packet) {
 			delay += time.Duration(s.rng.IntN(50)) * time.Microsecond
 		}
 		s.seq++
-		s.q = append(s.q, flight{at: s.now.Add(delay), seq: s.seq, to: 1 - from, sport: p.SrcPort, data: d})
+		heap.Push(&s.q, flight{at: s.now.Add(delay), seq: s.seq, to: 1 - from, sport: p.SrcPort, data: d})
 	}
 }
 
@@ -212,12 +216,6 @@ func (s *sim) pump(done func() bool, limit time.Duration) {
 		// Next event: a packet arrival or a timer.
 		next := time.Time{}
 		if len(s.q) > 0 {
-			sort.Slice(s.q, func(a, b int) bool {
-				if !s.q[a].at.Equal(s.q[b].at) {
-					return s.q[a].at.Before(s.q[b].at)
-				}
-				return s.q[a].seq < s.q[b].seq
-			})
 			next = s.q[0].at
 		}
 		for _, ep := range s.ep {
@@ -232,16 +230,13 @@ func (s *sim) pump(done func() bool, limit time.Duration) {
 			s.now = next
 		}
 		var batches [2][]nic.Packet
-		n := 0
-		for n < len(s.q) && !s.q[n].at.After(s.now) {
-			f := s.q[n]
-			n++
+		for len(s.q) > 0 && !s.q[0].at.After(s.now) {
+			f := heap.Pop(&s.q).(flight)
 			if !s.icrcOK(f) {
 				continue // a corrupted packet fails the ICRC: the link drops it
 			}
 			batches[f.to] = append(batches[f.to], nic.Packet{Buf: f.data, N: len(f.data), Remote: Remote(s.ep[1-f.to].addr), Local: s.ep[f.to].addr, ICRC: nic.ICRCVerified})
 		}
-		s.q = s.q[n:]
 		for i, b := range batches {
 			if len(b) > 0 {
 				s.ep[i].e.Receive(s.now, b)
@@ -255,4 +250,45 @@ func (s *sim) icrcOK(f flight) bool {
 	h := icrc.Header{Src: src[:], Dst: dst[:], DF: true, SrcPort: f.sport, DstPort: nic.RoCEv2Port}
 	c, err := icrc.Synth(&h, f.data)
 	return err == nil && c == icrc.Wire(f.data)
+}
+
+func (qp *QP) debug() string {
+	r := &qp.resp
+	return fmt.Sprintf("QP %d state %v sq=%d sendOff=%d pkt=%d comp=%d next=%d rd=%d/%d retryDL=%v rnrDL=%v | ePSN=%d msn=%d jobs=%d backlog=%d cur=%v txPending=%v",
+		qp.num, qp.state, qp.sqCount, qp.sqSendOff, qp.sqPkt, qp.compPSN, qp.nextPSN, qp.rdOutstanding, qp.path.MaxRDAtomic,
+		!qp.retryDeadline.IsZero(), !qp.rnrDeadline.IsZero(), r.ePSN, r.msn, len(r.jobs), r.blN, r.cur.active, qp.txPending)
+}
+
+func (s *sim) dump() string {
+	out := ""
+	for i, ep := range s.ep {
+		for _, qp := range ep.e.qps {
+			out += fmt.Sprintf("ep%d %s\n", i, qp.debug())
+			if qp.sqCount > 0 {
+				w := &qp.sq[qp.sqHead]
+				out += fmt.Sprintf("    head: %v len=%d state=%d psn %d..%d readDone=%d\n", w.wr.Opcode, w.length, w.state, w.firstPSN, w.lastPSN, w.readDone)
+			}
+		}
+	}
+	return out
+}
+
+// flights is a min-heap of packets in flight by arrival time, then by
+// send order, so simultaneous arrivals keep their order.
+type flights []flight
+
+func (f flights) Len() int { return len(f) }
+func (f flights) Less(a, b int) bool {
+	if !f[a].at.Equal(f[b].at) {
+		return f[a].at.Before(f[b].at)
+	}
+	return f[a].seq < f[b].seq
+}
+func (f flights) Swap(a, b int) { f[a], f[b] = f[b], f[a] }
+func (f *flights) Push(x any)   { *f = append(*f, x.(flight)) }
+func (f *flights) Pop() any {
+	old := *f
+	x := old[len(old)-1]
+	*f = old[:len(old)-1]
+	return x
 }
