@@ -110,14 +110,16 @@ func (c *CQ) Push(wc WC) bool { return c.PushSolicited(wc, false) }
 //
 // It returns false when the CQ is full or already in the error state: the
 // completion is not stored, the CQ enters (or stays in) the error state, and
-// on the first overrun one EventCQErr is delivered on Events (IBTA §11.4.2.1:
-// CQ overrun is an affiliated asynchronous error, never a silent drop). The
+// on the first overrun one EventCQErr is delivered on Events (IBTA: a CQ
+// overrun is a CQ error reported as an affiliated asynchronous event, never
+// a silent drop). The
 // caller must treat false as a failure to complete, e.g. by moving its QP to
 // the error state as rxe does.
 //
 // An armed CQ fires its notification for the completion (any completion when
 // armed with ReqNotify(false); with ReqNotify(true) only a solicited one or
-// one whose Status is not Success, IBTA §11.4.2.2). An overrun also fires
+// one whose Status is not Success, as IBTA Request Completion Notification
+// defines solicited-only). An overrun also fires
 // it, so that a consumer sleeping on Notify wakes up and sees ErrOverrun.
 func (c *CQ) PushSolicited(wc WC, solicited bool) bool {
 	c.mu.Lock()

@@ -7,8 +7,8 @@
 // ibv_wc_status, enum ibv_wc_opcode, enum ibv_wc_flags) so that code and
 // logs read the same as they would against a kernel verbs provider.
 //
-// Overrun (IBTA vol. 1 §11.4.2.1 "CQ overrun"): a completion that does not
-// fit is never silently dropped. Push reports false, the CQ enters an error
+// Overrun (IBTA: a CQ error, an affiliated asynchronous event): a
+// completion that does not fit is never silently dropped. Push reports false, the CQ enters an error
 // state from which it does not recover, and one EventCQErr is delivered on
 // Events. What the caller (the QP) does next is its business; the IBTA model
 // and rxe move the QP that failed to complete into the error state.

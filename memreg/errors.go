@@ -12,13 +12,13 @@ type ErrorClass uint8
 const (
 	// ClassRemoteAccess: bad, stale or invalidated R_Key, wrong PD, missing
 	// remote permission, range outside the region. The responder NAKs with
-	// "remote access error" (AETH syndrome 0x62, IBTA §9.7.5.2.4, rxe
-	// check_rkey / mr_check_range); the requester completes REM_ACCESS_ERR.
+	// "remote access error" (AETH NAK code 0x62; rxe check_rkey,
+	// mr_check_range); the requester completes REM_ACCESS_ERR.
 	ClassRemoteAccess ErrorClass = iota + 1
 	// ClassInvalidRequest: a request that cannot be valid whatever the
-	// region, e.g. a misaligned atomic (IBTA §9.4.5, rxe
-	// rxe_mr_do_atomic_op) or an unknown atomic operation. NAK 0x61; the
-	// requester completes REM_INV_REQ_ERR.
+	// region, e.g. a misaligned atomic (IBTA atomics need 8-byte
+	// alignment; rxe rxe_mr_do_atomic_op) or an unknown atomic operation.
+	// NAK 0x61; the requester completes REM_INV_REQ_ERR.
 	ClassInvalidRequest
 	// ClassLocalProtection: a local L_Key check (SGE gather/scatter) failed.
 	// The work request completes with LOC_PROT_ERR.
@@ -43,6 +43,10 @@ var (
 	ErrRemoteAccess    = errors.New("memreg: remote access error")
 	ErrInvalidRequest  = errors.New("memreg: invalid request")
 	ErrLocalProtection = errors.New("memreg: local protection error")
+)
+
+// Sentinels of the management calls (wrapped; match with errors.Is).
+var (
 	ErrInvalidArgument = errors.New("memreg: invalid argument")       // bad flags, empty buffer, foreign object
 	ErrBusy            = errors.New("memreg: resource busy")          // PD still has memory regions
 	ErrNotRegistered   = errors.New("memreg: not registered")         // MR deregistered / PD deallocated

@@ -121,7 +121,7 @@ func (t *Table) RemoteRead(pd *PD, rkey uint32, va uint64, dst []byte) error {
 // AtomicOp is the operation of an RDMA atomic request.
 type AtomicOp uint8
 
-// Atomic operations (IBTA §9.4.5).
+// Atomic operations (IBTA vol. 1 ch. 9, COMPARE_SWAP and FETCH_ADD).
 const (
 	AtomicCmpSwap  AtomicOp = iota // COMPARE_SWAP: if *va == compare { *va = swap }
 	AtomicFetchAdd                 // FETCH_ADD: *va += add
@@ -130,7 +130,7 @@ const (
 // atomicTarget checks an 8-byte atomic access and returns the word with the
 // region's read lock held. Alignment is checked after the access rights (so
 // a bad key on a misaligned VA is still a remote access error, as in rxe)
-// and on both the VA (IBTA §9.4.5: 8-byte aligned) and the host address
+// and on both the VA (IBTA: 8-byte aligned) and the host address
 // (sync/atomic needs it; it differs from the VA only for zero-based
 // regions).
 func (t *Table) atomicTarget(pd *PD, rkey uint32, va uint64, need Access) (*MR, *uint64, error) {
@@ -208,7 +208,7 @@ func (t *Table) LocalRead(pd *PD, lkey uint32, addr uint64, dst []byte) error {
 
 // LocalWrite scatters src to addr of the region with L_Key lkey in pd (a
 // receive SGE, or the destination of a READ response or atomic result). It
-// needs LOCAL_WRITE (IBTA §10.6.3.1; without it the WR completes
+// needs LOCAL_WRITE (without it the WR completes
 // LOC_PROT_ERR). Failures are ClassLocalProtection.
 func (t *Table) LocalWrite(pd *PD, lkey uint32, addr uint64, src []byte) error {
 	if len(src) == 0 {
@@ -224,8 +224,7 @@ func (t *Table) LocalWrite(pd *PD, lkey uint32, addr uint64, src []byte) error {
 }
 
 // Invalidate invalidates the region whose key is rkey, as a local
-// invalidate work request or a SEND with invalidate does (IBTA §10.6.5,
-// §9.4.1.1): every later access with the key, local or remote, fails with
+// invalidate work request or a SEND with invalidate (IETH) does: every later access with the key, local or remote, fails with
 // ReasonInvalidated until ReregMR gives the region a new key. It waits for
 // accesses in flight. The region must be valid and in pd; failures are
 // *AccessError of class ClassInvalidRequest (rxe completes a failed SEND

@@ -8,9 +8,9 @@
 // An MR's L_Key and R_Key are the same 32-bit value (as with rxe): the low 8
 // bits are a key byte that changes on every registration and re-registration
 // of the table slot, so a key kept from before a re-registration or a
-// deregistration is stale and fails (IBTA §10.6.3.5 "the consumer-owned key
-// portion"). The upper 24 bits encode the slot index through a keyed
-// permutation of the 24-bit space chosen at random per Table, so keys are
+// deregistration is stale and fails (the 8-bit "key" portion of an
+// L_Key/R_Key in IBTA vol. 1 §10.6). The upper 24 bits encode the slot
+// index through a keyed permutation of the 24-bit space chosen at random per Table, so keys are
 // neither sequential nor guessable from one another.
 //
 // # Concurrency
@@ -181,8 +181,8 @@ func (t *Table) checkReg(op string, buf []byte, access Access) error {
 	if bad := access &^ accessSupported; bad != 0 {
 		return fmt.Errorf("memreg: %s: %w: unsupported access flags %v", op, ErrInvalidArgument, bad)
 	}
-	// IBTA C10-17 / ib_check_mr_access: remote write or atomic access needs
-	// local write.
+	// As ib_check_mr_access in the Linux core (ibv_reg_mr fails with
+	// EINVAL): remote write or atomic access needs local write.
 	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
 		return fmt.Errorf("memreg: %s: %w: %v requires LOCAL_WRITE", op, ErrInvalidArgument,
 			access&(AccessRemoteWrite|AccessRemoteAtomic))

@@ -48,7 +48,7 @@ var all3 = [3]bool{true, true, true}
 //
 // One deliberate difference: the kernel marks SQE->RTS valid for every type
 // (RC with no attributes), but an RC QP never enters SQE (a send error moves
-// it straight to ERR, IBTA §10.3.1), so SQE->RTS is legal for UC and UD only.
+// it straight to ERR, IBTA §10.3), so SQE->RTS is legal for UC and UD only.
 var table = [Err + 1][Err + 1]rule{
 	Reset: {
 		Reset: {valid: all3},
@@ -168,9 +168,10 @@ func validMTU(mtu int) bool {
 // cur -> cur transition: legal where the table has one (INIT->INIT,
 // RTS->RTS, SQD->SQD, RESET->RESET, ERR->ERR), illegal elsewhere (e.g. RTR).
 // Any state may go to RESET or ERR, with no other attribute.
-// AttrCurState, where accepted, must equal cur (IBTA §11.2.5.2: the
-// consumer's notion of the current state must be right, e.g. when the QP
-// may have moved to SQE on its own).
+// AttrCurState, where accepted, must equal cur: it is the consumer's claim
+// about the state (which may have changed on its own, e.g. to SQE or ERR),
+// and a wrong claim fails rather than overriding the real state as the
+// Linux providers let it.
 //
 // Values are checked for the attributes in the mask: PathMTU in {256, 512,
 // 1024, 2048, 4096}; Timeout <= 31; RetryCnt, RNRRetry <= 7; MinRNRTimer

@@ -10,7 +10,7 @@
 //
 // Flushing: entering ERR (whether by Modify or because the transport hit a
 // fatal error) makes every outstanding and every later posted work request
-// complete with status WR_FLUSH_ERR (IBTA §10.3.1 "Error", §11.4.1.1). The QP
+// complete with status WR_FLUSH_ERR (IBTA §10.3, the Error state). The QP
 // implements that; FlushOnError tells it when.
 package qpstate
 
@@ -23,7 +23,7 @@ import (
 // State is a QP state. Values equal enum ibv_qp_state.
 type State uint8
 
-// QP states (IBTA §10.3.1).
+// QP states (IBTA vol. 1 §10.3).
 const (
 	Reset State = iota // IBV_QPS_RESET
 	Init               // IBV_QPS_INIT
@@ -161,13 +161,13 @@ type Attr struct {
 	RQPSN, SQPSN    uint32
 	MaxRDAtomic     uint8 // max_rd_atomic: READ/atomic requests this QP may have outstanding
 	MaxDestRDAtomic uint8 // max_dest_rd_atomic: responder resources for the peer's READ/atomic
-	MinRNRTimer     uint8 // RNR NAK timer code (IBTA table 45), 0..31
+	MinRNRTimer     uint8 // RNR NAK timer code (the 5-bit encoding of the AETH), 0..31
 	DestQPN         uint32
 	Cap             Cap
 }
 
 // FlushOnError reports whether entering state next requires the QP to flush
-// its work requests: true exactly for ERR (IBTA §10.3.1). Outstanding send
+// its work requests: true exactly for ERR (IBTA §10.3). Outstanding send
 // and receive WRs then complete with WR_FLUSH_ERR in posting order, and WRs
 // posted while in ERR complete the same way.
 func FlushOnError(next State) bool { return next == Err }
