@@ -120,7 +120,7 @@ func (e *FrameError) Error() string {
 // not allocate for RoCE or non-RoCE frames, and never panics on short input.
 func CheckFrame(frame []byte) (Result, error) {
 	if len(frame) < 14 {
-		return Result{}, &FrameError{Step: "ethernet", Detail: fmt.Sprintf("%d bytes, need 14", len(frame))}
+		return Result{}, &FrameError{Step: "ethernet", Detail: fmt.Sprintf("%d bytes, need 14", len(frame)), Truncated: true}
 	}
 	off := 12
 	et := binary.BigEndian.Uint16(frame[off:])
@@ -157,16 +157,19 @@ func CheckFrame(frame []byte) (Result, error) {
 
 // CheckL3 is CheckFrame for a packet that starts at its network header,
 // identified by its EtherType (for raw-IP and Linux cooked captures).
-func CheckL3(etherType uint16, pkt []byte) (Result, error) {
+func CheckL3(etherType uint16, pkt []byte) (r Result, err error) {
 	switch etherType {
 	case EtherTypeIPv4:
-		return checkIPv4(pkt)
+		r, err = checkIPv4(pkt)
 	case EtherTypeIPv6:
-		return checkIPv6(pkt)
+		r, err = checkIPv6(pkt)
 	case EtherTypeRoCEv1:
-		return checkRoCEv1(pkt)
+		r, err = checkRoCEv1(pkt)
+	default:
+		return Result{}, ErrNotRoCE
 	}
-	return Result{}, ErrNotRoCE
+	r.EtherType = etherType
+	return r, err
 }
 
 // minUDPLen is the smallest UDP length that holds a RoCE packet.

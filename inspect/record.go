@@ -260,7 +260,7 @@ func (r *Record) fill(pkt []byte, res *icrc.Result) {
 	}
 	if err != nil {
 		r.Malformed = err.Error()
-		if !p.Info.Valid || p.BTH == nil {
+		if p.BTH == nil || !p.Info.Valid {
 			return
 		}
 	}

@@ -1,0 +1,121 @@
+package inspect
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// tsharkFields are the Wireshark fields compared with our decoding
+// (names as listed by `tshark -G fields`, Wireshark 4.0).
+var tsharkFields = []string{"frame.number", "infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.bth.psn",
+	"infiniband.reth.va", "infiniband.reth.r_key", "infiniband.reth.dmalen", "infiniband.aeth.syndrome", "infiniband.aeth.msn"}
+
+// TestAgainstTshark decodes every shared capture with tshark and with
+// package inspect and requires the same opcode, destination QP, PSN, RETH
+// and AETH fields for every frame, and the same opcode counts. Wireshark
+// decodes UDP port 4791 as RoCEv2 by default.
+func TestAgainstTshark(t *testing.T) {
+	tshark, err := exec.LookPath("tshark")
+	if err != nil {
+		t.Skip("tshark not installed (apt-get install tshark); skipping the Wireshark comparison")
+	}
+	files := sharedCaptures(t)
+	for _, path := range files {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			args := []string{"-r", path, "-T", "fields", "-E", "separator=|", "-E", "occurrence=f"}
+			for _, f := range tsharkFields {
+				args = append(args, "-e", f)
+			}
+			cmd := exec.Command(tshark, args...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("tshark: %v: %s", err, stderr.String())
+			}
+			recs, err := Records(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			theirs := map[string]int{}
+			ours := map[string]int{}
+			sc := bufio.NewScanner(bytes.NewReader(out))
+			lines := 0
+			for sc.Scan() {
+				cols := strings.Split(sc.Text(), "|")
+				if len(cols) != len(tsharkFields) {
+					t.Fatalf("tshark line %q: %d columns", sc.Text(), len(cols))
+				}
+				lines++
+				n, err := strconv.Atoi(cols[0])
+				if err != nil || n < 1 || n > len(recs) {
+					t.Fatalf("tshark frame number %q (we have %d frames)", cols[0], len(recs))
+				}
+				r := &recs[n-1]
+				if cols[1] == "" {
+					if r.RoCE {
+						t.Errorf("frame %d: tshark sees no BTH, we decode %s", n, r.OpcodeName)
+					}
+					continue
+				}
+				theirs[cols[1]]++
+				if !r.RoCE {
+					t.Errorf("frame %d: tshark decodes opcode %s, we see no RoCE", n, cols[1])
+					continue
+				}
+				ours[strconv.Itoa(int(r.Opcode))]++
+				want := ourFields(r)
+				for i := 1; i < len(cols); i++ {
+					if !sameValue(cols[i], want[i]) {
+						t.Errorf("frame %d %s: tshark %q, ours %q", n, tsharkFields[i], cols[i], want[i])
+					}
+				}
+			}
+			if lines != len(recs) {
+				t.Errorf("tshark listed %d frames, we read %d", lines, len(recs))
+			}
+			if len(theirs) == 0 {
+				t.Errorf("tshark decoded no BTH at all: is UDP 4791 still dissected as RoCEv2?")
+			}
+			if fmt.Sprint(theirs) != fmt.Sprint(ours) {
+				t.Errorf("opcode counts: tshark %v, ours %v", theirs, ours)
+			}
+			t.Logf("%d frames, opcode counts agree: %v", len(recs), ours)
+		})
+	}
+}
+
+// ourFields renders a record as the tshark columns.
+func ourFields(r *Record) []string {
+	c := make([]string, len(tsharkFields))
+	c[1] = strconv.Itoa(int(r.Opcode))
+	c[2] = fmt.Sprintf("0x%06x", r.DestQP)
+	c[3] = strconv.Itoa(int(r.PSN))
+	if h := r.RETH; h != nil {
+		c[4] = fmt.Sprintf("0x%016x", h.VA)
+		c[5] = fmt.Sprintf("0x%08x", h.RKey)
+		c[6] = strconv.Itoa(int(h.DMALen))
+	}
+	if h := r.AETH; h != nil {
+		c[7] = strconv.Itoa(int(h.Syndrome))
+		c[8] = strconv.Itoa(int(h.MSN))
+	}
+	return c
+}
+
+// sameValue compares a tshark column with ours numerically when both
+// parse as numbers (tshark's hex/decimal choice varies by field).
+func sameValue(theirs, ours string) bool {
+	if theirs == ours {
+		return true
+	}
+	a, err1 := strconv.ParseUint(theirs, 0, 64)
+	b, err2 := strconv.ParseUint(ours, 0, 64)
+	return err1 == nil && err2 == nil && a == b
+}
