@@ -7,7 +7,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"runtime"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -651,4 +653,56 @@ func BenchmarkCheckRemoteBadKey(b *testing.B) {
 	for b.Loop() {
 		_ = tab.CheckRemote(pd, key, 0, 8, 0)
 	}
+}
+
+// TestConcurrentReregInvalidate re-registers and invalidates a region while
+// accesses run with whatever key they last read: every access either
+// succeeds on the current buffer or fails as a remote access error, and the
+// race detector sees every field of the region guarded.
+func TestConcurrentReregInvalidate(t *testing.T) {
+	tab, pd, mr, _ := setup(t, 128, all)
+	bufs := [][]byte{make([]byte, 128), make([]byte, 128)}
+	var stop atomic.Bool
+	var ok, failed atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 2 {
+		wg.Go(func() {
+			src := make([]byte, 16)
+			for !stop.Load() {
+				key, va := mr.RKey(), mr.Addr()
+				var err error
+				if g == 0 {
+					err = tab.RemoteWrite(pd, key, va+16, src)
+				} else {
+					_, err = tab.RemoteAtomic(pd, key, va+8, AtomicFetchAdd, 1, 0)
+				}
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, ErrRemoteAccess):
+					failed.Add(1)
+				default:
+					t.Errorf("unexpected %v", err)
+				}
+			}
+		})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; i < 60 || ((ok.Load() < 100 || failed.Load() < 10) && time.Now().Before(deadline)); i++ {
+		runtime.Gosched()
+		if i%3 == 0 {
+			if err := tab.Invalidate(pd, mr.RKey()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tab.ReregMR(mr, bufs[i%2], all); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if ok.Load() == 0 {
+		t.Error("no access succeeded")
+	}
+	t.Logf("%d accesses succeeded, %d failed with stale or invalidated keys", ok.Load(), failed.Load())
 }
