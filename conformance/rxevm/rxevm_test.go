@@ -3,7 +3,11 @@ package rxevm
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -27,9 +31,30 @@ func TestMain(m *testing.M) {
 		default:
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
-			img, err := Build(ctx, Config{Log: os.Stderr})
+			dir, err := os.MkdirTemp("", "rxevm-test-")
+			if err != nil {
+				testVMError = err
+				break
+			}
+			defer os.RemoveAll(dir)
+			static, err := buildStatic(ctx, dir)
+			var img *Image
 			if err == nil {
-				testVM, err = Boot(ctx, img, Options{Log: os.Stderr})
+				img, err = Build(ctx, Config{Log: os.Stderr})
+			}
+			if err == nil {
+				// MTU 9000 so that rxe's active MTU is 4096; an extra
+				// static binary, a data file that is a boot hook, and
+				// an environment word for it.
+				testVM, err = Boot(ctx, img, Options{
+					Log: os.Stderr,
+					MTU: 9000,
+					Files: []File{
+						{Path: "/usr/bin/static-hello", Src: static},
+						{Path: "/etc/softroce/init.d/50-test", Data: []byte(hookScript), Mode: 0o755},
+					},
+					Env: map[string]string{"sr_test_word": "from-cmdline"},
+				})
 			}
 			testVMError = err
 			if testVM != nil {
@@ -39,6 +64,34 @@ func TestMain(m *testing.M) {
 		return m.Run()
 	}()
 	os.Exit(code)
+}
+
+const hookScript = `#!/bin/sh
+echo "hook saw ${sr_test_word} and $(cat /sys/class/infiniband/rxe0/ports/1/state)" > /tmp/hook.out
+`
+
+// buildStatic compiles a static Go program (CGO_ENABLED=0), the kind of
+// binary the harness ships into the guest (e.g. softroce itself).
+func buildStatic(ctx context.Context, dir string) (string, error) {
+	src := filepath.Join(dir, "hello")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		return "", err
+	}
+	prog := "package main\n\nimport (\"fmt\"; \"os\"; \"runtime\")\n\nfunc main() { fmt.Println(\"static hello\", runtime.GOOS, len(os.Args)) }\n"
+	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte(prog), 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte("module hello\n\ngo 1.21\n"), 0o644); err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "static-hello")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build static test binary: %w: %s", err, out)
+	}
+	return bin, nil
 }
 
 func needVM(t *testing.T) *VM {
@@ -123,7 +176,9 @@ func TestIbvDevinfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"hca_id:\trxe0", "PORT_ACTIVE", "link_layer:\t\tEthernet", "GID[  1]:\t\t::ffff:10.88.0.2, RoCE v2"} {
+	for _, want := range []string{"hca_id:\trxe0", "PORT_ACTIVE", "link_layer:\t\tEthernet",
+		"GID[  1]:\t\t::ffff:10.88.0.2, RoCE v2",
+		"active_mtu:\t\t4096 (5)"} { // rxe follows eth0's MTU of 9000
 		if !strings.Contains(out, want) {
 			t.Errorf("ibv_devinfo output lacks %q:\n%s", want, out)
 		}
@@ -162,5 +217,80 @@ func TestWriteBWLoopback(t *testing.T) {
 	t.Logf("rxe<->rxe ib_write_bw 64 KiB: average %.2f %s, %.4f Mpps", res[0].AvgBW, res[0].Unit, res[0].MsgRate)
 	if _, err := srv.Wait(ctx); err != nil {
 		t.Fatalf("ib_write_bw server: %v", err)
+	}
+}
+
+func TestExtraFilesEnvAndHook(t *testing.T) {
+	vm := needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := vm.Run(ctx, "static-hello a b")
+	if err != nil || out != "static hello linux 3\n" {
+		t.Fatalf("static binary from the extra archive: %q, %v", out, err)
+	}
+	out, err = vm.Run(ctx, "cat /tmp/hook.out")
+	if err != nil || out != "hook saw from-cmdline and 4: ACTIVE\n" {
+		t.Fatalf("boot hook: %q, %v", out, err)
+	}
+	// The base archive's files survive the appended one.
+	if _, err := vm.Run(ctx, "test -x /usr/bin/ib_write_bw && test -L /lib"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHostSide(t *testing.T) {
+	vm := needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The tap exists only in the VM's namespace, addressed and at the
+	// requested MTU, as is the guest's eth0.
+	out, err := vm.HostCommand(ctx, "ip", "-o", "addr", "show", "dev", TapName).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "inet "+hostPrefix.String()) {
+		t.Fatalf("ip addr in the namespace: %v\n%s", err, out)
+	}
+	out, err = vm.HostCommand(ctx, "cat", "/sys/class/net/"+TapName+"/mtu").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "9000" {
+		t.Fatalf("tap MTU: %q, %v", out, err)
+	}
+	if gout, err := vm.Run(ctx, "cat /sys/class/net/eth0/mtu; ping -c 1 -W 5 -s 8972 "+vm.HostAddr().String()); err != nil || !strings.HasPrefix(gout, "9000\n") {
+		t.Fatalf("guest eth0 MTU / ping host: %q, %v", gout, err)
+	}
+	if _, err := os.Stat("/sys/class/net/" + TapName); err == nil {
+		t.Logf("note: a %s exists outside the VM namespace (not ours)", TapName)
+	}
+	// A host listener in the namespace is reachable from the guest.
+	l, err := vm.Listen("tcp", vm.HostAddr().String()+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	got := make(chan string, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		defer c.Close()
+		b, _ := io.ReadAll(c)
+		got <- string(b)
+	}()
+	if _, err := vm.Run(ctx, fmt.Sprintf("echo from-guest | nc %s %d", vm.HostAddr(), port)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-got:
+		if s != "from-guest\n" {
+			t.Fatalf("host listener got %q", s)
+		}
+	case <-ctx.Done():
+		t.Fatal("guest never connected to the host listener")
+	}
+	if vm.MTU() != 9000 || !vm.Alive() {
+		t.Fatalf("MTU %d alive %v", vm.MTU(), vm.Alive())
+	}
+	if !strings.Contains(vm.ConsoleLog(), "softroce-guest: ready") {
+		t.Errorf("console log lacks the ready line:\n%s", vm.ConsoleLog())
 	}
 }

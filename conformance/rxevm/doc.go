@@ -1,0 +1,30 @@
+// Package rxevm runs the Linux kernel's rdma_rxe as a RoCEv2 peer: it builds
+// a small guest (a Debian bookworm kernel and an initramfs with rdma_rxe,
+// rdma-core's tools and perftest, all from Debian packages) and boots it
+// under qemu with TCG, inside a network namespace of its own that is
+// connected to the guest through a tap device.
+//
+// Build downloads and assembles the image once and caches it (see
+// DefaultCacheDir) under a hash of the recipe and the package versions, so
+// later runs only boot (about 15-25 s). Boot starts a VM and returns when the
+// guest's rxe0 port is ACTIVE. The guest runs a command server: Run executes
+// a shell command and returns its output and exit status, Start runs a
+// long-lived tool (a perftest server, the verbs agent of package
+// conformance/agent) that Kill or Close ends.
+//
+// Addressing inside the VM's namespace is fixed: the host side of the tap
+// is HostAddr (10.88.0.1/24), the guest's eth0 and rxe0's GID index 1 are
+// GuestAddr (10.88.0.2/24). Host code reaches the guest with DialContext,
+// Listen, ListenPacket or Do, which run on a thread switched into the
+// namespace; host commands run there with HostCommand.
+//
+// Nothing is left behind: Close kills qemu and deletes the namespace (and
+// with it the tap); qemu gets SIGKILL when the process that booted it dies;
+// a watchdog process removes the namespace when that process dies without
+// calling Close (go test -timeout, SIGKILL); and Boot first sweeps
+// namespaces of dead processes (SweepStale).
+//
+// Host requirements: root, qemu-system-x86_64, apt-get, dpkg-deb, depmod
+// and modprobe (Debian: qemu-system-x86 kmod), iproute2's ip (for the
+// watchdog and HostCommand).
+package rxevm
