@@ -20,7 +20,6 @@ type endpoint struct {
 	buf []byte
 }
 
-
 func newEndpoint(dev *verbs.Device) *endpoint {
 	ep := &endpoint{dev: dev, buf: make([]byte, 4096)}
 	ep.pd, _ = dev.AllocPD()

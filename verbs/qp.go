@@ -35,6 +35,8 @@ type QP struct {
 	rc   *rc.QP
 	init QPInitAttr
 	attr QPAttr
+
+	remotePort uint16
 }
 
 // CreateQP creates a QP in RESET (ibv_create_qp). Only RC is implemented;
@@ -160,6 +162,9 @@ func (qp *QP) path() rc.Path {
 	}
 	if a.AV.DGID != ([16]byte{}) {
 		p.Remote = rc.Remote(GID(a.AV.DGID).Addr())
+		if qp.remotePort != 0 {
+			p.Remote = netip.AddrPortFrom(p.Remote.Addr(), qp.remotePort)
+		}
 	}
 	return p
 }
@@ -207,9 +212,20 @@ type ConnectOptions struct {
 	MinRNRTimer uint8
 	MaxRDAtomic uint8
 	Access      Access // remote access the QP allows (default: write, read, atomic)
+	// RemotePort is the peer's UDP port (0: 4791). Only a peer that is
+	// not a standard RoCEv2 endpoint (a second softroce on the same
+	// address) listens elsewhere.
+	RemotePort uint16
 }
 
-// Connect moves a RESET QP through INIT and RTR to RTS against remote.
+// Init moves a RESET QP to INIT with pkey index 0, port 1 and the given
+// remote access flags. Receives may be posted from INIT on.
+func (qp *QP) Init(access Access) error {
+	a := QPAttr{State: StateInit, Port: 1, AccessFlags: uint32(access)}
+	return qp.Modify(&a, qpstate.AttrState|qpstate.AttrPKeyIndex|qpstate.AttrPort|qpstate.AttrAccessFlags)
+}
+
+// Connect moves a RESET or INIT QP through RTR to RTS against remote.
 func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 	if o == nil {
 		o = &ConnectOptions{}
@@ -228,11 +244,12 @@ func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 	if access == 0 {
 		access = AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
 	}
-	a := QPAttr{State: StateInit, Port: 1, AccessFlags: uint32(access)}
-	if err := qp.Modify(&a, qpstate.AttrState|qpstate.AttrPKeyIndex|qpstate.AttrPort|qpstate.AttrAccessFlags); err != nil {
-		return err
+	if qp.State() == StateReset {
+		if err := qp.Init(access); err != nil {
+			return err
+		}
 	}
-	a = QPAttr{State: StateRTR, PathMTU: mtu, DestQPN: remote.QPN, RQPSN: remote.PSN,
+	a := QPAttr{State: StateRTR, PathMTU: mtu, DestQPN: remote.QPN, RQPSN: remote.PSN,
 		MaxDestRDAtomic: def(o.MaxRDAtomic, 16), MinRNRTimer: def(o.MinRNRTimer, 12),
 		AV: AddressVector{DGID: remote.GID, SGIDIndex: o.SGIDIndex, HopLimit: 64}}
 	if err := qp.Modify(&a, qpstate.AttrState|qpstate.AttrAV|qpstate.AttrPathMTU|qpstate.AttrDestQPN|qpstate.AttrRQPSN|
@@ -241,6 +258,21 @@ func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 	}
 	a = QPAttr{State: StateRTS, SQPSN: o.SQPSN, Timeout: def(o.Timeout, 14), RetryCnt: def(o.RetryCnt, 7),
 		RNRRetry: def(o.RNRRetry, 7), MaxRDAtomic: def(o.MaxRDAtomic, 16)}
-	return qp.Modify(&a, qpstate.AttrState|qpstate.AttrSQPSN|qpstate.AttrTimeout|qpstate.AttrRetryCnt|
-		qpstate.AttrRNRRetry|qpstate.AttrMaxQPRDAtomic)
+	if err := qp.Modify(&a, qpstate.AttrState|qpstate.AttrSQPSN|qpstate.AttrTimeout|qpstate.AttrRetryCnt|
+		qpstate.AttrRNRRetry|qpstate.AttrMaxQPRDAtomic); err != nil {
+		return err
+	}
+	if o.RemotePort != 0 {
+		qp.SetRemotePort(o.RemotePort)
+	}
+	return nil
+}
+
+// SetRemotePort sends to the peer on a UDP port other than 4791.
+func (qp *QP) SetRemotePort(port uint16) {
+	d := qp.pd.d
+	d.eng.Lock()
+	defer d.eng.Unlock()
+	qp.remotePort = port
+	qp.rc.SetPathLocked(qp.path())
 }

@@ -163,7 +163,11 @@ func (qp *QP) setPathLocked(p Path) {
 	if p.MaxRDAtomic < 1 {
 		qp.path.MaxRDAtomic = 1
 	}
-	qp.resp.resources = make([]rdResource, pow2(qp.path.MaxDestRDAtomic))
+	if n := pow2(qp.path.MaxDestRDAtomic); len(qp.resp.resources) != n {
+		qp.resp.resources = make([]rdResource, n)
+		qp.resp.resNext = 0
+		qp.resp.jobs = qp.resp.jobs[:0]
+	}
 }
 
 func pow2(n int) int {

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/afxdp"
+	"github.com/softroce/softroce/nic/udp"
+)
+
+// linkFlags are the flags every network command shares.
+type linkFlags struct {
+	backend string
+	bind    string
+	udpPort int
+}
+
+// openLink opens the chosen backend on the local address bind. With no
+// bind it uses the address the kernel would route to peer from, or else
+// the first non-loopback IPv4 address of the host.
+func openLink(f linkFlags, peer string) (nic.Link, error) {
+	addr, err := localAddr(f.bind, peer)
+	if err != nil {
+		return nil, err
+	}
+	switch f.backend {
+	case "", "udp":
+		l, err := udp.Open(udp.Config{Addr: addr, Port: f.udpPort})
+		if err != nil {
+			return nil, fmt.Errorf("open UDP backend on %v: %w", addr, err)
+		}
+		return l, nil
+	case "afxdp":
+		ifc, err := udp.InterfaceOf(addr)
+		if err != nil {
+			return nil, fmt.Errorf("--bind %v: %w", addr, err)
+		}
+		if os.Geteuid() != 0 {
+			return nil, fmt.Errorf("--backend afxdp needs root (or CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW) to load its XDP program; run with sudo or use --backend udp")
+		}
+		l, err := afxdp.Open(afxdp.Config{Interface: ifc.Name, Addr: addr, Port: f.udpPort})
+		if err != nil {
+			return nil, fmt.Errorf("open AF_XDP backend on %s: %w", ifc.Name, err)
+		}
+		return l, nil
+	}
+	return nil, fmt.Errorf("unknown --backend %q: choose udp (portable) or afxdp (root, fast)", f.backend)
+}
+
+func localAddr(bind, peer string) (netip.Addr, error) {
+	if bind != "" {
+		a, err := netip.ParseAddr(bind)
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("--bind %q is not an IP address", bind)
+		}
+		if _, err := udp.InterfaceOf(a); err != nil {
+			return netip.Addr{}, fmt.Errorf("--bind %v: no local interface has this address", a)
+		}
+		return a, nil
+	}
+	if peer != "" {
+		// A connected UDP socket reveals the source address the kernel
+		// would use towards peer, without sending anything.
+		c, err := net.Dial("udp", net.JoinHostPort(peer, "4791"))
+		if err == nil {
+			defer c.Close()
+			if ap, err := netip.ParseAddrPort(c.LocalAddr().String()); err == nil {
+				return ap.Addr().Unmap(), nil
+			}
+		}
+	}
+	ifs, _ := net.InterfaceAddrs()
+	for _, a := range ifs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() && !p.Addr().IsLoopback() {
+			return p.Addr(), nil
+		}
+	}
+	return netip.Addr{}, errors.New("no local IPv4 address found: give one with --bind ADDR")
+}
