@@ -1,0 +1,454 @@
+// Package afxdp is the fast nic.Link: AF_XDP sockets fed by an XDP program,
+// both driven from Go (github.com/cilium/ebpf for the program,
+// golang.org/x/sys/unix for the sockets and their rings).
+//
+// The XDP program (written with cilium/ebpf's asm package, so building
+// needs no clang) redirects UDP packets to the RoCEv2 port into an XSKMAP
+// slot per receive queue and passes everything else to the kernel, so ARP,
+// NDP, ICMP and other traffic keep working. One AF_XDP socket is bound per
+// receive queue, each with its own UMEM and fill, completion, RX and TX
+// rings, need-wakeup, and multi-buffer (XDP_USE_SG) so that frames larger
+// than a UMEM frame (a 4096-byte RoCE MTU packet with its headers) work.
+//
+// The link writes the Ethernet, IP and UDP headers itself (IPv4: ID 0, DF,
+// TTL 64; UDP checksum 0 over IPv4, as rdma_rxe sends; computed over
+// IPv6, where zero is not allowed) and computes the ICRC over exactly those
+// headers. On receive it sees the real headers, so it verifies the whole
+// ICRC over IPv4 and IPv6 alike (nic.ICRCVerified). Next hops and their
+// MAC addresses come from the kernel's routing and neighbour tables
+// through netlink.
+//
+// Open needs root (or CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW), and must be
+// called in the network namespace of the interface; the link keeps working
+// from any goroutine afterwards.
+package afxdp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/nic"
+)
+
+// Mode is the XDP attach mode.
+type Mode int
+
+const (
+	// ModeAuto tries native (driver) mode and falls back to generic.
+	ModeAuto Mode = iota
+	// ModeNative attaches in the driver's receive path.
+	ModeNative
+	// ModeGeneric attaches after the kernel built an skb: slower, works
+	// on every interface.
+	ModeGeneric
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeNative:
+		return "native"
+	case ModeGeneric:
+		return "generic"
+	}
+	return "auto"
+}
+
+// ParseMode reads "auto", "native" (or "drv") and "generic" (or "skb").
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "", "auto":
+		return ModeAuto, nil
+	case "native", "drv", "driver":
+		return ModeNative, nil
+	case "generic", "skb":
+		return ModeGeneric, nil
+	}
+	return 0, fmt.Errorf("afxdp: unknown XDP mode %q (want auto, native or generic)", s)
+}
+
+// Config describes the link to open.
+type Config struct {
+	// Interface is the network interface's name.
+	Interface string
+	// Addr is the local address to use (default: the interface's first
+	// IPv4 address, and its first global IPv6 address as well).
+	Addr netip.Addr
+	// Port is the UDP port redirected to the sockets and used as the
+	// source port (0: 4791).
+	Port int
+	// Mode chooses the XDP attach mode.
+	Mode Mode
+	// ZeroCopy tries a zero-copy bind first (falls back to copy mode;
+	// veth only has copy mode).
+	ZeroCopy bool
+	// Queues is how many receive queues get a socket (0: all of the
+	// interface's RX queues).
+	Queues int
+	// Frames is the UMEM size per socket in frames (0: 4096); half
+	// receive, half transmit.
+	Frames int
+	// RingSize is the size of each ring (0: 2048; a power of two).
+	RingSize int
+	// Batch is what BatchSize reports (0: 64).
+	Batch int
+	// ResolveWait bounds how long a send waits for the kernel to resolve
+	// an unknown neighbour (0: 1s).
+	ResolveWait time.Duration
+}
+
+const frameSize = 4096 // the largest UMEM frame size on x86 (a page)
+
+// Link is an AF_XDP nic.Link.
+type Link struct {
+	ifname    string
+	ifindex   int
+	mac       [6]byte
+	mtu       int
+	port      uint16
+	addr4     netip.Addr
+	addr6     netip.Addr
+	addrs     []netip.Addr
+	batch     int
+	mode      Mode
+	frags     bool
+	prog      *ebpf.Program
+	xsks      *ebpf.Map
+	xdp       link.Link
+	socks     []*xsk
+	neigh     *neighbours
+	wakeFD    int // eventfd that unblocks Recv on Close
+	closed    atomic.Bool
+	closeOnce sync.Once
+
+	rxMu    sync.Mutex
+	pollFDs []unix.PollFd
+	rxNext  int      // socket to look at first, for fairness
+	rxDone  []uint64 // scratch: RX frames to give back
+	scratch []byte   // scratch for the rare IPv4 header with options
+
+	txMu sync.Mutex
+
+	rxPackets, txPackets atomic.Uint64
+	rxBytes, txBytes     atomic.Uint64
+	rxBad, rxMalformed   atomic.Uint64
+	rxTruncated          atomic.Uint64
+	txErrors             atomic.Uint64
+}
+
+var _ nic.RawSender = (*Link)(nil)
+
+// permErr adds what privileges are needed to a permission error.
+func permErr(err error) error {
+	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+		return fmt.Errorf("not permitted: run as root or with CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW: %w", err)
+	}
+	return err
+}
+
+// raiseMemlock lifts RLIMIT_MEMLOCK, which the UMEM is charged to unless
+// the process has CAP_IPC_LOCK (8 MiB by default here: less than one
+// socket's UMEM). BPF maps and programs are charged to the memory cgroup
+// on current kernels.
+func raiseMemlock() {
+	inf := unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY}
+	if unix.Setrlimit(unix.RLIMIT_MEMLOCK, &inf) == nil {
+		return
+	}
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl) == nil && rl.Cur < rl.Max {
+		rl.Cur = rl.Max
+		unix.Setrlimit(unix.RLIMIT_MEMLOCK, &rl)
+	}
+}
+
+// Open attaches the XDP program to the interface and binds the sockets.
+// Everything is torn down again if any step fails.
+func Open(cfg Config) (l *Link, err error) {
+	if cfg.Port == 0 {
+		cfg.Port = nic.RoCEv2Port
+	}
+	if cfg.Port < 1 || cfg.Port > 65535 {
+		return nil, fmt.Errorf("afxdp: bad port %d", cfg.Port)
+	}
+	if cfg.Frames == 0 {
+		cfg.Frames = 4096
+	}
+	if cfg.RingSize == 0 {
+		cfg.RingSize = 2048
+	}
+	if cfg.RingSize&(cfg.RingSize-1) != 0 || cfg.Frames < 4 {
+		return nil, fmt.Errorf("afxdp: ring size %d must be a power of two and frames (%d) at least 4", cfg.RingSize, cfg.Frames)
+	}
+	if cfg.Batch == 0 {
+		cfg.Batch = 64
+	}
+	if cfg.ResolveWait == 0 {
+		cfg.ResolveWait = time.Second
+	}
+	nl, err := netlink.LinkByName(cfg.Interface)
+	if err != nil {
+		return nil, fmt.Errorf("afxdp: no such interface %q: %w", cfg.Interface, err)
+	}
+	at := nl.Attrs()
+	if len(at.HardwareAddr) != 6 {
+		return nil, fmt.Errorf("afxdp: %s is not an Ethernet interface", cfg.Interface)
+	}
+	l = &Link{ifname: at.Name, ifindex: at.Index, mac: [6]byte(at.HardwareAddr), mtu: at.MTU,
+		port: uint16(cfg.Port), batch: cfg.Batch, mode: cfg.Mode, wakeFD: -1}
+	built := l
+	defer func() {
+		if err != nil {
+			built.teardown() // every return below sets err; l is nil by then
+		}
+	}()
+	if err := l.pickAddrs(nl, cfg.Addr); err != nil {
+		return nil, err
+	}
+	if max := 18*frameSize - 512; l.mtu+14 > max {
+		return nil, fmt.Errorf("afxdp: MTU %d of %s is too large for AF_XDP multi-buffer frames", l.mtu, l.ifname)
+	}
+	queues := cfg.Queues
+	if queues == 0 {
+		queues = max(at.NumRxQueues, 1)
+	}
+	raiseMemlock()
+
+	l.prog, l.xsks, l.frags, err = loadProgram(l.port, queues, xdpPass)
+	if err != nil {
+		return nil, fmt.Errorf("afxdp: %s: %w", l.ifname, err)
+	}
+	if err := l.attach(); err != nil {
+		return nil, err
+	}
+	for q := 0; q < queues; q++ {
+		x, err := newXSK(xskConfig{ifindex: l.ifindex, queue: q, frames: cfg.Frames, frameSize: frameSize,
+			ringSize: cfg.RingSize, zeroCopy: cfg.ZeroCopy})
+		if err != nil {
+			return nil, fmt.Errorf("afxdp: %s queue %d: %w", l.ifname, q, err)
+		}
+		l.socks = append(l.socks, x)
+		if err := l.xsks.Put(uint32(q), uint32(x.fd)); err != nil {
+			return nil, fmt.Errorf("afxdp: %s: insert queue %d socket into XSKMAP: %w", l.ifname, q, err)
+		}
+	}
+	l.wakeFD, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("afxdp: eventfd: %w", err)
+	}
+	for _, x := range l.socks {
+		l.pollFDs = append(l.pollFDs, unix.PollFd{Fd: int32(x.fd), Events: unix.POLLIN})
+	}
+	l.pollFDs = append(l.pollFDs, unix.PollFd{Fd: int32(l.wakeFD), Events: unix.POLLIN})
+	l.neigh, err = newNeighbours(l.ifindex, l.ifname, cfg.ResolveWait)
+	if err != nil {
+		return nil, fmt.Errorf("afxdp: %s: %w", l.ifname, err)
+	}
+	l.rxDone = make([]uint64, 0, cfg.RingSize)
+	l.scratch = make([]byte, 60+8+l.mtu)
+	return l, nil
+}
+
+func (l *Link) pickAddrs(nl netlink.Link, want netip.Addr) error {
+	as, err := netlink.AddrList(nl, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("afxdp: list addresses of %s: %w", l.ifname, err)
+	}
+	want = want.Unmap()
+	found := false
+	for _, a := range as {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		if want.IsValid() {
+			if ip == want {
+				found = true
+			}
+			continue
+		}
+		if ip.Is4() && !l.addr4.IsValid() {
+			l.addr4 = ip
+		}
+		if ip.Is6() && !ip.IsLinkLocalUnicast() && !l.addr6.IsValid() {
+			l.addr6 = ip
+		}
+	}
+	if want.IsValid() {
+		if !found {
+			return fmt.Errorf("afxdp: %v is not an address of %s", want, l.ifname)
+		}
+		if want.Is4() {
+			l.addr4 = want
+		} else {
+			l.addr6 = want
+		}
+	}
+	for _, a := range []netip.Addr{l.addr4, l.addr6} {
+		if a.IsValid() {
+			l.addrs = append(l.addrs, a)
+		}
+	}
+	if len(l.addrs) == 0 {
+		return fmt.Errorf("afxdp: %s has no IPv4 or global IPv6 address", l.ifname)
+	}
+	return nil
+}
+
+// attach links the program to the interface in the configured mode.
+func (l *Link) attach() error {
+	try := func(flags link.XDPAttachFlags, what string) error {
+		xl, err := link.AttachXDP(link.XDPOptions{Program: l.prog, Interface: l.ifindex, Flags: flags})
+		if err == nil {
+			l.xdp = xl
+			return nil
+		}
+		switch {
+		case errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES):
+			return fmt.Errorf("afxdp: attach XDP to %s: %w", l.ifname, permErr(err))
+		case errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EEXIST):
+			return fmt.Errorf("afxdp: attach XDP to %s: another XDP program is attached (see `ip link show dev %s`; remove it with `ip link set dev %s xdp off`): %w", l.ifname, l.ifname, l.ifname, err)
+		case errors.Is(err, unix.ERANGE) || (errors.Is(err, unix.EINVAL) && !l.frags && l.mtu > 3506):
+			return fmt.Errorf("afxdp: attach XDP to %s in %s mode: MTU %d is too large for this program type (frags-aware program: %v; lower the MTU or use generic mode): %w", l.ifname, what, l.mtu, l.frags, err)
+		}
+		return fmt.Errorf("afxdp: attach XDP to %s in %s mode: %w", l.ifname, what, err)
+	}
+	switch l.mode {
+	case ModeNative:
+		return try(link.XDPDriverMode, "native")
+	case ModeGeneric:
+		return try(link.XDPGenericMode, "generic")
+	}
+	errNative := try(link.XDPDriverMode, "native")
+	if errNative == nil {
+		l.mode = ModeNative
+		return nil
+	}
+	if err := try(link.XDPGenericMode, "generic"); err != nil {
+		return fmt.Errorf("%w (native mode: %v)", err, errNative)
+	}
+	l.mode = ModeGeneric
+	return nil
+}
+
+// teardown releases everything, in the reverse order of Open. The
+// program is detached first so that no packet is redirected to a socket
+// being closed.
+func (l *Link) teardown() {
+	if l.xdp != nil {
+		l.xdp.Close()
+		l.xdp = nil
+	}
+	for _, x := range l.socks {
+		x.close()
+	}
+	l.socks = nil
+	if l.xsks != nil {
+		l.xsks.Close()
+	}
+	if l.prog != nil {
+		l.prog.Close()
+	}
+	if l.neigh != nil {
+		l.neigh.close()
+	}
+	if l.wakeFD >= 0 {
+		unix.Close(l.wakeFD)
+		l.wakeFD = -1
+	}
+}
+
+// Close implements nic.Link: it unblocks Recv, detaches the XDP program
+// and closes the sockets.
+func (l *Link) Close() error {
+	err := net.ErrClosed
+	l.closeOnce.Do(func() {
+		l.closed.Store(true)
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		unix.Write(l.wakeFD, one[:])
+		l.rxMu.Lock()
+		l.txMu.Lock()
+		l.teardown()
+		l.txMu.Unlock()
+		l.rxMu.Unlock()
+		err = nil
+	})
+	return err
+}
+
+// Mode returns the XDP mode the program is attached in.
+func (l *Link) Mode() Mode { return l.mode }
+
+// ZeroCopy reports whether the sockets are bound in zero-copy mode.
+func (l *Link) ZeroCopy() bool { return len(l.socks) > 0 && l.socks[0].zeroCopy }
+
+// Frags reports whether the XDP program is frags-aware.
+func (l *Link) Frags() bool { return l.frags }
+
+// Interface returns the interface name.
+func (l *Link) Interface() string { return l.ifname }
+
+// Queues returns how many queues have a socket.
+func (l *Link) Queues() int { return len(l.socks) }
+
+// SocketStats returns the kernel's counters of each socket (drops, invalid
+// descriptors, full rings).
+func (l *Link) SocketStats() ([]Statistics, error) {
+	l.rxMu.Lock()
+	defer l.rxMu.Unlock()
+	var out []Statistics
+	for _, x := range l.socks {
+		s, err := x.stats()
+		if err != nil {
+			return nil, fmt.Errorf("afxdp: statistics of queue %d: %w", x.queue, err)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// MaxPacket is the largest RoCE packet (BTH through ICRC) the link sends
+// over IPv4 (IPv6 packets are 20 bytes smaller).
+func (l *Link) MaxPacket() int { return l.mtu - nic.Overhead(false) }
+
+// BatchSize implements nic.Link.
+func (l *Link) BatchSize() int { return l.batch }
+
+// MTU implements nic.Link.
+func (l *Link) MTU() int { return l.mtu }
+
+// Addrs implements nic.Link. The slice is shared: do not modify it.
+func (l *Link) Addrs() []netip.Addr { return l.addrs }
+
+// Stats implements nic.Link.
+func (l *Link) Stats() nic.Stats {
+	return nic.Stats{
+		RxPackets: l.rxPackets.Load(), TxPackets: l.txPackets.Load(),
+		RxBytes: l.rxBytes.Load(), TxBytes: l.txBytes.Load(),
+		RxICRCBad: l.rxBad.Load(), RxMalformed: l.rxMalformed.Load(),
+		RxTruncated: l.rxTruncated.Load(), TxErrors: l.txErrors.Load(),
+	}
+}
+
+// Resolve looks up (and if needed has the kernel resolve) the MAC address
+// of dst's next hop, so that a caller can report an unreachable peer when
+// it connects rather than on its first packet. Send does the same lazily.
+func (l *Link) Resolve(dst netip.Addr) error {
+	if l.closed.Load() {
+		return net.ErrClosed
+	}
+	_, err := l.neigh.lookup(dst.Unmap())
+	return err
+}

@@ -1,0 +1,5 @@
+package afxdp
+
+import "net"
+
+var netErrClosed = net.ErrClosed
