@@ -419,6 +419,18 @@ func (l *Link) SocketStats() ([]Statistics, error) {
 	return out, nil
 }
 
+// QueuePackets returns how many packets each queue's socket has taken off
+// its RX ring (delivered or dropped), to see how traffic spreads.
+func (l *Link) QueuePackets() []uint64 {
+	l.rxMu.Lock()
+	defer l.rxMu.Unlock()
+	out := make([]uint64, len(l.socks))
+	for i, x := range l.socks {
+		out[i] = x.rxPackets
+	}
+	return out
+}
+
 // MaxPacket is the largest RoCE packet (BTH through ICRC) the link sends
 // over IPv4 (IPv6 packets are 20 bytes smaller).
 func (l *Link) MaxPacket() int { return l.mtu - nic.Overhead(false) }

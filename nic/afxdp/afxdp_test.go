@@ -270,3 +270,71 @@ func TestAFXDPErrors(t *testing.T) {
 }
 
 func errClosed() error { return netErrClosed }
+
+// TestAFXDPMultiQueue: one socket per RX queue; flows from many source
+// ports spread over both queues of the veth and all arrive.
+func TestAFXDPMultiQueue(t *testing.T) {
+	v := netnstest.Pair(t, netnstest.VethConfig{MTU: 1500, Queues: 2})
+	a := openIn(t, v.A, Config{})
+	if a.Queues() != 2 {
+		t.Fatalf("%d queues", a.Queues())
+	}
+	const flows, per = 16, 20
+	var senders []*udp.Link
+	for i := 0; i < flows; i++ {
+		var l *udp.Link
+		v.B.NS.Run(t, func() (err error) {
+			l, err = udp.Open(udp.Config{Addr: v.B.Addr(), Port: 20000 + i})
+			return err
+		})
+		defer l.Close()
+		senders = append(senders, l)
+	}
+	done := make(chan int, 1)
+	go func() {
+		in := packets(64, 1500)
+		got := 0
+		for got < flows*per {
+			n, err := a.Recv(in)
+			if err != nil {
+				break
+			}
+			got += n
+		}
+		done <- got
+	}()
+	out := packets(per, 200)
+	for i := range out {
+		out[i].N = 200
+		fill(out[i].Buf, 200, uint32(i))
+		out[i].Remote = netip.AddrPortFrom(v.A.Addr(), 0)
+	}
+	for _, s := range senders {
+		if _, err := s.Send(out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case got := <-done:
+		if got != flows*per {
+			t.Fatalf("received %d of %d", got, flows*per)
+		}
+	case <-time.After(5 * time.Second):
+		a.Close()
+		t.Fatalf("received %d of %d", <-done, flows*per)
+	}
+	qp := a.QueuePackets()
+	t.Logf("packets per queue: %v", qp)
+	if qp[0] == 0 || qp[1] == 0 {
+		t.Errorf("traffic did not reach both queues: %v", qp)
+	}
+	st, err := a.SocketStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q, s := range st {
+		if s.Rx_dropped != 0 || s.Rx_invalid_descs != 0 {
+			t.Errorf("queue %d: %+v", q, s)
+		}
+	}
+}

@@ -347,6 +347,7 @@ func (l *Link) rxSock(x *xsk, pkts []nic.Packet) int {
 		if !complete {
 			break // the rest of the packet is not published yet
 		}
+		x.rxPackets++
 		if l.rxPacket(x, c, e, &pkts[k]) {
 			k++
 		}

@@ -43,6 +43,8 @@ type xsk struct {
 	txFree []uint64
 	// txOut counts TX frames handed to the kernel and not yet completed.
 	txOut int
+	// rxPackets counts packets taken off this socket's RX ring.
+	rxPackets uint64
 }
 
 type xskConfig struct {
