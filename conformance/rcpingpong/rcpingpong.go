@@ -72,6 +72,10 @@ type Config struct {
 	Check      bool   // -c: validate received buffers
 	RemotePort uint16 // peer's UDP port, when not 4791 (softroce-to-softroce tests)
 	Timeout    time.Duration
+	// Dial and Listen replace the net package's for the TCP exchange
+	// (e.g. to reach a peer inside a network namespace).
+	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	Listen func(network, addr string) (net.Listener, error)
 }
 
 func (c *Config) defaults() {
@@ -241,10 +245,13 @@ func exchange(ctx context.Context, cfg Config, local Dest, connect func(Dest) er
 	var conn net.Conn
 	var err error
 	if cfg.Server != "" {
-		var d net.Dialer
+		dial := cfg.Dial
+		if dial == nil {
+			dial = (&net.Dialer{}).DialContext
+		}
 		addr := net.JoinHostPort(cfg.Server, strconv.Itoa(cfg.Port))
 		for {
-			conn, err = d.DialContext(ctx, "tcp", addr)
+			conn, err = dial(ctx, "tcp", addr)
 			if err == nil || ctx.Err() != nil {
 				break
 			}
@@ -259,8 +266,11 @@ func exchange(ctx context.Context, cfg Config, local Dest, connect func(Dest) er
 			return Dest{}, fmt.Errorf("couldn't connect to %s: %w (is the pingpong server running?)", addr, err)
 		}
 	} else {
-		var lc net.ListenConfig
-		ln, err := lc.Listen(ctx, "tcp", ":"+strconv.Itoa(cfg.Port))
+		listen := cfg.Listen
+		if listen == nil {
+			listen = net.Listen
+		}
+		ln, err := listen("tcp", ":"+strconv.Itoa(cfg.Port))
 		if err != nil {
 			return Dest{}, fmt.Errorf("listen on TCP port %d: %w (choose another with -p)", cfg.Port, err)
 		}
