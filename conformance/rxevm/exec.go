@@ -24,19 +24,23 @@ type ExitError struct {
 
 func (e *ExitError) Error() string {
 	msg := strings.TrimSpace(e.Stderr)
+	if msg == "" {
+		msg = strings.TrimSpace(e.Stdout) // perftest reports errors on stdout
+	}
 	if len(msg) > 2000 {
-		msg = msg[len(msg)-2000:]
+		msg = "..." + msg[len(msg)-2000:]
 	}
 	return fmt.Sprintf("guest command %q exited with status %d: %s", e.Cmd, e.Code, msg)
 }
 
 // GuestProc is a command running in the guest, started by Start.
 type GuestProc struct {
-	vm   *VM
-	cmd  string
-	pid  int
-	conn net.Conn
-	done chan struct{}
+	vm    *VM
+	cmd   string
+	token string
+	pid   int
+	conn  net.Conn
+	done  chan struct{}
 
 	mu     sync.Mutex
 	code   int
@@ -75,7 +79,8 @@ func (vm *VM) Start(ctx context.Context, cmd string) (*GuestProc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rxevm: connect to guest command server: %w", err)
 	}
-	script := fmt.Sprintf(guestWrapper, shellQuote(cmd), randToken())
+	token := randToken()
+	script := fmt.Sprintf(guestWrapper, shellQuote(cmd), token)
 	if _, err := io.WriteString(c, script); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("rxevm: send command: %w", err)
@@ -102,7 +107,7 @@ func (vm *VM) Start(ctx context.Context, cmd string) (*GuestProc, error) {
 		return nil, fmt.Errorf("rxevm: start %q: bad reply %q", cmd, line)
 	}
 	c.SetReadDeadline(time.Time{})
-	p := &GuestProc{vm: vm, cmd: cmd, pid: pid, conn: c, done: make(chan struct{})}
+	p := &GuestProc{vm: vm, cmd: cmd, token: token, pid: pid, conn: c, done: make(chan struct{})}
 	go p.collect(br)
 	return p, nil
 }
@@ -179,6 +184,46 @@ func (p *GuestProc) Output() (stdout, stderr string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.stdout, p.stderr
+}
+
+// Peek returns the stdout and stderr the command has written so far (they
+// are kept in guest files until it exits).
+func (p *GuestProc) Peek(ctx context.Context) (stdout, stderr string, err error) {
+	select {
+	case <-p.done:
+		o, e := p.Output()
+		return o, e, nil
+	default:
+	}
+	out, err := p.vm.Run(ctx, fmt.Sprintf("cat /tmp/.sr-%[1]s.out; echo; echo %[1]s; cat /tmp/.sr-%[1]s.err", p.token))
+	if err != nil {
+		return "", "", err
+	}
+	o, e, ok := strings.Cut(out, "\n"+p.token+"\n")
+	if !ok {
+		return "", "", fmt.Errorf("rxevm: peek at %q: malformed reply", p.cmd)
+	}
+	return o, e, nil
+}
+
+// WaitListening waits until a guest process listens on TCP port (e.g. a
+// perftest or ibv_rc_pingpong server before its client starts).
+func (vm *VM) WaitListening(ctx context.Context, port int) error {
+	for {
+		out, err := vm.Run(ctx, "netstat -ltn")
+		if err != nil {
+			return fmt.Errorf("rxevm: wait for port %d: %w", port, err)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 4 && strings.HasSuffix(f[3], ":"+strconv.Itoa(port)) {
+				return nil
+			}
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return fmt.Errorf("rxevm: wait for port %d: %w", port, err)
+		}
+	}
 }
 
 // Kill sends SIGKILL to the command's whole process group and waits

@@ -129,9 +129,19 @@ func TestGuestStartKill(t *testing.T) {
 	vm := needVM(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, err := vm.Start(ctx, "sleep 1000 | cat")
+	p, err := vm.Start(ctx, "echo early; echo warn >&2; sleep 1000 | cat")
 	if err != nil {
 		t.Fatal(err)
+	}
+	var so, se string
+	for i := 0; i < 50 && so == ""; i++ {
+		if so, se, err = p.Peek(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if so != "early\n" || se != "warn\n" {
+		t.Fatalf("Peek = %q, %q; want the output written so far", so, se)
 	}
 	if err := p.Kill(); err != nil {
 		t.Fatal(err)
@@ -195,15 +205,11 @@ func TestWriteBWLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Kill() })
-	// The server needs a moment to listen on its TCP port.
-	var out string
-	for i := 0; ; i++ {
-		out, err = vm.Run(ctx, fmt.Sprintf("ib_write_bw %s %s", args, vm.GuestAddr()))
-		if err == nil || i == 10 || !strings.Contains(err.Error(), "Couldn't connect") {
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
+	// The server needs a moment to listen on its TCP port (18515).
+	if err := vm.WaitListening(ctx, 18515); err != nil {
+		t.Fatal(err)
 	}
+	out, err := vm.Run(ctx, fmt.Sprintf("ib_write_bw %s %s", args, vm.GuestAddr()))
 	if err != nil {
 		t.Fatalf("ib_write_bw client: %v", err)
 	}
