@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/conformance/agent"
 	"github.com/softroce/softroce/conformance/rxevm"
 )
 
@@ -32,7 +33,18 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "interop: build the rxe guest:", err)
 		return 1
 	}
-	vm, err = rxevm.Boot(ctx, img, rxevm.Options{MTU: 9000, Log: os.Stderr})
+	dir, err := os.MkdirTemp("", "softroce-agent-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "interop:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	bin, err := agent.Build(ctx, dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "interop: build the verbs agent:", err)
+		return 1
+	}
+	vm, err = rxevm.Boot(ctx, img, rxevm.Options{MTU: 9000, Log: os.Stderr, Files: []rxevm.File{agent.GuestFile(bin)}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "interop: boot the rxe guest:", err)
 		return 1
