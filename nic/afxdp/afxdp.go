@@ -11,8 +11,8 @@
 // than a UMEM frame (a 4096-byte RoCE MTU packet with its headers) work.
 //
 // The link writes the Ethernet, IP and UDP headers itself (IPv4: ID 0, DF,
-// TTL 64; UDP checksum 0 over IPv4, as rdma_rxe sends; computed over
-// IPv6, where zero is not allowed) and computes the ICRC over exactly those
+// TTL 64; a UDP checksum, which rdma_rxe omits over IPv4 but which lets a
+// kernel-UDP peer drop damaged packets) and computes the ICRC over exactly those
 // headers. On receive it sees the real headers, so it verifies the whole
 // ICRC over IPv4 and IPv6 alike (nic.ICRCVerified). Next hops and their
 // MAC addresses come from the kernel's routing and neighbour tables
@@ -102,6 +102,12 @@ type Config struct {
 	RingSize int
 	// Batch is what BatchSize reports (0: 64).
 	Batch int
+	// NoUDPChecksum sends IPv4 packets with UDP checksum 0, as rdma_rxe
+	// does, saving a pass over each packet. By default the checksum is
+	// computed so that a peer on kernel UDP sockets, which cannot verify
+	// an IPv4 ICRC, still has its kernel drop damaged packets. (IPv6
+	// always carries a checksum.)
+	NoUDPChecksum bool
 	// ResolveWait bounds how long a send waits for the kernel to resolve
 	// an unknown neighbour (0: 1s).
 	ResolveWait time.Duration
@@ -122,6 +128,7 @@ type Link struct {
 	batch     int
 	mode      Mode
 	frags     bool
+	udpCsum4  bool
 	prog      *ebpf.Program
 	xsks      *ebpf.Map
 	xdp       link.Link
@@ -205,7 +212,7 @@ func Open(cfg Config) (l *Link, err error) {
 		return nil, fmt.Errorf("afxdp: %s is not an Ethernet interface", cfg.Interface)
 	}
 	l = &Link{ifname: at.Name, ifindex: at.Index, mac: [6]byte(at.HardwareAddr), mtu: at.MTU,
-		port: uint16(cfg.Port), batch: cfg.Batch, mode: cfg.Mode, wakeFD: -1}
+		port: uint16(cfg.Port), batch: cfg.Batch, mode: cfg.Mode, wakeFD: -1, udpCsum4: !cfg.NoUDPChecksum}
 	built := l
 	defer func() {
 		if err != nil {

@@ -164,11 +164,16 @@ func TestAFXDPBothEnds(t *testing.T) {
 }
 
 func TestAFXDPWithUDP(t *testing.T) {
+	t.Run("checksum", func(t *testing.T) { testWithUDP(t, false) })
+	t.Run("no-checksum", func(t *testing.T) { testWithUDP(t, true) })
+}
+
+func testWithUDP(t *testing.T, noCsum bool) {
 	v := netnstest.Pair(t, netnstest.VethConfig{MTU: 9000})
-	a := openIn(t, v.A, Config{})
+	a := openIn(t, v.A, Config{NoUDPChecksum: noCsum})
 	b := openUDPIn(t, v.B)
 	// afxdp -> kernel UDP: the kernel accepts the frames (IPv4 header
-	// checksum, lengths); the UDP link cannot see the IPv4 ID.
+	// checksum, UDP checksum, lengths); the UDP link cannot see the IPv4 ID.
 	transfer(t, a, b, v.B.Addr(), nic.ICRCUnverified, b.MaxPacket())
 	// kernel UDP -> afxdp: the ICRC that nic/udp computed for ID 0 is
 	// verified over the real header the kernel sent.

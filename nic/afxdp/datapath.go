@@ -242,9 +242,13 @@ func (l *Link) writeHeaders(b []byte, mac [6]byte, src, dst netip.Addr, sport, d
 		binary.BigEndian.PutUint16(u[0:], sport)
 		binary.BigEndian.PutUint16(u[2:], dport)
 		binary.BigEndian.PutUint16(u[4:], uint16(ulen))
-		// Checksum 0 (none), as rdma_rxe sends: the ICRC protects the
-		// payload.
 		u[6], u[7] = 0, 0
+		if l.udpCsum4 {
+			// rdma_rxe sends 0 (none) and relies on the ICRC, but a peer
+			// on kernel UDP sockets cannot check an IPv4 ICRC (nic/udp):
+			// a real checksum lets its kernel drop damaged packets.
+			binary.BigEndian.PutUint16(u[6:], udpChecksum(ip[12:20], u[:udpLen], roce))
+		}
 		return ethLen + ipv4Len + udpLen
 	}
 	binary.BigEndian.PutUint16(b[12:], unix.ETH_P_IPV6)
@@ -261,17 +265,24 @@ func (l *Link) writeHeaders(b []byte, mac [6]byte, src, dst netip.Addr, sport, d
 	binary.BigEndian.PutUint16(u[4:], uint16(ulen))
 	u[6], u[7] = 0, 0
 	// IPv6 forbids a zero UDP checksum (RFC 8200 8.1): a kernel UDP
-	// socket peer would drop the packet. Pseudo-header + header + payload.
-	c := sum(0, ip[8:40])
-	c += uint64(ulen) + unix.IPPROTO_UDP
-	c = sum(c, u[:udpLen])
-	c = sum(c, roce)
+	// socket peer would drop the packet.
+	binary.BigEndian.PutUint16(u[6:], udpChecksum(ip[8:40], u[:udpLen], roce))
+	return ethLen + ipv6Len + udpLen
+}
+
+// udpChecksum computes the UDP checksum over the pseudo-header (source and
+// destination addresses, protocol, length), the header (checksum field 0)
+// and the payload.
+func udpChecksum(addrs, udpHdr, payload []byte) uint16 {
+	c := sum(0, addrs)
+	c += uint64(len(udpHdr)+len(payload)) + unix.IPPROTO_UDP
+	c = sum(c, udpHdr)
+	c = sum(c, payload)
 	cs := ^fold(c)
 	if cs == 0 {
-		cs = 0xffff
+		cs = 0xffff // 0 means "no checksum"
 	}
-	binary.BigEndian.PutUint16(u[6:], cs)
-	return ethLen + ipv6Len + udpLen
+	return cs
 }
 
 // sum adds b to a ones'-complement accumulator as big-endian 16-bit words.
