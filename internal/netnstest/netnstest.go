@@ -139,6 +139,7 @@ type End struct {
 	Name  string
 	Index int
 	MAC   net.HardwareAddr
+	MTU   int
 	// Prefix is the end's address and subnet (zero when Bare).
 	Prefix netip.Prefix
 }
@@ -158,9 +159,10 @@ type VethConfig struct {
 	Queues int // RX and TX queues per end (AF_XDP binds one socket per RX queue)
 	// AddrA and AddrB override the automatic addresses.
 	AddrA, AddrB netip.Prefix
-	// Bare leaves both ends without IP addresses (for a relay in the
-	// middle that forwards frames between two veths).
-	Bare bool
+	// Bare leaves both ends without IP addresses; BareA and BareB only
+	// one end (the end in the middle namespace of a relay, which forwards
+	// frames between two veths).
+	Bare, BareA, BareB bool
 	// KeepTxChecksum leaves TX checksum offload on. By default it is
 	// turned off: with it on, the kernel leaves UDP checksums partial on
 	// a veth, which AF_PACKET and AF_XDP readers see as wrong.
@@ -186,8 +188,12 @@ func Connect(t testing.TB, a, b *NS, cfg VethConfig) *Veth {
 		if !cfg.AddrB.IsValid() {
 			cfg.AddrB = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 77, sub, 2}), 24)
 		}
-	} else {
-		cfg.AddrA, cfg.AddrB = netip.Prefix{}, netip.Prefix{}
+	}
+	if cfg.Bare || cfg.BareA {
+		cfg.AddrA = netip.Prefix{}
+	}
+	if cfg.Bare || cfg.BareB {
+		cfg.AddrB = netip.Prefix{}
 	}
 	v := &Veth{
 		A: &End{NS: a, Name: fmt.Sprintf("sr%da", k), Prefix: cfg.AddrA},
@@ -251,7 +257,7 @@ func (e *End) setUp(txOff bool) error {
 	if err != nil {
 		return err
 	}
-	e.Index, e.MAC = l.Attrs().Index, l.Attrs().HardwareAddr
+	e.Index, e.MAC, e.MTU = l.Attrs().Index, l.Attrs().HardwareAddr, l.Attrs().MTU
 	return nil
 }
 

@@ -365,7 +365,7 @@ func (w *Link) send(pkts []nic.Packet, raw bool) (int, error) {
 			p.Buf[pos] ^= flip
 			pktRaw = true
 		}
-		if reorder && !w.held.ok {
+		if reorder && !w.held.ok && p.N <= len(w.held.data) {
 			w.c.reordered.Add(1)
 			w.hold(p, pktRaw)
 			continue
