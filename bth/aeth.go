@@ -44,9 +44,14 @@ func (s Syndrome) Type() uint8 { return uint8(s) >> 5 }
 // Value is the low five bits.
 func (s Syndrome) Value() uint8 { return uint8(s) & 0x1f }
 
-func (s Syndrome) IsACK() bool    { return s.Type() == SynACK }
+// IsACK reports an ACK syndrome (type 000).
+func (s Syndrome) IsACK() bool { return s.Type() == SynACK }
+
+// IsRNRNAK reports a receiver-not-ready NAK (type 001).
 func (s Syndrome) IsRNRNAK() bool { return s.Type() == SynRNRNAK }
-func (s Syndrome) IsNAK() bool    { return s.Type() == SynNAK }
+
+// IsNAK reports a NAK (type 011); Value is the NAK code.
+func (s Syndrome) IsNAK() bool { return s.Type() == SynNAK }
 
 var creditTable = [31]int{0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
 	1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768}

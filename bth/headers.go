@@ -11,28 +11,63 @@ var be = binary.BigEndian
 // BTH is a view of the 12-byte Base Transport Header (IBTA §9.2).
 type BTH []byte
 
-func (b BTH) Opcode() Opcode     { return Opcode(b[0]) }
-func (b BTH) SE() bool           { return b[1]&0x80 != 0 }
-func (b BTH) MigReq() bool       { return b[1]&0x40 != 0 }
-func (b BTH) PadCnt() int        { return int(b[1]>>4) & 3 }
-func (b BTH) TVer() uint8        { return b[1] & 0x0f }
-func (b BTH) PKey() uint16       { return be.Uint16(b[2:]) }
-func (b BTH) FECN() bool         { return b[4]&0x80 != 0 }
-func (b BTH) BECN() bool         { return b[4]&0x40 != 0 }
-func (b BTH) Resv8a() uint8      { return b[4] }
-func (b BTH) DestQP() uint32     { return be.Uint32(b[4:]) & 0xffffff }
-func (b BTH) AckReq() bool       { return b[8]&0x80 != 0 }
-func (b BTH) PSN() uint32        { return be.Uint32(b[8:]) & 0xffffff }
+// Opcode is byte 0: transport (bits 7-5) and operation.
+func (b BTH) Opcode() Opcode { return Opcode(b[0]) }
+
+// SE is the Solicited Event bit.
+func (b BTH) SE() bool { return b[1]&0x80 != 0 }
+
+// MigReq is the migration-request bit (path migration state).
+func (b BTH) MigReq() bool { return b[1]&0x40 != 0 }
+
+// PadCnt is the number of pad bytes (0-3) after the payload.
+func (b BTH) PadCnt() int { return int(b[1]>>4) & 3 }
+
+// TVer is the transport header version; receivers drop TVer != 0.
+func (b BTH) TVer() uint8 { return b[1] & 0x0f }
+
+// PKey is the partition key.
+func (b BTH) PKey() uint16 { return be.Uint16(b[2:]) }
+
+// FECN is the forward ECN bit (byte 4, bit 7).
+func (b BTH) FECN() bool { return b[4]&0x80 != 0 }
+
+// BECN is the backward ECN bit (byte 4, bit 6).
+func (b BTH) BECN() bool { return b[4]&0x40 != 0 }
+
+// Resv8a returns byte 4 whole (FECN, BECN, 6 reserved bits): the byte the ICRC covers as ones.
+func (b BTH) Resv8a() uint8 { return b[4] }
+
+// DestQP is the 24-bit destination queue pair number.
+func (b BTH) DestQP() uint32 { return be.Uint32(b[4:]) & 0xffffff }
+
+// AckReq asks the responder for an acknowledgement.
+func (b BTH) AckReq() bool { return b[8]&0x80 != 0 }
+
+// PSN is the 24-bit packet sequence number.
+func (b BTH) PSN() uint32 { return be.Uint32(b[8:]) & 0xffffff }
+
+// SetOpcode writes byte 0.
 func (b BTH) SetOpcode(o Opcode) { b[0] = byte(o) }
+
+// SetPSN writes the 24-bit PSN, keeping AckReq.
 func (b BTH) SetPSN(psn uint32) {
 	b[9], b[10], b[11] = byte(psn>>16), byte(psn>>8), byte(psn)
 }
+
+// SetDestQP writes the 24-bit destination QP, keeping FECN/BECN.
 func (b BTH) SetDestQP(qp uint32) {
 	b[5], b[6], b[7] = byte(qp>>16), byte(qp>>8), byte(qp)
 }
+
+// SetAckReq sets or clears AckReq.
 func (b BTH) SetAckReq(v bool) { b[8] = setBit(b[8], 0x80, v) }
-func (b BTH) SetSE(v bool)     { b[1] = setBit(b[1], 0x80, v) }
-func (b BTH) SetPadCnt(n int)  { b[1] = b[1]&^0x30 | byte(n&3)<<4 }
+
+// SetSE sets or clears the Solicited Event bit.
+func (b BTH) SetSE(v bool) { b[1] = setBit(b[1], 0x80, v) }
+
+// SetPadCnt writes PadCnt (n & 3).
+func (b BTH) SetPadCnt(n int) { b[1] = b[1]&^0x30 | byte(n&3)<<4 }
 
 func setBit(x, m byte, v bool) byte {
 	if v {
@@ -77,9 +112,16 @@ func (b BTH) Fields() BTHFields {
 // RETH is a view of the RDMA Extended Transport Header (16 bytes).
 type RETH []byte
 
-func (h RETH) VA() uint64     { return be.Uint64(h[0:]) }
-func (h RETH) RKey() uint32   { return be.Uint32(h[8:]) }
+// VA is the remote virtual address.
+func (h RETH) VA() uint64 { return be.Uint64(h[0:]) }
+
+// RKey is the remote key of the memory region.
+func (h RETH) RKey() uint32 { return be.Uint32(h[8:]) }
+
+// DMALen is the length of the whole RDMA operation in bytes.
 func (h RETH) DMALen() uint32 { return be.Uint32(h[12:]) }
+
+// Encode writes the RETH fields.
 func (h RETH) Encode(va uint64, rkey, length uint32) {
 	be.PutUint64(h[0:], va)
 	be.PutUint32(h[8:], rkey)
@@ -90,8 +132,13 @@ func (h RETH) Encode(va uint64, rkey, length uint32) {
 // syndrome and a 24-bit MSN (IBTA §9.3.5).
 type AETH []byte
 
+// Syndrome is the ACK/NAK syndrome byte.
 func (h AETH) Syndrome() Syndrome { return Syndrome(h[0]) }
-func (h AETH) MSN() uint32        { return be.Uint32(h[0:]) & 0xffffff }
+
+// MSN is the 24-bit message sequence number.
+func (h AETH) MSN() uint32 { return be.Uint32(h[0:]) & 0xffffff }
+
+// Encode writes syndrome and MSN.
 func (h AETH) Encode(s Syndrome, msn uint32) {
 	be.PutUint32(h[0:], msn&0xffffff)
 	h[0] = byte(s)
@@ -100,10 +147,19 @@ func (h AETH) Encode(s Syndrome, msn uint32) {
 // AtomicETH is a view of the Atomic Extended Transport Header (28 bytes).
 type AtomicETH []byte
 
-func (h AtomicETH) VA() uint64      { return be.Uint64(h[0:]) }
-func (h AtomicETH) RKey() uint32    { return be.Uint32(h[8:]) }
+// VA is the remote address of the 8-byte operand.
+func (h AtomicETH) VA() uint64 { return be.Uint64(h[0:]) }
+
+// RKey is the remote key.
+func (h AtomicETH) RKey() uint32 { return be.Uint32(h[8:]) }
+
+// SwapAdd is the swap value (COMPARE_SWAP) or addend (FETCH_ADD).
 func (h AtomicETH) SwapAdd() uint64 { return be.Uint64(h[12:]) }
+
+// Compare is the compare value of COMPARE_SWAP.
 func (h AtomicETH) Compare() uint64 { return be.Uint64(h[20:]) }
+
+// Encode writes the AtomicETH fields.
 func (h AtomicETH) Encode(va uint64, rkey uint32, swapAdd, compare uint64) {
 	be.PutUint64(h[0:], va)
 	be.PutUint32(h[8:], rkey)
@@ -114,27 +170,41 @@ func (h AtomicETH) Encode(va uint64, rkey uint32, swapAdd, compare uint64) {
 // AtomicAckETH is a view of the Atomic ACK Extended Transport Header (8 bytes).
 type AtomicAckETH []byte
 
-func (h AtomicAckETH) Orig() uint64       { return be.Uint64(h) }
+// Orig is the remote value before the atomic operation.
+func (h AtomicAckETH) Orig() uint64 { return be.Uint64(h) }
+
+// Encode writes the original value.
 func (h AtomicAckETH) Encode(orig uint64) { be.PutUint64(h, orig) }
 
 // ImmDt is a view of the 4-byte immediate data. The value is opaque; it is
 // returned in network byte order as read from the wire.
 type ImmDt []byte
 
-func (h ImmDt) Imm() uint32       { return be.Uint32(h) }
+// Imm returns the immediate data.
+func (h ImmDt) Imm() uint32 { return be.Uint32(h) }
+
+// Encode writes the immediate data.
 func (h ImmDt) Encode(imm uint32) { be.PutUint32(h, imm) }
 
 // IETH is a view of the Invalidate Extended Transport Header (4 bytes).
 type IETH []byte
 
-func (h IETH) RKey() uint32       { return be.Uint32(h) }
+// RKey is the remote key to invalidate.
+func (h IETH) RKey() uint32 { return be.Uint32(h) }
+
+// Encode writes the key to invalidate.
 func (h IETH) Encode(rkey uint32) { be.PutUint32(h, rkey) }
 
 // DETH is a view of the Datagram Extended Transport Header (8 bytes).
 type DETH []byte
 
-func (h DETH) QKey() uint32  { return be.Uint32(h[0:]) }
+// QKey is the queue key the receiver checks.
+func (h DETH) QKey() uint32 { return be.Uint32(h[0:]) }
+
+// SrcQP is the sender's 24-bit QP number.
 func (h DETH) SrcQP() uint32 { return be.Uint32(h[4:]) & 0xffffff }
+
+// Encode writes Q_Key and source QP (the byte between them is reserved).
 func (h DETH) Encode(qkey, srcQP uint32) {
 	be.PutUint32(h[0:], qkey)
 	be.PutUint32(h[4:], srcQP&0xffffff)
@@ -143,21 +213,32 @@ func (h DETH) Encode(qkey, srcQP uint32) {
 // RDETH is a view of the Reliable Datagram Extended Transport Header (4 bytes).
 type RDETH []byte
 
+// EEContext is the 24-bit end-to-end context.
 func (h RDETH) EEContext() uint32 { return be.Uint32(h) & 0xffffff }
-func (h RDETH) Encode(ee uint32)  { be.PutUint32(h, ee&0xffffff) }
+
+// Encode writes the EE context.
+func (h RDETH) Encode(ee uint32) { be.PutUint32(h, ee&0xffffff) }
 
 // XRCETH is a view of the XRC Extended Transport Header (4 bytes).
 type XRCETH []byte
 
-func (h XRCETH) XRCSRQ() uint32    { return be.Uint32(h) & 0xffffff }
+// XRCSRQ is the 24-bit XRC shared receive queue number.
+func (h XRCETH) XRCSRQ() uint32 { return be.Uint32(h) & 0xffffff }
+
+// Encode writes the XRC SRQ number.
 func (h XRCETH) Encode(srq uint32) { be.PutUint32(h, srq&0xffffff) }
 
 // FETH is a view of the FLUSH Extended Transport Header (4 bytes, IBTA 1.5
 // annex A19): placement type in bits 3-0, selectivity level in bits 5-4.
 type FETH []byte
 
+// PlacementType is the FLUSH placement type (bits 3-0).
 func (h FETH) PlacementType() uint8 { return h[3] & 0x0f }
-func (h FETH) Selectivity() uint8   { return h[3] >> 4 & 3 }
+
+// Selectivity is the FLUSH selectivity level (bits 5-4).
+func (h FETH) Selectivity() uint8 { return h[3] >> 4 & 3 }
+
+// Encode writes placement type and selectivity level.
 func (h FETH) Encode(placement, selectivity uint8) {
 	be.PutUint32(h, uint32(placement&0x0f)|uint32(selectivity&3)<<4)
 }

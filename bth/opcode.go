@@ -22,6 +22,7 @@ const (
 
 var transportNames = [8]string{"RC", "UC", "RD", "UD", "CNP", "XRC", "VENDOR", "VENDOR"}
 
+// String names the transport ("RC", "UC", "RD", "UD", "CNP", "XRC", "VENDOR").
 func (t Transport) String() string { return transportNames[t&7] }
 
 // Operation is what an opcode does, independent of transport and position.
@@ -47,6 +48,7 @@ const (
 var operationNames = [...]string{"RESERVED", "SEND", "RDMA_WRITE", "RDMA_READ_REQUEST", "RDMA_READ_RESPONSE",
 	"ACKNOWLEDGE", "ATOMIC_ACKNOWLEDGE", "COMPARE_SWAP", "FETCH_ADD", "RESYNC", "FLUSH", "ATOMIC_WRITE", "CNP", "VENDOR"}
 
+// String names the operation as in the opcode names ("RDMA_WRITE").
 func (o Operation) String() string {
 	if int(o) < len(operationNames) {
 		return operationNames[o]
@@ -67,7 +69,13 @@ const (
 
 var positionNames = [...]string{"", "FIRST", "MIDDLE", "LAST", "ONLY"}
 
-func (p Position) String() string { return positionNames[p] }
+// String names the position ("FIRST", ...; empty for PosNone).
+func (p Position) String() string {
+	if int(p) < len(positionNames) {
+		return positionNames[p]
+	}
+	return fmt.Sprintf("Position(%d)", uint8(p))
+}
 
 // Header is a set of extended transport headers, as a bit mask.
 type Header uint16
@@ -115,6 +123,7 @@ func (h Header) Len() int {
 	return n
 }
 
+// String lists the headers in wire order joined by "+", or "-" for none.
 func (h Header) String() string {
 	s := ""
 	for _, e := range headerOrder {

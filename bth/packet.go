@@ -40,6 +40,7 @@ const (
 var errKindNames = map[ErrKind]string{ErrShort: "short packet", ErrReservedOpcode: "reserved opcode",
 	ErrMissingHeader: "missing extended header", ErrPadCnt: "PadCnt exceeds payload", ErrPayloadLen: "bad payload length"}
 
+// String describes the kind.
 func (k ErrKind) String() string { return errKindNames[k] }
 
 // ParseError is the typed error returned for malformed input. Match the
@@ -50,6 +51,7 @@ type ParseError struct {
 	Detail string
 }
 
+// Error describes the malformed packet with its opcode.
 func (e *ParseError) Error() string {
 	return fmt.Sprintf("bth: %s (opcode 0x%02x %s): %s", e.Kind, uint8(e.Opcode), e.Opcode, e.Detail)
 }

@@ -42,6 +42,7 @@ const (
 	KindRoCEv1                     // Ethernet (0x8915) | GRH | BTH
 )
 
+// String returns "RoCEv2" or "RoCEv1".
 func (k Kind) String() string {
 	switch k {
 	case KindRoCEv2IPv4, KindRoCEv2IPv6:
@@ -62,6 +63,7 @@ const (
 	StatusTruncated                   // the capture ends before the ICRC: nothing to check
 )
 
+// String returns "ok", "bad" or "truncated", the words inspect prints.
 func (s Status) String() string {
 	switch s {
 	case StatusOK:
@@ -111,6 +113,7 @@ type FrameError struct {
 	Truncated bool
 }
 
+// Error names the header, its offset and what is wrong.
 func (e *FrameError) Error() string {
 	return fmt.Sprintf("icrc: %s header at offset %d: %s", e.Step, e.Offset, e.Detail)
 }

@@ -22,6 +22,7 @@ type Field struct {
 	Value      string
 }
 
+// String renders "[start:end] name = value", with the mask for bit fields.
 func (f Field) String() string {
 	if f.Mask != 0 {
 		return fmt.Sprintf("[%d:%d] %s = %s (mask 0x%0*x)", f.Start, f.End, f.Name, f.Value, 2*(f.End-f.Start), f.Mask)
