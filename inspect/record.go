@@ -28,7 +28,8 @@ import (
 // the capture fields set. Optional headers are nil when the opcode does not
 // carry them.
 type Record struct {
-	Frame     int       `json:"frame"` // 1-based position in its file
+	File      string    `json:"file,omitempty"` // set by callers that read several files
+	Frame     int       `json:"frame"`          // 1-based position in its file
 	Time      time.Time `json:"time"`
 	CapLen    int       `json:"cap_len"`  // bytes captured
 	WireLen   int       `json:"wire_len"` // bytes on the wire
@@ -39,8 +40,8 @@ type Record struct {
 	VLAN      []uint16   `json:"vlan,omitempty"`
 	Src       netip.Addr `json:"src"` // IP source, or source GID for RoCEv1
 	Dst       netip.Addr `json:"dst"`
-	SrcPort   uint16     `json:"src_port,omitempty"`
-	DstPort   uint16     `json:"dst_port,omitempty"`
+	SrcPort   uint16     `json:"src_port"` // 0 for RoCEv1
+	DstPort   uint16     `json:"dst_port"`
 
 	Opcode     uint8  `json:"opcode"`
 	OpcodeName string `json:"opcode_name"`

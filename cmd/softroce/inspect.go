@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -29,6 +30,9 @@ func runInspect(args []string) int {
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
 	if fs.NArg() == 0 {
@@ -38,10 +42,17 @@ func runInspect(args []string) int {
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
 	code := 0
+	several := fs.NArg() > 1
 	for _, path := range fs.Args() {
 		z := inspect.NewSummarizer(path)
 		bad := 0
+		if several && !*asJSON {
+			fmt.Fprintf(out, "# %s\n", path)
+		}
 		err := inspect.Walk(path, func(r *inspect.Record) error {
+			if several {
+				r.File = path
+			}
 			z.Add(r)
 			if r.Bad() {
 				bad++
@@ -52,11 +63,14 @@ func runInspect(args []string) int {
 			return inspect.WriteText(out, r, *verbose)
 		})
 		s := z.Summary()
-		if *asJSON {
+		switch {
+		case err != nil && s.Frames == 0:
+			// Nothing was read: the error alone says it.
+		case *asJSON:
 			if werr := inspect.WriteJSONSummary(out, &s); werr != nil && err == nil {
 				err = werr
 			}
-		} else if !*noSummary {
+		case !*noSummary:
 			if werr := inspect.WriteSummary(out, &s); werr != nil && err == nil {
 				err = werr
 			}
