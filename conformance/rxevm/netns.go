@@ -52,49 +52,29 @@ func inNetns(ns netns.NsHandle, fn func() error) error {
 }
 
 // createNetns creates the named namespace with lo up and the tap device
-// addressed, up and at the given MTU, leaving the calling thread where it
-// was.
-func createNetns(name string, mtu int) (netns.NsHandle, error) {
-	type result struct {
-		ns  netns.NsHandle
-		err error
+// addressed, up and at the given MTU.
+//
+// The namespace is made by `ip netns add`, not netns.NewNamed: iproute2
+// first turns /run/netns into a shared bind mount of itself, and when a
+// later `ip netns add` (from anyone) does that after another tool bind-mounted
+// a namespace file into the plain directory, that namespace's mount is
+// shadowed and can no longer be unmounted or removed by name.
+func createNetns(ctx context.Context, name string, mtu int) (netns.NsHandle, error) {
+	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", name).CombinedOutput(); err != nil {
+		return -1, fmt.Errorf("create netns %s: %w: %s", name, err, strings.TrimSpace(string(out)))
 	}
-	rc := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
+	ns, err := netns.GetFromName(name)
+	if err == nil {
+		err = inNetns(ns, func() error { return setupLinks(mtu) })
 		if err != nil {
-			rc <- result{-1, fmt.Errorf("get current netns: %w", err)}
-			return
+			ns.Close()
 		}
-		defer orig.Close()
-		ns, err := netns.NewNamed(name) // also switches this thread into it
-		if err != nil {
-			netns.Set(orig)
-			runtime.UnlockOSThread()
-			rc <- result{-1, fmt.Errorf("create netns %s: %w", name, err)}
-			return
-		}
-		err = setupLinks(mtu)
-		if serr := netns.Set(orig); serr != nil {
-			rc <- result{ns, errors.Join(err, fmt.Errorf("leave netns: %w", serr))}
-			return
-		}
-		runtime.UnlockOSThread()
-		if err != nil {
-			err = fmt.Errorf("set up netns %s: %w", name, err)
-		}
-		rc <- result{ns, err}
-	}()
-	r := <-rc
-	if r.err != nil {
-		if r.ns >= 0 {
-			r.ns.Close()
-		}
-		netns.DeleteNamed(name)
-		return -1, r.err
 	}
-	return r.ns, nil
+	if err != nil {
+		deleteNamed(name)
+		return -1, fmt.Errorf("set up netns %s: %w", name, err)
+	}
+	return ns, nil
 }
 
 // setupLinks runs inside the new namespace.
@@ -209,7 +189,10 @@ func SweepStale() (int, error) {
 			continue
 		}
 		killNetnsProcs(filepath.Join(netnsDir, e.Name()))
-		if err := netns.DeleteNamed(e.Name()); err != nil {
+		if err := deleteNamed(e.Name()); err != nil {
+			if errors.Is(err, errShadowed) {
+				continue // nothing anyone can do by name; it holds no process
+			}
 			errs = append(errs, fmt.Errorf("delete stale netns %s: %w", e.Name(), err))
 			continue
 		}
@@ -224,6 +207,28 @@ func SweepStale() (int, error) {
 	}
 	return n, errors.Join(errs...)
 }
+
+// deleteNamed removes a named namespace: detach its bind mount and remove
+// the file. A file that is no longer a mount point (its mount was detached
+// but the file not removed) is removed all the same.
+func deleteNamed(name string) error {
+	p := filepath.Join(netnsDir, name)
+	uerr := unix.Unmount(p, unix.MNT_DETACH)
+	if uerr != nil && !errors.Is(uerr, unix.EINVAL) {
+		return fmt.Errorf("unmount %s: %w", p, uerr)
+	}
+	if err := os.Remove(p); err != nil {
+		if uerr != nil && errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("remove %s: %w", p, errShadowed)
+		}
+		return fmt.Errorf("remove %s: %w", p, err)
+	}
+	return nil
+}
+
+// errShadowed is a namespace file whose mount lies under a later bind mount
+// of /run/netns (see createNetns).
+var errShadowed = errors.New("namespace mount shadowed by a later bind mount of " + netnsDir)
 
 // ownerPid extracts the pid from NetnsPrefix<pid>-<rest>.
 func ownerPid(name string) (int, bool) {

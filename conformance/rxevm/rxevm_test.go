@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -85,13 +84,7 @@ func buildStatic(ctx context.Context, dir string) (string, error) {
 		return "", err
 	}
 	bin := filepath.Join(dir, "static-hello")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
-	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build static test binary: %w: %s", err, out)
-	}
-	return bin, nil
+	return bin, BuildStaticGo(ctx, src, ".", bin)
 }
 
 func needVM(t *testing.T) *VM {
@@ -298,5 +291,32 @@ func TestHostSide(t *testing.T) {
 	}
 	if !strings.Contains(vm.ConsoleLog(), "softroce-guest: ready") {
 		t.Errorf("console log lacks the ready line:\n%s", vm.ConsoleLog())
+	}
+}
+
+func TestRCPingpongLoopback(t *testing.T) {
+	vm := needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// ibv_rc_pingpong in event mode (busy polling would starve the one
+	// emulated CPU), GID index 1 (mandatory on RoCE), 4 KiB at MTU 4096.
+	const args = "-d rxe0 -g 1 -e -n 20 -s 4096 -m 4096"
+	srv, err := vm.Start(ctx, "ibv_rc_pingpong "+args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Kill() })
+	if err := vm.WaitListening(ctx, 18515); err != nil {
+		t.Fatal(err)
+	}
+	out, err := vm.Run(ctx, "ibv_rc_pingpong "+args+" "+vm.GuestAddr().String())
+	if err != nil {
+		t.Fatalf("ibv_rc_pingpong client: %v", err)
+	}
+	if !strings.Contains(out, "163840 bytes in") || !strings.Contains(out, "20 iters in") {
+		t.Fatalf("client output: %q", out)
+	}
+	if _, err := srv.Wait(ctx); err != nil {
+		t.Fatalf("ibv_rc_pingpong server: %v", err)
 	}
 }

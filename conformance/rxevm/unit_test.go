@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // readNewc parses a newc cpio stream (the test's own reader, independent
@@ -221,5 +222,51 @@ func TestResolveIn(t *testing.T) {
 	must(os.Symlink("loop", filepath.Join(root, "loop")))
 	if _, err := resolveIn(root, filepath.Join(root, "loop")); err == nil {
 		t.Fatal("symlink loop resolved")
+	}
+}
+
+func TestSweepStale(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2's ip")
+	}
+	// A pid that has just exited stands for a killed test binary.
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("%s%d-1", NetnsPrefix, dead.Process.Pid)
+	live := fmt.Sprintf("%s%d-99", NetnsPrefix, os.Getpid())
+	for _, n := range []string{name, live} {
+		if out, err := exec.Command("ip", "netns", "add", n).CombinedOutput(); err != nil {
+			t.Fatalf("ip netns add: %v %s", err, out)
+		}
+	}
+	defer exec.Command("ip", "netns", "del", live).Run()
+	defer exec.Command("ip", "netns", "del", name).Run()
+	// An orphan left running inside the stale namespace.
+	orphan := exec.Command("ip", "netns", "exec", name, "sleep", "60")
+	if err := orphan.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- orphan.Wait() }()
+	time.Sleep(200 * time.Millisecond)
+	n, err := SweepStale()
+	if err != nil || n != 1 {
+		t.Fatalf("SweepStale = %d, %v; want 1 removed", n, err)
+	}
+	if _, err := os.Stat(filepath.Join(netnsDir, name)); err == nil {
+		t.Fatal("stale namespace still exists")
+	}
+	if _, err := os.Stat(filepath.Join(netnsDir, live)); err != nil {
+		t.Fatal("namespace of a live process was removed")
+	}
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("process in the stale namespace survived")
 	}
 }

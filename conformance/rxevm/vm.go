@@ -159,7 +159,7 @@ func Boot(ctx context.Context, img *Image, opts Options) (_ *VM, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if vm.ns, err = createNetns(name, opts.MTU); err != nil {
+	if vm.ns, err = createNetns(ctx, name, opts.MTU); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(logw, "rxevm: booting %s in netns %s\n", img.KernelVersion, name)
@@ -410,7 +410,7 @@ func (vm *VM) Close() error {
 		if vm.ns >= 0 {
 			vm.ns.Close()
 		}
-		if err := netns.DeleteNamed(vm.name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := deleteNamed(vm.name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("rxevm: delete netns %s: %w", vm.name, err))
 		}
 		if !vm.opts.KeepDir {
