@@ -1,0 +1,42 @@
+package cases
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// expectVerdict asserts the documented behaviour of a target: a pass where
+// no deviation is documented, the deviation where one is.
+func expectVerdict(t *testing.T, c *Case, r *Result) {
+	t.Helper()
+	want := VerdictPass
+	if c.Known[r.Target] != "" {
+		want = VerdictDeviation
+	}
+	if r.Verdict != want {
+		t.Errorf("%s on %s: verdict %s, want %s\nobserved: %s\nfailures: %s\nerror: %s\nnotes: %s\ntrace:\n  %s",
+			c.ID, r.Target, r.Verdict, want, r.Observed, strings.Join(r.Failures, "; "), r.Error,
+			strings.Join(r.Notes, "; "), strings.Join(r.Trace, "\n  "))
+	}
+}
+
+// TestSoftroceResponder runs every case against softroce's own transport
+// over an in-process pipe (no privileges needed).
+func TestSoftroceResponder(t *testing.T) {
+	tgt, err := NewSoftroceTarget()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tgt.Close()
+	for _, c := range All {
+		t.Run(c.ID, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			r := Run(ctx, tgt, c)
+			t.Logf("%s: %s (%s)", r.Verdict, r.Observed, strings.Join(r.Notes, "; "))
+			expectVerdict(t, c, r)
+		})
+	}
+}

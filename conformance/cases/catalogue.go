@@ -1,0 +1,574 @@
+package cases
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"time"
+
+	"github.com/softroce/softroce/bth"
+)
+
+// Time windows. Both targets answer within milliseconds (rxe runs in the
+// kernel of a TCG guest); a window is how long the peer listens for an
+// answer that must come, or for silence that must hold.
+const (
+	answerWait = 2 * time.Second
+	quietWait  = 300 * time.Millisecond
+)
+
+func randPSN() uint32 { return rand.Uint32N(0xff0000) + 0x100 }
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7) + byte(i>>8)
+	}
+	return b
+}
+
+func le64(v uint64) []byte { return binary.LittleEndian.AppendUint64(nil, v) }
+
+func isACK(q *Pkt, psn uint32) bool {
+	return q != nil && q.ParseErr == nil && q.Opcode() == bth.RCAck && q.Syndrome().IsACK() && q.PSN() == psn
+}
+
+func isNAK(q *Pkt, syn bth.Syndrome, psn uint32) bool {
+	return q != nil && q.ParseErr == nil && q.Opcode() == bth.RCAck && q.Syndrome() == syn && q.PSN() == psn
+}
+
+func first(ps []*Pkt) *Pkt {
+	if len(ps) == 0 {
+		return nil
+	}
+	return ps[0]
+}
+
+func hasNAK(ps []*Pkt) bool {
+	for _, q := range ps {
+		if q.ParseErr == nil && q.Opcode() == bth.RCAck && !q.Syndrome().IsACK() {
+			return true
+		}
+	}
+	return false
+}
+
+// writeOnly is an RDMA WRITE ONLY request with AckReq.
+func writeOnly(psn uint32, va uint64, rkey uint32, n int) bth.Fields {
+	return bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: psn, AckReq: true}, VA: va, RKey: rkey, DMALen: uint32(n)}
+}
+
+func readReq(psn uint32, va uint64, rkey uint32, n int) bth.Fields {
+	return bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCReadRequest, PSN: psn, AckReq: true}, VA: va, RKey: rkey, DMALen: uint32(n)}
+}
+
+func ackFields(psn, msn uint32) bth.Fields {
+	return bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCAck, PSN: psn}, Syndrome: bth.SyndromeACKUnlimited, MSN: msn}
+}
+
+// mem reads target memory; a failure is a harness error.
+func (x *X) mem(i, off, n int) []byte {
+	b, err := x.S.ReadMem(x.Ctx, i, off, n)
+	x.Must(err, "read target memory")
+	return b
+}
+
+func (x *X) setMem(i, off int, b []byte) {
+	x.Must(x.S.WriteMem(x.Ctx, i, off, b), "write target memory")
+}
+
+// noteState records the QP state the target reports.
+func (x *X) noteState(after string) string {
+	st, err := x.S.State(x.Ctx)
+	if err != nil {
+		x.Notef("QP state after %s: query failed: %v", after, err)
+		return ""
+	}
+	x.Notef("QP state after %s: %s", after, st)
+	return st
+}
+
+// fatalNAK is the shape of every class C responder error case: one
+// request, exactly one NAK with the request's PSN, no memory change, and
+// the QP in the error state afterwards (later requests go unanswered).
+func fatalNAK(x *X, syn bth.Syndrome, f bth.Fields, payload []byte, memOff int) {
+	psn := f.BTH.PSN
+	before := x.mem(0, memOff, 64)
+	x.Send(f, payload)
+	got := x.C.Collect(quietWait, nil)
+	x.Observe("%s -> %s", f.BTH.Opcode, DescribeAll(got))
+	x.Check(len(got) == 1 && isNAK(got[0], syn, psn), "want exactly one NAK 0x%02x with the request's PSN 0x%06x", uint8(syn), psn)
+	x.Check(bytes.Equal(x.mem(0, memOff, 64), before), "target memory changed")
+	if st := x.noteState("the NAK"); st != "" && st != "ERR" {
+		x.Notef("IBTA §10.3 moves the QP to the error state on a class C responder error; the target reports %s", st)
+	}
+	// A class C error ends the connection: the next request is dropped.
+	mr := x.S.MR(0)
+	x.Send(writeOnly(bth.PSNAdd(psn, 1), mr.Addr, mr.RKey, 8), make([]byte, 8))
+	after := x.C.Collect(quietWait, nil)
+	x.Notef("next request after the NAK -> %s", DescribeAll(after))
+}
+
+// All is the catalogue, in report order.
+var All = []*Case{
+	{
+		ID: "psn-sequence-error",
+		Spec: "Requests at ePSN+2..ePSN+4 (a gap): exactly one NAK PSN sequence error (0x60) carrying the expected PSN; " +
+			"the out-of-sequence requests are not executed; the request at ePSN is then accepted " +
+			"(IBTA §9.7.5 responder PSN check, NAK codes §9.3.5 table 43)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n})
+			mr := x.S.MR(0)
+			for i := 2; i <= 4; i++ {
+				x.Send(writeOnly(bth.PSNAdd(n, i), mr.Addr+uint64(64*i), mr.RKey, 8), pattern(8, byte(i)))
+			}
+			got := x.C.Collect(quietWait, nil)
+			x.Observe("3 WRITEs past a gap -> %s", DescribeAll(got))
+			x.Check(len(got) == 1 && isNAK(got[0], bth.SyndromePSNSeqError, n),
+				"want exactly one NAK 0x60 with the expected PSN 0x%06x, got %d response(s)", n, len(got))
+			x.Check(bytes.Equal(x.mem(0, 128, 200), make([]byte, 200)), "an out-of-sequence WRITE was executed")
+			x.Send(writeOnly(n, mr.Addr, mr.RKey, 8), pattern(8, 1))
+			got = x.C.Expect(answerWait, 1)
+			x.Observe("then the expected PSN -> %s", DescribeAll(got))
+			x.Check(isACK(first(got), n), "the request at the expected PSN was not ACKed")
+		},
+	},
+	{
+		ID: "duplicate-write",
+		Spec: "A duplicate RDMA WRITE (PSN already executed) is acknowledged again (ACK, PSN of the newest " +
+			"executed request) and not NAKed (IBTA §9.7.5.2.1 duplicate requests, C9-105)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n})
+			mr := x.S.MR(0)
+			f := writeOnly(n, mr.Addr, mr.RKey, 16)
+			x.Send(f, pattern(16, 3))
+			got := x.C.Expect(answerWait, 1)
+			x.Observe("WRITE -> %s", DescribeAll(got))
+			x.Check(isACK(first(got), n), "the original WRITE was not ACKed")
+			x.Send(f, pattern(16, 3))
+			got = x.C.Collect(quietWait, nil)
+			x.Observe("duplicate -> %s", DescribeAll(got))
+			x.Check(len(got) >= 1 && isACK(got[0], n), "the duplicate WRITE was not re-ACKed with PSN 0x%06x", n)
+			x.Check(!hasNAK(got), "the duplicate was NAKed")
+			x.Check(bytes.Equal(x.mem(0, 0, 16), pattern(16, 3)), "memory differs from the WRITE's data")
+		},
+	},
+	{
+		ID: "duplicate-send",
+		Spec: "A duplicate SEND is ACKed again and does not consume a second receive WQE (no second completion); " +
+			"the next new SEND completes normally (IBTA §9.7.5.2.1 duplicate requests)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n})
+			x.Must(x.S.PostRecv(x.Ctx, 1, 0, 256), "post receive")
+			x.Must(x.S.PostRecv(x.Ctx, 2, 256, 256), "post receive")
+			f := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: n, AckReq: true}}
+			x.Send(f, pattern(40, 9))
+			got := x.C.Expect(answerWait, 1)
+			x.Observe("SEND -> %s", DescribeAll(got))
+			x.Check(isACK(first(got), n), "the SEND was not ACKed")
+			wc, err := x.S.Poll(x.Ctx, answerWait)
+			x.Must(err, "poll")
+			x.Check(wc != nil && wc.WRID == 1 && wc.Status == 0 && wc.ByteLen == 40, "receive completion %+v, want wr 1 success 40 bytes", wc)
+			x.Send(f, pattern(40, 9))
+			got = x.C.Collect(quietWait, nil)
+			x.Observe("duplicate -> %s", DescribeAll(got))
+			x.Check(len(got) >= 1 && isACK(got[0], n), "the duplicate SEND was not re-ACKed")
+			wc, err = x.S.Poll(x.Ctx, quietWait)
+			x.Must(err, "poll")
+			x.Check(wc == nil, "the duplicate consumed a receive: completion %+v", wc)
+			x.Send(bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: bth.PSNAdd(n, 1), AckReq: true}}, pattern(20, 1))
+			got = x.C.Expect(answerWait, 1)
+			x.Observe("next SEND -> %s", DescribeAll(got))
+			x.Check(isACK(first(got), bth.PSNAdd(n, 1)), "the next SEND was not ACKed")
+			wc, err = x.S.Poll(x.Ctx, answerWait)
+			x.Must(err, "poll")
+			x.Check(wc != nil && wc.WRID == 2 && wc.Status == 0 && wc.ByteLen == 20, "second receive completion %+v, want wr 2 success 20 bytes", wc)
+		},
+	},
+	{
+		ID: "duplicate-read",
+		Spec: "A duplicate RDMA READ request is executed again: the responses carry the original PSNs and the " +
+			"memory's data; the responder's expected PSN does not move (IBTA §9.7.5.2.1 duplicate requests)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n})
+			mr := x.S.MR(0)
+			data := pattern(100, 5)
+			x.setMem(0, 0, data)
+			f := readReq(n, mr.Addr, mr.RKey, 100)
+			x.Send(f, nil)
+			got := x.C.Expect(answerWait, 1)
+			x.Observe("READ -> %s", DescribeAll(got))
+			q := first(got)
+			x.Check(q != nil && q.Opcode() == bth.RCReadResponseOnly && q.PSN() == n && bytes.Equal(q.P.Payload, data),
+				"the READ was not answered with READ_RESPONSE_ONLY at PSN 0x%06x and the memory's data", n)
+			x.Send(f, nil)
+			got = x.C.Expect(answerWait, 1)
+			x.Observe("duplicate -> %s", DescribeAll(got))
+			q = first(got)
+			x.Check(q != nil && q.Opcode() == bth.RCReadResponseOnly && q.PSN() == n && bytes.Equal(q.P.Payload, data),
+				"the duplicate READ was not re-executed (READ_RESPONSE_ONLY, PSN 0x%06x, same data)", n)
+			x.Send(writeOnly(bth.PSNAdd(n, 1), mr.Addr+4096, mr.RKey, 8), pattern(8, 1))
+			got = x.C.Expect(answerWait, 1)
+			x.Observe("next request -> %s", DescribeAll(got))
+			x.Check(isACK(first(got), bth.PSNAdd(n, 1)), "the request after the duplicate was not accepted")
+		},
+	},
+	{
+		ID: "duplicate-atomic",
+		Spec: "A duplicate FETCH_ADD is not executed again: the ATOMIC ACKNOWLEDGE replays the saved original " +
+			"value and memory changes once (IBTA §9.7.5.2.1 duplicate requests, atomic responder resources)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n})
+			mr := x.S.MR(0)
+			x.setMem(0, 64, le64(100))
+			f := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCFetchAdd, PSN: n, AckReq: true}, VA: mr.Addr + 64, RKey: mr.RKey, SwapAdd: 5}
+			x.Send(f, nil)
+			got := x.C.Expect(answerWait, 1)
+			x.Observe("FETCH_ADD -> %s", DescribeAll(got))
+			q := first(got)
+			x.Check(q != nil && q.Opcode() == bth.RCAtomicAck && q.PSN() == n && q.P.AtomicAckETH.Orig() == 100,
+				"want ATOMIC_ACKNOWLEDGE at 0x%06x with original value 100", n)
+			x.Send(f, nil)
+			got = x.C.Expect(answerWait, 1)
+			x.Observe("duplicate -> %s", DescribeAll(got))
+			q = first(got)
+			x.Check(q != nil && q.Opcode() == bth.RCAtomicAck && q.PSN() == n && q.P.AtomicAckETH.Orig() == 100,
+				"the duplicate did not replay the original value 100 at PSN 0x%06x", n)
+			v := binary.LittleEndian.Uint64(x.mem(0, 64, 8))
+			x.Observe("memory %d", v)
+			x.Check(v == 105, "memory is %d, want 105 (executed exactly once)", v)
+		},
+	},
+	{
+		ID: "rnr-nak",
+		Spec: "A SEND with no receive WQE posted draws an RNR NAK (syndrome 0x20|min_rnr_timer) with the SEND's PSN " +
+			"and leaves the QP usable; resent after a receive is posted, it is ACKed and completes " +
+			"(IBTA §9.7.5.2.8, timer table 45)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n, MinRNRTimer: 18})
+			f := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: n, AckReq: true}}
+			data := pattern(16, 2)
+			x.Send(f, data)
+			got := x.C.Collect(quietWait, nil)
+			x.Observe("SEND, no receive -> %s", DescribeAll(got))
+			x.Check(len(got) == 1 && isNAK(got[0], bth.RNRNAK(18), n), "want exactly one RNR NAK 0x32 at PSN 0x%06x", n)
+			x.Must(x.S.PostRecv(x.Ctx, 7, 0, 64), "post receive")
+			x.Send(f, data)
+			got = x.C.Expect(answerWait, 1)
+			x.Observe("resent after posting -> %s", DescribeAll(got))
+			x.Check(isACK(first(got), n), "the resent SEND was not ACKed")
+			wc, err := x.S.Poll(x.Ctx, answerWait)
+			x.Must(err, "poll")
+			x.Check(wc != nil && wc.WRID == 7 && wc.Status == 0 && wc.ByteLen == 16, "receive completion %+v, want wr 7 success 16 bytes", wc)
+			x.Check(bytes.Equal(x.mem(0, 0, 16), data), "received data differs")
+		},
+	},
+	{
+		ID:   "remote-access-bad-rkey",
+		Spec: "An RDMA WRITE with an unknown R_Key: NAK remote access error (0x62) with the request's PSN, no memory change, QP to error (IBTA §9.7.5 class C, §9.3.5 table 43)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n})
+			mr := x.S.MR(0)
+			fatalNAK(x, bth.SyndromeRemoteAccessError, writeOnly(n, mr.Addr, mr.RKey^0x00a5a500, 8), pattern(8, 1), 0)
+		},
+	},
+	{
+		ID:   "remote-access-out-of-bounds",
+		Spec: "An RDMA WRITE that runs 12 bytes past the end of the MR: NAK remote access error (0x62), no memory change, QP to error (IBTA §9.7.5 class C, §10.6 memory access checks)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n})
+			mr := x.S.MR(0)
+			fatalNAK(x, bth.SyndromeRemoteAccessError, writeOnly(n, mr.Addr+uint64(mr.Len)-4, mr.RKey, 16), pattern(16, 1), mr.Len-64)
+		},
+	},
+	{
+		ID:   "remote-access-no-permission",
+		Spec: "An RDMA WRITE into an MR registered without REMOTE_WRITE: NAK remote access error (0x62), no memory change, QP to error (IBTA §9.7.5 class C, §10.6 access rights)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n, MRs: []MRSpec{{Len: 16384, Access: AccessLocalWrite | AccessRemoteRead}}})
+			mr := x.S.MR(0)
+			fatalNAK(x, bth.SyndromeRemoteAccessError, writeOnly(n, mr.Addr, mr.RKey, 8), pattern(8, 1), 0)
+		},
+	},
+	{
+		ID:   "invalid-request-opcode-sequence",
+		Spec: "An RDMA WRITE MIDDLE with no WRITE FIRST before it: NAK invalid request (0x61) with its PSN, QP to error (IBTA §9.7.5 opcode sequence check, class C)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n})
+			f := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteMiddle, PSN: n, AckReq: true}}
+			fatalNAK(x, bth.SyndromeInvalidRequest, f, pattern(x.Spec.MTU, 4), 0)
+		},
+	},
+	{
+		ID: "send-longer-than-receive",
+		Spec: "A SEND longer than the posted receive buffer: NAK invalid request (0x61) with its PSN, the receive " +
+			"completes in error, QP to error (IBTA §9.7.5 class C: the message is too long for the WQE)",
+		Known: map[string]string{"rxe": "rxe NAKs remote operational error (0x63), not invalid request (rc-behaviour.md §9)"},
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n})
+			x.Must(x.S.PostRecv(x.Ctx, 3, 0, 16), "post receive")
+			f := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: n, AckReq: true}}
+			x.Send(f, pattern(64, 6))
+			got := x.C.Collect(quietWait, nil)
+			x.Observe("64-byte SEND into a 16-byte receive -> %s", DescribeAll(got))
+			x.Check(len(got) == 1 && isNAK(got[0], bth.SyndromeInvalidRequest, n), "want exactly one NAK 0x61 at PSN 0x%06x", n)
+			wc, err := x.S.Poll(x.Ctx, answerWait)
+			x.Must(err, "poll")
+			if wc == nil {
+				x.Failf("the receive WQE did not complete")
+			} else {
+				x.Observe("receive completion status %d", wc.Status)
+				x.Check(wc.WRID == 3 && wc.Status != 0, "receive completion %+v, want wr 3 in error", wc)
+			}
+			x.noteState("the NAK")
+		},
+	},
+	{
+		ID: "icrc-corrupted-dropped",
+		Spec: "A request with a wrong ICRC is silently dropped (no ACK or NAK, not executed); the same request " +
+			"sent again with a good ICRC is accepted at the same PSN (IBTA annex A17.3.3, §9.7.5)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n})
+			mr := x.S.MR(0)
+			f := writeOnly(n, mr.Addr, mr.RKey, 32)
+			data := pattern(32, 8)
+			x.SendBadICRC(f, data)
+			got := x.C.Collect(quietWait, nil)
+			x.Observe("bad ICRC -> %s", DescribeAll(got))
+			x.Check(len(got) == 0, "the packet with a bad ICRC was answered")
+			x.Check(bytes.Equal(x.mem(0, 0, 32), make([]byte, 32)), "the packet with a bad ICRC was executed")
+			x.Send(f, data)
+			got = x.C.Expect(answerWait, 1)
+			x.Observe("good ICRC, same PSN -> %s", DescribeAll(got))
+			x.Check(isACK(first(got), n), "the good packet was not ACKed at PSN 0x%06x", n)
+			x.Check(bytes.Equal(x.mem(0, 0, 32), data), "the good packet was not executed")
+		},
+	},
+	{
+		ID: "psn-wraparound",
+		Spec: "With the expected PSN at 0xFFFFFE, WRITEs at 0xFFFFFE, 0xFFFFFF, 0x000000, 0x000001 are all " +
+			"executed and ACKed, with no NAK (IBTA §9.7.1: PSNs are 24-bit and wrap)",
+		Run: func(x *X) {
+			n := uint32(0xfffffe)
+			x.Open(QPSpec{RecvPSN: n})
+			mr := x.S.MR(0)
+			for i := 0; i < 4; i++ {
+				x.Send(writeOnly(bth.PSNAdd(n, i), mr.Addr+uint64(64*i), mr.RKey, 8), pattern(8, byte(10+i)))
+			}
+			got := x.C.Collect(answerWait, func(q *Pkt) bool { return isACK(q, 1) || hasNAK([]*Pkt{q}) })
+			got = append(got, x.C.Collect(quietWait/3, nil)...)
+			x.Observe("4 WRITEs across the wrap -> %s", DescribeAll(got))
+			last := uint32(0xffffffff)
+			for _, q := range got {
+				if q.Opcode() == bth.RCAck && q.Syndrome().IsACK() {
+					last = q.PSN()
+				}
+			}
+			x.Check(!hasNAK(got), "a request across the wrap was NAKed")
+			x.Check(last == 1, "the last ACK is not for PSN 0x000001")
+			for i := 0; i < 4; i++ {
+				x.Check(bytes.Equal(x.mem(0, 64*i, 8), pattern(8, byte(10+i))), "WRITE %d (PSN 0x%06x) not executed", i, bth.PSNAdd(n, i))
+			}
+		},
+	},
+	{
+		ID: "read-response-segmentation",
+		Spec: "An RDMA READ of 3*PMTU+5 bytes (PMTU 1024) is answered READ_RESPONSE FIRST, MIDDLE, MIDDLE, LAST at " +
+			"consecutive PSNs from the request's: FIRST/MIDDLE carry exactly PMTU bytes, LAST 5 bytes with PadCnt 3, AETH " +
+			"on FIRST and LAST only; the READ consumes 4 PSNs (IBTA §9.7.5, C9-92, AETH §9.3.5)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n, MTU: 1024})
+			mr := x.S.MR(0)
+			size := 3*1024 + 5
+			data := pattern(size, 11)
+			x.setMem(0, 0, data)
+			x.Send(readReq(n, mr.Addr, mr.RKey, size), nil)
+			got := x.C.Expect(answerWait, 4)
+			x.Observe("READ %d bytes -> %s", size, DescribeAll(got))
+			want := []struct {
+				op   bth.Opcode
+				n    int
+				aeth bool
+			}{{bth.RCReadResponseFirst, 1024, true}, {bth.RCReadResponseMiddle, 1024, false}, {bth.RCReadResponseMiddle, 1024, false}, {bth.RCReadResponseLast, 5, true}}
+			var all []byte
+			if x.Check(len(got) == 4, "want 4 responses, got %d", len(got)) {
+				for i, q := range got {
+					w := want[i]
+					x.Check(q.Opcode() == w.op && q.PSN() == bth.PSNAdd(n, i) && len(q.P.Payload) == w.n && (q.P.AETH != nil) == w.aeth,
+						"response %d is %s, want %s@0x%06x %dB", i, Describe(q), w.op, bth.PSNAdd(n, i), w.n)
+					all = append(all, q.P.Payload...)
+				}
+				x.Check(got[3].P.BTH.PadCnt() == 3, "LAST has PadCnt %d, want 3", got[3].P.BTH.PadCnt())
+				x.Check(bytes.Equal(all, data), "response data differs from memory")
+			}
+			x.Send(writeOnly(bth.PSNAdd(n, 4), mr.Addr+8192, mr.RKey, 8), pattern(8, 1))
+			got = x.C.Expect(answerWait, 1)
+			x.Observe("request at PSN+4 -> %s", DescribeAll(got))
+			x.Check(isACK(first(got), bth.PSNAdd(n, 4)), "the request at PSN+4 was not accepted")
+		},
+	},
+	{
+		ID: "zero-length-read-write",
+		Spec: "A zero-length RDMA WRITE is ACKed; a zero-length RDMA READ is answered by one empty READ_RESPONSE_ONLY " +
+			"and consumes one PSN (IBTA §9.7.5, C9-88)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n})
+			mr := x.S.MR(0)
+			x.Send(writeOnly(n, mr.Addr, mr.RKey, 0), nil)
+			got := x.C.Expect(answerWait, 1)
+			x.Observe("WRITE 0 bytes -> %s", DescribeAll(got))
+			x.Check(isACK(first(got), n), "the zero-length WRITE was not ACKed")
+			x.Send(readReq(bth.PSNAdd(n, 1), mr.Addr, mr.RKey, 0), nil)
+			got = x.C.Expect(answerWait, 1)
+			x.Observe("READ 0 bytes -> %s", DescribeAll(got))
+			q := first(got)
+			x.Check(q != nil && q.Opcode() == bth.RCReadResponseOnly && q.PSN() == bth.PSNAdd(n, 1) && len(q.P.Payload) == 0,
+				"want an empty READ_RESPONSE_ONLY at 0x%06x", bth.PSNAdd(n, 1))
+			x.Send(writeOnly(bth.PSNAdd(n, 2), mr.Addr, mr.RKey, 8), pattern(8, 1))
+			got = x.C.Expect(answerWait, 1)
+			x.Observe("next -> %s", DescribeAll(got))
+			x.Check(isACK(first(got), bth.PSNAdd(n, 2)), "the request after the zero-length READ was not accepted at PSN+2")
+		},
+	},
+	{
+		ID: "zero-length-invalid-rkey",
+		Spec: "A zero-length RDMA WRITE and READ with an R_Key that names no MR (and VA 0) still succeed: with DMA " +
+			"length 0 the responder does not check the R_Key or VA (IBTA C9-88)",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n})
+			x.Send(writeOnly(n, 0, 0xdead00be, 0), nil)
+			got := x.C.Expect(answerWait, 1)
+			x.Observe("WRITE 0 bytes, bad rkey -> %s", DescribeAll(got))
+			x.Check(isACK(first(got), n), "the zero-length WRITE with a bad R_Key was not ACKed")
+			x.Send(readReq(bth.PSNAdd(n, 1), 0, 0xdead00be, 0), nil)
+			got = x.C.Expect(answerWait, 1)
+			x.Observe("READ 0 bytes, bad rkey -> %s", DescribeAll(got))
+			q := first(got)
+			x.Check(q != nil && q.Opcode() == bth.RCReadResponseOnly && q.PSN() == bth.PSNAdd(n, 1) && len(q.P.Payload) == 0,
+				"want an empty READ_RESPONSE_ONLY at 0x%06x", bth.PSNAdd(n, 1))
+		},
+	},
+	{
+		ID: "requester-retransmit-after-timeout",
+		Spec: "A WRITE whose ACK never comes is retransmitted with the same PSN and opcode after the local ACK " +
+			"timeout (timeout 14: 4.096 us*2^14 = 67 ms; IBTA §9.7.6.1.3 allows T..4T); ACKed, it completes successfully",
+		Run: func(x *X) {
+			s := randPSN()
+			x.Open(QPSpec{SendPSN: s, Timeout: 14, Retry: 3})
+			data := pattern(64, 12)
+			x.setMem(0, 0, data)
+			x.Must(x.S.PostSend(x.Ctx, SendReq{WRID: 21, Op: SendWrite, Len: 64, RemoteAddr: 0x10000, RKey: 0x1234}), "post WRITE")
+			got := x.C.Expect(answerWait, 1)
+			q1 := first(got)
+			if !x.Check(q1 != nil && q1.Opcode() == bth.RCWriteOnly && q1.PSN() == s && bytes.Equal(q1.P.Payload, data),
+				"want WRITE_ONLY at PSN 0x%06x with the data, got %s", s, DescribeAll(got)) {
+				return
+			}
+			got = x.C.Expect(answerWait, 1)
+			q2 := first(got)
+			if !x.Check(q2 != nil, "no retransmission within %v", answerWait) {
+				return
+			}
+			gap := q2.Time.Sub(q1.Time)
+			x.Observe("WRITE, no ACK -> %s after %.1f ms", Describe(q2), float64(gap.Microseconds())/1000)
+			T := 67108864 * time.Nanosecond
+			x.Check(q2.Opcode() == bth.RCWriteOnly && q2.PSN() == s && bytes.Equal(q2.P.Payload, data), "the retransmission is not the same packet")
+			x.Check(gap >= T*9/10 && gap <= 4*T+50*time.Millisecond, "retransmitted after %v, want %v..%v", gap, T, 4*T)
+			x.Send(ackFields(s, 1), nil)
+			wc, err := x.S.Poll(x.Ctx, answerWait)
+			x.Must(err, "poll")
+			x.Observe("ACKed -> completion status %v", statusOf(wc))
+			x.Check(wc != nil && wc.WRID == 21 && wc.Status == 0, "completion %+v, want wr 21 success", wc)
+		},
+	},
+	{
+		ID: "requester-go-back-after-nak",
+		Spec: "A 3-packet WRITE NAKed with PSN sequence error (0x60) at its first PSN is resent from that PSN " +
+			"(WRITE FIRST, MIDDLE, LAST, same PSNs) without waiting for the ACK timeout; ACKed, it completes " +
+			"(IBTA §9.7.6 go-back-N on NAK sequence error)",
+		Run: func(x *X) {
+			s := randPSN()
+			x.Open(QPSpec{SendPSN: s, Timeout: 14, Retry: 3, MTU: 1024})
+			data := pattern(3*1024, 13)
+			x.setMem(0, 0, data)
+			x.Must(x.S.PostSend(x.Ctx, SendReq{WRID: 22, Op: SendWrite, Len: len(data), RemoteAddr: 0x20000, RKey: 0x4321}), "post WRITE")
+			got := x.C.Expect(answerWait, 3)
+			x.Observe("WRITE 3 KiB -> %s", DescribeAll(got))
+			if !x.Check(len(got) == 3 && got[0].Opcode() == bth.RCWriteFirst && got[0].PSN() == s, "want 3 packets from WRITE_FIRST@0x%06x", s) {
+				return
+			}
+			nakAt := time.Now()
+			x.Send(bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCAck, PSN: s}, Syndrome: bth.SyndromePSNSeqError}, nil)
+			got = x.C.Expect(answerWait, 3)
+			x.Observe("NAK 0x60@first -> %s", DescribeAll(got))
+			want := []bth.Opcode{bth.RCWriteFirst, bth.RCWriteMiddle, bth.RCWriteLast}
+			if x.Check(len(got) == 3, "want 3 retransmitted packets, got %d", len(got)) {
+				for i, q := range got {
+					x.Check(q.Opcode() == want[i] && q.PSN() == bth.PSNAdd(s, i) && bytes.Equal(q.P.Payload, data[i*1024:(i+1)*1024]),
+						"retransmission %d is %s, want %s@0x%06x with the same data", i, Describe(q), want[i], bth.PSNAdd(s, i))
+				}
+				d := got[0].Time.Sub(nakAt)
+				x.Notef("first retransmission %.1f ms after the NAK", float64(d.Microseconds())/1000)
+				x.Check(d < 60*time.Millisecond, "retransmission came %v after the NAK: that is the timeout, not the NAK", d)
+			}
+			x.Send(ackFields(bth.PSNAdd(s, 2), 1), nil)
+			wc, err := x.S.Poll(x.Ctx, answerWait)
+			x.Must(err, "poll")
+			x.Observe("ACKed -> completion status %v", statusOf(wc))
+			x.Check(wc != nil && wc.WRID == 22 && wc.Status == 0, "completion %+v, want wr 22 success", wc)
+		},
+	},
+	{
+		ID: "requester-resume-mid-message-after-nak",
+		Spec: "A 3-packet WRITE NAKed 0x60 at its second PSN is resent from that PSN: WRITE MIDDLE then LAST " +
+			"with the original PSNs, no new FIRST (IBTA §9.7.6 go-back-N: the NAK implicitly ACKs earlier PSNs)",
+		Run: func(x *X) {
+			s := randPSN()
+			x.Open(QPSpec{SendPSN: s, Timeout: 14, Retry: 3, MTU: 1024})
+			data := pattern(3*1024, 14)
+			x.setMem(0, 0, data)
+			x.Must(x.S.PostSend(x.Ctx, SendReq{WRID: 23, Op: SendWrite, Len: len(data), RemoteAddr: 0x20000, RKey: 0x4321}), "post WRITE")
+			got := x.C.Expect(answerWait, 3)
+			if !x.Check(len(got) == 3, "want 3 packets, got %s", DescribeAll(got)) {
+				return
+			}
+			x.Send(bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCAck, PSN: bth.PSNAdd(s, 1)}, Syndrome: bth.SyndromePSNSeqError}, nil)
+			got = x.C.Expect(answerWait, 2)
+			x.Observe("NAK 0x60@first+1 -> %s", DescribeAll(got))
+			want := []bth.Opcode{bth.RCWriteMiddle, bth.RCWriteLast}
+			if x.Check(len(got) == 2, "want 2 retransmitted packets, got %d", len(got)) {
+				for i, q := range got {
+					x.Check(q.Opcode() == want[i] && q.PSN() == bth.PSNAdd(s, i+1) && bytes.Equal(q.P.Payload, data[(i+1)*1024:(i+2)*1024]),
+						"retransmission %d is %s, want %s@0x%06x", i, Describe(q), want[i], bth.PSNAdd(s, i+1))
+				}
+			}
+			x.Send(ackFields(bth.PSNAdd(s, 2), 1), nil)
+			wc, err := x.S.Poll(x.Ctx, answerWait)
+			x.Must(err, "poll")
+			x.Observe("ACKed -> completion status %v", statusOf(wc))
+			x.Check(wc != nil && wc.WRID == 23 && wc.Status == 0, "completion %+v, want wr 23 success", wc)
+		},
+	},
+}
+
+func statusOf(wc *Completion) any {
+	if wc == nil {
+		return "none"
+	}
+	return wc.Status
+}

@@ -1,0 +1,183 @@
+package cases
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"time"
+
+	"github.com/softroce/softroce/conformance/agent"
+	"github.com/softroce/softroce/conformance/rxevm"
+	"github.com/softroce/softroce/nic/udp"
+)
+
+// RxeTarget is the Linux kernel's rdma_rxe in a VM (package rxevm), driven
+// through the verbs agent (package agent). The fake peer is a UDP link on
+// the host side of the VM's tap, inside the VM's network namespace: it
+// sends with IPv4 ID 0, whose ICRC rxe accepts (platform-facts.md).
+type RxeTarget struct {
+	vm   *rxevm.VM
+	ag   *agent.Client
+	peer *Peer
+	open bool
+}
+
+// NewRxeTarget launches the verbs agent in vm (booted with
+// agent.GuestFile among its files) and opens the fake peer's link.
+func NewRxeTarget(ctx context.Context, vm *rxevm.VM) (*RxeTarget, error) {
+	ag, err := agent.Launch(ctx, vm, 7100+rand.IntN(800))
+	if err != nil {
+		return nil, fmt.Errorf("launch the verbs agent in the rxe guest: %w", err)
+	}
+	var link *udp.Link
+	err = vm.Do(func() error {
+		var err error
+		link, err = udp.Open(udp.Config{Addr: vm.HostAddr()})
+		return err
+	})
+	if err != nil {
+		ag.Close()
+		return nil, fmt.Errorf("open the peer's UDP link in the VM namespace: %w", err)
+	}
+	peer, err := NewPeer(link)
+	if err != nil {
+		link.Close()
+		ag.Close()
+		return nil, err
+	}
+	return &RxeTarget{vm: vm, ag: ag, peer: peer}, nil
+}
+
+// Name implements Target.
+func (t *RxeTarget) Name() string { return "rxe" }
+
+// Peer implements Target.
+func (t *RxeTarget) Peer() *Peer { return t.peer }
+
+// Addr implements Target.
+func (t *RxeTarget) Addr() netip.Addr { return t.vm.GuestAddr() }
+
+// Close implements Target: it stops the agent and the peer, not the VM.
+func (t *RxeTarget) Close() error {
+	err := t.ag.Close()
+	if perr := t.peer.Close(); err == nil {
+		err = perr
+	}
+	return err
+}
+
+// Open implements Target. One session at a time: opening a new one
+// destroys the previous session's objects in the agent.
+func (t *RxeTarget) Open(ctx context.Context, spec QPSpec) (Session, error) {
+	spec.fill()
+	ag := t.ag
+	if t.open {
+		ag.DestroyAll(ctx)
+		t.open = false
+	}
+	if err := ag.Open(ctx, "rxe0"); err != nil {
+		return nil, err
+	}
+	t.open = true
+	s := &rxeSession{t: t}
+	pd, err := ag.AllocPD(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range spec.MRs {
+		mr, err := ag.RegMR(ctx, pd, m.Len, agent.Access(m.Access))
+		if err != nil {
+			return nil, err
+		}
+		s.mrs = append(s.mrs, mr)
+	}
+	if s.cq, err = ag.CreateCQ(ctx, 64); err != nil {
+		return nil, err
+	}
+	if s.qp, err = ag.CreateQP(ctx, pd, s.cq, s.cq, agent.QPCap{SendWR: 16, RecvWR: 16}); err != nil {
+		return nil, err
+	}
+	if err := ag.ModifyToInit(ctx, s.qp, agent.Access(spec.Access)); err != nil {
+		return nil, err
+	}
+	if err := ag.ModifyToRTR(ctx, s.qp, agent.RTRAttr{DestQPN: spec.PeerQPN, RecvPSN: spec.RecvPSN, DestGID: t.peer.GID(),
+		MTU: spec.MTU, MaxDestRdAtom: spec.MaxDestRdAtomic, MinRNRTimer: int(spec.MinRNRTimer)}); err != nil {
+		return nil, err
+	}
+	if err := ag.ModifyToRTS(ctx, s.qp, agent.RTSAttr{SendPSN: spec.SendPSN, Timeout: int(spec.Timeout), Retry: int(spec.Retry),
+		RNRRetry: int(spec.RNRRetry), MaxRdAtom: spec.MaxDestRdAtomic}); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+type rxeSession struct {
+	t   *RxeTarget
+	mrs []agent.MR
+	cq  agent.CQ
+	qp  agent.QP
+}
+
+func (s *rxeSession) QPN() uint32 { return s.qp.QPN }
+
+func (s *rxeSession) MR(i int) MR {
+	m := s.mrs[i]
+	return MR{Index: i, Addr: m.Addr, RKey: m.RKey, Len: m.Len}
+}
+
+func (s *rxeSession) PostRecv(ctx context.Context, wrID uint64, off, n int) error {
+	return s.t.ag.PostRecv(ctx, s.qp, wrID, s.mrs[0], off, n)
+}
+
+func (s *rxeSession) PostSend(ctx context.Context, r SendReq) error {
+	var op agent.Op
+	switch r.Op {
+	case SendWrite:
+		op = agent.OpWrite
+	case SendRead:
+		op = agent.OpRead
+	case SendSend:
+		op = agent.OpSend
+	default:
+		return fmt.Errorf("post send: opcode %q not supported by the harness", r.Op)
+	}
+	return s.t.ag.PostSend(ctx, s.qp, agent.SendWR{WRID: r.WRID, Op: op, MR: s.mrs[r.MR], Off: r.Off, Len: r.Len,
+		RemoteAddr: r.RemoteAddr, RKey: r.RKey})
+}
+
+func (s *rxeSession) Poll(ctx context.Context, d time.Duration) (*Completion, error) {
+	wc, err := s.t.ag.Poll(ctx, s.cq, d)
+	if err != nil || wc == nil {
+		return nil, err
+	}
+	return &Completion{WRID: wc.WRID, Status: int(wc.Status), Opcode: int(wc.Opcode), ByteLen: wc.ByteLen}, nil
+}
+
+func (s *rxeSession) ReadMem(ctx context.Context, i, off, n int) ([]byte, error) {
+	if n == 0 {
+		return []byte{}, nil
+	}
+	return s.t.ag.ReadMem(ctx, s.mrs[i], off, n)
+}
+
+func (s *rxeSession) WriteMem(ctx context.Context, i, off int, b []byte) error {
+	return s.t.ag.WriteMem(ctx, s.mrs[i], off, b)
+}
+
+func (s *rxeSession) State(ctx context.Context) (string, error) {
+	a, err := s.t.ag.Query(ctx, s.qp)
+	return a.State, err
+}
+
+func (s *rxeSession) Close() error {
+	if !s.t.open {
+		return nil
+	}
+	// A short deadline of its own: Close also runs after a case's context
+	// expired.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s.t.open = false
+	return s.t.ag.DestroyAll(ctx)
+}

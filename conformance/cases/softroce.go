@@ -1,0 +1,195 @@
+package cases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/pipe"
+	"github.com/softroce/softroce/verbs"
+)
+
+// SoftroceTarget is softroce's own transport (transport/rc behind the
+// verbs API) on one end of an in-process pipe; the fake peer holds the
+// other end. It needs no privileges.
+type SoftroceTarget struct {
+	dev  *verbs.Device
+	peer *Peer
+	addr netip.Addr
+}
+
+// NewSoftroceTarget opens a softroce device and a fake peer on a pipe.
+func NewSoftroceTarget() (*SoftroceTarget, error) {
+	a, b := pipe.New(pipe.Config{})
+	dev, err := verbs.Open(a, &verbs.Options{Name: "softroce-target"})
+	if err != nil {
+		a.Close()
+		b.Close()
+		return nil, fmt.Errorf("open softroce device on a pipe: %w", err)
+	}
+	raw, ok := b.(nic.RawSender)
+	if !ok {
+		dev.Close()
+		b.Close()
+		return nil, errors.New("pipe link cannot send raw packets")
+	}
+	peer, err := NewPeer(raw)
+	if err != nil {
+		dev.Close()
+		b.Close()
+		return nil, err
+	}
+	return &SoftroceTarget{dev: dev, peer: peer, addr: a.Addrs()[0]}, nil
+}
+
+// Name implements Target.
+func (t *SoftroceTarget) Name() string { return "softroce" }
+
+// Peer implements Target.
+func (t *SoftroceTarget) Peer() *Peer { return t.peer }
+
+// Addr implements Target.
+func (t *SoftroceTarget) Addr() netip.Addr { return t.addr }
+
+// Device is the softroce device under test.
+func (t *SoftroceTarget) Device() *verbs.Device { return t.dev }
+
+// Close implements Target.
+func (t *SoftroceTarget) Close() error {
+	err := t.dev.Close()
+	if perr := t.peer.Close(); err == nil {
+		err = perr
+	}
+	return err
+}
+
+// Open implements Target.
+func (t *SoftroceTarget) Open(ctx context.Context, spec QPSpec) (Session, error) {
+	spec.fill()
+	pd, err := t.dev.AllocPD()
+	if err != nil {
+		return nil, fmt.Errorf("alloc PD: %w", err)
+	}
+	s := &softSession{t: t, pd: pd}
+	for i, m := range spec.MRs {
+		buf := make([]byte, m.Len)
+		mr, err := pd.RegMR(buf, verbs.Access(m.Access))
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("register MR %d: %w", i, err)
+		}
+		s.bufs = append(s.bufs, buf)
+		s.mrs = append(s.mrs, mr)
+	}
+	if s.cq, err = t.dev.CreateCQ(64); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("create CQ: %w", err)
+	}
+	if s.qp, err = pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq, Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16}}); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("create QP: %w", err)
+	}
+	access := verbs.Access(spec.Access &^ AccessLocalWrite)
+	if access == 0 {
+		// ConnectOptions treats 0 as "all"; no case needs a QP without
+		// any remote access.
+		access = verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic
+	}
+	err = s.qp.Connect(verbs.RemoteInfo{QPN: spec.PeerQPN, PSN: spec.RecvPSN, GID: verbs.GID(t.peer.GID())},
+		&verbs.ConnectOptions{PathMTU: spec.MTU, SQPSN: spec.SendPSN, Timeout: spec.Timeout, RetryCnt: spec.Retry,
+			RNRRetry: spec.RNRRetry, MinRNRTimer: spec.MinRNRTimer, MaxRDAtomic: uint8(spec.MaxDestRdAtomic), Access: access})
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("connect QP: %w", err)
+	}
+	return s, nil
+}
+
+type softSession struct {
+	t    *SoftroceTarget
+	pd   *verbs.PD
+	bufs [][]byte
+	mrs  []*verbs.MR
+	cq   *verbs.CQ
+	qp   *verbs.QP
+}
+
+func (s *softSession) QPN() uint32 { return s.qp.Num() }
+
+func (s *softSession) MR(i int) MR {
+	m := s.mrs[i]
+	return MR{Index: i, Addr: m.Addr(), RKey: m.RKey(), Len: len(s.bufs[i])}
+}
+
+func (s *softSession) PostRecv(ctx context.Context, wrID uint64, off, n int) error {
+	m := s.mrs[0]
+	return s.qp.PostRecv(&verbs.RecvWR{ID: wrID, SGL: []verbs.SGE{{Addr: m.Addr() + uint64(off), Length: uint32(n), LKey: m.LKey()}}})
+}
+
+func (s *softSession) PostSend(ctx context.Context, r SendReq) error {
+	wr := verbs.SendWR{ID: r.WRID, Flags: verbs.SendSignaled, RemoteAddr: r.RemoteAddr, RKey: r.RKey}
+	switch r.Op {
+	case SendWrite:
+		wr.Opcode = verbs.WRRDMAWrite
+	case SendRead:
+		wr.Opcode = verbs.WRRDMARead
+	case SendSend:
+		wr.Opcode = verbs.WRSend
+	default:
+		return fmt.Errorf("post send: opcode %q not supported by the harness", r.Op)
+	}
+	if r.Len > 0 {
+		m := s.mrs[r.MR]
+		wr.SGL = []verbs.SGE{{Addr: m.Addr() + uint64(r.Off), Length: uint32(r.Len), LKey: m.LKey()}}
+	}
+	return s.qp.PostSend(&wr)
+}
+
+func (s *softSession) Poll(ctx context.Context, d time.Duration) (*Completion, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	wcs := make([]verbs.WC, 1)
+	n, err := s.cq.Wait(ctx, wcs)
+	if n == 0 {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	w := wcs[0]
+	return &Completion{WRID: w.WRID, Status: int(w.Status), Opcode: int(w.Opcode), ByteLen: w.ByteLen}, nil
+}
+
+func (s *softSession) ReadMem(ctx context.Context, i, off, n int) ([]byte, error) {
+	b := s.bufs[i]
+	if off < 0 || n < 0 || off+n > len(b) {
+		return nil, fmt.Errorf("read MR %d [%d,%d): out of range (%d bytes)", i, off, off+n, len(b))
+	}
+	// The transport may be writing concurrently only if a case is still
+	// sending; cases read memory after the exchange is over.
+	return append([]byte(nil), b[off:off+n]...), nil
+}
+
+func (s *softSession) WriteMem(ctx context.Context, i, off int, v []byte) error {
+	b := s.bufs[i]
+	if off < 0 || off+len(v) > len(b) {
+		return fmt.Errorf("write MR %d [%d,%d): out of range (%d bytes)", i, off, off+len(v), len(b))
+	}
+	copy(b[off:], v)
+	return nil
+}
+
+func (s *softSession) State(ctx context.Context) (string, error) { return s.qp.State().String(), nil }
+
+func (s *softSession) Close() error {
+	if s.qp != nil {
+		s.qp.Destroy()
+	}
+	for _, m := range s.mrs {
+		s.t.dev.DeregMR(m)
+	}
+	return s.pd.Dealloc()
+}

@@ -1,0 +1,154 @@
+package cases
+
+import (
+	"context"
+	"net/netip"
+	"time"
+)
+
+// Access is a set of memory-region and QP access flags, with the values of
+// enum ibv_access_flags (both targets take them unchanged).
+type Access uint32
+
+// Access flags.
+const (
+	AccessLocalWrite   Access = 1
+	AccessRemoteWrite  Access = 2
+	AccessRemoteRead   Access = 4
+	AccessRemoteAtomic Access = 8
+	AccessAll                 = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+)
+
+// QPSpec says how a case wants the target's QP created and connected to
+// the fake peer. Zero fields take the defaults in brackets.
+type QPSpec struct {
+	// PeerQPN is the fake peer's QP number: the target's destination QP.
+	PeerQPN uint32
+	// RecvPSN is the first PSN the target's responder expects (rq_psn).
+	RecvPSN uint32
+	// SendPSN is the target requester's first PSN (sq_psn).
+	SendPSN uint32
+	// MTU is the path MTU in bytes [1024].
+	MTU int
+	// MinRNRTimer is the RNR NAK timer code the responder sends [12].
+	MinRNRTimer uint8
+	// MaxDestRdAtomic is the number of responder READ/atomic resources [4].
+	MaxDestRdAtomic int
+	// Access are the QP's remote access flags [AccessAll].
+	Access Access
+	// Timeout is the local ACK timeout exponent [14, ~67 ms].
+	Timeout uint8
+	// Retry and RNRRetry are retry_cnt and rnr_retry [3, 3].
+	Retry, RNRRetry uint8
+	// MRs are the memory regions to register: their lengths and access.
+	MRs []MRSpec
+}
+
+func (s *QPSpec) fill() {
+	if s.MTU == 0 {
+		s.MTU = 1024
+	}
+	if s.MinRNRTimer == 0 {
+		s.MinRNRTimer = 12
+	}
+	if s.MaxDestRdAtomic == 0 {
+		s.MaxDestRdAtomic = 4
+	}
+	if s.Access == 0 {
+		s.Access = AccessAll
+	}
+	if s.Timeout == 0 {
+		s.Timeout = 14
+	}
+	if s.Retry == 0 {
+		s.Retry = 3
+	}
+	if s.RNRRetry == 0 {
+		s.RNRRetry = 3
+	}
+	if len(s.MRs) == 0 {
+		s.MRs = []MRSpec{{Len: 16384, Access: AccessAll}}
+	}
+}
+
+// MRSpec is one memory region to register on the target.
+type MRSpec struct {
+	Len    int
+	Access Access
+}
+
+// MR is a registered region of the target: the virtual address and rkey a
+// peer puts into a RETH or AtomicETH.
+type MR struct {
+	Index int // position in QPSpec.MRs
+	Addr  uint64
+	RKey  uint32
+	Len   int
+}
+
+// Completion is a work completion of the target, in libibverbs terms.
+type Completion struct {
+	WRID    uint64
+	Status  int // enum ibv_wc_status: 0 is success
+	Opcode  int // enum ibv_wc_opcode
+	ByteLen uint32
+}
+
+// SendOp is a send work request opcode the target can post.
+type SendOp string
+
+// Send opcodes a case can post on the target.
+const (
+	SendWrite SendOp = "write"
+	SendRead  SendOp = "read"
+	SendSend  SendOp = "send"
+)
+
+// SendReq is a work request a case posts on the target's send queue: Len
+// bytes of MR MR at Off, to the peer's RemoteAddr/RKey.
+type SendReq struct {
+	WRID       uint64
+	Op         SendOp
+	MR         int // index into the session's MRs
+	Off, Len   int
+	RemoteAddr uint64
+	RKey       uint32
+}
+
+// Target is an RC implementation under test: kernel rdma_rxe (through the
+// verbs agent in its VM) or softroce's own transport. A case opens one
+// Session per run and talks to its QP through the fake peer.
+type Target interface {
+	// Name is "rxe" or "softroce".
+	Name() string
+	// Peer is the fake peer on the host side of the target's link.
+	Peer() *Peer
+	// Addr is the target's IP address (the peer sends there).
+	Addr() netip.Addr
+	// Open creates and connects a QP as spec says, with its MRs.
+	Open(ctx context.Context, spec QPSpec) (Session, error)
+	// Close releases the target (not the VM behind it).
+	Close() error
+}
+
+// Session is one QP of a target, connected to the fake peer, with the
+// memory regions and the CQ a case needs.
+type Session interface {
+	// QPN is the target QP's number.
+	QPN() uint32
+	// MR returns the i-th registered region.
+	MR(i int) MR
+	// PostRecv posts a receive of n bytes at off in MR 0.
+	PostRecv(ctx context.Context, wrID uint64, off, n int) error
+	// PostSend posts a send work request (signaled).
+	PostSend(ctx context.Context, r SendReq) error
+	// Poll waits up to d for one completion (nil when none came).
+	Poll(ctx context.Context, d time.Duration) (*Completion, error)
+	// ReadMem and WriteMem access MR i's bytes directly (not over RDMA).
+	ReadMem(ctx context.Context, i, off, n int) ([]byte, error)
+	WriteMem(ctx context.Context, i, off int, b []byte) error
+	// State is the QP state as the target reports it ("RTS", "ERR", ...).
+	State(ctx context.Context) (string, error)
+	// Close destroys the QP and everything created for it.
+	Close() error
+}
