@@ -174,7 +174,7 @@ func TestDecodeSynthetic(t *testing.T) {
 		// UDP port), never bad, never a panic.
 		for cut := 0; cut < len(c.frame); cut++ {
 			r := Decode(c.frame[:cut], ci)
-			if r.RoCE && r.ICRC == "bad" {
+			if r.RoCE && (r.ICRC == "bad" || r.Bad()) {
 				t.Errorf("%s cut at %d: bad (%s)", c.name, cut, r.Malformed)
 			}
 			if r.RoCE && r.ICRC == "ok" && cut < len(c.frame)-4 && c.name != "eth padding" {

@@ -206,12 +206,14 @@ func DecodeLink(lt layers.LinkType, frame []byte, ci gopacket.CaptureInfo) Recor
 	if err != nil {
 		// Headers that claim RoCE but cannot be followed: show what is
 		// known and say why.
+		if fe != nil && fe.Truncated {
+			// Only a GRH gets here: RoCEv1 by its EtherType, cut short.
+			r.Transport, r.ICRC = "RoCEv1", "truncated"
+			return r
+		}
 		r.Transport = "RoCE"
 		r.Malformed = err.Error()
 		r.ICRC = "bad"
-		if fe != nil && fe.Truncated {
-			r.ICRC = "truncated"
-		}
 		return r
 	}
 	r.Base, r.Loc = off, res
@@ -260,6 +262,11 @@ func (r *Record) fill(pkt []byte, res *icrc.Result) {
 		r.PayloadLen = max(0, res.End-res.BTH-p.Info.HdrLen-f.PadCnt-bth.ICRCLen)
 	}
 	if err != nil {
+		// A capture that stops inside the BTH or the extended headers is
+		// cut by its snap length, not malformed: show what was captured.
+		if res.Status == icrc.StatusTruncated && (errors.Is(err, bth.ErrKindShort) || errors.Is(err, bth.ErrKindMissingHeader)) {
+			return
+		}
 		r.Malformed = err.Error()
 		if p.BTH == nil || !p.Info.Valid {
 			return

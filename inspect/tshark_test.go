@@ -37,6 +37,7 @@ func TestAgainstTshark(t *testing.T) {
 	}
 	for _, path := range files {
 		t.Run(filepath.Base(path), func(t *testing.T) {
+			t.Parallel() // tshark's start-up dominates
 			args := []string{"-r", path, "-T", "fields", "-E", "separator=|", "-E", "occurrence=f"}
 			for _, f := range tsharkFields {
 				args = append(args, "-e", f)

@@ -26,6 +26,10 @@ func Line(r *Record) string {
 	for _, v := range r.VLAN {
 		fmt.Fprintf(&b, " vlan %d", v)
 	}
+	if r.OpcodeName == "" {
+		fmt.Fprintf(&b, " %s (BTH not captured) len %d icrc %s", r.Transport, r.PayloadLen, r.ICRC)
+		return b.String()
+	}
 	fmt.Fprintf(&b, " %s %s qp 0x%06x psn %d", r.Transport, r.OpcodeName, r.DestQP, r.PSN)
 	if r.AckReq {
 		b.WriteString(" A")
