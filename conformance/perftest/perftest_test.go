@@ -1,0 +1,250 @@
+package perftest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/verbs"
+)
+
+// The example KEYS message of conformance-catalogue.md C.4, byte for byte.
+func TestKeysMarshal(t *testing.T) {
+	k := Keys{OutReads: 1, QPN: 0x11, PSN: 0xa1b2c3, RKey: 0x1234, VAddr: 0x7f0012345000,
+		GID: verbs.GIDFromAddr(netip.MustParseAddr("192.168.122.113"))}
+	b := k.Marshal()
+	want := "0000:0001:000011:a1b2c3:00001234:00007f0012345000:00:00:00:00:00:00:00:00:00:00:ff:ff:c0:a8:7a:71:00000000:\x00"
+	if len(b) != KeysLen || string(b) != want {
+		t.Fatalf("got %d bytes %q\nwant %q", len(b), b, want)
+	}
+	back, err := ParseKeys(b)
+	if err != nil || back != k {
+		t.Fatalf("round trip: %+v, %v", back, err)
+	}
+	// Widest values still fit the fixed layout.
+	k = Keys{LID: 0xffff, OutReads: 0xffff, QPN: 0xffffff, PSN: 0xffffff, RKey: 0xffffffff, VAddr: ^uint64(0), SRQN: 0xffffffff}
+	for i := range k.GID {
+		k.GID[i] = 0xff
+	}
+	if b := k.Marshal(); len(b) != KeysLen {
+		t.Fatalf("max keys: %d bytes", len(b))
+	}
+}
+
+func TestParseKeysMalformed(t *testing.T) {
+	good := string(Keys{QPN: 1}.Marshal())
+	for _, in := range []string{
+		"",
+		"garbage",
+		strings.Replace(good, "000001", "zzzzzz", 1),          // not hex
+		strings.Replace(good, ":000001:", ":1000001:", 1),     // QPN beyond 24 bits
+		strings.Replace(good, ":00000000:\x00", ":\x00", 1),   // SRQN missing
+		strings.Replace(good, ":00:00:00:", ":100:00:00:", 1), // GID byte > 0xff
+		good[:50], // truncated
+		strings.Replace(good, ":00000000:\x00", ":00000000:00:\x00", 1), // extra field
+	} {
+		if _, err := ParseKeys([]byte(in)); !errors.Is(err, ErrMalformed) {
+			t.Errorf("ParseKeys(%q) = %v, want ErrMalformed", in, err)
+		}
+	}
+}
+
+func TestVersionAndMTU(t *testing.T) {
+	v := MarshalVersion(Version)
+	if len(v) != VersionLen || string(v[:4]) != "6.06" || !allByte(v[4:], 0) {
+		t.Fatalf("version message %q", v)
+	}
+	if s, err := ParseVersion(v); err != nil || s != "6.06" {
+		t.Fatalf("ParseVersion: %q %v", s, err)
+	}
+	if _, err := ParseVersion(MarshalVersion("5.60")); err == nil {
+		t.Fatal("version 5.60 accepted; perftest refuses peers below 5.70")
+	}
+	if _, err := ParseVersion(make([]byte, VersionLen)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("empty version: %v", err)
+	}
+	for mtu, want := range map[int]string{256: "1\x00", 1024: "3\x00", 4096: "5\x00"} {
+		b, err := MarshalMTU(mtu)
+		if err != nil || string(b) != want {
+			t.Fatalf("MarshalMTU(%d) = %q, %v", mtu, b, err)
+		}
+		if ParseMTU(b) != mtu {
+			t.Fatalf("ParseMTU(%q) = %d", b, ParseMTU(b))
+		}
+	}
+	if _, err := MarshalMTU(1500); err == nil {
+		t.Fatal("MTU 1500 accepted")
+	}
+	if ParseMTU([]byte("9\x00")) != 0 || ParseMTU(nil) != 0 {
+		t.Fatal("invalid MTU enum parsed")
+	}
+}
+
+func TestReportFields(t *testing.T) {
+	r := Report{Size: 65536, Iters: 1000, PeakBW: 1234.5, AvgBW: 1000.25, MsgRate: 0.016}
+	f := r.fields()
+	// Big-endian on the wire: the size's high bytes come first.
+	if !bytes.Equal(f[0][:], []byte{0, 0, 0, 0, 0, 1, 0, 0}) {
+		t.Fatalf("size field % x", f[0])
+	}
+	if back := reportFromFields(f); back != r {
+		t.Fatalf("round trip %+v", back)
+	}
+}
+
+func TestParseTest(t *testing.T) {
+	for in, want := range map[string]Test{"write": Write, "ib_read_bw": Read, "atomic": Atomic} {
+		if got, err := ParseTest(in); err != nil || got != want {
+			t.Errorf("ParseTest(%q) = %v, %v", in, got, err)
+		}
+	}
+	if _, err := ParseTest("send"); err == nil {
+		t.Error("send accepted")
+	}
+	if Write.Tool() != "ib_write_bw" {
+		t.Error(Write.Tool())
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c := Config{Test: Atomic}
+	if err := c.defaults(); err != nil || c.Size != 8 || c.Iters != 1000 || c.OutReads != 16 {
+		t.Fatalf("atomic defaults %+v %v", c, err)
+	}
+	c = Config{Test: Write, TxDepth: 10}
+	if err := c.defaults(); err != nil || c.Size != 65536 || c.Iters != 5000 || c.OutReads != 1 || c.CQMod != 10 {
+		t.Fatalf("write defaults %+v %v", c, err)
+	}
+	for _, bad := range []Config{{Test: Atomic, Size: 16}, {MTU: 1500}, {Size: -1}, {Test: 9}, {Iters: -1}} {
+		if err := bad.defaults(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+// TestLoopback runs both roles of every test against each other over
+// kernel UDP sockets on 127.0.0.1 (two UDP ports, one address), with the
+// data checks of both sides.
+func TestLoopback(t *testing.T) {
+	addr := netip.MustParseAddr("127.0.0.1")
+	open := func(port int) *verbs.Device {
+		l, err := udp.Open(udp.Config{Addr: addr, Port: port, SocketBuffer: 4 << 20})
+		if err != nil {
+			t.Skipf("cannot open UDP port %d on loopback: %v", port, err)
+		}
+		d, err := verbs.Open(l, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	ds, dc := open(47921), open(47922)
+	cases := []struct {
+		test      Test
+		atomic    AtomicOp
+		size, mtu int
+		iters     int
+	}{
+		{Write, 0, 2, 1024, 300},
+		{Write, 0, 65536, 4096, 100},
+		{Write, 0, 3000, 256, 50},
+		{Read, 0, 100, 1024, 300},
+		{Read, 0, 65536, 1024, 50},
+		{Atomic, FetchAndAdd, 8, 1024, 500},
+		{Atomic, CmpAndSwap, 8, 1024, 200},
+	}
+	for i, tc := range cases {
+		t.Run(fmt.Sprintf("%v/%d/size%d/mtu%d", tc.test, tc.atomic, tc.size, tc.mtu), func(t *testing.T) {
+			base := Config{Test: tc.test, Atomic: tc.atomic, Port: 47930 + i, Size: tc.size, MTU: tc.mtu, Iters: tc.iters,
+				Timeout: 20 * time.Second}
+			var wg sync.WaitGroup
+			var sout, cout bytes.Buffer
+			var sres, cres *Result
+			var serr, cerr error
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				c := base
+				c.RemotePort = 47922
+				sres, serr = Run(context.Background(), ds, c, &sout)
+			}()
+			go func() {
+				defer wg.Done()
+				c := base
+				c.Server, c.RemotePort = "127.0.0.1", 47921
+				cres, cerr = Run(context.Background(), dc, c, &cout)
+			}()
+			wg.Wait()
+			if serr != nil || cerr != nil {
+				t.Fatalf("server: %v\n%s\nclient: %v\n%s", serr, &sout, cerr, &cout)
+			}
+			if sres.MTU != tc.mtu || cres.MTU != tc.mtu {
+				t.Fatalf("negotiated MTU %d/%d, want %d", sres.MTU, cres.MTU, tc.mtu)
+			}
+			// The passive side prints the active side's numbers.
+			if sres.Report != cres.Report || cres.Report.Iters != uint64(tc.iters) || cres.Report.AvgBW <= 0 {
+				t.Fatalf("reports: server %+v, client %+v", sres.Report, cres.Report)
+			}
+			if sres.Checked == "" || (tc.test != Write && cres.Checked == "") {
+				t.Fatalf("data checks did not run: server %q, client %q", sres.Checked, cres.Checked)
+			}
+			if sres.Local.QPN != cres.Remote.QPN || sres.Remote.PSN != cres.Local.PSN {
+				t.Fatalf("keys: server %+v / %+v, client %+v / %+v", sres.Local, sres.Remote, cres.Local, cres.Remote)
+			}
+			t.Logf("%s\nclient %+v\nserver %+v", lastLines(cout.String(), 3), cres.Stats, sres.Stats)
+		})
+	}
+}
+
+// TestMTUNegotiation: each side adopts the smaller of the two MTUs.
+func TestMTUNegotiation(t *testing.T) {
+	addr := netip.MustParseAddr("127.0.0.1")
+	var devs [2]*verbs.Device
+	for i := range devs {
+		l, err := udp.Open(udp.Config{Addr: addr, Port: 47941 + i})
+		if err != nil {
+			t.Skipf("loopback UDP: %v", err)
+		}
+		if devs[i], err = verbs.Open(l, nil); err != nil {
+			t.Fatal(err)
+		}
+		defer devs[i].Close()
+	}
+	var wg sync.WaitGroup
+	var res [2]*Result
+	var errs [2]error
+	for i, mtu := range []int{4096, 512} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := Config{Test: Write, Port: 47945, Size: 4096, Iters: 20, MTU: mtu, RemotePort: uint16(47942 - i), Timeout: 20 * time.Second}
+			if i == 1 {
+				c.Server = "127.0.0.1"
+			}
+			res[i], errs[i] = Run(context.Background(), devs[i], c, &bytes.Buffer{})
+		}()
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatal(errs)
+	}
+	if res[0].MTU != 512 || res[1].MTU != 512 {
+		t.Fatalf("MTUs %d %d, want 512", res[0].MTU, res[1].MTU)
+	}
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}

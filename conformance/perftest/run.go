@@ -1,0 +1,474 @@
+package perftest
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/softroce/softroce/transport/rc"
+	"github.com/softroce/softroce/verbs"
+)
+
+// Test is the RDMA operation a bandwidth test measures.
+type Test int
+
+// The tests, named after the perftest tool each one pairs with.
+const (
+	Write  Test = iota + 1 // ib_write_bw: RDMA WRITE
+	Read                   // ib_read_bw: RDMA READ
+	Atomic                 // ib_atomic_bw: FETCH_AND_ADD or CMP_AND_SWAP
+)
+
+// String is the short name used on the command line ("write", ...).
+func (t Test) String() string {
+	switch t {
+	case Write:
+		return "write"
+	case Read:
+		return "read"
+	case Atomic:
+		return "atomic"
+	}
+	return "Test(" + strconv.Itoa(int(t)) + ")"
+}
+
+// Tool is the perftest binary that speaks this test.
+func (t Test) Tool() string { return "ib_" + t.String() + "_bw" }
+
+// ParseTest maps "write", "read", "atomic" (or the tool names) to a Test.
+func ParseTest(s string) (Test, error) {
+	switch strings.TrimSuffix(strings.TrimPrefix(s, "ib_"), "_bw") {
+	case "write":
+		return Write, nil
+	case "read":
+		return Read, nil
+	case "atomic":
+		return Atomic, nil
+	}
+	return 0, fmt.Errorf("perftest: unknown test %q (want write, read or atomic)", s)
+}
+
+// access is the single remote right perftest gives the passive side's QP
+// and MR for the test (catalogue B.3): a write_bw buffer is not readable.
+func (t Test) access() verbs.Access {
+	switch t {
+	case Read:
+		return verbs.AccessRemoteRead
+	case Atomic:
+		return verbs.AccessRemoteAtomic
+	}
+	return verbs.AccessRemoteWrite
+}
+
+// AtomicOp is ib_atomic_bw's -A choice.
+type AtomicOp int
+
+// Atomic operations. perftest adds 1 (FETCH_AND_ADD) or compares with 0
+// and swaps in 0 (CMP_AND_SWAP).
+const (
+	FetchAndAdd AtomicOp = iota
+	CmpAndSwap
+)
+
+// Config mirrors the flags of perftest's bandwidth tools that matter to
+// the exchange and the traffic.
+type Config struct {
+	Test     Test
+	Server   string   // -> connect to this host (active side); empty: listen (passive side)
+	Port     int      // -p, TCP port (18515)
+	Size     int      // -s, message size (65536; atomics are always 8)
+	Iters    int      // -n, iterations (5000 for write, 1000 for read and atomic)
+	MTU      int      // -m, path MTU; 0: the port's active MTU
+	GIDIndex int      // -x
+	TxDepth  int      // -t, outstanding send WRs (128)
+	CQMod    int      // -Q, one signaled WR every CQMod (100)
+	OutReads int      // -o, READ/atomic depth announced and used (16)
+	Atomic   AtomicOp // -A
+	// Gbits reports Gbit/s instead of MiB/s (--report_gbits).
+	Gbits bool
+	// RemotePort is the peer's UDP port when it is not 4791 (another
+	// softroce on the same address).
+	RemotePort uint16
+	// Timeout bounds the whole run (perftest itself waits forever).
+	Timeout time.Duration
+	// Dial and Listen replace the net package's for the TCP exchange.
+	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	Listen func(network, addr string) (net.Listener, error)
+}
+
+func (c *Config) defaults() error {
+	if c.Test == 0 {
+		c.Test = Write
+	}
+	if c.Test < Write || c.Test > Atomic {
+		return fmt.Errorf("perftest: unknown test %d", c.Test)
+	}
+	if c.Port == 0 {
+		c.Port = DefaultPort
+	}
+	if c.Test == Atomic {
+		if c.Size != 0 && c.Size != 8 {
+			return fmt.Errorf("perftest: atomic messages are 8 bytes, not %d", c.Size)
+		}
+		c.Size = 8
+	}
+	if c.Size == 0 {
+		c.Size = 65536
+	}
+	if c.Size < 1 || c.Size > 1<<30 {
+		return fmt.Errorf("perftest: size %d out of range 1..1 GiB", c.Size)
+	}
+	if c.Iters == 0 {
+		c.Iters = 1000
+		if c.Test == Write {
+			c.Iters = 5000
+		}
+	}
+	if c.Iters < 1 {
+		return fmt.Errorf("perftest: iterations %d < 1", c.Iters)
+	}
+	if c.TxDepth == 0 {
+		c.TxDepth = 128
+	}
+	if c.TxDepth < 1 || c.TxDepth > verbs.MaxQPWR {
+		return fmt.Errorf("perftest: tx depth %d out of range 1..%d", c.TxDepth, verbs.MaxQPWR)
+	}
+	if c.CQMod <= 0 {
+		c.CQMod = 100
+	}
+	// A signaled WR must come up before the send queue fills, or the
+	// requester would wait for a completion that was never asked for.
+	c.CQMod = min(c.CQMod, c.TxDepth)
+	if c.OutReads == 0 {
+		c.OutReads = 16
+	}
+	if c.OutReads < 1 || c.OutReads > verbs.MaxQPRDAtom {
+		return fmt.Errorf("perftest: outstanding reads %d out of range 1..%d", c.OutReads, verbs.MaxQPRDAtom)
+	}
+	if c.Test == Write {
+		c.OutReads = 1 // what ib_write_bw announces
+	}
+	if c.MTU != 0 {
+		if _, err := mtuEnum(c.MTU); err != nil {
+			return err
+		}
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 60 * time.Second
+	}
+	return nil
+}
+
+// Result is what one run agreed on and measured.
+type Result struct {
+	Local, Remote Keys
+	PeerVersion   string
+	MTU           int // negotiated path MTU
+	CycleBuffer   int // negotiated cycle buffer (the larger page size)
+	CacheLine     int // negotiated cache line
+	// Report holds the active side's numbers: softroce's own when it
+	// was active, the peer's when it was passive (perftest's rule).
+	Report Report
+	// Checked says which data check ran and passed ("" when none could
+	// run, e.g. softroce writing into a write-only perftest buffer).
+	Checked string
+	// Stats are the transport counters of softroce's QP at the end
+	// (retransmissions, timeouts, NAKs: what explains a slow run).
+	Stats rc.QPStats
+}
+
+// Active reports whether the side with this configuration posts the
+// traffic (the TCP connector, as in perftest's one-way tests).
+func (c *Config) Active() bool { return c.Server != "" }
+
+// canary fills buffers before the run, so that the data checks can tell
+// bytes the peer wrote from bytes nobody touched.
+const canary = 0x5a
+
+// Run performs one test session on dev, printing what perftest prints (the
+// addresses and the result table) to out.
+func Run(ctx context.Context, dev *verbs.Device, cfg Config, out io.Writer) (*Result, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	conn, err := connect(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	// Unblock a pending read or write as soon as ctx ends (e.g. Ctrl-C).
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	defer stop()
+	s := &session{cfg: cfg, dev: dev, conn: conn, connector: cfg.Active(), out: out}
+	return s.run(ctx)
+}
+
+func connect(ctx context.Context, cfg Config) (net.Conn, error) {
+	if cfg.Server != "" {
+		dial := cfg.Dial
+		if dial == nil {
+			dial = (&net.Dialer{}).DialContext
+		}
+		addr := net.JoinHostPort(cfg.Server, strconv.Itoa(cfg.Port))
+		for {
+			conn, err := dial(ctx, "tcp4", addr)
+			if err == nil {
+				return conn, nil
+			}
+			// perftest's client gives up at once; retrying briefly lets
+			// a script start both sides together.
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("connect to %s: %w (is the perftest server running?)", addr, err)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	listen := cfg.Listen
+	if listen == nil {
+		listen = net.Listen
+	}
+	// perftest listens on IPv4 only and accepts exactly one connection.
+	ln, err := listen("tcp4", ":"+strconv.Itoa(cfg.Port))
+	if err != nil {
+		return nil, fmt.Errorf("listen on TCP port %d: %w (choose another with -p)", cfg.Port, err)
+	}
+	defer ln.Close()
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	conn, err := ln.Accept()
+	if err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("wait for a client on TCP port %d: %w", cfg.Port, err)
+	}
+	return conn, nil
+}
+
+// session is one run's state.
+type session struct {
+	cfg       Config
+	dev       *verbs.Device
+	conn      net.Conn
+	connector bool
+	out       io.Writer
+	res       Result
+
+	pd  *verbs.PD
+	cq  *verbs.CQ
+	qp  *verbs.QP
+	mr  *verbs.MR
+	buf []byte
+	// Region layout, perftest's: messages of size bytes land every inc
+	// bytes, cycling over slots slots (1 when size > cycle buffer / 2).
+	inc, slots int
+}
+
+// xchg is perftest's ctx_xchg_data: the connector writes its message and
+// then reads the peer's, the listener the other way round. Each message is
+// one write of the whole buffer (perftest does not loop on short reads).
+func (s *session) xchg(step string, my, rem []byte) error {
+	if s.connector {
+		if _, err := s.conn.Write(my); err != nil {
+			return fmt.Errorf("perftest %s: send: %w", step, err)
+		}
+	}
+	if _, err := io.ReadFull(s.conn, rem); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return fmt.Errorf("perftest %s: peer closed the connection (%w); see its output", step, err)
+		}
+		return fmt.Errorf("perftest %s: receive: %w", step, err)
+	}
+	if !s.connector {
+		if _, err := s.conn.Write(my); err != nil {
+			return fmt.Errorf("perftest %s: send: %w", step, err)
+		}
+	}
+	return nil
+}
+
+// keysXchg exchanges KEYS messages; it also serves as perftest's barrier
+// (ctx_hand_shake).
+func (s *session) keysXchg(step string) (Keys, error) {
+	rem := make([]byte, KeysLen)
+	if err := s.xchg(step, s.res.Local.Marshal(), rem); err != nil {
+		return Keys{}, err
+	}
+	k, err := ParseKeys(rem)
+	if err != nil {
+		return Keys{}, fmt.Errorf("perftest %s: %w", step, err)
+	}
+	return k, nil
+}
+
+func (s *session) run(ctx context.Context) (*Result, error) {
+	cfg := &s.cfg
+	// Version (step 2).
+	rv := make([]byte, VersionLen)
+	if err := s.xchg("version exchange", MarshalVersion(Version), rv); err != nil {
+		return nil, err
+	}
+	v, err := ParseVersion(rv)
+	if err != nil {
+		return nil, err
+	}
+	s.res.PeerVersion = v
+	// System data (step 3): both sides adopt the larger cycle buffer
+	// (page size) and cache line.
+	s.res.CycleBuffer, err = s.xchgInt("cycle buffer exchange", 4096)
+	if err != nil {
+		return nil, err
+	}
+	s.res.CacheLine, err = s.xchgInt("cache line exchange", 64)
+	if err != nil {
+		return nil, err
+	}
+	if s.res.CycleBuffer < 64 || s.res.CycleBuffer > 1<<24 || s.res.CacheLine < 8 || s.res.CacheLine > s.res.CycleBuffer {
+		return nil, fmt.Errorf("%w: system data cycle buffer %d, cache line %d", ErrMalformed, s.res.CycleBuffer, s.res.CacheLine)
+	}
+	// MTU (step 4): min(local, remote) when the remote value is valid.
+	mtu := cfg.MTU
+	if mtu == 0 {
+		mtu = s.dev.QueryPort().ActiveMTU
+	}
+	mm, err := MarshalMTU(mtu)
+	if err != nil {
+		return nil, err
+	}
+	rm := make([]byte, MTULen)
+	if err := s.xchg("MTU exchange", mm, rm); err != nil {
+		return nil, err
+	}
+	if r := ParseMTU(rm); r != 0 && r < mtu {
+		mtu = r
+	}
+	s.res.MTU = mtu
+
+	if err := s.setup(); err != nil {
+		return nil, err
+	}
+	defer s.teardown()
+
+	// Keys, first round (step 5), then the GID-type check (step 6).
+	rem, err := s.keysXchg("keys exchange")
+	if err != nil {
+		return nil, err
+	}
+	s.res.Remote = rem
+	if s.res.Local.GID.Addr().Is4() != rem.GID.Addr().Is4() {
+		return nil, fmt.Errorf("perftest: GID type mismatch (local %v, remote %v): use the same IP version on both sides", s.res.Local.GID, rem.GID)
+	}
+	// QP bring-up (step 7).
+	if err := s.connectQP(); err != nil {
+		return nil, err
+	}
+	fmt.Fprintln(s.out, dashes)
+	s.printAddr("local", s.res.Local)
+	// Keys, second round (step 8), and the barrier after RTR (step 9):
+	// traffic starts only after it.
+	if again, err := s.keysXchg("second keys exchange"); err != nil {
+		return nil, err
+	} else if again != rem {
+		return nil, fmt.Errorf("%w: keys changed between rounds (%+v, then %+v)", ErrMalformed, rem, again)
+	}
+	s.printAddr("remote", rem)
+	fmt.Fprintln(s.out, dashes)
+	if _, err := s.keysXchg("barrier after RTR"); err != nil {
+		return nil, err
+	}
+	var my Report
+	if s.connector {
+		my, err = s.traffic(ctx)
+		if err != nil {
+			return nil, err
+		}
+	}
+	// Finish barrier (step 11): the passive side blocks here for the whole
+	// run; the active side arrives once its last WR completed.
+	if _, err := s.keysXchg("finish barrier"); err != nil {
+		return nil, err
+	}
+	// Reports (step 12): the passive side prints the active side's.
+	var myF, remF [5][8]byte = my.fields(), [5][8]byte{}
+	for i := range myF {
+		if err := s.xchg("report exchange", myF[i][:], remF[i][:]); err != nil {
+			return nil, err
+		}
+	}
+	if s.connector {
+		s.res.Report = my
+	} else {
+		s.res.Report = reportFromFields(remF)
+	}
+	// Close (step 13): a last barrier, then "done" which nobody reads.
+	if _, err := s.keysXchg("closing barrier"); err != nil {
+		return nil, err
+	}
+	if _, err := s.conn.Write([]byte("done\x00")); err != nil {
+		return nil, fmt.Errorf("perftest close: send done: %w", err)
+	}
+	s.res.Stats = s.stats()
+	s.printReport()
+	if !s.connector {
+		// Deregistering waits for the remote accesses still in flight,
+		// so no late packet changes the buffer while it is checked.
+		if err := s.dev.DeregMR(s.mr); err != nil {
+			return nil, fmt.Errorf("perftest: deregister the exposed buffer: %w", err)
+		}
+		s.mr = nil
+		if err := s.checkPassive(); err != nil {
+			return &s.res, err
+		}
+	}
+	return &s.res, nil
+}
+
+func (s *session) xchgInt(step string, v int) (int, error) {
+	var my, rem [4]byte
+	binary.BigEndian.PutUint32(my[:], uint32(int32(v)))
+	if err := s.xchg(step, my[:], rem[:]); err != nil {
+		return 0, err
+	}
+	return max(v, int(int32(binary.BigEndian.Uint32(rem[:])))), nil
+}
+
+const dashes = "---------------------------------------------------------------------------------------"
+
+func (s *session) printAddr(side string, k Keys) {
+	fmt.Fprintf(s.out, " %s address: LID %#04x QPN %#06x PSN %#06x", side, k.LID, k.QPN, k.PSN)
+	if s.cfg.Test != Write {
+		fmt.Fprintf(s.out, " OUT %#04x", k.OutReads)
+	}
+	fmt.Fprintf(s.out, " RKey %#08x VAddr %#016x\n", k.RKey, k.VAddr)
+	g := k.GID
+	fmt.Fprintf(s.out, " GID: %02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d\n",
+		g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15])
+}
+
+// printReport prints the result table in perftest's layout (the header
+// and row that rxevm.ParseBW and scripts parse).
+func (s *session) printReport() {
+	unit := "MB/sec"
+	if s.cfg.Gbits {
+		unit = "Gb/sec"
+	}
+	r := s.res.Report
+	fmt.Fprintf(s.out, " #bytes     #iterations    BW peak[%s]    BW average[%s]   MsgRate[Mpps]\n", unit, unit)
+	fmt.Fprintf(s.out, " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n", r.Size, r.Iters, r.PeakBW, r.AvgBW, r.MsgRate)
+	fmt.Fprintln(s.out, dashes)
+	if s.res.Checked != "" {
+		fmt.Fprintf(s.out, " data check: %s\n", s.res.Checked)
+	}
+}
