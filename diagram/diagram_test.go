@@ -1,0 +1,205 @@
+package diagram_test
+
+import (
+	"bytes"
+	"context"
+	"image"
+	"image/png"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gopacket/gopacket"
+
+	"github.com/softroce/softroce/bth"
+	"github.com/softroce/softroce/demo"
+	"github.com/softroce/softroce/diagram"
+	"github.com/softroce/softroce/inspect"
+)
+
+var (
+	reqA = netip.MustParseAddr("192.0.2.1")
+	rspB = netip.MustParseAddr("192.0.2.2")
+)
+
+// frame builds one decoded record.
+func frame(t *testing.T, at time.Duration, src, dst netip.Addr, f bth.Fields, payload int, corrupt bool) inspect.Record {
+	t.Helper()
+	fr, err := inspect.BuildFrame(&inspect.FrameSpec{Src: src, Dst: dst, Fields: f, Payload: make([]byte, payload)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if corrupt {
+		fr[len(fr)-1] ^= 0xff
+	}
+	return inspect.Decode(fr, gopacket.CaptureInfo{Timestamp: time.Unix(1000, 0).Add(at), Length: len(fr), CaptureLength: len(fr)})
+}
+
+// trouble is a conversation with one of everything the diagram must
+// highlight: a PSN sequence NAK, a retransmission, an RNR NAK and a packet
+// whose ICRC fails.
+func trouble(t *testing.T) []inspect.Record {
+	w := func(op bth.Opcode, psn uint32) bth.Fields {
+		return bth.Fields{BTH: bth.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 0x12, PSN: psn, AckReq: op == bth.RCWriteLast || op == bth.RCSendOnly}, VA: 0x1000, RKey: 7, DMALen: 3000}
+	}
+	ack := func(s bth.Syndrome, psn, msn uint32) bth.Fields {
+		return bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCAck, PKey: 0xffff, DestQP: 0x34, PSN: psn}, Syndrome: s, MSN: msn}
+	}
+	ms := time.Millisecond
+	return []inspect.Record{
+		frame(t, 0, reqA, rspB, w(bth.RCWriteFirst, 10), 1024, false),
+		frame(t, 1*ms, reqA, rspB, w(bth.RCWriteLast, 12), 952, false), // 11 went missing
+		frame(t, 2*ms, rspB, reqA, ack(bth.SyndromePSNSeqError, 11, 0), 0, false),
+		frame(t, 3*ms, reqA, rspB, w(bth.RCWriteMiddle, 11), 1024, false),
+		frame(t, 4*ms, reqA, rspB, w(bth.RCWriteLast, 12), 952, false),
+		frame(t, 5*ms, rspB, reqA, ack(bth.SyndromeACKUnlimited, 12, 1), 0, false),
+		frame(t, 6*ms, reqA, rspB, w(bth.RCSendOnly, 13), 64, true),
+		frame(t, 80*ms, reqA, rspB, w(bth.RCSendOnly, 13), 64, false),
+		frame(t, 81*ms, rspB, reqA, ack(bth.RNRNAK(14), 13, 1), 0, false),
+		frame(t, 90*ms, reqA, rspB, w(bth.RCSendOnly, 13), 64, false),
+		frame(t, 91*ms, rspB, reqA, ack(bth.SyndromeACKUnlimited, 13, 2), 0, false),
+	}
+}
+
+func TestRenderMarks(t *testing.T) {
+	recs := trouble(t)
+	for _, format := range []string{"html", "svg"} {
+		var b bytes.Buffer
+		if err := diagram.Render(&b, recs, format); err != nil {
+			t.Fatal(err)
+		}
+		out := b.String()
+		count := func(class string) int {
+			return len(regexp.MustCompile(`<g class="pkt `+class+`"`).FindAllStringIndex(out, -1))
+		}
+		// 12 resent after the NAK, 13 resent after the bad ICRC and after
+		// the RNR NAK.
+		if n := count("retx"); n != 3 {
+			t.Errorf("%s: %d retransmissions marked, want 3", format, n)
+		}
+		if count("nak") != 1 || count("rnr") != 1 || count("bad") != 1 {
+			t.Errorf("%s: nak %d rnr %d bad %d, want 1 each", format, count("nak"), count("rnr"), count("bad"))
+		}
+		if count("req")+count("resp")+count("retx")+count("nak")+count("rnr")+count("bad") != len(recs) {
+			t.Errorf("%s: arrows do not add up to %d packets", format, len(recs))
+		}
+		for _, want := range []string{"NAK PSN sequence error psn 11", "RNR NAK psn 13", "ICRC BAD", "192.0.2.1 (requester)", "qp 0x000012", "pass"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s: lacks %q", format, want)
+			}
+		}
+		if strings.Contains(out, "http://") && format == "html" && strings.Count(out, "http://") != strings.Count(out, "http://www.w3.org/2000/svg") {
+			t.Errorf("html refers to the network")
+		}
+		if strings.Contains(out, "src=") || strings.Contains(out, "href=\"http") {
+			t.Error("page loads external resources")
+		}
+	}
+	if err := diagram.Render(&bytes.Buffer{}, recs, "pdf"); err == nil {
+		t.Error("unknown format accepted")
+	}
+	if err := diagram.Render(&bytes.Buffer{}, nil, "svg"); err == nil {
+		t.Error("empty input accepted")
+	}
+}
+
+// TestChromium renders a demo run with loss and the trouble conversation
+// in headless Chromium: the page's own script must have run (it writes
+// data-rendered on <body>), no script error may be logged, and the
+// screenshot must not be blank.
+func TestChromium(t *testing.T) {
+	bin := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			bin = p
+			break
+		}
+	}
+	if bin == "" {
+		t.Skip("chromium not installed (Debian package chromium): skipping the browser rendering test")
+	}
+	var sink bytes.Buffer
+	res, err := demo.Run(&sink, demo.Options{Impair: "loss=15%,seed=1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := append(res.Records, trouble(t)...)
+	lost := append(res.Lost, make([]bool, len(recs)-len(res.Lost))...)
+	dir := t.TempDir()
+	page := filepath.Join(dir, "ladder.html")
+	var b bytes.Buffer
+	if err := diagram.Write(&b, recs, diagram.Options{Title: "test run", Lost: lost}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(page, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	shot := filepath.Join(dir, "shot.png")
+	args := func(extra ...string) []string {
+		a := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+			"--disable-component-update", "--disable-sync", "--no-first-run", "--user-data-dir=" + t.TempDir(),
+			"--enable-logging=stderr", "--v=0", "--window-size=1200,900"}
+		return append(append(a, extra...), "file://"+page)
+	}
+	run := func(extra ...string) (stdout, stderr string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, args(extra...)...)
+		var o, e bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &e
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("%s: %v\n%s", bin, err, e.String())
+		}
+		return o.String(), e.String()
+	}
+	dom, logs := run("--dump-dom")
+	if !regexp.MustCompile(`data-rendered="[1-9][0-9]*"`).MatchString(dom) {
+		t.Errorf("the page's script did not run: no data-rendered in the DOM")
+	}
+	for _, bad := range []string{"Uncaught", "SyntaxError", "ReferenceError", "TypeError"} {
+		if strings.Contains(logs, bad) {
+			t.Errorf("script error in the browser log:\n%s", logs)
+		}
+	}
+	if os.Getenv("DIAGRAM_KEEP") != "" {
+		os.WriteFile(os.Getenv("DIAGRAM_KEEP")+".html", b.Bytes(), 0o644)
+	}
+	run("--screenshot=" + shot)
+	f, err := os.Open(shot)
+	if err != nil {
+		t.Fatalf("no screenshot: %v", err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	if colors := distinct(img, 16); colors < 5 {
+		t.Errorf("screenshot has %d colours: blank page?", colors)
+	}
+	if keep := os.Getenv("DIAGRAM_KEEP"); keep != "" {
+		data, _ := os.ReadFile(shot)
+		os.WriteFile(keep+".png", data, 0o644)
+	}
+}
+
+// distinct counts distinct colours, stopping at limit.
+func distinct(img image.Image, limit int) int {
+	seen := map[[4]uint32]bool{}
+	r := img.Bounds()
+	for y := r.Min.Y; y < r.Max.Y; y += 3 {
+		for x := r.Min.X; x < r.Max.X; x += 3 {
+			c0, c1, c2, c3 := img.At(x, y).RGBA()
+			seen[[4]uint32{c0, c1, c2, c3}] = true
+			if len(seen) >= limit {
+				return len(seen)
+			}
+		}
+	}
+	return len(seen)
+}
