@@ -420,7 +420,7 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 		return nil, fmt.Errorf("perftest close: send done: %w", err)
 	}
 	s.res.Stats = s.stats()
-	s.printReport()
+	var checkErr error
 	if !s.connector {
 		// Deregistering waits for the remote accesses still in flight,
 		// so no late packet changes the buffer while it is checked.
@@ -428,9 +428,11 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 			return nil, fmt.Errorf("perftest: deregister the exposed buffer: %w", err)
 		}
 		s.mr = nil
-		if err := s.checkPassive(); err != nil {
-			return &s.res, err
-		}
+		checkErr = s.checkPassive()
+	}
+	s.printReport()
+	if checkErr != nil {
+		return &s.res, checkErr
 	}
 	return &s.res, nil
 }

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/softroce/softroce/conformance/perftest"
+	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/verbs"
+)
+
+func init() {
+	register("perftest", "RDMA WRITE/READ/atomic bandwidth, protocol-compatible with ib_write_bw, ib_read_bw, ib_atomic_bw", runPerftest)
+}
+
+func runPerftest(args []string) int {
+	fs := flag.NewFlagSet("perftest", flag.ContinueOnError)
+	var cfg perftest.Config
+	var lf linkFlags
+	fs.IntVar(&cfg.Port, "p", perftest.DefaultPort, "TCP port of the out-of-band exchange")
+	fs.IntVar(&cfg.Size, "s", 0, "message size (default 65536; atomics are 8)")
+	fs.IntVar(&cfg.Iters, "n", 0, "iterations (default 5000 for write, 1000 for read and atomic)")
+	fs.IntVar(&cfg.MTU, "m", 0, "path MTU: 256, 512, 1024, 2048 or 4096 (default: the port's active MTU; the smaller side wins)")
+	fs.IntVar(&cfg.GIDIndex, "x", 0, "local GID index (the --bind address is index 0)")
+	fs.IntVar(&cfg.TxDepth, "t", 128, "outstanding work requests")
+	fs.IntVar(&cfg.CQMod, "Q", 100, "signal one work request in this many")
+	fs.IntVar(&cfg.OutReads, "o", 16, "outstanding READ/atomic requests (announced to the peer)")
+	atomicOp := fs.String("A", "FETCH_AND_ADD", "atomic operation: FETCH_AND_ADD or CMP_AND_SWAP")
+	fs.BoolVar(&cfg.Gbits, "report_gbits", false, "report Gbit/s instead of MB/s")
+	qps := fs.Int("q", 1, "number of QPs (only 1 is implemented)")
+	_ = fs.String("d", "", "IB device (accepted; the device is the --bind address)")
+	_ = fs.Int("i", 1, "port of the IB device (accepted; softroce has port 1)")
+	_ = fs.Bool("F", false, "do not fail on CPU frequency warnings (accepted)")
+	_ = fs.Bool("e", false, "sleep on CQ events (accepted; softroce always waits without spinning)")
+	_ = fs.String("c", "RC", "connection type (only RC)")
+	timeout := fs.Duration("timeout", 120*time.Second, "give up after this long (perftest itself waits forever)")
+	fs.StringVar(&lf.bind, "bind", "", "local IP address to use (default: the one that routes to the server)")
+	fs.StringVar(&lf.backend, "backend", "udp", "packet backend: udp or afxdp")
+	fs.IntVar(&lf.udpPort, "udp-port", 4791, "local UDP port")
+	peerPort := fs.Int("peer-udp-port", 4791, "the peer's UDP port (change only against another softroce on the same address)")
+	sockBuf := fs.Int("socket-buffer", 4<<20, "udp backend: SO_RCVBUF/SO_SNDBUF bytes (capped by net.core.rmem_max); a full receive buffer drops packets and costs go-back-N retransmissions")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: softroce perftest write|read|atomic [flags]          wait for a client (passive side)\n"+
+			"       softroce perftest write|read|atomic [flags] SERVER   connect and post the traffic (active side)\n\n"+
+			"Talks to ib_write_bw, ib_read_bw and ib_atomic_bw (perftest 4.5, TCP exchange, RC) in either role.\n\n")
+		fs.PrintDefaults()
+	}
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		fs.Usage()
+		return 2
+	}
+	test, err := perftest.ParseTest(args[0])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "softroce perftest:", err)
+		return 2
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	// Flags after the server name, as perftest allows.
+	var rest []string
+	for fs.NArg() > 0 {
+		rest = append(rest, fs.Arg(0))
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return 2
+		}
+	}
+	if len(rest) > 1 {
+		fs.Usage()
+		return 2
+	}
+	if *qps != 1 {
+		fmt.Fprintln(os.Stderr, "softroce perftest: only -q 1 is implemented")
+		return 2
+	}
+	cfg.Test = test
+	switch strings.ToUpper(*atomicOp) {
+	case "FETCH_AND_ADD":
+		cfg.Atomic = perftest.FetchAndAdd
+	case "CMP_AND_SWAP":
+		cfg.Atomic = perftest.CmpAndSwap
+	default:
+		fmt.Fprintf(os.Stderr, "softroce perftest: -A %q: want FETCH_AND_ADD or CMP_AND_SWAP\n", *atomicOp)
+		return 2
+	}
+	if len(rest) == 1 {
+		cfg.Server = rest[0]
+	}
+	cfg.RemotePort = uint16(*peerPort)
+	cfg.Timeout = *timeout
+	link, err := openPerftestLink(lf, cfg.Server, *sockBuf)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "softroce perftest:", err)
+		return 1
+	}
+	dev, err := verbs.Open(link, nil)
+	if err != nil {
+		link.Close()
+		fmt.Fprintln(os.Stderr, "softroce perftest:", err)
+		return 1
+	}
+	defer dev.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	fmt.Printf("%s\n                    %s BW Test (softroce, perftest protocol %s)\n", strings.Repeat("-", 87), testTitle(test, cfg.Atomic), perftest.Version)
+	if cfg.Server == "" {
+		fmt.Printf(" Waiting for client to connect on TCP port %d...\n", cfg.Port)
+	}
+	if _, err := perftest.Run(ctx, dev, cfg, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "softroce perftest:", err)
+		return 1
+	}
+	return 0
+}
+
+// openPerftestLink opens the backend like openLink, but gives the udp
+// backend bigger socket buffers: a bandwidth test keeps up to -t messages
+// in flight, far more than the default receive buffer holds.
+func openPerftestLink(lf linkFlags, peer string, sockBuf int) (nic.Link, error) {
+	if lf.backend != "" && lf.backend != "udp" {
+		return openLink(lf, peer)
+	}
+	addr, err := localAddr(lf.bind, peer)
+	if err != nil {
+		return nil, err
+	}
+	l, err := udp.Open(udp.Config{Addr: addr, Port: lf.udpPort, SocketBuffer: sockBuf})
+	if err != nil {
+		return nil, fmt.Errorf("open UDP backend on %v: %w", addr, err)
+	}
+	return l, nil
+}
+
+func testTitle(t perftest.Test, op perftest.AtomicOp) string {
+	switch t {
+	case perftest.Read:
+		return "RDMA_Read"
+	case perftest.Atomic:
+		if op == perftest.CmpAndSwap {
+			return "Atomic CMP_AND_SWAP"
+		}
+		return "Atomic FETCH_AND_ADD"
+	}
+	return "RDMA_Write"
+}
