@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softroce/softroce/nic/impair"
 )
 
@@ -25,6 +27,11 @@ func TestRelay(t *testing.T) {
 		return err
 	})
 	defer rx.Close()
+	// Delayed frames come out in bursts: give the receiver room (as root,
+	// past net.core.rmem_max) so that only the relay loses packets.
+	if rc, err := rx.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20) })
+	}
 	var tx *net.UDPConn
 	a.NS.Run(t, func() (err error) {
 		tx, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a.Addr(), 4791)))
