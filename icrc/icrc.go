@@ -36,9 +36,13 @@ func update(crc uint32, p []byte) uint32 { return crc32.Update(crc, crc32.IEEETa
 // handing it a stack buffer moves the buffer to the heap (the hardware
 // path is called through a function value), which would cost one
 // allocation per packet.
-var slicing8 [8][256]uint32
+//
+// It is built by a variable initializer, not init, because the fast-path
+// tables (fast.go, whose init runs first) are derived from it.
+var slicing8 = makeSlicing8()
 
-func init() {
+func makeSlicing8() *[8][256]uint32 {
+	var t [8][256]uint32
 	for i := range 256 {
 		c := uint32(i)
 		for range 8 {
@@ -48,22 +52,23 @@ func init() {
 				c >>= 1
 			}
 		}
-		slicing8[0][i] = c
+		t[0][i] = c
 	}
 	for i := range 256 {
-		c := slicing8[0][i]
-		for t := 1; t < 8; t++ {
-			c = slicing8[0][c&0xff] ^ c>>8
-			slicing8[t][i] = c
+		c := t[0][i]
+		for k := 1; k < 8; k++ {
+			c = t[0][c&0xff] ^ c>>8
+			t[k][i] = c
 		}
 	}
+	return &t
 }
 
 // updateSmall is crc32.Update(crc, IEEETable, p) for short buffers that
 // must stay on the caller's stack.
 func updateSmall(crc uint32, p []byte) uint32 {
 	crc = ^crc
-	t := &slicing8
+	t := slicing8
 	for len(p) >= 8 {
 		crc ^= uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16 | uint32(p[3])<<24
 		crc = t[0][p[7]] ^ t[1][p[6]] ^ t[2][p[5]] ^ t[3][p[4]] ^
@@ -85,13 +90,19 @@ func tail(crc uint32, roce []byte) uint32 {
 	return update(crc, roce[bthLen:len(roce)-Len])
 }
 
-// The sums below stage the masked headers (IP or GRH, UDP, BTH) in one
-// stack buffer so that they cost a single CRC call, then hash the rest of
-// the packet in place. Callers have checked the lengths.
+// The sums below take the fast path (fast.go) when the headers and the
+// packet are contiguous and long enough. Otherwise they stage the masked
+// headers (IP or GRH, UDP, BTH) in one stack buffer, hash it, then hash
+// the rest of the packet in place. Callers have checked the lengths.
 
 // ipv4Sum: ip is the whole IPv4 header (20..60 bytes), udp the UDP
 // segment through the ICRC (at least 8+12+4 bytes).
 func ipv4Sum(ip, udp []byte) uint32 {
+	if pkt, ok := contiguous(ip, udp); ok {
+		if c, ok := fastIPv4(pkt, len(ip)); ok {
+			return c
+		}
+	}
 	var h [60 + 8 + bthLen]byte
 	n := copy(h[:], ip)
 	h[1] = 0xff               // TOS (DSCP and ECN) may change in flight
@@ -106,6 +117,11 @@ func ipv4Sum(ip, udp []byte) uint32 {
 
 // ipv6Sum: ip is the 40-byte IPv6 header, udp as for ipv4Sum.
 func ipv6Sum(ip, udp []byte) uint32 {
+	if pkt, ok := contiguous(ip[:40], udp); ok {
+		if c, ok := fastGRH(pkt, 8); ok {
+			return c
+		}
+	}
 	var h [40 + 8 + bthLen]byte
 	copy(h[:], ip[:40])
 	maskGRH(h[:40])
@@ -118,6 +134,11 @@ func ipv6Sum(ip, udp []byte) uint32 {
 
 // roceV1Sum: grh is the 40-byte GRH, roce the BTH through the ICRC.
 func roceV1Sum(grh, roce []byte) uint32 {
+	if pkt, ok := contiguous(grh[:40], roce); ok {
+		if c, ok := fastGRH(pkt, 0); ok {
+			return c
+		}
+	}
 	var h [40 + bthLen]byte
 	copy(h[:], grh[:40])
 	maskGRH(h[:40])
