@@ -40,3 +40,21 @@ func TestSoftroceResponder(t *testing.T) {
 		})
 	}
 }
+
+// TestRxe runs every case against kernel rdma_rxe and asserts the
+// behaviour rc-behaviour.md documents: a pass where rxe follows the spec,
+// the labelled deviation where it does not.
+func TestRxe(t *testing.T) {
+	if rxeTarget == nil {
+		t.Skip("no rdma_rxe VM: set SOFTROCE_RXE=1 and run as root")
+	}
+	for _, c := range All {
+		t.Run(c.ID, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			r := Run(ctx, rxeTarget, c)
+			t.Logf("%s: %s (%s)", r.Verdict, r.Observed, strings.Join(r.Notes, "; "))
+			expectVerdict(t, c, r)
+		})
+	}
+}

@@ -2,9 +2,13 @@ package cases
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/netip"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/softroce/softroce/conformance/agent"
@@ -180,4 +184,40 @@ func (s *rxeSession) Close() error {
 	defer cancel()
 	s.t.open = false
 	return s.t.ag.DestroyAll(ctx)
+}
+
+// BootRxeVM builds (or takes from the cache) the rdma_rxe guest and the
+// verbs agent, and boots a VM with the agent installed. The caller closes
+// the VM. It needs root, qemu, gcc and libibverbs-dev (see package rxevm).
+func BootRxeVM(ctx context.Context, log io.Writer) (*rxevm.VM, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the rdma_rxe VM needs root (network namespaces, tap devices)")
+	}
+	img, err := rxevm.Build(ctx, rxevm.Config{Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("build the rxe guest image: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "softroce-agent-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	bin, err := agent.Build(ctx, dir)
+	if err != nil {
+		return nil, fmt.Errorf("build the verbs agent: %w", err)
+	}
+	vm, err := rxevm.Boot(ctx, img, rxevm.Options{Log: log, Files: []rxevm.File{agent.GuestFile(bin)}})
+	if err != nil {
+		return nil, fmt.Errorf("boot the rxe guest: %w", err)
+	}
+	return vm, nil
+}
+
+// KernelRelease is the guest kernel's release (uname -r), for reports.
+func (t *RxeTarget) KernelRelease(ctx context.Context) string {
+	out, err := t.vm.Run(ctx, "uname -r")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(out)
 }

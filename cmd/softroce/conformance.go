@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/softroce/softroce/conformance/cases"
+)
+
+func init() {
+	register("conformance", "packet-level conformance cases against kernel rdma_rxe and softroce; writes a report", runConformance)
+}
+
+func runConformance(args []string) int {
+	fs := flag.NewFlagSet("conformance", flag.ContinueOnError)
+	out := fs.String("out", ".", "directory for conformance-report.md and conformance-report.json")
+	pcapDir := fs.String("pcap", "", "directory for one pcap per case and target (read them with 'softroce inspect')")
+	only := fs.String("only", "", "run only the cases whose ID matches this regular expression")
+	timeout := fs.Duration("timeout", 20*time.Minute, "give up after this long")
+	list := fs.Bool("list", false, "list the cases and exit")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage: softroce conformance rxe  [flags]   boot a kernel rdma_rxe VM (root) and run every case against rxe and softroce
+       softroce conformance self [flags]   run every case against softroce only (no root, no VM)
+
+Each case crafts exact RoCEv2 packets from a fake peer to a QP of the target
+and judges the answers against the IBTA specification.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	var mode string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		mode, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if mode == "" && fs.NArg() > 0 {
+		mode = fs.Arg(0)
+	}
+	if *list {
+		for _, c := range cases.All {
+			fmt.Printf("%-40s %s\n", c.ID, c.Spec)
+		}
+		return 0
+	}
+	if mode != "rxe" && mode != "self" {
+		fs.Usage()
+		return 2
+	}
+	var re *regexp.Regexp
+	if *only != "" {
+		var err error
+		if re, err = regexp.Compile(*only); err != nil {
+			fmt.Fprintf(os.Stderr, "softroce conformance: --only: %v\n", err)
+			return 2
+		}
+	}
+	if mode == "rxe" && os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "softroce conformance rxe: needs root to create the VM's network namespace and tap device (run 'softroce conformance self' for softroce alone)")
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	env := map[string]string{}
+	var targets []cases.Target
+	if mode == "rxe" {
+		vm, err := cases.BootRxeVM(ctx, os.Stderr)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "softroce conformance: %v\n", err)
+			return 1
+		}
+		defer vm.Close()
+		rxe, err := cases.NewRxeTarget(ctx, vm)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "softroce conformance: %v\n", err)
+			return 1
+		}
+		defer rxe.Close()
+		env["rxe"] = "Linux " + rxe.KernelRelease(ctx) + " rdma_rxe in a qemu (TCG) guest, driven through libibverbs; fake peer on nic/udp (IPv4)"
+		targets = append(targets, rxe)
+	}
+	soft, err := cases.NewSoftroceTarget()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softroce conformance: %v\n", err)
+		return 1
+	}
+	defer soft.Close()
+	env["softroce"] = "transport/rc through the verbs API on an in-process nic/pipe; fake peer on the pipe's other end"
+	targets = append(targets, soft)
+
+	rep, err := cases.RunAll(ctx, targets, cases.All, cases.Options{Only: re, PcapDir: *pcapDir, Log: os.Stdout, Environment: env})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softroce conformance: %v\n", err)
+		if rep == nil {
+			return 1
+		}
+	}
+	if err := rep.WriteFiles(*out); err != nil {
+		fmt.Fprintf(os.Stderr, "softroce conformance: %v\n", err)
+		return 1
+	}
+	bad := 0
+	for _, t := range rep.Targets {
+		m := rep.Counts(t)
+		fmt.Printf("%s: %d pass, %d documented deviation, %d fail, %d harness error\n", t, m[cases.VerdictPass], m[cases.VerdictDeviation], m[cases.VerdictFail], m[cases.VerdictError])
+		bad += m[cases.VerdictFail] + m[cases.VerdictError]
+	}
+	fmt.Printf("wrote %s/conformance-report.md and .json\n", strings.TrimRight(*out, "/"))
+	if bad > 0 || err != nil {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,253 @@
+package cases
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/softroce/softroce/nic/capture"
+)
+
+// Report is the outcome of a conformance run: every case on every target.
+type Report struct {
+	Generated time.Time `json:"generated"`
+	// Targets are the target names, in column order.
+	Targets []string `json:"targets"`
+	// Environment describes what ran (Go version, rxe guest kernel, ...).
+	Environment map[string]string `json:"environment"`
+	Cases       []*CaseReport     `json:"cases"`
+}
+
+// CaseReport is one case's row.
+type CaseReport struct {
+	ID      string            `json:"id"`
+	Spec    string            `json:"spec"`
+	Known   map[string]string `json:"known_deviations,omitempty"`
+	Results []*Result         `json:"results"`
+}
+
+// Options tune RunAll.
+type Options struct {
+	// Only, if set, selects the cases whose ID matches.
+	Only *regexp.Regexp
+	// PcapDir, if set, receives CASE.TARGET.pcap per case and target.
+	PcapDir string
+	// Log receives one line per finished case (nil: none).
+	Log io.Writer
+	// Environment entries to record in the report.
+	Environment map[string]string
+}
+
+// RunAll runs cases against every target, one case at a time, and
+// returns the report. Harness errors are recorded per case, not returned;
+// the error is for the report's own failures (pcap directory).
+func RunAll(ctx context.Context, targets []Target, cases []*Case, o Options) (*Report, error) {
+	r := &Report{Generated: time.Now().UTC(), Environment: map[string]string{"go": runtime.Version()}}
+	for k, v := range o.Environment {
+		r.Environment[k] = v
+	}
+	for _, t := range targets {
+		r.Targets = append(r.Targets, t.Name())
+	}
+	if o.PcapDir != "" {
+		if err := os.MkdirAll(o.PcapDir, 0o755); err != nil {
+			return nil, fmt.Errorf("create pcap directory: %w", err)
+		}
+	}
+	for _, c := range cases {
+		if o.Only != nil && !o.Only.MatchString(c.ID) {
+			continue
+		}
+		cr := &CaseReport{ID: c.ID, Spec: c.Spec, Known: c.Known}
+		for _, t := range targets {
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			res := Run(cctx, t, c)
+			cancel()
+			cr.Results = append(cr.Results, res)
+			if o.PcapDir != "" && res.conv != nil {
+				if err := writePcap(filepath.Join(o.PcapDir, c.ID+"."+t.Name()+".pcap"), res.conv); err != nil {
+					return nil, err
+				}
+			}
+			if o.Log != nil {
+				fmt.Fprintf(o.Log, "%-40s %-9s %-9s %s\n", c.ID, t.Name(), res.Verdict, res.Observed)
+			}
+		}
+		r.Cases = append(r.Cases, cr)
+		if ctx.Err() != nil {
+			return r, ctx.Err()
+		}
+	}
+	return r, nil
+}
+
+func writePcap(path string, c *Conv) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("create pcap: %w", err)
+	}
+	w, err := capture.NewPcapWriter(f)
+	if err == nil {
+		err = c.WritePcap(w)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// Result returns the result of case id on target, or nil.
+func (r *Report) Result(id, target string) *Result {
+	for _, c := range r.Cases {
+		if c.ID != id {
+			continue
+		}
+		for _, res := range c.Results {
+			if res.Target == target {
+				return res
+			}
+		}
+	}
+	return nil
+}
+
+// Counts returns how many results of target have each verdict.
+func (r *Report) Counts(target string) map[string]int {
+	m := map[string]int{}
+	for _, c := range r.Cases {
+		for _, res := range c.Results {
+			if res.Target == target {
+				m[res.Verdict]++
+			}
+		}
+	}
+	return m
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// cell escapes text for a Markdown table cell.
+func cell(s string) string {
+	s = strings.ReplaceAll(s, "|", `\|`)
+	return strings.ReplaceAll(s, "\n", " ")
+}
+
+var verdictLabel = map[string]string{VerdictPass: "✅ pass", VerdictFail: "❌ FAIL", VerdictDeviation: "⚠️ deviation (documented)", VerdictError: "⛔ harness error"}
+
+// WriteMarkdown writes the report: a summary, the table (case | spec
+// expectation | one column per target), then the details of every result
+// that is not a pass, and the notes.
+func (r *Report) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	b.WriteString("# softroce conformance report\n\n")
+	fmt.Fprintf(&b, "Generated %s by `softroce conformance`. Each case crafts exact RoCEv2 packets from a fake peer to a QP of the target and judges the answers against the IBTA specification; the same case runs against every target.\n\n", r.Generated.Format(time.RFC3339))
+	keys := make([]string, 0, len(r.Environment))
+	for k := range r.Environment {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "- %s: %s\n", k, r.Environment[k])
+	}
+	b.WriteString("\n| target | pass | deviation (documented) | fail | harness error |\n|---|---|---|---|---|\n")
+	for _, t := range r.Targets {
+		m := r.Counts(t)
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d |\n", t, m[VerdictPass], m[VerdictDeviation], m[VerdictFail], m[VerdictError])
+	}
+	b.WriteString("\n| case | spec expectation (section) |")
+	for _, t := range r.Targets {
+		fmt.Fprintf(&b, " %s |", t)
+	}
+	b.WriteString("\n|---|---|")
+	for range r.Targets {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
+	for _, c := range r.Cases {
+		fmt.Fprintf(&b, "| `%s` | %s |", c.ID, cell(c.Spec))
+		for _, t := range r.Targets {
+			res := r.Result(c.ID, t)
+			if res == nil {
+				b.WriteString(" not run |")
+				continue
+			}
+			obs := res.Observed
+			if res.Error != "" {
+				obs = res.Error
+			}
+			fmt.Fprintf(&b, " **%s**: %s |", verdictLabel[res.Verdict], cell(obs))
+		}
+		b.WriteString("\n")
+	}
+	var details strings.Builder
+	for _, c := range r.Cases {
+		for _, res := range c.Results {
+			if res.Verdict == VerdictPass && len(res.Notes) == 0 {
+				continue
+			}
+			fmt.Fprintf(&details, "\n### `%s` on %s: %s\n\n", c.ID, res.Target, verdictLabel[res.Verdict])
+			if k := c.Known[res.Target]; k != "" && res.Verdict != VerdictPass {
+				fmt.Fprintf(&details, "Documented deviation: %s\n\n", k)
+			}
+			for _, f := range res.Failures {
+				fmt.Fprintf(&details, "- differs from the spec: %s\n", f)
+			}
+			if res.Error != "" {
+				fmt.Fprintf(&details, "- harness error: %s\n", res.Error)
+			}
+			for _, n := range res.Notes {
+				fmt.Fprintf(&details, "- note: %s\n", n)
+			}
+			if res.Verdict != VerdictPass && len(res.Trace) > 0 {
+				details.WriteString("\n```\n" + strings.Join(res.Trace, "\n") + "\n```\n")
+			}
+		}
+	}
+	if details.Len() > 0 {
+		b.WriteString("\n## Deviations, failures and notes\n")
+		b.WriteString(details.String())
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteFiles writes dir/conformance-report.md and dir/conformance-report.json.
+func (r *Report) WriteFiles(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create report directory: %w", err)
+	}
+	for _, f := range []struct {
+		name  string
+		write func(io.Writer) error
+	}{{"conformance-report.md", r.WriteMarkdown}, {"conformance-report.json", r.WriteJSON}} {
+		path := filepath.Join(dir, f.name)
+		out, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("create %s: %w", path, err)
+		}
+		err = f.write(out)
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+	}
+	return nil
+}
