@@ -1,0 +1,160 @@
+package interop
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/conformance/perftest"
+	"github.com/softroce/softroce/conformance/rxevm"
+	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/verbs"
+)
+
+// perftestDevice opens a softroce device on the host end of the tap like
+// hostDevice, with socket buffers large enough for a bandwidth test's
+// burst of in-flight messages.
+func perftestDevice(t *testing.T) *verbs.Device {
+	t.Helper()
+	var link *udp.Link
+	err := vm.Do(func() error {
+		var err error
+		link, err = udp.Open(udp.Config{Addr: vm.HostAddr(), SocketBuffer: 4 << 20})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("open UDP link in the VM namespace: %v", err)
+	}
+	dev, err := verbs.Open(link, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	return dev
+}
+
+// perftestCase is one perftest run against softroce.
+type perftestCase struct {
+	test      perftest.Test
+	atomic    perftest.AtomicOp
+	size, mtu int
+	iters     int
+}
+
+func (c perftestCase) String() string {
+	s := c.test.Tool()
+	if c.test == perftest.Atomic && c.atomic == perftest.CmpAndSwap {
+		s += "-cas"
+	}
+	return fmt.Sprintf("%s/size%d/mtu%d", s, c.size, c.mtu)
+}
+
+// guestCommand is the perftest command line for the rxe guest: -x 1 is
+// rxe's IPv4-mapped GID, -F ignores CPU frequency warnings under TCG, and
+// -e (event mode, where the tool has it: not ib_write_bw in perftest 4.5)
+// keeps the tool from spinning on the guest's only CPU.
+func (c perftestCase) guestCommand(port int) string {
+	cmd := fmt.Sprintf("timeout 100 %s -d rxe0 -x 1 -F -p %d -m %d -n %d", c.test.Tool(), port, c.mtu, c.iters)
+	if c.test != perftest.Atomic {
+		cmd += fmt.Sprintf(" -s %d", c.size)
+	} else if c.atomic == perftest.CmpAndSwap {
+		cmd += " -A CMP_AND_SWAP"
+	}
+	if c.test != perftest.Write {
+		cmd += " -e"
+	}
+	return cmd
+}
+
+var perftestCases = []perftestCase{
+	{perftest.Write, 0, 4096, 1024, 200},
+	{perftest.Write, 0, 65536, 4096, 100},
+	{perftest.Write, 0, 100, 1024, 300},
+	{perftest.Read, 0, 4096, 1024, 100},
+	{perftest.Read, 0, 65536, 4096, 50},
+	{perftest.Atomic, perftest.FetchAndAdd, 8, 1024, 200},
+	{perftest.Atomic, perftest.CmpAndSwap, 8, 4096, 100},
+}
+
+// TestPerftestAgainstRxe runs ib_write_bw, ib_read_bw and ib_atomic_bw on
+// the rxe guest against `softroce perftest`'s engine on the host, with
+// softroce as the active client (posting the traffic into perftest's
+// buffer) and as the passive server (exposing a buffer perftest's traffic
+// goes to). Both ends must finish, the perftest server must print a
+// result row, and softroce's data checks must pass.
+func TestPerftestAgainstRxe(t *testing.T) {
+	needVM(t)
+	port := 18600
+	for _, role := range []string{"softroce-client", "softroce-server"} {
+		for _, tc := range perftestCases {
+			port++
+			t.Run(role+"/"+tc.String(), func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+				defer cancel()
+				dev := perftestDevice(t)
+				cfg := perftest.Config{Test: tc.test, Atomic: tc.atomic, Port: port, Size: tc.size, MTU: tc.mtu,
+					Iters: tc.iters, Timeout: 120 * time.Second, Dial: vm.DialContext, Listen: vm.Listen}
+				var out bytes.Buffer
+				var res *perftest.Result
+				var gout string
+				if role == "softroce-client" {
+					proc, err := vm.Start(ctx, tc.guestCommand(port))
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer proc.Kill()
+					if err := vm.WaitListening(ctx, port); err != nil {
+						t.Fatalf("%s did not listen: %v", tc.test.Tool(), err)
+					}
+					cfg.Server = vm.GuestAddr().String()
+					res, err = perftest.Run(ctx, dev, cfg, &out)
+					if err != nil {
+						proc.Kill()
+						gout, gerr := proc.Output()
+						t.Fatalf("softroce client: %v\n%s\nguest:\n%s\n%s", err, &out, gout, gerr)
+					}
+					if gout, err = proc.Wait(ctx); err != nil {
+						t.Fatalf("%s server: %v\n%s", tc.test.Tool(), err, gout)
+					}
+				} else {
+					type result struct {
+						res *perftest.Result
+						err error
+					}
+					done := make(chan result, 1)
+					go func() {
+						r, err := perftest.Run(ctx, dev, cfg, &out)
+						done <- result{r, err}
+					}()
+					time.Sleep(200 * time.Millisecond)
+					var gerr error
+					gout, gerr = vm.Run(ctx, tc.guestCommand(port)+" "+vm.HostAddr().String())
+					r := <-done
+					if r.err != nil || gerr != nil {
+						t.Fatalf("softroce server: %v\n%s\n%s client: %v\n%s", r.err, &out, tc.test.Tool(), gerr, gout)
+					}
+					res = r.res
+				}
+				rows, err := rxevm.ParseBW(gout)
+				if err != nil {
+					t.Fatalf("%s output has no result row: %v\n%s", tc.test.Tool(), err, gout)
+				}
+				row := rows[len(rows)-1]
+				if row.Bytes != tc.size || row.Iterations != tc.iters || row.AvgBW <= 0 {
+					t.Fatalf("%s reported %+v, want %d bytes x %d iterations at a positive rate\n%s", tc.test.Tool(), row, tc.size, tc.iters, gout)
+				}
+				if res.MTU != tc.mtu || res.Report.Iters != uint64(tc.iters) {
+					t.Fatalf("softroce: MTU %d, report %+v", res.MTU, res.Report)
+				}
+				// Only softroce writing into perftest's write-only buffer
+				// has nothing to check.
+				if res.Checked == "" && !(role == "softroce-client" && tc.test == perftest.Write) {
+					t.Fatalf("softroce ran no data check\n%s", &out)
+				}
+				t.Logf("perftest: %.2f %s; softroce check: %s; stats %+v", row.AvgBW, row.Unit, res.Checked, res.Stats)
+			})
+		}
+	}
+}
