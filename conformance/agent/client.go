@@ -58,6 +58,10 @@ type Client struct {
 	conn net.Conn
 	r    *bufio.Reader
 	proc *rxevm.GuestProc
+	// broken is set when a request failed mid-way (I/O error or
+	// cancellation): a late reply would be taken for the next
+	// request's, so the connection is not used again.
+	broken error
 }
 
 // Dial connects to an agent listening at addr.
@@ -125,14 +129,19 @@ func (c *Client) Do(ctx context.Context, cmd string, args ...string) (Reply, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.broken != nil {
+		return nil, fmt.Errorf("agent: connection unusable after an earlier failure: %w", c.broken)
+	}
 	stop := context.AfterFunc(ctx, func() { c.conn.SetDeadline(time.Now()) })
 	defer stop()
 	if _, err := c.conn.Write([]byte(line + "\n")); err != nil {
-		return nil, fmt.Errorf("agent: send %s: %w", cmd, ctxErr(ctx, err))
+		c.broken = fmt.Errorf("agent: send %s: %w", cmd, ctxErr(ctx, err))
+		return nil, c.broken
 	}
 	resp, err := c.r.ReadString('\n')
 	if err != nil {
-		return nil, fmt.Errorf("agent: reply to %s: %w", cmd, ctxErr(ctx, err))
+		c.broken = fmt.Errorf("agent: reply to %s: %w", cmd, ctxErr(ctx, err))
+		return nil, c.broken
 	}
 	resp = strings.TrimRight(resp, "\r\n")
 	if msg, ok := strings.CutPrefix(resp, "err "); ok {
