@@ -190,17 +190,31 @@ func (c *Conv) SendBadICRC(f bth.Fields, payload []byte) (*Pkt, error) {
 }
 
 func (c *Conv) send(f bth.Fields, payload []byte, bad bool) (*Pkt, error) {
-	p := c.peer
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	f.BTH.DestQP = c.QPN
 	if f.BTH.PKey == 0 {
 		f.BTH.PKey = 0xffff
 	}
+	p := c.peer
+	p.mu.Lock()
 	n, err := bth.Build(p.buf, &f, payload)
+	p.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
+	return c.SendBytes(p.buf[:n], bad)
+}
+
+// SendBytes sends b, a packet from the BTH through a 4-byte ICRC slot
+// that the link fills (inverted when bad). The caller builds the headers,
+// which lets a case send what bth.Build refuses to (reserved opcodes).
+func (c *Conv) SendBytes(b []byte, bad bool) (*Pkt, error) {
+	p := c.peer
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(b) < bth.BTHLen+bth.ICRCLen || len(b) > len(p.buf) {
+		return nil, fmt.Errorf("peer: %d-byte packet", len(b))
+	}
+	n := copy(p.buf, b)
 	k := &p.batch[0]
 	*k = nic.Packet{Buf: p.buf, N: n, Remote: c.dst, SrcPort: nic.RoCEv2Port}
 	if err := p.link.PutICRC(k); err != nil {
@@ -215,7 +229,7 @@ func (c *Conv) send(f bth.Fields, payload []byte, bad bool) (*Pkt, error) {
 		Src: netip.AddrPortFrom(p.local, nic.RoCEv2Port), Dst: c.dst}
 	q.ParseErr = bth.Parse(&q.P, q.Raw)
 	if _, err := p.link.SendRaw(p.batch); err != nil {
-		return nil, fmt.Errorf("send %s: %w", f.BTH.Opcode, err)
+		return nil, fmt.Errorf("send %s: %w", bth.Opcode(b[0]), err)
 	}
 	c.Pkts = append(c.Pkts, q)
 	return q, nil

@@ -1,0 +1,77 @@
+package cases
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/inspect"
+)
+
+// TestReportAndPcaps runs a few cases through RunAll with --pcap and
+// checks the report files and that `softroce inspect` decodes the pcaps
+// packet for packet, ICRC included.
+func TestReportAndPcaps(t *testing.T) {
+	tgt, err := NewSoftroceTarget()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tgt.Close()
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var log bytes.Buffer
+	rep, err := RunAll(ctx, []Target{tgt}, All, Options{Only: regexp.MustCompile(`^(read-response-segmentation|rnr-nak)$`),
+		PcapDir: filepath.Join(dir, "pcap"), Log: &log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Cases) != 2 || rep.Counts("softroce")[VerdictPass] != 2 {
+		t.Fatalf("report has %d cases, counts %v; log:\n%s", len(rep.Cases), rep.Counts("softroce"), log.String())
+	}
+	if err := rep.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "conformance-report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| case | spec expectation (section) | softroce |", "| `rnr-nak` |", `0x20\|min_rnr_timer`} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("Markdown report lacks %q:\n%s", want, md)
+		}
+	}
+	var back Report
+	js, err := os.ReadFile(filepath.Join(dir, "conformance-report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(js, &back); err != nil {
+		t.Fatalf("JSON report does not parse: %v", err)
+	}
+	if r := back.Result("rnr-nak", "softroce"); r == nil || r.Verdict != VerdictPass || len(r.Trace) == 0 {
+		t.Fatalf("JSON result for rnr-nak: %+v", r)
+	}
+	recs, err := inspect.Records(filepath.Join(dir, "pcap", "read-response-segmentation.softroce.pcap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// READ request, 4 responses, the WRITE and its ACK.
+	if len(recs) != 7 {
+		t.Fatalf("pcap has %d records, want 7", len(recs))
+	}
+	for i := range recs {
+		if recs[i].Bad() {
+			t.Errorf("record %d decodes as bad: %s", i, inspect.Line(&recs[i]))
+		}
+	}
+	if l := inspect.Line(&recs[4]); !strings.Contains(l, "RDMA_READ_RESPONSE_LAST") {
+		t.Errorf("record 5 is %q, want the READ_RESPONSE_LAST", l)
+	}
+}
