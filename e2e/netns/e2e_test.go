@@ -27,11 +27,11 @@ const bufSize = 1 << 20
 // backend opens a nic.Link on a namespace end.
 type backend struct {
 	name string
-	open func(t *testing.T, e *netnstest.End) nic.Link
+	open func(t testing.TB, e *netnstest.End) nic.Link
 }
 
 var (
-	udpBackend = backend{"udp", func(t *testing.T, e *netnstest.End) nic.Link {
+	udpBackend = backend{"udp", func(t testing.TB, e *netnstest.End) nic.Link {
 		var l *udp.Link
 		e.NS.Run(t, func() (err error) {
 			l, err = udp.Open(udp.Config{Addr: e.Addr(), SocketBuffer: 4 << 20})
@@ -39,7 +39,7 @@ var (
 		})
 		return l
 	}}
-	afxdpBackend = backend{"afxdp", func(t *testing.T, e *netnstest.End) nic.Link {
+	afxdpBackend = backend{"afxdp", func(t testing.TB, e *netnstest.End) nic.Link {
 		var l *afxdp.Link
 		e.NS.Run(t, func() (err error) {
 			l, err = afxdp.Open(afxdp.Config{Interface: e.Name})

@@ -24,13 +24,14 @@
 package afxdp
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -117,32 +118,39 @@ const frameSize = 4096 // the largest UMEM frame size on x86 (a page)
 
 // Link is an AF_XDP nic.Link.
 type Link struct {
-	ifname    string
-	ifindex   int
-	mac       [6]byte
-	mtu       int
-	port      uint16
-	addr4     netip.Addr
-	addr6     netip.Addr
-	addrs     []netip.Addr
-	batch     int
-	mode      Mode
-	frags     bool
-	udpCsum4  bool
-	prog      *ebpf.Program
-	xsks      *ebpf.Map
-	xdp       link.Link
-	socks     []*xsk
-	neigh     *neighbours
-	wakeFD    int // eventfd that unblocks Recv on Close
+	ifname   string
+	ifindex  int
+	mac      [6]byte
+	mtu      int
+	port     uint16
+	addr4    netip.Addr
+	addr6    netip.Addr
+	addrs    []netip.Addr
+	batch    int
+	mode     Mode
+	frags    bool
+	udpCsum4 bool
+	prog     *ebpf.Program
+	xsks     *ebpf.Map
+	xdp      link.Link
+	socks    []*xsk
+	neigh    *neighbours
+	// ep is an epoll instance watching every socket, handed to the Go
+	// runtime's poller so that a waiting Recv parks its goroutine instead
+	// of blocking a thread in poll(2); closing it wakes Recv on Close.
+	ep        *os.File
+	epRaw     syscall.RawConn
 	closed    atomic.Bool
 	closeOnce sync.Once
 
-	rxMu    sync.Mutex
-	pollFDs []unix.PollFd
-	rxNext  int      // socket to look at first, for fairness
-	rxDone  []uint64 // scratch: RX frames to give back
-	scratch []byte   // scratch for the rare IPv4 header with options
+	rxMu     sync.Mutex
+	epEvents []unix.EpollEvent
+	rxFn     func(fd uintptr) bool // l.rxReady, bound once
+	rxPkts   []nic.Packet          // Recv's argument, for rxFn
+	rxN      int
+	rxNext   int      // socket to look at first, for fairness
+	rxDone   []uint64 // scratch: RX frames to give back
+	scratch  []byte   // scratch for the rare IPv4 header with options
 
 	txMu sync.Mutex
 
@@ -212,7 +220,7 @@ func Open(cfg Config) (l *Link, err error) {
 		return nil, fmt.Errorf("afxdp: %s is not an Ethernet interface", cfg.Interface)
 	}
 	l = &Link{ifname: at.Name, ifindex: at.Index, mac: [6]byte(at.HardwareAddr), mtu: at.MTU,
-		port: uint16(cfg.Port), batch: cfg.Batch, mode: cfg.Mode, wakeFD: -1, udpCsum4: !cfg.NoUDPChecksum}
+		port: uint16(cfg.Port), batch: cfg.Batch, mode: cfg.Mode, udpCsum4: !cfg.NoUDPChecksum}
 	built := l
 	defer func() {
 		if err != nil {
@@ -249,14 +257,9 @@ func Open(cfg Config) (l *Link, err error) {
 			return nil, fmt.Errorf("afxdp: %s: insert queue %d socket into XSKMAP: %w", l.ifname, q, err)
 		}
 	}
-	l.wakeFD, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		return nil, fmt.Errorf("afxdp: eventfd: %w", err)
+	if err := l.setupPoll(); err != nil {
+		return nil, fmt.Errorf("afxdp: %s: %w", l.ifname, err)
 	}
-	for _, x := range l.socks {
-		l.pollFDs = append(l.pollFDs, unix.PollFd{Fd: int32(x.fd), Events: unix.POLLIN})
-	}
-	l.pollFDs = append(l.pollFDs, unix.PollFd{Fd: int32(l.wakeFD), Events: unix.POLLIN})
 	l.neigh, err = newNeighbours(l.ifindex, l.ifname, cfg.ResolveWait)
 	if err != nil {
 		return nil, fmt.Errorf("afxdp: %s: %w", l.ifname, err)
@@ -370,9 +373,8 @@ func (l *Link) teardown() {
 	if l.neigh != nil {
 		l.neigh.close()
 	}
-	if l.wakeFD >= 0 {
-		unix.Close(l.wakeFD)
-		l.wakeFD = -1
+	if l.ep != nil {
+		l.ep.Close()
 	}
 }
 
@@ -382,9 +384,9 @@ func (l *Link) Close() error {
 	err := net.ErrClosed
 	l.closeOnce.Do(func() {
 		l.closed.Store(true)
-		var one [8]byte
-		binary.NativeEndian.PutUint64(one[:], 1)
-		unix.Write(l.wakeFD, one[:])
+		if l.ep != nil {
+			l.ep.Close() // wakes a Recv parked on it
+		}
 		l.rxMu.Lock()
 		l.txMu.Lock()
 		l.teardown()
@@ -393,6 +395,33 @@ func (l *Link) Close() error {
 		err = nil
 	})
 	return err
+}
+
+// setupPoll makes the epoll instance over all sockets and gives it to the
+// runtime poller.
+func (l *Link) setupPoll() error {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("epoll: %w", err)
+	}
+	for _, x := range l.socks {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(x.fd)}
+		if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, x.fd, &ev); err != nil {
+			unix.Close(epfd)
+			return fmt.Errorf("epoll: add queue %d: %w", x.queue, err)
+		}
+	}
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		return fmt.Errorf("epoll: %w", err)
+	}
+	l.ep = os.NewFile(uintptr(epfd), "afxdp-"+l.ifname)
+	if l.epRaw, err = l.ep.SyscallConn(); err != nil {
+		return fmt.Errorf("epoll: %w", err)
+	}
+	l.epEvents = make([]unix.EpollEvent, len(l.socks))
+	l.rxFn = l.rxReady
+	return nil
 }
 
 // Mode returns the XDP mode the program is attached in.

@@ -4,8 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"time"
 
@@ -285,24 +287,37 @@ func udpChecksum(addrs, udpHdr, payload []byte) uint16 {
 	return cs
 }
 
-// sum adds b to a ones'-complement accumulator as big-endian 16-bit words.
+// sum adds b to a ones'-complement accumulator as big-endian 16-bit
+// words. Ones'-complement addition does not care about the word size, so
+// it adds 64-bit words with end-around carry and leaves the folding to
+// fold; b must start on an even offset of the summed data.
 func sum(acc uint64, b []byte) uint64 {
+	var carry uint64
+	for len(b) >= 32 {
+		acc, carry = bits.Add64(acc, binary.BigEndian.Uint64(b[0:]), carry)
+		acc, carry = bits.Add64(acc, binary.BigEndian.Uint64(b[8:]), carry)
+		acc, carry = bits.Add64(acc, binary.BigEndian.Uint64(b[16:]), carry)
+		acc, carry = bits.Add64(acc, binary.BigEndian.Uint64(b[24:]), carry)
+		b = b[32:]
+	}
 	for len(b) >= 8 {
-		v := binary.BigEndian.Uint64(b)
-		acc += v>>48 + v>>32&0xffff + v>>16&0xffff + v&0xffff
+		acc, carry = bits.Add64(acc, binary.BigEndian.Uint64(b), carry)
 		b = b[8:]
 	}
-	for len(b) >= 2 {
-		acc += uint64(binary.BigEndian.Uint16(b))
-		b = b[2:]
+	acc, carry = bits.Add64(acc, carry, 0)
+	acc += carry
+	var tail uint64
+	for i, v := range b {
+		tail |= uint64(v) << (56 - 8*i)
 	}
-	if len(b) == 1 {
-		acc += uint64(b[0]) << 8
-	}
-	return acc
+	acc, carry = bits.Add64(acc, tail, 0)
+	return acc + carry
 }
 
+// fold reduces a 64-bit ones'-complement sum to 16 bits.
 func fold(acc uint64) uint16 {
+	acc = acc>>32 + acc&0xffffffff
+	acc = acc>>32 + acc&0xffffffff
 	for acc > 0xffff {
 		acc = acc>>16 + acc&0xffff
 	}
@@ -318,23 +333,46 @@ func (l *Link) Recv(pkts []nic.Packet) (int, error) {
 	}
 	l.rxMu.Lock()
 	defer l.rxMu.Unlock()
-	for {
-		if l.closed.Load() {
+	if l.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	l.rxPkts, l.rxN = pkts, 0
+	err := l.epRaw.Read(l.rxFn)
+	l.rxPkts = nil
+	if err != nil {
+		if l.closed.Load() || errors.Is(err, os.ErrClosed) {
 			return 0, net.ErrClosed
 		}
-		n := 0
-		for i := 0; i < len(l.socks) && n < len(pkts); i++ {
-			x := l.socks[(l.rxNext+i)%len(l.socks)]
-			n += l.rxSock(x, pkts[n:])
-		}
-		l.rxNext++
-		if n > 0 {
-			return n, nil
-		}
-		if _, err := unix.Poll(l.pollFDs, -1); err != nil && !errors.Is(err, unix.EINTR) {
-			return 0, fmt.Errorf("afxdp: poll %s: %w", l.ifname, err)
-		}
+		return 0, fmt.Errorf("afxdp: wait for packets on %s: %w", l.ifname, err)
 	}
+	return l.rxN, nil
+}
+
+// rxReady is called by the runtime poller: it takes what the RX rings hold
+// and reports whether there was anything; if not, the goroutine parks until
+// a socket becomes readable.
+func (l *Link) rxReady(epfd uintptr) bool {
+	if l.rxN = l.rxAll(l.rxPkts); l.rxN > 0 {
+		return true
+	}
+	// Consume the epoll readiness so that the next packet makes a new edge
+	// for the runtime poller, then look once more for a packet that came
+	// in between.
+	unix.EpollWait(int(epfd), l.epEvents, 0)
+	l.rxN = l.rxAll(l.rxPkts)
+	return l.rxN > 0
+}
+
+// rxAll takes packets from every socket, starting with a different one
+// each time for fairness.
+func (l *Link) rxAll(pkts []nic.Packet) int {
+	n := 0
+	for i := 0; i < len(l.socks) && n < len(pkts); i++ {
+		x := l.socks[(l.rxNext+i)%len(l.socks)]
+		n += l.rxSock(x, pkts[n:])
+	}
+	l.rxNext++
+	return n
 }
 
 // rxSock takes complete packets off one socket's RX ring.
