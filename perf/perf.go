@@ -322,6 +322,10 @@ type BWResult struct {
 	MsgRateMpps float64       `json:"msg_rate_mpps"`
 	Elapsed     time.Duration `json:"elapsed_ns"`
 	QPs         int           `json:"qps"`
+	// Retransmits counts packets the client's QPs sent again (go-back-N
+	// after a loss or timeout) during this size: non-zero means the
+	// path dropped packets, which costs bandwidth.
+	Retransmits uint64 `json:"retransmits"`
 }
 
 // LatResult is one row of a latency report, in microseconds. Each sample
@@ -337,6 +341,20 @@ type LatResult struct {
 	Stdev      float64 `json:"t_stdev_usec"`
 	P99        float64 `json:"p99_usec"`
 	P999       float64 `json:"p99_9_usec"`
+	// Retransmits counts packets the client's QPs sent again.
+	Retransmits uint64 `json:"retransmits"`
+}
+
+// retransmits sums the client QPs' retransmission counters.
+func (e *Endpoint) retransmits() uint64 {
+	eng := e.dev.Engine()
+	eng.Lock()
+	defer eng.Unlock()
+	var n uint64
+	for _, qp := range e.qps {
+		n += qp.Transport().Stats.Retransmits
+	}
+	return n
 }
 
 // RunBW measures bandwidth of size-byte operations against the peer r.
@@ -352,6 +370,7 @@ func (e *Endpoint) RunBW(ctx context.Context, c *Config, size int, r Info) (BWRe
 	for i := range wrs {
 		wrs[i] = e.wr(c.Test, size, r)
 	}
+	retx0 := e.retransmits()
 	outstanding := make([]int, len(e.qps))
 	total := int64(c.Iters)
 	var deadline time.Time
@@ -417,6 +436,7 @@ func (e *Endpoint) RunBW(ctx context.Context, c *Config, size int, r Info) (BWRe
 		c.Progress(done, done)
 	}
 	res.Iterations, res.Elapsed = done, elapsed
+	res.Retransmits = e.retransmits() - retx0
 	const mb = 1 << 20
 	if elapsed > 0 && done > 0 {
 		res.AvgMBps = float64(done) * float64(size) / elapsed.Seconds() / mb
@@ -450,7 +470,7 @@ func peak(times []time.Duration, size, window int) float64 {
 }
 
 // RunLat measures latency: one operation at a time, each timed from post
-// to completion, busy-polling the CQ.
+// to completion (busy-polling the CQ briefly, then waiting on it).
 func (e *Endpoint) RunLat(ctx context.Context, c *Config, size int, r Info) (LatResult, error) {
 	res := LatResult{Test: c.Test, Bytes: size}
 	if c.Test == Atomic {
@@ -470,6 +490,7 @@ func (e *Endpoint) RunLat(ctx context.Context, c *Config, size int, r Info) (Lat
 		total = math.MaxInt64
 		deadline = start.Add(c.Duration)
 	}
+	retx0 := e.retransmits()
 	samples := make([]float64, 0, min(total, 1<<20))
 	wc := make([]verbs.WC, 1)
 	lastReport := start
@@ -482,16 +503,8 @@ func (e *Endpoint) RunLat(ctx context.Context, c *Config, size int, r Info) (Lat
 		if err := e.qps[q].PostSend(&wrs[q]); err != nil {
 			return res, fmt.Errorf("post %s: %w", c.Test, err)
 		}
-		for spins := 0; ; spins++ {
-			if e.cq.Poll(wc) == 1 {
-				break
-			}
-			if spins&1023 == 1023 {
-				if err := ctx.Err(); err != nil {
-					return res, fmt.Errorf("after %d operations: %w", i, err)
-				}
-			}
-			runtime.Gosched()
+		if err := e.await(ctx, wc); err != nil {
+			return res, fmt.Errorf("after %d operations: %w", i, err)
 		}
 		lat := time.Since(t0)
 		if wc[0].Status != 0 {
@@ -514,7 +527,29 @@ func (e *Endpoint) RunLat(ctx context.Context, c *Config, size int, r Info) (Lat
 		return res, errors.New("no operation completed")
 	}
 	fillLat(&res, samples)
+	res.Retransmits = e.retransmits() - retx0
 	return res, nil
+}
+
+// spinFor is how long await busy-polls before it sleeps on the CQ: long
+// enough to catch a fast round trip without a wake-up, short enough not
+// to burn a core on a loaded host.
+const spinFor = 50 * time.Microsecond
+
+// await waits for one completion: busy-polling first, then blocking.
+func (e *Endpoint) await(ctx context.Context, wc []verbs.WC) error {
+	t0 := time.Now()
+	for spins := 0; ; spins++ {
+		if e.cq.Poll(wc) == 1 {
+			return nil
+		}
+		if spins&63 == 63 && time.Since(t0) > spinFor {
+			break
+		}
+		runtime.Gosched()
+	}
+	_, err := e.cq.Wait(ctx, wc[:1])
+	return err
 }
 
 // fillLat computes the statistics of samples (sorted in place).

@@ -26,6 +26,9 @@ func WriteBWRow(w io.Writer, r *BWResult) error {
 // WriteLatHeader writes the title block and column header of a latency
 // report, in perftest's layout.
 func WriteLatHeader(w io.Writer, title string, c *Config) error {
+	cc := *c
+	cc.TxDepth = 0 // one operation at a time
+	c = &cc
 	_, err := fmt.Fprintf(w, "%s\n                    %s\n %s\n %s\n%s\n #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99%% percentile[usec]   99.9%% percentile[usec]\n",
 		rule, title, describe(c), "t = post to completion of one operation at a time (a full round trip)", rule)
 	return err
@@ -52,7 +55,9 @@ func describe(c *Config) string {
 	} else {
 		fmt.Fprintf(&b, ", %d iterations per size", c.Iters)
 	}
-	fmt.Fprintf(&b, ", tx depth %d", c.TxDepth)
+	if c.TxDepth > 0 {
+		fmt.Fprintf(&b, ", tx depth %d", c.TxDepth)
+	}
 	return b.String()
 }
 

@@ -1,0 +1,400 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/afxdp"
+	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/perf"
+)
+
+func init() {
+	register("bw", "measure bandwidth like perftest's ib_*_bw (server/client, or both in one process)", func(args []string) int { return runPerf("bw", args) })
+	register("lat", "measure latency like perftest's ib_*_lat (server/client, or both in one process)", func(args []string) int { return runPerf("lat", args) })
+}
+
+// perfFlags are the flags of bw and lat.
+type perfFlags struct {
+	server  bool
+	bind    string
+	port    int
+	udpPort int
+	test    string
+	size    int
+	sweep   bool
+	qps     int
+	iters   int
+	seconds float64
+	mtu     int
+	depth   int
+	backend string
+	json    bool
+	wait    time.Duration
+}
+
+func runPerf(kind string, args []string) int {
+	lat := kind == "lat"
+	fs := flag.NewFlagSet(kind, flag.ContinueOnError)
+	var f perfFlags
+	fs.BoolVar(&f.server, "server", false, "wait for a client (run this first on the other host)")
+	fs.StringVar(&f.bind, "bind", "", "local IP `ADDR` for data and the TCP exchange (default: the address the peer is reached from)")
+	fs.IntVar(&f.port, "port", perf.DefaultPort, "TCP port of the out-of-band exchange")
+	fs.IntVar(&f.udpPort, "udp-port", nic.RoCEv2Port, "UDP port the data link listens on (both sides tell each other theirs)")
+	fs.StringVar(&f.test, "test", "write", "operation: write, read, send or atomic (fetch-and-add)")
+	defSize := perf.DefaultBWSize
+	if lat {
+		defSize = perf.DefaultLatSize
+	}
+	fs.IntVar(&f.size, "s", defSize, "message size in bytes")
+	fs.BoolVar(&f.sweep, "sweep", false, "run every power of two from 2 bytes to 64 KiB (like perftest -a)")
+	fs.IntVar(&f.qps, "q", 1, "number of queue pairs")
+	defIters := perf.DefaultBWIters
+	if lat {
+		defIters = perf.DefaultLatIter
+	}
+	fs.IntVar(&f.iters, "n", defIters, "iterations per size")
+	fs.Float64Var(&f.seconds, "D", 0, "run each size for this many `SECONDS` instead of -n iterations")
+	fs.IntVar(&f.mtu, "mtu", 1024, "IB path MTU: 256, 512, 1024, 2048 or 4096")
+	fs.IntVar(&f.depth, "tx-depth", perf.DefaultTxDepth, "operations each QP keeps in flight (bw)")
+	fs.StringVar(&f.backend, "backend", "udp", "data path: udp (kernel sockets), afxdp (root), or pipe (both sides in this process, no network)")
+	fs.BoolVar(&f.json, "json", false, "print the results as JSON")
+	fs.DurationVar(&f.wait, "wait", 5*time.Second, "how long the client keeps trying to reach the server")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage:\n  softroce %s --server [flags]        on one host\n  softroce %s [flags] SERVER-ADDR      on the other\n  softroce %s --backend pipe [flags]   both sides in this process\n\n", kind, kind, kind)
+		if lat {
+			fmt.Fprintf(fs.Output(), "Each sample is one operation from post to completion (a round trip).\n\n")
+		}
+		fs.PrintDefaults()
+	}
+	// Flags may come before or after the peer address.
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var peer string
+	if fs.NArg() > 0 {
+		peer = fs.Arg(0)
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return 2
+		}
+		if fs.NArg() > 0 {
+			fmt.Fprintf(os.Stderr, "softroce %s: unexpected argument %q\n", kind, fs.Arg(0))
+			return 2
+		}
+	}
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "softroce %s: %s\n", kind, fmt.Sprintf(format, args...))
+		return 2
+	}
+	test, err := perf.ParseTest(f.test)
+	if err != nil {
+		return fail("--test: %v", err)
+	}
+	c := perf.Config{Test: test, Sizes: []int{f.size}, Iters: f.iters, QPs: f.qps, MTU: f.mtu, TxDepth: f.depth,
+		Duration: time.Duration(f.seconds * float64(time.Second))}
+	if f.sweep {
+		c.Sizes = perf.SweepSizes()
+	}
+	if f.port < 1 || f.port > 65535 {
+		return fail("--port %d: want 1..65535", f.port)
+	}
+	if f.udpPort < 1 || f.udpPort > 65535 {
+		return fail("--udp-port %d: want 1..65535", f.udpPort)
+	}
+	var bind netip.Addr
+	if f.bind != "" {
+		if bind, err = netip.ParseAddr(f.bind); err != nil {
+			return fail("--bind %s: not an IP address", f.bind)
+		}
+		bind = bind.Unmap()
+		if err := checkLocal(bind); err != nil {
+			return fail("--bind %s: %v", f.bind, err)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	out := bufio.NewWriter(os.Stdout)
+	defer out.Flush()
+	pr := newPrinter(out, kind, lat, &c, f.json)
+
+	switch f.backend {
+	case "pipe":
+		if f.server || peer != "" {
+			return fail("--backend pipe runs both sides in this process: give neither --server nor a peer")
+		}
+		c.Progress = pr.progress
+		l, err := perf.RunLocal(ctx, c, lat, nil, [2]uint16{}, pr.row)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "softroce %s: %v\n", kind, err)
+			return 1
+		}
+		l.Close()
+		l.Report.Backend = "pipe"
+		return pr.finish(l.Report)
+	case "udp", "afxdp":
+	default:
+		return fail("--backend %q: want udp, afxdp or pipe", f.backend)
+	}
+	open := func(local netip.Addr) (nic.Link, uint16, error) {
+		if bind.IsValid() {
+			local = bind
+		}
+		return openData(f.backend, local, f.udpPort)
+	}
+	if f.server {
+		if peer != "" {
+			return fail("--server takes no peer address")
+		}
+		laddr := ":" + strconv.Itoa(f.port)
+		if bind.IsValid() {
+			laddr = netip.AddrPortFrom(bind, uint16(f.port)).String()
+		}
+		ln, err := net.Listen("tcp", laddr)
+		if err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				fmt.Fprintf(os.Stderr, "softroce %s: --port %d: TCP port already in use (is another `softroce %s --server` running?); pick another with --port\n", kind, f.port, kind)
+			} else {
+				fmt.Fprintf(os.Stderr, "softroce %s: listen on %s: %v\n", kind, laddr, err)
+			}
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "softroce %s: waiting for a client on TCP %v (data over %s, UDP port %d)\n", kind, ln.Addr(), f.backend, f.udpPort)
+		rep, err := perf.Serve(ctx, ln, perf.ServerConfig{Open: open, Backend: f.backend, Log: os.Stderr})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "softroce %s: %v\n", kind, err)
+			return 1
+		}
+		// Describe the run the client made, not this side's flags.
+		c.Test, c.QPs, c.MTU, c.Duration, c.TxDepth = rep.Test, rep.QPs, rep.MTU, 0, 0
+		if len(rep.BW) > 0 {
+			c.Iters = int(rep.BW[0].Iterations)
+		} else if len(rep.Lat) > 0 {
+			c.Iters = int(rep.Lat[0].Iterations)
+		}
+		pr.header()
+		for i := range rep.BW {
+			pr.row(&rep.BW[i])
+		}
+		for i := range rep.Lat {
+			pr.row(&rep.Lat[i])
+		}
+		return pr.finish(rep)
+	}
+	if peer == "" {
+		return fail("give the server's address (or --server on the other side, or --backend pipe)")
+	}
+	pa, err := parsePeer(peer, f.port)
+	if err != nil {
+		return fail("%v", err)
+	}
+	c.Progress = pr.progress
+	rep, err := perf.Run(ctx, perf.ClientConfig{Peer: pa, Wait: f.wait, Open: open, Backend: f.backend}, c, lat, pr.row)
+	if err != nil {
+		out.Flush()
+		fmt.Fprintf(os.Stderr, "softroce %s: %v\n", kind, err)
+		return 1
+	}
+	return pr.finish(rep)
+}
+
+// parsePeer reads "10.1.1.2", "10.1.1.2:18515", "[fd00::2]:18515" or a
+// host name.
+func parsePeer(s string, port int) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap, nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.AddrPortFrom(a, uint16(port)), nil
+	}
+	addrs, err := net.LookupHost(s)
+	if err != nil || len(addrs) == 0 {
+		return netip.AddrPort{}, fmt.Errorf("peer %q: not an address, and it does not resolve: %v", s, err)
+	}
+	a, err := netip.ParseAddr(addrs[0])
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("peer %q: %v", s, err)
+	}
+	return netip.AddrPortFrom(a.Unmap(), uint16(port)), nil
+}
+
+// checkLocal tells whether addr belongs to this host, by binding it.
+func checkLocal(addr netip.Addr) error {
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, 0)))
+	if err != nil {
+		if errors.Is(err, syscall.EADDRNOTAVAIL) {
+			return errors.New("no local interface has this address")
+		}
+		return err
+	}
+	return c.Close()
+}
+
+// ifaceOf finds the interface whose network holds addr (127.0.0.2 is on
+// lo although lo's address is 127.0.0.1).
+func ifaceOf(addr netip.Addr) (*net.Interface, error) {
+	if ifi, err := udp.InterfaceOf(addr); err == nil {
+		return ifi, nil
+	}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	for i := range ifs {
+		as, _ := ifs[i].Addrs()
+		for _, a := range as {
+			if pn, ok := a.(*net.IPNet); ok && pn.Contains(net.IP(addr.AsSlice())) {
+				return &ifs[i], nil
+			}
+		}
+	}
+	return nil, errors.New("no local interface has this address")
+}
+
+// openData opens the data link of the chosen backend.
+func openData(backend string, local netip.Addr, port int) (nic.Link, uint16, error) {
+	if err := checkLocal(local); err != nil {
+		return nil, 0, fmt.Errorf("%v: %w", local, err)
+	}
+	ifi, err := ifaceOf(local)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%v: %w", local, err)
+	}
+	switch backend {
+	case "afxdp":
+		l, err := afxdp.Open(afxdp.Config{Interface: ifi.Name, Addr: local, Port: port})
+		if err != nil {
+			return nil, 0, fmt.Errorf("AF_XDP on %s: %w", ifi.Name, err)
+		}
+		return l, uint16(port), nil
+	default:
+		l, err := udp.Open(udp.Config{Addr: local, Port: port, MTU: ifi.MTU, SocketBuffer: udpSocketBuffer})
+		if err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return nil, 0, fmt.Errorf("UDP port %d on %v is in use (another softroce, or a kernel RoCE device?): pick another with --udp-port", port, local)
+			}
+			return nil, 0, err
+		}
+		return l, l.LocalAddrPort().Port(), nil
+	}
+}
+
+// printer writes rows as they come, and the progress bar.
+type printer struct {
+	w         io.Writer
+	kind      string
+	lat, json bool
+	c         *perf.Config
+	headed    bool
+	bar       *progressbar.ProgressBar
+	started   time.Time
+	terminal  bool
+}
+
+func newPrinter(w io.Writer, kind string, lat bool, c *perf.Config, asJSON bool) *printer {
+	return &printer{w: w, kind: kind, lat: lat, json: asJSON, c: c, terminal: isTerminal(os.Stderr)}
+}
+
+func (p *printer) header() {
+	if p.headed || p.json {
+		return
+	}
+	p.headed = true
+	cfg := *p.c
+	if cfg.QPs == 0 {
+		cfg.QPs = 1
+	}
+	if p.lat {
+		perf.WriteLatHeader(p.w, perf.Title(cfg.Test, true), &cfg)
+	} else {
+		perf.WriteBWHeader(p.w, perf.Title(cfg.Test, false), &cfg)
+	}
+	if f, ok := p.w.(*bufio.Writer); ok {
+		f.Flush()
+	}
+}
+
+// progress shows a bar on stderr once a size has run for a second, and
+// only on a terminal. total 0 (a timed run) shows a spinner.
+func (p *printer) progress(done, total int64) {
+	if !p.terminal {
+		return
+	}
+	if p.started.IsZero() {
+		p.started = time.Now()
+	}
+	if p.bar == nil {
+		if time.Since(p.started) < time.Second || (total != 0 && done >= total) {
+			return
+		}
+		max := total
+		if max == 0 {
+			max = -1
+		}
+		p.bar = progressbar.NewOptions64(max, progressbar.OptionSetWriter(os.Stderr), progressbar.OptionClearOnFinish(),
+			progressbar.OptionSetDescription("softroce "+p.kind), progressbar.OptionShowCount(), progressbar.OptionThrottle(100*time.Millisecond))
+	}
+	_ = p.bar.Set64(done)
+}
+
+func (p *printer) row(r any) {
+	if p.bar != nil {
+		_ = p.bar.Finish()
+		p.bar = nil
+	}
+	p.started = time.Time{}
+	if p.json {
+		return
+	}
+	p.header()
+	var retx uint64
+	var size int
+	switch r := r.(type) {
+	case *perf.BWResult:
+		perf.WriteBWRow(p.w, r)
+		retx, size = r.Retransmits, r.Bytes
+	case *perf.LatResult:
+		perf.WriteLatRow(p.w, r)
+		retx, size = r.Retransmits, r.Bytes
+	}
+	if retx > 0 {
+		// On stderr, so the table stays in perftest's shape for scripts.
+		fmt.Fprintf(os.Stderr, "softroce %s: %d bytes: %d packets retransmitted (the path dropped packets; RC recovered)\n", p.kind, size, retx)
+	}
+	if f, ok := p.w.(*bufio.Writer); ok {
+		f.Flush()
+	}
+}
+
+func (p *printer) finish(rep *perf.Report) int {
+	if p.json {
+		if err := perf.WriteJSON(p.w, rep); err != nil {
+			fmt.Fprintf(os.Stderr, "softroce %s: %v\n", p.kind, err)
+			return 1
+		}
+		return 0
+	}
+	if p.headed {
+		perf.WriteFooter(p.w)
+	}
+	return 0
+}
+
+// udpSocketBuffer is the socket buffer asked for (the kernel caps it at
+// net.core.rmem_max / wmem_max). A bandwidth run keeps tx-depth messages
+// in flight; with the 208 KiB default the receiver's socket overflows and
+// every drop costs a go-back-N retransmission.
+const udpSocketBuffer = 4 << 20
