@@ -179,6 +179,10 @@ type ClientConfig struct {
 	Open LinkOpener
 	// Backend names the backend in reports.
 	Backend string
+	// Command is the server command named in the hint when the server
+	// does not answer (default "bw": "is `softroce bw --server` running
+	// there?").
+	Command string
 }
 
 // ErrNoAnswer is wrapped by Run when the server cannot be reached.
@@ -195,7 +199,11 @@ func Run(ctx context.Context, cc ClientConfig, c Config, lat bool, row func(any)
 	if wait == 0 {
 		wait = 5 * time.Second
 	}
-	conn, err := dialRetry(ctx, cc.Peer, wait)
+	cmd := cc.Command
+	if cmd == "" {
+		cmd = "bw"
+	}
+	conn, err := dialRetry(ctx, cc.Peer, wait, cmd)
 	if err != nil {
 		return nil, err
 	}
@@ -288,7 +296,7 @@ func runSizes(ctx context.Context, ep *Endpoint, c *Config, r Info, lat bool, ro
 
 // dialRetry keeps trying to reach the server until wait has passed: the
 // server may still be starting (perftest users start both at once).
-func dialRetry(ctx context.Context, peer netip.AddrPort, wait time.Duration) (net.Conn, error) {
+func dialRetry(ctx context.Context, peer netip.AddrPort, wait time.Duration, cmd string) (net.Conn, error) {
 	deadline := time.Now().Add(wait)
 	var d net.Dialer
 	for {
@@ -316,5 +324,5 @@ func dialRetry(ctx context.Context, peer netip.AddrPort, wait time.Duration) (ne
 			return nil, ctx.Err()
 		}
 	}
-	return nil, fmt.Errorf("%w from %v within %v: is `softroce bw --server` (or lat) running there?", ErrNoAnswer, peer, wait)
+	return nil, fmt.Errorf("%w from %v within %v: is `softroce %s --server` running there?", ErrNoAnswer, peer, wait, cmd)
 }

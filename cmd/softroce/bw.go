@@ -202,7 +202,7 @@ func runPerf(kind string, args []string) int {
 		return fail("%v", err)
 	}
 	c.Progress = pr.progress
-	rep, err := perf.Run(ctx, perf.ClientConfig{Peer: pa, Wait: f.wait, Open: open, Backend: f.backend}, c, lat, pr.row)
+	rep, err := perf.Run(ctx, perf.ClientConfig{Peer: pa, Wait: f.wait, Open: open, Backend: f.backend, Command: kind}, c, lat, pr.row)
 	if err != nil {
 		out.Flush()
 		fmt.Fprintf(os.Stderr, "softroce %s: %v\n", kind, err)
