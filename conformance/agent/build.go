@@ -12,6 +12,38 @@
 //	vm, _ := rxevm.Boot(ctx, img, rxevm.Options{Files: []rxevm.File{agent.GuestFile(bin)}})
 //	c, _ := agent.Launch(ctx, vm, agent.DefaultPort)
 //	c.Open(ctx, "rxe0")
+//
+// # Protocol
+//
+// The agent serves one TCP client at a time; everything a client created is
+// destroyed when it disconnects. A request is one line: a command word and
+// key=value arguments (numbers decimal or 0x hex). Each request gets one
+// reply line, "ok" followed by key=value results, or "err <message>". Object
+// ids (pd, mr, cq, qp) are small integers the agent assigns.
+//
+//	open dev=rxe0                                  -> ok dev=rxe0
+//	pd                                             -> ok pd=ID
+//	mr pd= len= access=                            -> ok mr=ID addr= lkey= rkey=
+//	cq cqe=                                        -> ok cq=ID
+//	qp pd= scq= rcq= [sq= rq= inline=]             -> ok qp=ID qpn=
+//	gid idx=                                       -> ok gid=<32 hex digits>
+//	init qp= access=                               -> ok
+//	rtr qp= dqpn= rpsn= dgid= mtu= rd_atomic= min_rnr= sgid= hop= tc=  -> ok
+//	rts qp= spsn= timeout= retry= rnr_retry= rd_atomic=                -> ok
+//	state qp= to=ERR|RESET|SQD                     -> ok
+//	query qp=                                      -> ok state= sq_psn= rq_psn= mtu= dqpn= ...
+//	send qp= wr= op=send|send_imm|write|write_imm|read|cas|faa mr= off= len=
+//	     raddr= rkey= imm= compare= swap= add= signaled= fence= solicited= inline=  -> ok
+//	recv qp= wr= mr= off= len=                     -> ok
+//	poll cq= timeout=MS                            -> ok none | ok wr= status= opcode= len= imm=
+//	                                                  qpn= src_qp= wc_flags= vendor_err= str=<text>
+//	mem mr= off= len=                              -> ok hex=<bytes>
+//	memw mr= off= hex=<bytes>                      -> ok
+//	fill mr= off= len= byte=                       -> ok
+//	destroy | ping | quit                          -> ok
+//
+// imm is the ImmDt field's value read big-endian off the wire, in both
+// directions.
 package agent
 
 import (

@@ -74,6 +74,11 @@ func (vm *VM) Start(ctx context.Context, cmd string) (*GuestProc, error) {
 	if vm.closed.Load() {
 		return nil, errors.New("rxevm: VM is closed")
 	}
+	if !vm.Alive() {
+		// Without this a dial to a dead guest waits for ARP and SYN
+		// retries.
+		return nil, fmt.Errorf("rxevm: qemu has exited (%v); guest console:\n%s", vm.qerr, vm.consoleTail(30))
+	}
 	addr := net.JoinHostPort(vm.GuestAddr().String(), strconv.Itoa(vm.opts.CommandPort))
 	c, err := vm.DialContext(ctx, "tcp", addr)
 	if err != nil {

@@ -10,7 +10,8 @@
  * disconnects). A request is a command word followed by key=value
  * arguments; numbers are decimal or 0x-prefixed hex. Every request gets
  * exactly one reply line: "ok" plus key=value results, or "err " plus a
- * message. See client.go in conformance/agent for the command reference.
+ * message. The package documentation of conformance/agent lists the
+ * commands.
  *
  * Build: gcc -O2 -Wall -o sragent agent.c -libverbs
  */
