@@ -125,54 +125,68 @@ func CheckFrame(frame []byte) (Result, error) {
 	if len(frame) < 14 {
 		return Result{}, &FrameError{Step: "ethernet", Detail: fmt.Sprintf("%d bytes, need 14", len(frame)), Truncated: true}
 	}
-	off := 12
-	et := binary.BigEndian.Uint16(frame[off:])
+	r, err := CheckL3(binary.BigEndian.Uint16(frame[12:]), frame[14:])
+	if err != nil {
+		if fe, ok := err.(*FrameError); ok {
+			fe.Offset += 14
+		}
+		return Result{}, err
+	}
+	r.shift(14)
+	return r, nil
+}
+
+// CheckL3 is CheckFrame for a packet that starts after its EtherType (for
+// raw-IP and Linux cooked captures): pkt begins with the network header, or
+// with VLAN tags when etherType is a VLAN TPID.
+func CheckL3(etherType uint16, pkt []byte) (Result, error) {
+	off := 0
 	var vlan [MaxVLANTags]uint16
 	nv := 0
-	for et == EtherTypeVLAN || et == EtherTypeQinQ || et == EtherTypeQinQ91 {
-		if len(frame) < off+6 {
-			return Result{}, &FrameError{Step: "vlan", Offset: off, Detail: "frame ends inside a VLAN tag", Truncated: true}
+	for etherType == EtherTypeVLAN || etherType == EtherTypeQinQ || etherType == EtherTypeQinQ91 {
+		if len(pkt) < off+4 {
+			return Result{}, &FrameError{Step: "vlan", Offset: off, Detail: "capture ends inside a VLAN tag", Truncated: true}
 		}
 		if nv < MaxVLANTags {
-			vlan[nv] = binary.BigEndian.Uint16(frame[off+2:]) & 0x0fff
+			vlan[nv] = binary.BigEndian.Uint16(pkt[off:]) & 0x0fff
 		}
 		nv++
+		etherType = binary.BigEndian.Uint16(pkt[off+2:])
 		off += 4
-		et = binary.BigEndian.Uint16(frame[off:])
 	}
-	off += 2
-	r, err := CheckL3(et, frame[off:])
+	var (
+		r   Result
+		err error
+	)
+	switch etherType {
+	case EtherTypeIPv4:
+		r, err = checkIPv4(pkt[off:])
+	case EtherTypeIPv6:
+		r, err = checkIPv6(pkt[off:])
+	case EtherTypeRoCEv1:
+		r, err = checkRoCEv1(pkt[off:])
+	default:
+		return Result{}, ErrNotRoCE
+	}
 	if err != nil {
 		if fe, ok := err.(*FrameError); ok {
 			fe.Offset += off
 		}
 		return Result{}, err
 	}
-	r.NumVLAN, r.VLAN = nv, vlan
-	r.L3 += off
-	if r.UDP >= 0 {
-		r.UDP += off
-	}
-	r.BTH += off
-	r.End += off
+	r.EtherType, r.NumVLAN, r.VLAN = etherType, nv, vlan
+	r.shift(off)
 	return r, nil
 }
 
-// CheckL3 is CheckFrame for a packet that starts at its network header,
-// identified by its EtherType (for raw-IP and Linux cooked captures).
-func CheckL3(etherType uint16, pkt []byte) (r Result, err error) {
-	switch etherType {
-	case EtherTypeIPv4:
-		r, err = checkIPv4(pkt)
-	case EtherTypeIPv6:
-		r, err = checkIPv6(pkt)
-	case EtherTypeRoCEv1:
-		r, err = checkRoCEv1(pkt)
-	default:
-		return Result{}, ErrNotRoCE
+// shift moves the offsets of r by n bytes.
+func (r *Result) shift(n int) {
+	r.L3 += n
+	if r.UDP >= 0 {
+		r.UDP += n
 	}
-	r.EtherType = etherType
-	return r, err
+	r.BTH += n
+	r.End += n
 }
 
 // minUDPLen is the smallest UDP length that holds a RoCE packet.

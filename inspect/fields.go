@@ -63,7 +63,8 @@ func Fields(r *Record) []Field {
 	case layers.LinkTypeEthernet:
 		t.ethernet(loc.L3)
 	case layers.LinkTypeLinuxSLL:
-		t.add(0, 16, "SLL", 0, "Linux cooked header, protocol 0x%04x", t.u16(14))
+		t.add(0, 14, "SLL", 0, "Linux cooked header")
+		t.tags(14, base+loc.L3, "SLL.protocol")
 	case layers.LinkTypeLinuxSLL2:
 		t.add(0, 20, "SLL2", 0, "Linux cooked header v2, protocol 0x%04x", t.u16(0))
 	}
@@ -188,7 +189,12 @@ func (t *tree) addClipped(start, end int, name, value string) {
 func (t *tree) ethernet(l3 int) {
 	t.add(0, 6, "Ethernet.dst", 0, "%s", net.HardwareAddr(t.b[0:6]))
 	t.add(6, 12, "Ethernet.src", 0, "%s", net.HardwareAddr(t.b[6:12]))
-	o := 12
+	t.tags(12, l3, "Ethernet.type")
+}
+
+// tags shows the VLAN tags and EtherType from offset o (the first TPID or
+// the EtherType) up to the network header at l3.
+func (t *tree) tags(o, l3 int, typeName string) {
 	for o+2 < l3 {
 		t.add(o, o+2, "VLAN.tpid", 0, "0x%04x", t.u16(o))
 		tci := t.u16(o + 2)
@@ -197,7 +203,7 @@ func (t *tree) ethernet(l3 int) {
 		t.add(o+2, o+4, "VLAN.vid", 0x0fff, "%d", tci&0xfff)
 		o += 4
 	}
-	t.add(o, o+2, "Ethernet.type", 0, "0x%04x", t.u16(o))
+	t.add(o, o+2, typeName, 0, "0x%04x", t.u16(o))
 }
 
 func (t *tree) ipv4(o, ihl int) {

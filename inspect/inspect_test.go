@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -413,5 +414,34 @@ func TestUnreadable(t *testing.T) {
 	err := Walk(path, func(*Record) error { n++; return nil })
 	if err == nil || n != 1 || errors.Is(err, os.ErrNotExist) {
 		t.Errorf("cut file: %d records, %v", n, err)
+	}
+}
+
+// TestLinuxCooked covers captures taken with tcpdump -i any: SLL (with a
+// VLAN tag left in place) and SLL2.
+func TestLinuxCooked(t *testing.T) {
+	s := req(bth.RCSendOnlyImm, 5, 9)
+	s.VLANs = []uint16{42}
+	fr := mustFrame(t, s)
+	sll := append(make([]byte, 14), fr[12:]...) // protocol field = first TPID
+	sll[2], sll[3], sll[5] = 0, 1, 6
+	r := DecodeLink(layers.LinkTypeLinuxSLL, sll, gopacket.CaptureInfo{})
+	if !r.RoCE || r.ICRC != "ok" || len(r.VLAN) != 1 || r.VLAN[0] != 42 || r.Imm == nil {
+		t.Errorf("SLL: %+v", r)
+	}
+	tree := fmt.Sprint(Fields(&r))
+	for _, want := range []string{"[14:16] VLAN.tpid = 0x8100", "[16:18] VLAN.vid = 42", "[18:20] SLL.protocol = 0x0800", "[48:49] BTH.opcode = 0x05"} {
+		if !strings.Contains(tree, want) {
+			t.Errorf("SLL tree lacks %q: %s", want, tree)
+		}
+	}
+	plain := mustFrame(t, req(bth.RCSendOnly, 6, 4))
+	sll2 := append(make([]byte, 20), plain[14:]...)
+	sll2[0], sll2[1] = 0x08, 0x00
+	if r := DecodeLink(layers.LinkTypeLinuxSLL2, sll2, gopacket.CaptureInfo{}); !r.RoCE || r.ICRC != "ok" || r.PSN != 6 {
+		t.Errorf("SLL2: %+v", r)
+	}
+	if r := DecodeLink(layers.LinkTypeRaw, plain[14:], gopacket.CaptureInfo{}); !r.RoCE || r.ICRC != "ok" {
+		t.Errorf("raw IP: %+v", r)
 	}
 }
