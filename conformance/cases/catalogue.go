@@ -466,7 +466,7 @@ var All = []*Case{
 	{
 		ID: "requester-retransmit-after-timeout",
 		Spec: "A WRITE whose ACK never comes is retransmitted with the same PSN and opcode after the local ACK " +
-			"timeout (timeout 14: 4.096 us*2^14 = 67 ms; IBTA §9.7.6.1.3 allows T..4T); ACKed, it completes successfully",
+			"timeout (timeout 14: T = 4.096 us*2^14 = 67 ms; IBTA §9.7.6.1.3 allows T..4T; the check allows 10% below T for timer granularity); ACKed, it completes successfully",
 		Run: func(x *X) {
 			s := randPSN()
 			x.Open(QPSpec{SendPSN: s, Timeout: 14, Retry: 3})

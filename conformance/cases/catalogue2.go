@@ -47,6 +47,40 @@ var moreResponder = []*Case{
 		},
 	},
 	{
+		ID: "duplicate-partial-read",
+		Spec: "After a 4-packet READ (PMTU 1024), a duplicate READ at PSN+1 for the last 3072 bytes (a subset) is " +
+			"re-executed from that PSN: 3 responses at PSN+1..PSN+3 carrying bytes 1024..4095; a new request at PSN+4 " +
+			"is then accepted (IBTA §9.7.5.2.1). Whether the replay starts with READ_RESPONSE_FIRST or MIDDLE is noted",
+		Run: func(x *X) {
+			n := randPSN()
+			x.Open(QPSpec{RecvPSN: n, MTU: 1024})
+			mr := x.S.MR(0)
+			data := pattern(4096, 51)
+			x.setMem(0, 0, data)
+			x.Send(readReq(n, mr.Addr, mr.RKey, 4096), nil)
+			got := x.C.Expect(answerWait, 4)
+			x.Observe("READ 4096 -> %d responses", len(got))
+			x.Check(len(got) == 4, "want 4 responses to the original READ, got %d", len(got))
+			x.Send(readReq(bth.PSNAdd(n, 1), mr.Addr+1024, mr.RKey, 3072), nil)
+			got = x.C.Expect(answerWait, 3)
+			x.Observe("duplicate READ at PSN+1 for bytes 1024.. -> %s", DescribeAll(got))
+			var all []byte
+			if x.Check(len(got) == 3, "want 3 responses to the duplicate, got %d", len(got)) {
+				for i, q := range got {
+					x.Check(q.PSN() == bth.PSNAdd(n, i+1) && q.P.Info.Op == bth.OpReadResponse,
+						"response %d is %s, want a READ response at 0x%06x", i, Describe(q), bth.PSNAdd(n, i+1))
+					all = append(all, q.P.Payload...)
+				}
+				x.Check(bytes.Equal(all, data[1024:]), "replayed data differs from bytes 1024..4095")
+				x.Notef("the replay starts with %s", got[0].Opcode())
+			}
+			x.Send(writeOnly(bth.PSNAdd(n, 4), mr.Addr+8192, mr.RKey, 8), pattern(8, 1))
+			got = x.C.Expect(answerWait, 1)
+			x.Observe("request at PSN+4 -> %s", DescribeAll(got))
+			x.Check(isACK(first(got), bth.PSNAdd(n, 4)), "the request at PSN+4 was not accepted")
+		},
+	},
+	{
 		ID:   "remote-access-read-bad-rkey",
 		Spec: "An RDMA READ with an unknown R_Key: NAK remote access error (0x62) with the request's PSN and no READ response data, QP to error (IBTA §9.7.5 class C)",
 		Run: func(x *X) {
