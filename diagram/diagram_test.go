@@ -74,6 +74,9 @@ func TestRenderMarks(t *testing.T) {
 			t.Fatal(err)
 		}
 		out := b.String()
+		if keep := os.Getenv("DIAGRAM_KEEP"); keep != "" {
+			os.WriteFile(keep+"-trouble."+format, b.Bytes(), 0o644)
+		}
 		count := func(class string) int {
 			return len(regexp.MustCompile(`<g class="pkt `+class+`"`).FindAllStringIndex(out, -1))
 		}
@@ -181,6 +184,35 @@ func TestChromium(t *testing.T) {
 	}
 	if colors := distinct(img, 16); colors < 5 {
 		t.Errorf("screenshot has %d colours: blank page?", colors)
+	}
+
+	// The plain SVG renders too.
+	svg := filepath.Join(dir, "ladder.svg")
+	b.Reset()
+	if err := diagram.Write(&b, recs, diagram.Options{Format: "svg", Lost: lost}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(svg, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	page = svg
+	shot2 := filepath.Join(dir, "svg.png")
+	run("--screenshot=" + shot2)
+	f2, err := os.Open(shot2)
+	if err != nil {
+		t.Fatalf("no SVG screenshot: %v", err)
+	}
+	defer f2.Close()
+	img2, err := png.Decode(f2)
+	if err != nil {
+		t.Fatalf("SVG screenshot: %v", err)
+	}
+	if colors := distinct(img2, 16); colors < 5 {
+		t.Errorf("SVG screenshot has %d colours: blank?", colors)
+	}
+	if keep := os.Getenv("DIAGRAM_KEEP"); keep != "" {
+		data, _ := os.ReadFile(shot2)
+		os.WriteFile(keep+"-svg.png", data, 0o644)
 	}
 	if keep := os.Getenv("DIAGRAM_KEEP"); keep != "" {
 		data, _ := os.ReadFile(shot)

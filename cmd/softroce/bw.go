@@ -330,6 +330,9 @@ func (p *printer) header() {
 // progress shows a bar on stderr once a size has run for a second, and
 // only on a terminal. total 0 (a timed run) shows a spinner.
 func (p *printer) progress(done, total int64) {
+	// The first report means the run has started: show the header now
+	// rather than after the first size.
+	p.header()
 	if !p.terminal {
 		return
 	}
