@@ -83,8 +83,16 @@ func DefaultCacheDir() string {
 // Concurrent builds of the same recipe (several test binaries) serialise
 // on a lock file; the loser then reads the winner's image.
 func Build(ctx context.Context, cfg Config) (*Image, error) {
+	img, err := build(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("rxevm: build image: %w", err)
+	}
+	return img, nil
+}
+
+func build(ctx context.Context, cfg Config) (*Image, error) {
 	if runtime.GOARCH != "amd64" {
-		return nil, fmt.Errorf("rxevm: guest image is amd64 only, host is %s", runtime.GOARCH)
+		return nil, fmt.Errorf("guest image is amd64 only, host is %s", runtime.GOARCH)
 	}
 	logw := cfg.Log
 	if logw == nil {

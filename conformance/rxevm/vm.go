@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -137,7 +139,7 @@ func Boot(ctx context.Context, img *Image, opts Options) (_ *VM, err error) {
 	name := fmt.Sprintf("%s%d-%d", NetnsPrefix, os.Getpid(), vmSeq.Add(1))
 	dir, err := os.MkdirTemp("", name+"-")
 	if err != nil {
-		return nil, fmt.Errorf("create VM dir: %w", err)
+		return nil, fmt.Errorf("rxevm: create VM dir: %w", err)
 	}
 	vm := &VM{name: name, dir: dir, opts: opts, ns: -1, logw: logw, qdone: make(chan struct{})}
 	defer func() {
@@ -182,7 +184,8 @@ func (vm *VM) cmdline() (string, error) {
 		"sr_addr=" + guestPrefix.String(),
 		"sr_mtu=" + strconv.Itoa(vm.opts.MTU),
 		"sr_port=" + strconv.Itoa(vm.opts.CommandPort)}
-	for k, v := range vm.opts.Env {
+	for _, k := range slices.Sorted(maps.Keys(vm.opts.Env)) {
+		v := vm.opts.Env[k]
 		if !envKey.MatchString(k) || strings.ContainsAny(v, " \t\n\"'") {
 			return "", fmt.Errorf("rxevm: kernel command-line env %q=%q: key must be a plain word, value without blanks or quotes", k, v)
 		}
