@@ -129,9 +129,12 @@ func (ep *endpoint) sge(off, n int) []verbs.SGE {
 	return []verbs.SGE{{Addr: ep.mr.Addr() + uint64(off), Length: uint32(n), LKey: ep.mr.LKey()}}
 }
 
-func expectOK(t *testing.T, wc verbs.WC, what string) {
+func expectOK(t *testing.T, wc verbs.WC, what string, eps ...*endpoint) {
 	t.Helper()
 	if wc.Status.String() != "success" {
+		for i, ep := range eps {
+			t.Logf("endpoint %d: link %+v, engine %+v", i, ep.dev.Link().Stats(), ep.dev.Engine().Stats)
+		}
 		t.Fatalf("%s completed with %v", what, wc.Status)
 	}
 }
@@ -152,7 +155,7 @@ func exercise(t *testing.T, a, b *endpoint, size int, wait time.Duration) {
 		SGL: a.sge(0, size), RemoteAddr: b.mr.Addr(), RKey: b.mr.RKey()}); err != nil {
 		t.Fatal(err)
 	}
-	expectOK(t, a.wait(t, wait), "WRITE")
+	expectOK(t, a.wait(t, wait), "WRITE", a, b)
 	b.remote(func() {
 		if !bytes.Equal(a.buf[:size], b.buf[:size]) {
 			t.Error("WRITE: bytes differ")
@@ -166,7 +169,7 @@ func exercise(t *testing.T, a, b *endpoint, size int, wait time.Duration) {
 		t.Fatal(err)
 	}
 	wc := a.wait(t, wait)
-	expectOK(t, wc, "READ")
+	expectOK(t, wc, "READ", a, b)
 	b.remote(func() {
 		if !bytes.Equal(a.buf[size:2*size], b.buf[size:2*size]) || int(wc.ByteLen) != size {
 			t.Errorf("READ: bytes differ (byte_len %d)", wc.ByteLen)

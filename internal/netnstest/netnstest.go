@@ -228,7 +228,34 @@ func Connect(t testing.TB, a, b *NS, cfg VethConfig) *Veth {
 			t.Fatalf("netnstest: set up %s in %s: %v", e.Name, e.NS.Name, err)
 		}
 	}
+	for _, e := range []*End{v.A, v.B} {
+		e := e
+		if err := e.NS.Do(e.waitUp); err != nil {
+			t.Fatalf("netnstest: %s in %s: %v", e.Name, e.NS.Name, err)
+		}
+	}
 	return v
+}
+
+// waitUp waits until the kernel reports the interface operationally up.
+// Until then (the link-watch work runs asynchronously, up to a second
+// later) its queueing discipline is a no-op that silently drops what
+// kernel sockets send, while AF_XDP, which bypasses it, gets through.
+func (e *End) waitUp() error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l, err := netlink.LinkByName(e.Name)
+		if err != nil {
+			return err
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("still %v after 5s", l.Attrs().OperState)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func (e *End) setUp(txOff bool) error {

@@ -49,6 +49,10 @@ import (
 // DefaultBatch is the batch size used when Config.Batch is 0.
 const DefaultBatch = 32
 
+// DefaultSocketBuffer is the socket buffer size used when
+// Config.SocketBuffer is 0.
+const DefaultSocketBuffer = 4 << 20
+
 // Config describes the socket to open.
 type Config struct {
 	// Addr is the local address to bind: a specific IPv4 or IPv6 address
@@ -61,7 +65,11 @@ type Config struct {
 	MTU int
 	// Batch is the largest batch per system call (0: DefaultBatch).
 	Batch int
-	// SocketBuffer sets SO_RCVBUF and SO_SNDBUF when non-zero.
+	// SocketBuffer is the size asked for SO_RCVBUF and SO_SNDBUF (0:
+	// DefaultSocketBuffer; negative: leave the kernel's default). With
+	// CAP_NET_ADMIN it is forced past net.core.rmem_max/wmem_max. A RoCE
+	// sender bursts a whole message window: a receive buffer that cannot
+	// hold it drops the tail of every burst, and go-back-N resends it.
 	SocketBuffer int
 }
 
@@ -195,9 +203,17 @@ func (l *Link) setup(cfg Config) error {
 			serr = fmt.Errorf("udp: set don't-fragment (IP_MTU_DISCOVER): %w", serr)
 			return
 		}
-		if cfg.SocketBuffer > 0 {
-			for _, opt := range []int{unix.SO_RCVBUF, unix.SO_SNDBUF} {
-				if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, cfg.SocketBuffer); e != nil {
+		size := cfg.SocketBuffer
+		if size == 0 {
+			size = DefaultSocketBuffer
+		}
+		if size > 0 {
+			for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
+				if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], size) == nil {
+					continue
+				}
+				// Unprivileged: the kernel caps it at rmem_max/wmem_max.
+				if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], size); e != nil {
 					serr = fmt.Errorf("udp: set socket buffer: %w", e)
 					return
 				}
