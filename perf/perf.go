@@ -450,11 +450,12 @@ func (e *Endpoint) RunBW(ctx context.Context, c *Config, size int, r Info) (BWRe
 }
 
 // peak is the best bandwidth over any window of completions: the window is
-// a tenth of the run, and never shorter than one full send window (so
-// completions that arrive in one burst do not make a fantasy peak).
+// a tenth of the run, and never shorter than two full send windows (one
+// ACK can complete a whole send window at once; a peak over a single
+// burst would measure the completion loop, not the link).
 func peak(times []time.Duration, size, window int) float64 {
 	n := len(times)
-	w := max(n/10, window, 1)
+	w := max(n/10, 2*window, 1)
 	if n <= w {
 		return 0
 	}
