@@ -111,6 +111,10 @@ type FrameError struct {
 	// Truncated is set when the capture ends before the headers needed to
 	// locate the packet: a snap-length effect, not a malformed packet.
 	Truncated bool
+	// Kind is the encapsulation when the frame was identified as RoCE (UDP
+	// destination port 4791 seen, or EtherType 0x8915) before the error;
+	// zero when nothing says the frame is RoCE.
+	Kind Kind
 }
 
 // Error names the header, its offset and what is wrong.
@@ -199,31 +203,15 @@ func checkIPv4(pkt []byte) (Result, error) {
 		}
 		return Result{}, &FrameError{Step: "ipv4", Detail: fmt.Sprintf("capture ends after %d bytes of the IPv4 header", len(pkt)), Truncated: true}
 	}
-	if pkt[0]>>4 != 4 {
-		return Result{}, &FrameError{Step: "ipv4", Detail: fmt.Sprintf("version %d in an IPv4 EtherType", pkt[0]>>4)}
-	}
-	if pkt[9] != 17 {
-		return Result{}, ErrNotRoCE
-	}
-	// A fragment cannot be checked alone; RoCE senders set DF (rxe always).
-	if binary.BigEndian.Uint16(pkt[6:])&0x3fff != 0 {
-		return Result{}, ErrNotRoCE
-	}
 	ihl := int(pkt[0]&0x0f) * 4
-	total := int(binary.BigEndian.Uint16(pkt[2:]))
-	if ihl < 20 || total < ihl+8 {
-		return Result{}, &FrameError{Step: "ipv4", Detail: fmt.Sprintf("header length %d, total length %d", ihl, total)}
+	// Not IPv4, not UDP, or a fragment (which cannot be checked alone; RoCE
+	// senders set DF, rxe always): nothing here is RoCE.
+	if pkt[0]>>4 != 4 || pkt[9] != 17 || binary.BigEndian.Uint16(pkt[6:])&0x3fff != 0 || ihl < 20 {
+		return Result{}, ErrNotRoCE
 	}
-	if len(pkt) < ihl+8 {
-		return Result{}, &FrameError{Step: "udp", Offset: ihl, Detail: "capture ends inside the UDP header", Truncated: true}
-	}
-	r, err := udpLayout(pkt, ihl, total-ihl)
-	if err != nil {
+	r, err := udpLayout(pkt, ihl, int(binary.BigEndian.Uint16(pkt[2:]))-ihl, KindRoCEv2IPv4)
+	if err != nil || r.Status == StatusTruncated {
 		return r, err
-	}
-	r.Kind = KindRoCEv2IPv4
-	if r.Status == StatusTruncated {
-		return r, nil
 	}
 	r.Computed = ipv4Sum(pkt[:ihl], pkt[ihl:r.End])
 	r.Wire = Wire(pkt[:r.End])
@@ -238,24 +226,14 @@ func checkIPv6(pkt []byte) (Result, error) {
 		}
 		return Result{}, &FrameError{Step: "ipv6", Detail: fmt.Sprintf("capture ends after %d bytes of the IPv6 header", len(pkt)), Truncated: true}
 	}
-	if pkt[0]>>4 != 6 {
-		return Result{}, &FrameError{Step: "ipv6", Detail: fmt.Sprintf("version %d in an IPv6 EtherType", pkt[0]>>4)}
-	}
 	// RoCEv2 puts UDP directly after the fixed header; a packet with
 	// extension headers is not one the annex A17 ICRC rule covers.
-	if pkt[6] != 17 {
+	if pkt[0]>>4 != 6 || pkt[6] != 17 {
 		return Result{}, ErrNotRoCE
 	}
-	if len(pkt) < 48 {
-		return Result{}, &FrameError{Step: "udp", Offset: 40, Detail: "capture ends inside the UDP header", Truncated: true}
-	}
-	r, err := udpLayout(pkt, 40, int(binary.BigEndian.Uint16(pkt[4:])))
-	if err != nil {
+	r, err := udpLayout(pkt, 40, int(binary.BigEndian.Uint16(pkt[4:])), KindRoCEv2IPv6)
+	if err != nil || r.Status == StatusTruncated {
 		return r, err
-	}
-	r.Kind = KindRoCEv2IPv6
-	if r.Status == StatusTruncated {
-		return r, nil
 	}
 	r.Computed = ipv6Sum(pkt[:40], pkt[40:r.End])
 	r.Wire = Wire(pkt[:r.End])
@@ -263,21 +241,29 @@ func checkIPv6(pkt []byte) (Result, error) {
 	return r, nil
 }
 
-// udpLayout checks the UDP header at pkt[l3len:] (present in the capture)
-// against the room the IP header gives it, and fills in the offsets.
-func udpLayout(pkt []byte, l3len, ipPayload int) (Result, error) {
+// udpLayout finds the UDP header at pkt[l3len:], decides by its
+// destination port whether the packet is RoCE, checks the UDP length
+// against the ipPayload bytes the IP header gives it, and fills in the
+// offsets.
+func udpLayout(pkt []byte, l3len, ipPayload int, kind Kind) (Result, error) {
+	if len(pkt) < l3len+4 {
+		return Result{}, &FrameError{Step: "udp", Offset: l3len, Detail: "capture ends before the UDP destination port", Truncated: true}
+	}
 	u := pkt[l3len:]
 	if binary.BigEndian.Uint16(u[2:]) != UDPPort {
 		return Result{}, ErrNotRoCE
 	}
+	if len(u) < 8 {
+		return Result{}, &FrameError{Step: "udp", Offset: l3len, Detail: "capture ends inside the UDP header", Truncated: true, Kind: kind}
+	}
 	ulen := int(binary.BigEndian.Uint16(u[4:]))
 	if ulen < minUDPLen {
-		return Result{}, &FrameError{Step: "udp", Offset: l3len, Detail: fmt.Sprintf("UDP length %d cannot hold BTH and ICRC (%d)", ulen, minUDPLen)}
+		return Result{}, &FrameError{Step: "udp", Offset: l3len, Detail: fmt.Sprintf("UDP length %d cannot hold BTH and ICRC (%d)", ulen, minUDPLen), Kind: kind}
 	}
 	if ulen > ipPayload {
-		return Result{}, &FrameError{Step: "udp", Offset: l3len, Detail: fmt.Sprintf("UDP length %d exceeds the %d bytes the IP header gives it", ulen, ipPayload)}
+		return Result{}, &FrameError{Step: "udp", Offset: l3len, Detail: fmt.Sprintf("UDP length %d exceeds the %d bytes the IP header gives it", ulen, ipPayload), Kind: kind}
 	}
-	r := Result{L3: 0, L3Len: l3len, UDP: l3len, BTH: l3len + 8, End: l3len + ulen, Status: StatusOK}
+	r := Result{Kind: kind, L3Len: l3len, UDP: l3len, BTH: l3len + 8, End: l3len + ulen, Status: StatusOK}
 	if len(pkt) < r.End {
 		r.Status = StatusTruncated
 	}
@@ -286,15 +272,15 @@ func udpLayout(pkt []byte, l3len, ipPayload int) (Result, error) {
 
 func checkRoCEv1(pkt []byte) (Result, error) {
 	if len(pkt) < 40 {
-		return Result{}, &FrameError{Step: "grh", Detail: fmt.Sprintf("capture ends after %d bytes of the GRH", len(pkt)), Truncated: true}
+		return Result{}, &FrameError{Step: "grh", Detail: fmt.Sprintf("capture ends after %d bytes of the GRH", len(pkt)), Truncated: true, Kind: KindRoCEv1}
 	}
 	if pkt[6] != grhNextHeaderIBA {
-		return Result{}, &FrameError{Step: "grh", Detail: fmt.Sprintf("next header 0x%02x, want 0x1b (IBA transport)", pkt[6])}
+		return Result{}, &FrameError{Step: "grh", Detail: fmt.Sprintf("next header 0x%02x, want 0x1b (IBA transport)", pkt[6]), Kind: KindRoCEv1}
 	}
 	// PayLen counts from the byte after the GRH through the ICRC (§8.3.1).
 	plen := int(binary.BigEndian.Uint16(pkt[4:]))
 	if plen < bthLen+Len {
-		return Result{}, &FrameError{Step: "grh", Detail: fmt.Sprintf("payload length %d cannot hold BTH and ICRC", plen)}
+		return Result{}, &FrameError{Step: "grh", Detail: fmt.Sprintf("payload length %d cannot hold BTH and ICRC", plen), Kind: KindRoCEv1}
 	}
 	r := Result{Kind: KindRoCEv1, L3Len: 40, UDP: -1, BTH: 40, End: 40 + plen, Status: StatusOK}
 	if len(pkt) < r.End {

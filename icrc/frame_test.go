@@ -218,7 +218,9 @@ func TestCheckFrameErrors(t *testing.T) {
 		{"tcp", func() []byte { b := append([]byte(nil), fr...); b[14+9] = 6; return b }(), true},
 		{"other port", func() []byte { b := append([]byte(nil), fr...); b[37] = 53; return b }(), true},
 		{"fragment", func() []byte { b := append([]byte(nil), fr...); b[20] = 0x20; return b }(), true},
-		{"ihl 4", func() []byte { b := append([]byte(nil), fr...); b[14] = 0x44; return b }(), false},
+		{"ihl 4", func() []byte { b := append([]byte(nil), fr...); b[14] = 0x44; return b }(), true},
+		{"ip version 5", func() []byte { b := append([]byte(nil), fr...); b[14] = 0x55; return b }(), true},
+		{"ip total length short", func() []byte { b := append([]byte(nil), fr...); b[16], b[17] = 0, 40; return b }(), false},
 		{"udp len too big", func() []byte { b := append([]byte(nil), fr...); b[38], b[39] = 0xff, 0xff; return b }(), false},
 		{"udp len tiny", func() []byte { b := append([]byte(nil), fr...); b[38], b[39] = 0, 10; return b }(), false},
 		{"cut in vlan", append(append([]byte(nil), fr[:12]...), 0x81, 0x00, 0), false},
@@ -233,6 +235,8 @@ func TestCheckFrameErrors(t *testing.T) {
 			t.Errorf("%s: %v, want ErrNotRoCE", c.name, err)
 		case !c.notRo && !errors.As(err, &fe):
 			t.Errorf("%s: %v, want *FrameError", c.name, err)
+		case fe != nil && !fe.Truncated && fe.Kind != KindRoCEv2IPv4:
+			t.Errorf("%s: malformed RoCE error without its kind: %+v", c.name, fe)
 		}
 	}
 }

@@ -197,25 +197,24 @@ func DecodeLink(lt layers.LinkType, frame []byte, ci gopacket.CaptureInfo) Recor
 	if errors.Is(err, icrc.ErrNotRoCE) {
 		return r
 	}
-	var fe *icrc.FrameError
-	if errors.As(err, &fe) && fe.Truncated && fe.Step != "grh" {
-		// Cut before the UDP port could be read: nothing says it is RoCE.
-		return r
-	}
-	r.RoCE = true
 	if err != nil {
-		// Headers that claim RoCE but cannot be followed: show what is
-		// known and say why.
-		if fe != nil && fe.Truncated {
-			// Only a GRH gets here: RoCEv1 by its EtherType, cut short.
-			r.Transport, r.ICRC = "RoCEv1", "truncated"
+		var fe *icrc.FrameError
+		if !errors.As(err, &fe) || fe.Kind == 0 {
+			// Cut or broken before anything said RoCE (UDP port 4791 or
+			// EtherType 0x8915): ordinary traffic as far as we can tell.
 			return r
 		}
-		r.Transport = "RoCE"
+		r.RoCE, r.Transport = true, fe.Kind.String()
+		if fe.Truncated {
+			r.ICRC = "truncated"
+			return r
+		}
+		// Headers that claim RoCE but cannot be followed: say why.
 		r.Malformed = err.Error()
 		r.ICRC = "bad"
 		return r
 	}
+	r.RoCE = true
 	r.Base, r.Loc = off, res
 	r.fill(frame[off:], &res)
 	return r

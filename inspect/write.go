@@ -16,8 +16,12 @@ import (
 func Line(r *Record) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%5d %s ", r.Frame, r.Time.UTC().Format("15:04:05.000000"))
-	if r.Transport == "RoCE" {
-		fmt.Fprintf(&b, "RoCE MALFORMED: %s", r.Malformed)
+	if r.Loc.Kind == 0 { // not located: a malformed or cut header
+		if r.Malformed != "" {
+			fmt.Fprintf(&b, "%s MALFORMED: %s", r.Transport, r.Malformed)
+		} else {
+			fmt.Fprintf(&b, "%s (headers not captured) icrc %s", r.Transport, r.ICRC)
+		}
 		return b.String()
 	}
 	b.WriteString(endpoint(r.Src, r.SrcPort))
