@@ -182,7 +182,12 @@ func (s *softSession) WriteMem(ctx context.Context, i, off int, v []byte) error 
 	return nil
 }
 
-func (s *softSession) State(ctx context.Context) (string, error) { return s.qp.State().String(), nil }
+// State uses Query, which takes the engine lock: verbs.QP.State reads the
+// transport's state without it and races with the receive goroutine.
+func (s *softSession) State(ctx context.Context) (string, error) {
+	a, _ := s.qp.Query()
+	return a.State.String(), nil
+}
 
 func (s *softSession) Close() error {
 	if s.qp != nil {
