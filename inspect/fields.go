@@ -54,7 +54,7 @@ func (t *tree) has(o, n int) bool {
 // the link header to the ICRC, for as many bytes as were captured.
 func Fields(r *Record) []Field {
 	t := &tree{b: r.Data}
-	if !r.RoCE || r.Loc.Kind == 0 {
+	if !r.RoCE || !r.Located() {
 		return nil
 	}
 	base := r.Base

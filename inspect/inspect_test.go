@@ -213,7 +213,7 @@ func TestDecodeMalformedAndOther(t *testing.T) {
 	}
 	w = mustFrame(t, req(bth.RCSendOnly, 1, 0))
 	w[38], w[39] = 0xff, 0xff // UDP length beyond the IP packet
-	if r := Decode(w, ci); !r.RoCE || r.Transport != "RoCEv2" || !r.Bad() || !strings.Contains(Line(&r), "RoCEv2 MALFORMED") {
+	if r := Decode(w, ci); !r.RoCE || r.Transport != "RoCE" || r.Located() || !r.Bad() || !strings.Contains(Line(&r), "RoCE MALFORMED") {
 		t.Errorf("bad UDP length: %+v", r)
 	}
 	arp := make([]byte, 42)

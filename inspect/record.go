@@ -36,7 +36,7 @@ type Record struct {
 	Interface int       `json:"interface,omitempty"`
 	RoCE      bool      `json:"-"`
 
-	Transport string     `json:"transport"` // "RoCEv2" or "RoCEv1"
+	Transport string     `json:"transport"` // "RoCEv2", "RoCEv1", or "RoCE" when malformed headers hide which
 	VLAN      []uint16   `json:"vlan,omitempty"`
 	Src       netip.Addr `json:"src"` // IP source, or source GID for RoCEv1
 	Dst       netip.Addr `json:"dst"`
@@ -209,7 +209,9 @@ func DecodeLink(lt layers.LinkType, frame []byte, ci gopacket.CaptureInfo) Recor
 			r.ICRC = "truncated"
 			return r
 		}
-		// Headers that claim RoCE but cannot be followed: say why.
+		// Headers that claim RoCE but cannot be followed: say why. The
+		// transport is "RoCE" (not located), as callers test for it.
+		r.Transport = "RoCE"
 		r.Malformed = err.Error()
 		r.ICRC = "bad"
 		return r
@@ -329,6 +331,11 @@ func decodeAETH(h bth.AETH) *AETH {
 	}
 	return a
 }
+
+// Located reports whether the transport packet was found in the frame
+// (false for malformed or cut IP/UDP/GRH headers): only then are the BTH
+// fields and Loc meaningful.
+func (r *Record) Located() bool { return r.Loc.Kind != 0 }
 
 // Bad reports whether the record counts against --strict: an ICRC
 // mismatch or a malformed RoCE packet.

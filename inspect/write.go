@@ -16,7 +16,7 @@ import (
 func Line(r *Record) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%5d %s ", r.Frame, r.Time.UTC().Format("15:04:05.000000"))
-	if r.Loc.Kind == 0 { // not located: a malformed or cut header
+	if !r.Located() { // a malformed or cut header
 		if r.Malformed != "" {
 			fmt.Fprintf(&b, "%s MALFORMED: %s", r.Transport, r.Malformed)
 		} else {
