@@ -113,12 +113,41 @@ func (vm *VM) Start(ctx context.Context, cmd string) (*GuestProc, error) {
 	}
 	c.SetReadDeadline(time.Time{})
 	p := &GuestProc{vm: vm, cmd: cmd, token: token, pid: pid, conn: c, done: make(chan struct{})}
+	vm.procMu.Lock()
+	if vm.procs == nil {
+		vm.procs = map[*GuestProc]struct{}{}
+	}
+	vm.procs[p] = struct{}{}
+	vm.procMu.Unlock()
 	go p.collect(br)
 	return p, nil
 }
 
+// KillAll kills every command started with Start (or Run) that is still
+// running, e.g. between tests sharing one VM.
+func (vm *VM) KillAll() error {
+	vm.procMu.Lock()
+	procs := make([]*GuestProc, 0, len(vm.procs))
+	for p := range vm.procs {
+		procs = append(procs, p)
+	}
+	vm.procMu.Unlock()
+	var errs []error
+	for _, p := range procs {
+		if err := p.Kill(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func (p *GuestProc) collect(br *bufio.Reader) {
-	defer close(p.done)
+	defer func() {
+		p.vm.procMu.Lock()
+		delete(p.vm.procs, p)
+		p.vm.procMu.Unlock()
+		close(p.done)
+	}()
 	defer p.conn.Close()
 	line, err := br.ReadString('\n')
 	if err != nil {

@@ -146,6 +146,19 @@ func TestGuestStartKill(t *testing.T) {
 	if err != nil || strings.TrimSpace(out) != "0" {
 		t.Fatalf("sleep survived Kill: %q %v", out, err)
 	}
+	// KillAll ends whatever is still running.
+	for range 2 {
+		if _, err := vm.Start(ctx, "sleep 1001"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := vm.KillAll(); err != nil {
+		t.Fatal(err)
+	}
+	out, err = vm.Run(ctx, "ps | grep -c '[s]leep 1001' || true")
+	if err != nil || strings.TrimSpace(out) != "0" {
+		t.Fatalf("sleep survived KillAll: %q %v", out, err)
+	}
 	// A Run whose context ends is killed.
 	sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
 	defer scancel()

@@ -104,6 +104,9 @@ type VM struct {
 	closed  atomic.Bool
 	console string // saved at Close
 	logw    io.Writer
+
+	procMu sync.Mutex
+	procs  map[*GuestProc]struct{} // started and not yet exited
 }
 
 var vmSeq atomic.Int64

@@ -36,22 +36,37 @@ func (f *fileFlags) Set(s string) error {
 	return nil
 }
 
+type envFlags map[string]string
+
+func (e envFlags) String() string { return fmt.Sprint(map[string]string(e)) }
+
+func (e envFlags) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return errors.New("want KEY=VALUE")
+	}
+	e[k] = v
+	return nil
+}
+
 func main() {
 	var files fileFlags
+	env := envFlags{}
 	mtu := flag.Int("mtu", 1500, "tap and guest eth0 MTU (9000 for a 4096-byte RoCE MTU)")
 	mem := flag.Int("mem", 384, "guest memory in MiB")
 	hold := flag.Bool("hold", false, "keep the VM running until SIGINT/SIGTERM; read guest commands from stdin")
 	rebuild := flag.Bool("rebuild", false, "rebuild the cached image")
 	flag.Var(&files, "file", "add HOSTPATH:/GUEST/PATH to the guest (repeatable)")
+	flag.Var(env, "env", "add KEY=VALUE to the kernel command line (repeatable)")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: rxevmctl [flags] [guest command ...]\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	os.Exit(run(*mtu, *mem, *hold, *rebuild, files, flag.Args()))
+	os.Exit(run(*mtu, *mem, *hold, *rebuild, files, env, flag.Args()))
 }
 
-func run(mtu, mem int, hold, rebuild bool, files []rxevm.File, cmds []string) int {
+func run(mtu, mem int, hold, rebuild bool, files []rxevm.File, env map[string]string, cmds []string) int {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	img, err := rxevm.Build(ctx, rxevm.Config{Log: os.Stderr, Rebuild: rebuild})
@@ -59,7 +74,7 @@ func run(mtu, mem int, hold, rebuild bool, files []rxevm.File, cmds []string) in
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	vm, err := rxevm.Boot(ctx, img, rxevm.Options{MTU: mtu, MemoryMB: mem, Files: files, Log: os.Stderr})
+	vm, err := rxevm.Boot(ctx, img, rxevm.Options{MTU: mtu, MemoryMB: mem, Files: files, Env: env, Log: os.Stderr})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
