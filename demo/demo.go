@@ -62,6 +62,9 @@ type Result struct {
 	// dropped by the impairment: it never reached the wire (its frame is
 	// the packet as sent).
 	Lost []bool
+	// Repeat[i] reports that Records[i] was sent before: a retransmitted
+	// request, a response sent again, or a duplicate made by the wire.
+	Repeat []bool
 	// Counters of what the printout marked.
 	Packets, LostPackets, Retransmits, NAKs, RNRNAKs, Corrupted, Duplicated int
 	// Steps lists the operations that completed successfully.
@@ -165,7 +168,7 @@ func Run(w io.Writer, opts Options) (*Result, error) {
 		idx := i
 		// Below the impairment: what reaches the wire, reported before the
 		// peer can receive it so the printout stays in order.
-		var link nic.Link = capture.Wrap(l, capture.Options{Dirs: capture.Tx, TxBeforeSend: true,
+		var link nic.Link = capture.Wrap(l, capture.Options{Dirs: capture.Tx,
 			OnPacket: func(ev *capture.Event) { t.onWire(idx, ev) }})
 		if impaired {
 			cfg := icfg
@@ -174,9 +177,9 @@ func Run(w io.Writer, opts Options) (*Result, error) {
 			// Above it: what the transport sent, reported before and
 			// after the impairment decided; a packet offered but not
 			// seen below was lost.
-			link = capture.Wrap(s.imp, capture.Options{Dirs: capture.Tx,
+			link = capture.Wrap(s.imp, capture.Options{Dirs: capture.Tx, TxAfterSend: true,
 				OnPacket: func(ev *capture.Event) { t.onSent(idx, ev) }})
-			link = capture.Wrap(link, capture.Options{Dirs: capture.Tx, TxBeforeSend: true,
+			link = capture.Wrap(link, capture.Options{Dirs: capture.Tx,
 				OnPacket: func(ev *capture.Event) { t.onOffer(idx, ev) }})
 		}
 		if s.dev, err = verbs.Open(link, &verbs.Options{Name: "softroce-" + strings.ToLower(s.name)}); err != nil {
@@ -387,6 +390,7 @@ func (t *tracer) record(idx int, when time.Time, frame, pkt []byte, lost, dup bo
 	r.Frame = len(t.res.Records) + 1
 	t.res.Records = append(t.res.Records, r)
 	t.res.Lost = append(t.res.Lost, lost)
+	t.res.Repeat = append(t.res.Repeat, false)
 	t.res.Packets++
 
 	from, to := t.sides[idx].name, t.sides[1-idx].name
@@ -407,6 +411,9 @@ func (t *tracer) record(idx int, when time.Time, frame, pkt []byte, lost, dup bo
 	case t.seen[id] > 0:
 		marks = append(marks, t.paint(yellow, "resent"))
 	}
+	// Whatever the switch above marked was sent before.
+	t.res.Repeat[len(t.res.Repeat)-1] = len(marks) > 0
+
 	if !dup {
 		t.seen[id]++
 	}
@@ -575,9 +582,11 @@ func (t *tracer) setup(mtu int) error {
 		"and the responder accepts only the PSN it expects next.", psnA, psnB))
 	ga, _ := a.dev.QueryGID(0)
 	gb, _ := b.dev.QueryGID(0)
-	// Timeout 12 (16.8 ms) keeps retransmissions quick to watch.
-	oa := &verbs.ConnectOptions{PathMTU: mtu, SQPSN: psnA, Timeout: 12}
-	ob := &verbs.ConnectOptions{PathMTU: mtu, SQPSN: psnB, Timeout: 12}
+	// Timeout 14 (4.096 us * 2^14 = 67 ms, IBTA 9.7.6.1.3) is
+	// ibv_rc_pingpong's: long enough that a slow host does not look like
+	// a lossy wire, short enough to watch.
+	oa := &verbs.ConnectOptions{PathMTU: mtu, SQPSN: psnA, Timeout: 14}
+	ob := &verbs.ConnectOptions{PathMTU: mtu, SQPSN: psnB, Timeout: 14}
 	if err := a.qp.Connect(verbs.RemoteInfo{QPN: b.qp.Num(), PSN: psnB, GID: gb}, oa); err != nil {
 		return fmt.Errorf("connect A: %w", err)
 	}

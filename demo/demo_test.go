@@ -34,7 +34,7 @@ func TestDemo(t *testing.T) {
 		"|abcdefghijklmnop|",
 		"original value returned to A: 41; B's counter is now 42",
 		"original value returned to A: 42; B's counter is now 1042",
-		"all good: 5 operations completed, 14 packets on the wire",
+		"all good: 5 operations completed",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q", want)
@@ -44,7 +44,15 @@ func TestDemo(t *testing.T) {
 		t.Error("color escapes without Options.Color")
 	}
 	// The exact conversation: SEND, ACK; WRITE x3, ACK; READ, 3 responses;
-	// CAS, atomic ACK; FAA, atomic ACK.
+	// CAS, atomic ACK; FAA, atomic ACK. A host slowed down past the 67 ms
+	// retransmission timeout (the race detector on a busy machine) may
+	// add retransmissions: those are set aside.
+	var recs []int
+	for i := range res.Records {
+		if !res.Repeat[i] {
+			recs = append(recs, i)
+		}
+	}
 	want := []struct {
 		op  string
 		psn uint32
@@ -54,22 +62,22 @@ func TestDemo(t *testing.T) {
 		{"RDMA_READ_REQUEST", 104}, {"RDMA_READ_RESPONSE_FIRST", 104}, {"RDMA_READ_RESPONSE_MIDDLE", 105}, {"RDMA_READ_RESPONSE_LAST", 106},
 		{"COMPARE_SWAP", 107}, {"ATOMIC_ACKNOWLEDGE", 107}, {"FETCH_ADD", 108}, {"ATOMIC_ACKNOWLEDGE", 108},
 	}
-	if len(res.Records) != len(want) {
-		t.Fatalf("%d packets, want %d:\n%s", len(res.Records), len(want), out)
+	if len(recs) != len(want) {
+		t.Fatalf("%d packets, want %d:\n%s", len(recs), len(want), out)
 	}
 	for i, w := range want {
-		r := res.Records[i]
-		if r.OpcodeName != "RC "+w.op || r.PSN != w.psn || r.ICRC != "ok" || res.Lost[i] {
-			t.Errorf("packet %d: %s psn %d icrc %s lost %v, want %s psn %d icrc ok", i, r.OpcodeName, r.PSN, r.ICRC, res.Lost[i], w.op, w.psn)
+		r := res.Records[recs[i]]
+		if r.OpcodeName != "RC "+w.op || r.PSN != w.psn || r.ICRC != "ok" || res.Lost[recs[i]] {
+			t.Errorf("packet %d: %s psn %d icrc %s lost %v, want %s psn %d icrc ok", i, r.OpcodeName, r.PSN, r.ICRC, res.Lost[recs[i]], w.op, w.psn)
 		}
 	}
-	if r := res.Records[2]; r.RETH == nil || r.RETH.DMALen != 600 {
+	if r := res.Records[recs[2]]; r.RETH == nil || r.RETH.DMALen != 600 {
 		t.Errorf("WRITE_FIRST RETH %+v, want dmalen 600", r.RETH)
 	}
-	if r := res.Records[5]; r.AETH == nil || r.AETH.MSN != 2 {
+	if r := res.Records[recs[5]]; r.AETH == nil || r.AETH.MSN != 2 {
 		t.Errorf("WRITE's ACK: %+v, want MSN 2", r.AETH)
 	}
-	if r := res.Records[11]; r.AtomicAck == nil || r.AtomicAck.Orig != 41 {
+	if r := res.Records[recs[11]]; r.AtomicAck == nil || r.AtomicAck.Orig != 41 {
 		t.Errorf("CAS answer %+v, want orig 41", r.AtomicAck)
 	}
 	if !strings.Contains(out, "A -> B  SEND_ONLY") || !strings.Contains(out, "icrc ok") {

@@ -15,8 +15,10 @@
 // wrapped link implements nic.RawSender, the wrapper asks it for the ICRC
 // (PutICRC) and then sends with SendRaw, so what the callback shows is
 // byte for byte what was handed to the link. Sent packets are reported
-// after the wrapped link's Send returns, so when the wrapped link is itself
-// a wrapper (nic/impair, another capture) its effects happen first.
+// just before they are handed over, so the callbacks of two captured peers
+// see a conversation in order; Options.TxAfterSend reports them after the
+// wrapped link's send returns instead, for watching what a wrapper below
+// (nic/impair) did.
 //
 // Capturing costs one frame build per packet in a buffer owned by the
 // wrapper (nothing is allocated per packet by the wrapper itself); it is a
@@ -86,6 +88,13 @@ type Options struct {
 	// link's LocalAddrPort method when it has one, else Packet.SrcPort on
 	// send and the RoCEv2 port on receive.
 	Port uint16
+	// TxAfterSend reports sent packets after the wrapped link's send
+	// returns instead of before. Use it above another wrapper (nic/impair)
+	// to see what the packet became once that wrapper acted on it. The
+	// default, reporting before the send, is what keeps a conversation in
+	// order: the callback runs before the peer can possibly receive the
+	// packet and answer it.
+	TxAfterSend bool
 }
 
 // localPorter is implemented by links bound to one UDP port (nic/udp).
@@ -155,10 +164,12 @@ func (c *Link) SendRaw(pkts []nic.Packet) (int, error) {
 	if c.raw == nil {
 		return 0, fmt.Errorf("capture: wrapped %T cannot send pre-computed ICRCs", c.inner)
 	}
-	// Report once the link has taken the batch, so that a wrapper below
-	// (impairment, another capture) has acted before the callback runs.
-	// Links copy what they send (nic.Link: the caller keeps its buffers),
-	// so the bytes are still the ones sent.
+	if !c.opts.TxAfterSend {
+		c.reportTx(pkts)
+		return c.raw.SendRaw(pkts)
+	}
+	// Links copy what they send (nic.Link: the caller keeps its
+	// buffers), so the bytes are still the ones sent.
 	n, err := c.raw.SendRaw(pkts)
 	c.reportTx(pkts[:max(n, 0)])
 	return n, err
