@@ -21,6 +21,10 @@ type Case struct {
 	// (rc-behaviour.md for rxe). A case with a known deviation is expected
 	// NOT to conform on that target; tests assert that it still deviates.
 	Known map[string]string
+	// Bugs records known defects per target name: the verdict stays
+	// "fail" (the report says so), and tests expect the failure until the
+	// defect is fixed and the entry removed.
+	Bugs map[string]string
 	// Run scripts the exchange; it reports through x.
 	Run func(x *X)
 }

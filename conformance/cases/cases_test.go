@@ -12,8 +12,12 @@ import (
 func expectVerdict(t *testing.T, c *Case, r *Result) {
 	t.Helper()
 	want := VerdictPass
-	if c.Known[r.Target] != "" {
+	switch {
+	case c.Known[r.Target] != "":
 		want = VerdictDeviation
+	case c.Bugs[r.Target] != "":
+		want = VerdictFail
+		t.Logf("known %s bug: %s", r.Target, c.Bugs[r.Target])
 	}
 	if r.Verdict != want {
 		t.Errorf("%s on %s: verdict %s, want %s\nobserved: %s\nfailures: %s\nerror: %s\nnotes: %s\ntrace:\n  %s",

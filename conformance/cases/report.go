@@ -31,6 +31,7 @@ type CaseReport struct {
 	ID      string            `json:"id"`
 	Spec    string            `json:"spec"`
 	Known   map[string]string `json:"known_deviations,omitempty"`
+	Bugs    map[string]string `json:"known_bugs,omitempty"`
 	Results []*Result         `json:"results"`
 }
 
@@ -66,7 +67,7 @@ func RunAll(ctx context.Context, targets []Target, cases []*Case, o Options) (*R
 		if o.Only != nil && !o.Only.MatchString(c.ID) {
 			continue
 		}
-		cr := &CaseReport{ID: c.ID, Spec: c.Spec, Known: c.Known}
+		cr := &CaseReport{ID: c.ID, Spec: c.Spec, Known: c.Known, Bugs: c.Bugs}
 		for _, t := range targets {
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			res := Run(cctx, t, c)
@@ -120,6 +121,23 @@ func (r *Report) Result(id, target string) *Result {
 		}
 	}
 	return nil
+}
+
+// Unexpected counts the results that neither pass nor match a documented
+// deviation or known bug: what a CI run should fail on.
+func (r *Report) Unexpected() int {
+	n := 0
+	for _, c := range r.Cases {
+		for _, res := range c.Results {
+			switch {
+			case res.Verdict == VerdictError:
+				n++
+			case res.Verdict == VerdictFail && c.Bugs[res.Target] == "":
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // Counts returns how many results of target have each verdict.
@@ -191,7 +209,11 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			if res.Error != "" {
 				obs = res.Error
 			}
-			fmt.Fprintf(&b, " **%s**: %s |", verdictLabel[res.Verdict], cell(obs))
+			label := verdictLabel[res.Verdict]
+			if res.Verdict == VerdictFail && c.Bugs[t] != "" {
+				label += " (known bug)"
+			}
+			fmt.Fprintf(&b, " **%s**: %s |", label, cell(obs))
 		}
 		b.WriteString("\n")
 	}
@@ -204,6 +226,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			fmt.Fprintf(&details, "\n### `%s` on %s: %s\n\n", c.ID, res.Target, verdictLabel[res.Verdict])
 			if k := c.Known[res.Target]; k != "" && res.Verdict != VerdictPass {
 				fmt.Fprintf(&details, "Documented deviation: %s\n\n", k)
+			}
+			if k := c.Bugs[res.Target]; k != "" && res.Verdict == VerdictFail {
+				fmt.Fprintf(&details, "Known bug: %s\n\n", k)
 			}
 			for _, f := range res.Failures {
 				fmt.Fprintf(&details, "- differs from the spec: %s\n", f)

@@ -155,7 +155,9 @@ func (s *rxeSession) Poll(ctx context.Context, d time.Duration) (*Completion, er
 	if err != nil || wc == nil {
 		return nil, err
 	}
-	return &Completion{WRID: wc.WRID, Status: int(wc.Status), Opcode: int(wc.Opcode), ByteLen: wc.ByteLen}, nil
+	// IBV_WC_WITH_IMM is 2 in enum ibv_wc_flags.
+	return &Completion{WRID: wc.WRID, Status: int(wc.Status), Opcode: int(wc.Opcode), ByteLen: wc.ByteLen,
+		Imm: wc.Imm, WithImm: wc.Flags&2 != 0}, nil
 }
 
 func (s *rxeSession) ReadMem(ctx context.Context, i, off, n int) ([]byte, error) {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/verbs"
@@ -160,7 +161,8 @@ func (s *softSession) Poll(ctx context.Context, d time.Duration) (*Completion, e
 		return nil, err
 	}
 	w := wcs[0]
-	return &Completion{WRID: w.WRID, Status: int(w.Status), Opcode: int(w.Opcode), ByteLen: w.ByteLen}, nil
+	return &Completion{WRID: w.WRID, Status: int(w.Status), Opcode: int(w.Opcode), ByteLen: w.ByteLen,
+		Imm: w.ImmData, WithImm: w.Flags&cq.FlagWithImm != 0}, nil
 }
 
 func (s *softSession) ReadMem(ctx context.Context, i, off, n int) ([]byte, error) {

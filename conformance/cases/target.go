@@ -92,6 +92,10 @@ type Completion struct {
 	Status  int // enum ibv_wc_status: 0 is success
 	Opcode  int // enum ibv_wc_opcode
 	ByteLen uint32
+	// Imm is the immediate data as read big-endian off the wire, valid
+	// when WithImm is set.
+	Imm     uint32
+	WithImm bool
 }
 
 // SendOp is a send work request opcode the target can post.
