@@ -205,6 +205,10 @@ func TestLoopbackRCOperations(t *testing.T) {
 		t.Fatalf("WRITE touched bytes before the target range: %x", got)
 	}
 
+	// A zero-length RDMA WRITE without any SGE: rxe checks no rkey for it
+	// (see notes/conformance-catalogue.md, rxe responder behaviour).
+	p.complete(1, SendWR{Op: OpWrite, RemoteAddr: 0, RKey: 0x1234})
+
 	// RDMA READ it back into another place of QP 1's buffer.
 	wc = p.complete(1, SendWR{Op: OpRead, MR: p.mr[1], Off: 8192, Len: len(data), RemoteAddr: p.mr[0].Addr + 100, RKey: p.mr[0].RKey})
 	if wc.Opcode != WCRDMARead || wc.ByteLen != uint32(len(data)) {

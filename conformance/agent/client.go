@@ -429,7 +429,8 @@ const (
 )
 
 // SendWR is one send work request with a single local SGE (MR, Off, Len;
-// Len 0 means no SGE). Atomics need Len 8 and an 8-byte aligned RemoteAddr.
+// Len 0 means no SGE, and MR may then be the zero MR). Atomics need Len 8
+// and an 8-byte aligned RemoteAddr.
 type SendWR struct {
 	WRID       uint64
 	Op         Op
@@ -466,7 +467,8 @@ func (c *Client) PostSend(ctx context.Context, qp QP, wr SendWR) error {
 	return err
 }
 
-// PostRecv posts one receive work request (a single SGE) on qp.
+// PostRecv posts one receive work request (a single SGE; length 0 and the
+// zero MR post one without any) on qp.
 func (c *Client) PostRecv(ctx context.Context, qp QP, wrID uint64, mr MR, off, length int) error {
 	_, err := c.Do(ctx, "recv", kv("qp", qp.ID), kv("wr", wrID), kv("mr", mr.ID), kv("off", off), kv("len", length))
 	return err

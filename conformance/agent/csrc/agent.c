@@ -394,8 +394,13 @@ static void cmd_query(void)
 static int local(struct ibv_sge *sge, int *nsge)
 {
 	uint64_t id, off, len;
-	if (num("mr", &id, 1, 0) || num("off", &off, 0, 0) || num("len", &len, 0, 0))
+	if (num("len", &len, 0, 0) || num("mr", &id, len > 0, 0) || num("off", &off, 0, 0))
 		return -1;
+	if (len == 0 && id == 0) { /* zero-length operation: no SGE at all */
+		memset(sge, 0, sizeof *sge);
+		*nsge = 0;
+		return 0;
+	}
 	if (id < 1 || id >= MAXOBJ || !mrs[id].mr) { reply("err no such mr %" PRIu64, id); return -1; }
 	if (off > mrs[id].len || len > mrs[id].len - off) { reply("err off/len outside mr %" PRIu64, id); return -1; }
 	sge->addr = (uint64_t)(uintptr_t)mrs[id].buf + off;
