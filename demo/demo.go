@@ -294,8 +294,28 @@ func (t *tracer) section(n int, title string) {
 	t.printf("\n%s\n", t.paint(bold, fmt.Sprintf("== %d. %s ", n, title)+strings.Repeat("=", max(0, 70-len(title)))))
 }
 
+// call prints a verbs call, continued on indented lines at ", " when it
+// is wider than the terminal.
 func (t *tracer) call(format string, args ...any) {
-	t.printf("  %s\n", t.paint(cyan, fmt.Sprintf(format, args...)))
+	s := fmt.Sprintf(format, args...)
+	for _, l := range breakAt(s, width-2, 4) {
+		t.printf("  %s\n", t.paint(cyan, l))
+	}
+}
+
+// breakAt splits s at ", " so no piece is wider than w; continuation
+// lines are indented by indent spaces.
+func breakAt(s string, w, indent int) []string {
+	var out []string
+	for len(s) > w {
+		cut := strings.LastIndex(s[:w], ", ")
+		if cut <= indent {
+			break
+		}
+		out = append(out, s[:cut+1])
+		s = strings.Repeat(" ", indent) + s[cut+2:]
+	}
+	return append(out, s)
 }
 
 // ---- the wire ----
@@ -446,7 +466,7 @@ func (t *tracer) record(idx int, when time.Time, frame, pkt []byte, lost, dup bo
 			marks = append(marks, t.paint(purple, "<< RNR NAK: receiver not ready"))
 		}
 	}
-	t.printfLocked("  %s  %s\n", t.paint(blue, arrow), packetLine(&r, lost))
+	t.printfLocked("  %s  %s\n", t.paint(blue, arrow), packetLine(&r, lost, 2+len(arrow)+2))
 	if len(marks) > 0 {
 		t.printfLocked("  %s  %s\n", strings.Repeat(" ", len(arrow)), strings.Join(marks, "  "))
 	}
@@ -463,8 +483,25 @@ func isRequest(op uint8) bool {
 	return info.Valid && info.Request
 }
 
-// packetLine is one packet, short enough for a 100-column terminal.
-func packetLine(r *inspect.Record, lost bool) string {
+// width is the terminal width the printout is laid out for.
+const width = 100
+
+// packetLine is one packet: the BTH summary and headers, on two lines
+// (the second indented by indent) when one would not fit width columns.
+func packetLine(r *inspect.Record, lost bool, indent int) string {
+	line := packetText(r, lost)
+	if indent+len(line) <= width {
+		return line
+	}
+	// Split after the AckReq column: "OPCODE psn N A" | headers.
+	const head = 25 + 5 + 4 + 2
+	if len(line) <= head+1 {
+		return line
+	}
+	return strings.TrimRight(line[:head], " ") + "\n" + strings.Repeat(" ", indent+2) + strings.TrimSpace(line[head:])
+}
+
+func packetText(r *inspect.Record, lost bool) string {
 	if !r.RoCE || r.Transport == "RoCE" {
 		return "malformed: " + r.Malformed
 	}
@@ -786,12 +823,12 @@ func (t *tracer) summary(impaired bool) {
 	r := *t.res
 	t.mu.Unlock()
 	t.printf("\n%s\n", t.paint(bold, "== Done "+strings.Repeat("=", 72)))
-	t.printf("  %s: %d operations completed, %d packets on the wire",
+	t.printf("  %s: %d operations completed, %d packets on the wire\n",
 		t.paint(green, "all good"), len(r.Steps), r.Packets-r.LostPackets)
 	if impaired {
-		t.printf(", %d lost, %d corrupted, %d duplicated, %d retransmitted, %d NAKs", r.LostPackets, r.Corrupted, r.Duplicated, r.Retransmits, r.NAKs)
+		t.printf("  the wire lost %d, corrupted %d and duplicated %d; %d retransmitted, %d NAKs\n",
+			r.LostPackets, r.Corrupted, r.Duplicated, r.Retransmits, r.NAKs)
 	}
-	t.printf("\n")
 	if impaired && r.LostPackets+r.Corrupted > 0 {
 		t.explain("RC repaired every loss: a gap in PSNs makes the responder send a NAK (PSN sequence " +
 			"error) and the requester goes back to the missing PSN and resends from there (go-back-N); " +
