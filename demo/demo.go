@@ -610,7 +610,7 @@ func (t *tracer) setup(mtu int) error {
 		if s.qp, err = s.pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq, Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16}}); err != nil {
 			return fmt.Errorf("create QP on %s: %w", s.name, err)
 		}
-		t.call("ibv_reg_mr(%s, %d bytes, LOCAL_WRITE|REMOTE_*) -> va 0x%x lkey 0x%x rkey 0x%x",
+		t.call("ibv_reg_mr(%s, %d, LOCAL_WRITE|REMOTE_*) -> va 0x%x lkey 0x%x rkey 0x%x",
 			s.name, bufSize, s.mr.Addr(), s.mr.LKey(), s.mr.RKey())
 		t.call("ibv_create_cq(%s, 64); ibv_create_qp(%s, RC) -> qp 0x%06x", s.name, s.name, s.qp.Num())
 	}
