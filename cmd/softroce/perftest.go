@@ -31,6 +31,7 @@ func runPerftest(args []string) int {
 	fs.IntVar(&cfg.TxDepth, "t", 128, "outstanding work requests")
 	fs.IntVar(&cfg.CQMod, "Q", 100, "signal one work request in this many")
 	fs.IntVar(&cfg.OutReads, "o", 16, "outstanding READ/atomic requests (announced to the peer)")
+	qpTimeout := fs.Uint("u", 14, "QP timeout exponent: the local ACK timeout is 4.096 us << u")
 	atomicOp := fs.String("A", "FETCH_AND_ADD", "atomic operation: FETCH_AND_ADD or CMP_AND_SWAP")
 	fs.BoolVar(&cfg.Gbits, "report_gbits", false, "report Gbit/s instead of MB/s")
 	qps := fs.Int("q", 1, "number of QPs (only 1 is implemented)")
@@ -80,6 +81,11 @@ func runPerftest(args []string) int {
 		return 2
 	}
 	cfg.Test = test
+	if *qpTimeout < 1 || *qpTimeout > 31 {
+		fmt.Fprintln(os.Stderr, "softroce perftest: -u must be 1..31")
+		return 2
+	}
+	cfg.QPTimeout = uint8(*qpTimeout)
 	switch strings.ToUpper(*atomicOp) {
 	case "FETCH_AND_ADD":
 		cfg.Atomic = perftest.FetchAndAdd
@@ -112,10 +118,14 @@ func runPerftest(args []string) int {
 	if cfg.Server == "" {
 		fmt.Printf(" Waiting for client to connect on TCP port %d...\n", cfg.Port)
 	}
-	if _, err := perftest.Run(ctx, dev, cfg, os.Stdout); err != nil {
+	res, err := perftest.Run(ctx, dev, cfg, os.Stdout)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "softroce perftest:", err)
 		return 1
 	}
+	st := res.Stats
+	fmt.Printf(" softroce QP: %d packets sent, %d received, %d retransmitted, %d timeouts, %d sequence NAKs sent, %d received\n",
+		st.TxPackets, st.RxPackets, st.Retransmits, st.Timeouts, st.SeqNAKsSent, st.SeqNAKsRecv)
 	return 0
 }
 

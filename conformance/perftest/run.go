@@ -90,6 +90,9 @@ type Config struct {
 	CQMod    int      // -Q, one signaled WR every CQMod (100)
 	OutReads int      // -o, READ/atomic depth announced and used (16)
 	Atomic   AtomicOp // -A
+	// QPTimeout is -u, the local ACK timeout exponent (4.096 us << u;
+	// default 14, about 67 ms).
+	QPTimeout uint8
 	// Gbits reports Gbit/s instead of MiB/s (--report_gbits).
 	Gbits bool
 	// RemotePort is the peer's UDP port when it is not 4791 (another
@@ -158,6 +161,12 @@ func (c *Config) defaults() error {
 		if _, err := mtuEnum(c.MTU); err != nil {
 			return err
 		}
+	}
+	if c.QPTimeout == 0 {
+		c.QPTimeout = 14
+	}
+	if c.QPTimeout > 31 {
+		return fmt.Errorf("perftest: QP timeout %d out of range 1..31", c.QPTimeout)
 	}
 	if c.Timeout == 0 {
 		c.Timeout = 60 * time.Second

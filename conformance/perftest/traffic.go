@@ -107,7 +107,7 @@ func (s *session) teardown() {
 // connectQP moves the QP to RTR and RTS with perftest's attributes
 // (catalogue B.3): the tool's single remote right, rq_psn = the peer's
 // PSN, max_dest_rd_atomic = our announced out_reads, min RNR timer 12,
-// timeout 14, retry and RNR retry 7, max_rd_atomic = the peer's out_reads.
+// timeout -u (14), retry and RNR retry 7, max_rd_atomic = the peer's out_reads.
 // perftest leaves its passive QP in RTR; softroce's passive QP goes to RTS
 // too, which changes nothing for a responder.
 func (s *session) connectQP() error {
@@ -123,7 +123,7 @@ func (s *session) connectQP() error {
 		return fmt.Errorf("perftest: QP to RTR: %w", err)
 	}
 	rd := min(max(int(rem.OutReads), 1), cfg.OutReads)
-	a = verbs.QPAttr{State: verbs.StateRTS, SQPSN: s.res.Local.PSN, Timeout: 14, RetryCnt: 7, RNRRetry: 7,
+	a = verbs.QPAttr{State: verbs.StateRTS, SQPSN: s.res.Local.PSN, Timeout: cfg.QPTimeout, RetryCnt: 7, RNRRetry: 7,
 		MaxRDAtomic: uint8(rd)}
 	if err := s.qp.Modify(&a, qpstate.AttrState|qpstate.AttrSQPSN|qpstate.AttrTimeout|qpstate.AttrRetryCnt|
 		qpstate.AttrRNRRetry|qpstate.AttrMaxQPRDAtomic); err != nil {

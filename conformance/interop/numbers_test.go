@@ -1,0 +1,178 @@
+package interop
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/conformance/rxevm"
+)
+
+// goTool finds the go command (sudo may drop /usr/local/go/bin from PATH).
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return "/usr/local/go/bin/go"
+}
+
+// shipSoftroce builds a static softroce binary (or takes the one
+// SOFTROCE_STATIC_BIN names) and copies it into the running guest as
+// /tmp/softroce: the guest fetches it with busybox wget
+// from a server on the host end of the tap (the VM booted by TestMain has
+// no softroce in its initramfs).
+func shipSoftroce(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "softroce")
+	if pre := os.Getenv("SOFTROCE_STATIC_BIN"); pre != "" {
+		// A prebuilt static binary (e.g. the one a release ships).
+		b, err := os.ReadFile(pre)
+		if err != nil {
+			t.Fatalf("SOFTROCE_STATIC_BIN: %v", err)
+		}
+		if err := os.WriteFile(bin, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		cmd := exec.CommandContext(ctx, goTool(), "build", "-trimpath", "-o", bin, "./cmd/softroce")
+		cmd.Dir = "../.."
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build static softroce: %v\n%s", err, out)
+		}
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := vm.Listen("tcp4", net.JoinHostPort(vm.HostAddr().String(), "0"))
+	if err != nil {
+		t.Fatalf("listen for the guest's download: %v", err)
+	}
+	srv := &http.Server{Handler: http.FileServer(http.Dir(dir))}
+	go srv.Serve(ln)
+	defer srv.Close()
+	url := fmt.Sprintf("http://%s/softroce", ln.Addr())
+	if out, err := vm.Run(ctx, "wget -q -O /tmp/softroce "+url+" && chmod 755 /tmp/softroce && sha256sum /tmp/softroce"); err != nil {
+		t.Fatalf("copy softroce into the guest: %v\n%s", err, out)
+	} else {
+		sum := sha256.Sum256(data)
+		if !strings.HasPrefix(out, hex.EncodeToString(sum[:])) {
+			t.Fatalf("softroce in the guest has checksum %q, want %x", out, sum)
+		}
+	}
+	return "/tmp/softroce"
+}
+
+// bwPair runs a bandwidth server and client in the guest (client against
+// the guest's own address) and returns the client's result row and the
+// command lines used.
+func bwPair(t *testing.T, ctx context.Context, server, client string, port int) (rxevm.BWResult, error) {
+	t.Helper()
+	proc, err := vm.Start(ctx, server)
+	if err != nil {
+		return rxevm.BWResult{}, err
+	}
+	defer proc.Kill()
+	if err := vm.WaitListening(ctx, port); err != nil {
+		return rxevm.BWResult{}, fmt.Errorf("%s did not listen: %w", server, err)
+	}
+	cout, err := vm.Run(ctx, client)
+	if err != nil {
+		sout, serr := proc.Output()
+		return rxevm.BWResult{}, fmt.Errorf("client %q: %w\nserver output:\n%s%s", client, err, sout, serr)
+	}
+	if sout, err := proc.Wait(ctx); err != nil {
+		return rxevm.BWResult{}, fmt.Errorf("server %q: %w\n%s", server, err, sout)
+	}
+	rows, err := rxevm.ParseBW(cout)
+	if err != nil {
+		return rxevm.BWResult{}, fmt.Errorf("client %q: %w\n%s", client, err, cout)
+	}
+	return rows[len(rows)-1], nil
+}
+
+// TestNumbersRxeVsSoftroce measures, inside the same guest, ib_write_bw
+// between two rxe endpoints (server and client on rxe0, the client
+// connecting to the guest's own address) and `softroce perftest write`
+// between two softroce endpoints (UDP ports 4792 and 4793 on the guest's
+// address, since rxe holds 4791), at the same sizes and MTU, and logs a
+// Markdown table with the ratio. Speed is reported, not asserted: the
+// test asserts only that both ran and produced numbers.
+func TestNumbersRxeVsSoftroce(t *testing.T) {
+	needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	sr := shipSoftroce(t, ctx)
+	// The softroce ends receive through kernel UDP sockets on a guest with
+	// one slow vCPU: a burst of -t 128 in-flight messages overflows the
+	// default receive buffer (net.core.rmem_max caps SO_RCVBUF), and every
+	// drop costs a go-back-N retransmission. Allow 16 MiB buffers for the
+	// softroce runs (rxe's kernel path does not use socket buffers) and
+	// put the limits back afterwards.
+	const sockBuf = 16 << 20
+	old, err := vm.Run(ctx, "cat /proc/sys/net/core/rmem_max /proc/sys/net/core/wmem_max")
+	if f := strings.Fields(old); err != nil || len(f) != 2 {
+		t.Fatalf("read the guest's socket buffer limits: %v %q", err, old)
+	} else {
+		t.Cleanup(func() {
+			vm.Run(context.Background(), fmt.Sprintf("echo %s > /proc/sys/net/core/rmem_max; echo %s > /proc/sys/net/core/wmem_max", f[0], f[1]))
+		})
+	}
+	if _, err := vm.Run(ctx, fmt.Sprintf("echo %d > /proc/sys/net/core/rmem_max && echo %d > /proc/sys/net/core/wmem_max", sockBuf, sockBuf)); err != nil {
+		t.Fatalf("raise the guest's socket buffer limits: %v", err)
+	}
+	guest := vm.GuestAddr().String()
+	type row struct {
+		size, iters int
+		rxe, soft   rxevm.BWResult
+	}
+	rows := []row{{size: 4096, iters: 2000}, {size: 65536, iters: 300}}
+	const mtu = 4096
+	port := 18700
+	var table strings.Builder
+	table.WriteString("| size | iterations | rxe <-> rxe (MiB/s) | softroce <-> softroce (MiB/s) | softroce / rxe |\n|---|---|---|---|---|\n")
+	for i := range rows {
+		r := &rows[i]
+		port++
+		// perftest 4.5's ib_write_bw has no event mode: both rxe ends
+		// poll on the guest's single vCPU, as they would on a real host.
+		args := fmt.Sprintf("-s %d -n %d -m %d -p %d", r.size, r.iters, mtu, port)
+		r.rxe, err = bwPair(t, ctx,
+			"timeout 120 ib_write_bw -d rxe0 -x 1 -F "+args,
+			"timeout 120 ib_write_bw -d rxe0 -x 1 -F "+args+" "+guest, port)
+		if err != nil {
+			t.Fatalf("rxe <-> rxe, %d bytes: %v", r.size, err)
+		}
+		port++
+		// -u 20 (ACK timeout 4.3 s instead of 67 ms): both softroce
+		// processes share the emulated vCPU, and a receiver that is not
+		// scheduled for 67 ms makes the sender retransmit its whole
+		// window although nothing was lost (rxe's receive path runs in
+		// the guest kernel's softirq and is not delayed that way).
+		args = fmt.Sprintf("-s %d -n %d -m %d -p %d -u 20 --bind %s --timeout 110s --socket-buffer %d", r.size, r.iters, mtu, port, guest, sockBuf)
+		r.soft, err = bwPair(t, ctx,
+			fmt.Sprintf("%s perftest write %s --udp-port 4792 --peer-udp-port 4793", sr, args),
+			fmt.Sprintf("%s perftest write %s --udp-port 4793 --peer-udp-port 4792 %s", sr, args, guest), port)
+		if err != nil {
+			t.Fatalf("softroce <-> softroce, %d bytes: %v", r.size, err)
+		}
+		for _, b := range []rxevm.BWResult{r.rxe, r.soft} {
+			if b.Bytes != r.size || b.Iterations != r.iters || b.AvgBW <= 0 || b.Unit != "MB/sec" {
+				t.Fatalf("implausible result row %+v for %d bytes x %d", b, r.size, r.iters)
+			}
+		}
+		fmt.Fprintf(&table, "| %d | %d | %.2f | %.2f | %.2f |\n", r.size, r.iters, r.rxe.AvgBW, r.soft.AvgBW, r.soft.AvgBW/r.rxe.AvgBW)
+	}
+	t.Logf("ib_write_bw in one rxe guest (1 vCPU, qemu TCG), MTU %d:\n%s", mtu, table.String())
+}
