@@ -1,6 +1,7 @@
 package rxevm
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -10,6 +11,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
 )
 
 // testVM is shared by every test in the package: TCG boots are slow, so
@@ -331,5 +336,53 @@ func TestRCPingpongLoopback(t *testing.T) {
 	}
 	if _, err := srv.Wait(ctx); err != nil {
 		t.Fatalf("ibv_rc_pingpong server: %v", err)
+	}
+}
+
+func TestCaptureTap(t *testing.T) {
+	vm := needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var buf bytes.Buffer
+	c, err := vm.CaptureTap(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vm.Run(ctx, "ping -c 3 -s 1000 "+vm.HostAddr().String()); err != nil {
+		c.Stop()
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	n, err := c.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := pcapgo.NewReader(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo := map[layers.ICMPv4TypeCode]int{}
+	frames := 0
+	for {
+		data, _, err := r.ReadPacketData()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		frames++
+		p := gopacket.NewPacket(data, layers.LayerTypeEthernet, gopacket.Default)
+		if icmp, ok := p.Layer(layers.LayerTypeICMPv4).(*layers.ICMPv4); ok && len(icmp.Payload) == 1000 {
+			echo[icmp.TypeCode]++
+		}
+	}
+	if frames != n {
+		t.Errorf("Stop reported %d frames, the pcap holds %d", n, frames)
+	}
+	req := layers.CreateICMPv4TypeCode(layers.ICMPv4TypeEchoRequest, 0)
+	rep := layers.CreateICMPv4TypeCode(layers.ICMPv4TypeEchoReply, 0)
+	if echo[req] != 3 || echo[rep] != 3 {
+		t.Fatalf("captured echo requests/replies %d/%d, want 3/3 (both directions)", echo[req], echo[rep])
 	}
 }
