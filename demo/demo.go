@@ -466,7 +466,11 @@ func (t *tracer) record(idx int, when time.Time, frame, pkt []byte, lost, dup bo
 			marks = append(marks, t.paint(purple, "<< RNR NAK: receiver not ready"))
 		}
 	}
-	t.printfLocked("  %s  %s\n", t.paint(blue, arrow), packetLine(&r, lost, 2+len(arrow)+2))
+	color := blue
+	if lost {
+		color = red
+	}
+	t.printfLocked("  %s  %s\n", t.paint(color, arrow), packetLine(&r, lost, 2+len(arrow)+2))
 	if len(marks) > 0 {
 		t.printfLocked("  %s  %s\n", strings.Repeat(" ", len(arrow)), strings.Join(marks, "  "))
 	}

@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/netnstest"
 	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/afxdp"
 	"github.com/softroce/softroce/nic/udp"
 )
 
@@ -268,5 +270,41 @@ func TestNoAnswer(t *testing.T) {
 	}
 	if el := time.Since(start); el < 400*time.Millisecond || el > 3*time.Second {
 		t.Errorf("gave up after %v", el)
+	}
+}
+
+// TestAFXDP runs bandwidth and latency over AF_XDP links on the two ends
+// of a veth pair between two namespaces (root only).
+func TestAFXDP(t *testing.T) {
+	netnstest.Require(t)
+	v := netnstest.Pair(t, netnstest.VethConfig{MTU: 1500})
+	open := func(e *netnstest.End) nic.Link {
+		var l *afxdp.Link
+		e.NS.Run(t, func() (err error) {
+			l, err = afxdp.Open(afxdp.Config{Interface: e.Name, ResolveWait: 2 * time.Second})
+			return err
+		})
+		return l
+	}
+	for _, lat := range []bool{false, true} {
+		links := [2]nic.Link{open(v.A), open(v.B)}
+		c := Config{Test: Write, Sizes: []int{4096}, Iters: 1000}
+		if lat {
+			c = Config{Test: Read, Sizes: []int{64}, Iters: 200}
+		}
+		l, err := RunLocal(ctx(t), c, lat, &links, [2]uint16{}, nil)
+		if err != nil {
+			links[0].Close()
+			links[1].Close()
+			t.Fatalf("lat=%v: %v", lat, err)
+		}
+		if lat {
+			saneLat(t, l.Report.Lat[0], 200)
+			t.Logf("AF_XDP read latency, 64 bytes: typical %.1f us, p99 %.1f us", l.Report.Lat[0].Typical, l.Report.Lat[0].P99)
+		} else {
+			saneBW(t, l.Report.BW[0], 1000)
+			t.Logf("AF_XDP write bandwidth, 4096 bytes: %.1f MB/s average, %d retransmits", l.Report.BW[0].AvgMBps, l.Report.BW[0].Retransmits)
+		}
+		l.Close()
 	}
 }
