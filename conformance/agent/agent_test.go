@@ -5,11 +5,15 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"io"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/gopacket/gopacket/pcapgo"
+
 	"github.com/softroce/softroce/conformance/rxevm"
+	"github.com/softroce/softroce/icrc"
 )
 
 var (
@@ -297,5 +301,101 @@ func TestRemoteAccessError(t *testing.T) {
 	var ae *Error
 	if !errors.As(err, &ae) {
 		t.Fatalf("poll on a missing CQ: %v, want *Error", err)
+	}
+}
+
+// TestRxeRequesterOnTheWire points a QP at the host side of the tap, where
+// nothing answers, and captures what rxe sends: with retry_cnt 1 the SEND
+// goes out exactly twice with the same PSN (first try plus one retry after
+// the local ACK timeout, IBTA 9.7.6.1.2), then the WR completes with
+// RETRY_EXC_ERR. The frames' ICRC must verify with the project's icrc.
+func TestRxeRequesterOnTheWire(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := launch(t, ctx)
+	pd, err := c.AllocPD(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mr, err := c.RegMR(ctx, pd, 4096, AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := c.CreateCQ(ctx, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp, err := c.CreateQP(ctx, pd, cq, cq, QPCap{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hostGID [16]byte
+	hostGID[10], hostGID[11] = 0xff, 0xff
+	copy(hostGID[12:], testVM.HostAddr().AsSlice())
+	const dqpn, psn = 0x4242, 0xabcdef
+	if err := c.ModifyToInit(ctx, qp, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ModifyToRTR(ctx, qp, RTRAttr{DestQPN: dqpn, RecvPSN: 1, DestGID: hostGID}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ModifyToRTS(ctx, qp, RTSAttr{SendPSN: psn, Timeout: 14, Retry: 1, RNRRetry: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Fill(ctx, mr, 0, 100, 0x5a); err != nil {
+		t.Fatal(err)
+	}
+	var pcap bytes.Buffer
+	capt, err := testVM.CaptureTap(&pcap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PostSend(ctx, qp, SendWR{WRID: 1, Op: OpSend, MR: mr, Len: 100}); err != nil {
+		capt.Stop()
+		t.Fatal(err)
+	}
+	wc, err := c.Poll(ctx, cq, 20*time.Second)
+	time.Sleep(300 * time.Millisecond) // no third transmission may follow
+	if _, serr := capt.Stop(); serr != nil {
+		t.Fatal(serr)
+	}
+	if err != nil || wc == nil {
+		t.Fatalf("poll: %v %v", wc, err)
+	}
+	if wc.Status != WCRetryExcErr {
+		t.Errorf("completion %+v, want transport retry counter exceeded", *wc)
+	}
+	r, err := pcapgo.NewReader(&pcap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sends int
+	for {
+		frame, _, err := r.ReadPacketData()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := icrc.CheckFrame(frame)
+		if err != nil {
+			continue // ARP, ICMP port unreachable from the host, ...
+		}
+		if res.Status != icrc.StatusOK {
+			t.Errorf("rxe frame with ICRC %v (wire %#x, computed %#x)", res.Status, res.Wire, res.Computed)
+		}
+		bth := frame[res.BTH:]
+		op, qpn, gotPSN := bth[0], uint32(bth[5])<<16|uint32(bth[6])<<8|uint32(bth[7]), uint32(bth[9])<<16|uint32(bth[10])<<8|uint32(bth[11])
+		if op != 0x04 || qpn != dqpn || gotPSN != psn {
+			t.Errorf("frame opcode %#x dest QP %#x PSN %#x; want SEND_ONLY to %#x at %#x", op, qpn, gotPSN, dqpn, psn)
+		}
+		if udpSum := frame[res.UDP+6 : res.UDP+8]; udpSum[0] != 0 || udpSum[1] != 0 {
+			t.Errorf("rxe UDP checksum %x, expected 0", udpSum)
+		}
+		sends++
+	}
+	if sends != 2 {
+		t.Fatalf("rxe sent the SEND %d times, want 2 (retry_cnt 1)", sends)
 	}
 }
