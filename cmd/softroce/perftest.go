@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -45,6 +46,7 @@ func runPerftest(args []string) int {
 	fs.StringVar(&lf.backend, "backend", "udp", "packet backend: udp or afxdp")
 	fs.IntVar(&lf.udpPort, "udp-port", 4791, "local UDP port")
 	peerPort := fs.Int("peer-udp-port", 4791, "the peer's UDP port (change only against another softroce on the same address)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	sockBuf := fs.Int("socket-buffer", 4<<20, "udp backend: SO_RCVBUF/SO_SNDBUF bytes (capped by net.core.rmem_max); a full receive buffer drops packets and costs go-back-N retransmissions")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce perftest write|read|atomic [flags]          wait for a client (passive side)\n"+
@@ -100,6 +102,19 @@ func runPerftest(args []string) int {
 	}
 	cfg.RemotePort = uint16(*peerPort)
 	cfg.Timeout = *timeout
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "softroce perftest: --cpuprofile:", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "softroce perftest: start CPU profile:", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
 	link, err := openPerftestLink(lf, cfg.Server, *sockBuf)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "softroce perftest:", err)
