@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -247,4 +249,89 @@ func lastLines(s string, n int) string {
 		l = l[len(l)-n:]
 	}
 	return strings.Join(l, "\n")
+}
+
+// TestPeerMisbehaves runs softroce's listener against scripted peers that
+// break the protocol: each run must end with a clear error, not hang.
+func TestPeerMisbehaves(t *testing.T) {
+	l, err := udp.Open(udp.Config{Addr: netip.MustParseAddr("127.0.0.1"), Port: 47951})
+	if err != nil {
+		t.Skipf("loopback UDP: %v", err)
+	}
+	dev, err := verbs.Open(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	sysData := func(c net.Conn) {
+		// version, cycle buffer, cache line, MTU: the connector writes first.
+		c.Write(MarshalVersion("6.06"))
+		io.ReadFull(c, make([]byte, VersionLen))
+		c.Write([]byte{0, 0, 16, 0})
+		io.ReadFull(c, make([]byte, 4))
+		c.Write([]byte{0, 0, 0, 64})
+		io.ReadFull(c, make([]byte, 4))
+		c.Write([]byte("3\x00"))
+		io.ReadFull(c, make([]byte, 2))
+	}
+	cases := []struct {
+		name   string
+		script func(net.Conn)
+		want   string
+	}{
+		{"old version", func(c net.Conn) { c.Write(MarshalVersion("5.60")); io.ReadFull(c, make([]byte, VersionLen)) }, "older than"},
+		{"garbage version", func(c net.Conn) { c.Write(make([]byte, VersionLen)) }, "malformed"},
+		{"closes after version", func(c net.Conn) { c.Write(MarshalVersion("6.06")) }, "peer closed"},
+		{"bad system data", func(c net.Conn) {
+			c.Write(MarshalVersion("6.06"))
+			io.ReadFull(c, make([]byte, VersionLen))
+			c.Write([]byte{0x7f, 0xff, 0xff, 0xff}) // a 2 GiB "page"
+			io.ReadFull(c, make([]byte, 4))
+			c.Write([]byte{0, 0, 0, 64})
+			io.ReadFull(c, make([]byte, 4))
+		}, "system data"},
+		{"garbage keys", func(c net.Conn) { sysData(c); c.Write(bytes.Repeat([]byte{'x'}, KeysLen)) }, "malformed"},
+		{"IPv6 GID", func(c net.Conn) {
+			sysData(c)
+			c.Write(Keys{QPN: 5, GID: verbs.GIDFromAddr(netip.MustParseAddr("fe80::1"))}.Marshal())
+			io.ReadFull(c, make([]byte, KeysLen))
+		}, "GID type mismatch"},
+		{"silent after keys", func(c net.Conn) {
+			sysData(c)
+			c.Write(Keys{QPN: 5, GID: verbs.GIDFromAddr(netip.MustParseAddr("127.0.0.1"))}.Marshal())
+			io.ReadFull(c, make([]byte, KeysLen))
+			time.Sleep(3 * time.Second)
+		}, "timeout"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			port := 47960 + i
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				var c net.Conn
+				var err error
+				for range 50 {
+					if c, err = net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+						break
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				tc.script(c)
+			}()
+			start := time.Now()
+			_, err := Run(context.Background(), dev, Config{Port: port, Size: 4096, Iters: 10, Timeout: 2 * time.Second}, io.Discard)
+			<-done
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+			if el := time.Since(start); el > 5*time.Second {
+				t.Fatalf("took %v", el)
+			}
+		})
+	}
 }
