@@ -106,8 +106,9 @@ type Link struct {
 	raw   nic.RawSender
 	opts  Options
 
-	mu    sync.Mutex // guards frame and seq (Send and Recv run concurrently)
+	mu    sync.Mutex // guards frame, ev and seq (Send and Recv run concurrently)
 	frame []byte
+	ev    Event // reused: the callback gets a pointer, so a local would escape
 	seq   uint64
 }
 
@@ -253,12 +254,12 @@ func (c *Link) report(d Dir, p *nic.Packet) {
 		return // addresses of mixed families: nothing sensible to show
 	}
 	c.frame = frame
-	ev := Event{Dir: d, Time: now, Seq: c.seq, Packet: p, Frame: frame, Src: src, Dst: dst}
+	c.ev = Event{Dir: d, Time: now, Seq: c.seq, Packet: p, Frame: frame, Src: src, Dst: dst}
 	if c.opts.Pcap != nil {
 		_ = c.opts.Pcap.WriteFrame(now, frame)
 	}
 	if c.opts.OnPacket != nil {
-		c.opts.OnPacket(&ev)
+		c.opts.OnPacket(&c.ev)
 	}
 }
 
