@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/softroce/softroce/bth"
@@ -109,8 +110,29 @@ func fatalNAK(x *X, syn bth.Syndrome, f bth.Fields, payload []byte, memOff int) 
 	x.Notef("next request after the NAK -> %s", DescribeAll(after))
 }
 
-// All is the catalogue, in report order.
-var All = []*Case{
+// All is the catalogue, in report order: responder cases (the peer
+// requests, the target answers), then requester cases (the target posts,
+// the peer plays a scripted responder).
+var All = catalogue(basicCases, moreResponder, assemblyCases, accessCases,
+	moreRequester, responseCases, requesterNAKCases, readRecoveryCases)
+
+// catalogue concatenates case lists, responder cases first; a requester
+// case's ID starts with "requester-".
+func catalogue(lists ...[]*Case) []*Case {
+	var resp, req []*Case
+	for _, l := range lists {
+		for _, c := range l {
+			if strings.HasPrefix(c.ID, "requester-") {
+				req = append(req, c)
+			} else {
+				resp = append(resp, c)
+			}
+		}
+	}
+	return append(resp, req...)
+}
+
+var basicCases = []*Case{
 	{
 		ID: "psn-sequence-error",
 		Spec: "Requests at ePSN+2..ePSN+4 (a gap): exactly one NAK PSN sequence error (0x60) carrying the expected PSN; " +

@@ -329,16 +329,3 @@ var moreRequester = []*Case{
 		},
 	},
 }
-
-func init() {
-	// Responder cases first, then requester cases, in report order.
-	var resp, req []*Case
-	for _, c := range All {
-		if len(c.ID) > 10 && c.ID[:10] == "requester-" {
-			req = append(req, c)
-		} else {
-			resp = append(resp, c)
-		}
-	}
-	All = append(append(append(resp, moreResponder...), req...), moreRequester...)
-}

@@ -152,15 +152,3 @@ var responseCases = []*Case{
 		},
 	},
 }
-
-func init() {
-	var resp, req []*Case
-	for _, c := range All {
-		if len(c.ID) > 10 && c.ID[:10] == "requester-" {
-			req = append(req, c)
-		} else {
-			resp = append(resp, c)
-		}
-	}
-	All = append(append(append(resp, assemblyCases...), req...), responseCases...)
-}
