@@ -88,7 +88,10 @@ func Serve(ctx context.Context, ln net.Listener, sc ServerConfig) (*Report, erro
 	dec, enc := json.NewDecoder(conn), json.NewEncoder(conn)
 	var h hello
 	if err := dec.Decode(&h); err != nil {
-		return nil, fmt.Errorf("read the client's hello: %w", err)
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("client %v disconnected before saying what to run (did it fail to open its data link?)", conn.RemoteAddr())
+		}
+		return nil, fmt.Errorf("read the client's hello from %v: %w (is it a softroce bw/lat client?)", conn.RemoteAddr(), err)
 	}
 	refuse := func(err error) (*Report, error) {
 		_ = enc.Encode(hello{Proto: Proto, Error: err.Error()})
