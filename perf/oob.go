@@ -23,6 +23,14 @@ const Proto = "softroce-perf/1"
 // DefaultPort is the TCP port of the out-of-band exchange, perftest's.
 const DefaultPort = 18515
 
+const (
+	// maxExchange bounds the bytes read from a peer over a whole session:
+	// the messages are a few hundred bytes, a sweep's report a few KiB.
+	maxExchange = 1 << 20
+	// helloTimeout bounds the wait for a connected client's first message.
+	helloTimeout = 10 * time.Second
+)
+
 // hello is the first message each way: the client's says what to run, the
 // server's answers with its endpoint (or an error).
 type hello struct {
@@ -85,7 +93,10 @@ func Serve(ctx context.Context, ln net.Listener, sc ServerConfig) (*Report, erro
 	stopConn := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stopConn()
 	logf("client %v connected", conn.RemoteAddr())
-	dec, enc := json.NewDecoder(conn), json.NewEncoder(conn)
+	// The peer is untrusted: bound what it may make us buffer, and how
+	// long it may keep us waiting for its hello.
+	dec, enc := json.NewDecoder(io.LimitReader(conn, maxExchange)), json.NewEncoder(conn)
+	_ = conn.SetReadDeadline(time.Now().Add(helloTimeout))
 	var h hello
 	if err := dec.Decode(&h); err != nil {
 		if errors.Is(err, io.EOF) {
@@ -97,6 +108,7 @@ func Serve(ctx context.Context, ln net.Listener, sc ServerConfig) (*Report, erro
 		_ = enc.Encode(hello{Proto: Proto, Error: err.Error()})
 		return nil, err
 	}
+	_ = conn.SetReadDeadline(time.Time{}) // a timed run may take long
 	if h.Proto != Proto {
 		return refuse(fmt.Errorf("client speaks %q, this server %q: use the same softroce version on both sides", h.Proto, Proto))
 	}
@@ -234,7 +246,7 @@ func Run(ctx context.Context, cc ClientConfig, c Config, lat bool, row func(any)
 	if lat {
 		kind = "lat"
 	}
-	dec, enc := json.NewDecoder(conn), json.NewEncoder(conn)
+	dec, enc := json.NewDecoder(io.LimitReader(conn, maxExchange)), json.NewEncoder(conn)
 	if err := enc.Encode(hello{Proto: Proto, Kind: kind, Test: c.Test, MaxSize: c.maxSize(), QPs: c.QPs, MTU: c.MTU, TxDepth: c.TxDepth, Info: ep.Info(port)}); err != nil {
 		return nil, fmt.Errorf("send hello to %v: %w", cc.Peer, err)
 	}

@@ -308,3 +308,39 @@ func TestAFXDP(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestServeHostileClient checks that the server refuses garbage, a wrong
+// protocol version and absurd parameters with an error, without opening
+// a link.
+func TestServeHostileClient(t *testing.T) {
+	for _, msg := range []string{
+		"this is not json\n",
+		`{"proto":"softroce-perf/999","kind":"bw","test":"write","max_size":64,"qps":1}` + "\n",
+		`{"proto":"softroce-perf/1","kind":"bw","test":"write","max_size":1000000000,"qps":1}` + "\n",
+		`{"proto":"softroce-perf/1","kind":"bw","test":"write","max_size":64,"qps":100000}` + "\n",
+		`{"proto":"softroce-perf/1","kind":"bw","test":"rm -rf","max_size":64,"qps":1}` + "\n",
+	} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		errc := make(chan error, 1)
+		go func() {
+			_, err := Serve(ctx(t), ln, ServerConfig{Open: func(netip.Addr) (nic.Link, uint16, error) {
+				t.Error("server opened a link for a bad client")
+				return nil, 0, errors.New("no")
+			}})
+			errc <- err
+		}()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte(msg))
+		if err := <-errc; err == nil {
+			t.Errorf("%q accepted", msg)
+		}
+		c.Close()
+		ln.Close()
+	}
+}
