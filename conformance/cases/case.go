@@ -165,6 +165,12 @@ func Run(ctx context.Context, t Target, c *Case) (res *Result) {
 		}
 		if x.C != nil {
 			res.Trace = x.C.Trace()
+			if x.C.Stray > 0 {
+				res.Notes = append(res.Notes, fmt.Sprintf("%d stray packet(s) for other QPs ignored", x.C.Stray))
+			}
+		}
+		if err := t.Peer().Err(); err != nil {
+			res.Error, x.abort = "peer link: "+err.Error(), true
 		}
 		res.Observed = strings.Join(x.obs, "; ")
 		switch {

@@ -113,6 +113,13 @@ func (p *Peer) Addr() netip.Addr { return p.local }
 // GID is the peer's RoCEv2 GID.
 func (p *Peer) GID() [16]byte { return netip.AddrFrom16(p.local.As16()).As16() }
 
+// Err is the error that stopped the peer's receive loop, if any.
+func (p *Peer) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
 // Close stops the peer and closes its link.
 func (p *Peer) Close() error {
 	err := p.link.Close()

@@ -81,37 +81,37 @@ func (t *RxeTarget) Open(ctx context.Context, spec QPSpec) (Session, error) {
 		t.open = false
 	}
 	if err := ag.Open(ctx, "rxe0"); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rxe: open device: %w", err)
 	}
 	t.open = true
 	s := &rxeSession{t: t}
 	pd, err := ag.AllocPD(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rxe: alloc PD: %w", err)
 	}
 	for _, m := range spec.MRs {
 		mr, err := ag.RegMR(ctx, pd, m.Len, agent.Access(m.Access))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("rxe: register MR: %w", err)
 		}
 		s.mrs = append(s.mrs, mr)
 	}
 	if s.cq, err = ag.CreateCQ(ctx, 64); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rxe: create CQ: %w", err)
 	}
 	if s.qp, err = ag.CreateQP(ctx, pd, s.cq, s.cq, agent.QPCap{SendWR: 16, RecvWR: 16}); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rxe: create QP: %w", err)
 	}
 	if err := ag.ModifyToInit(ctx, s.qp, agent.Access(spec.Access)); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rxe: modify QP to INIT: %w", err)
 	}
 	if err := ag.ModifyToRTR(ctx, s.qp, agent.RTRAttr{DestQPN: spec.PeerQPN, RecvPSN: spec.RecvPSN, DestGID: t.peer.GID(),
 		MTU: spec.MTU, MaxDestRdAtom: spec.MaxDestRdAtomic, MinRNRTimer: int(spec.MinRNRTimer)}); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rxe: modify QP to RTR: %w", err)
 	}
 	if err := ag.ModifyToRTS(ctx, s.qp, agent.RTSAttr{SendPSN: spec.SendPSN, Timeout: int(spec.Timeout), Retry: int(spec.Retry),
 		RNRRetry: int(spec.RNRRetry), MaxRdAtom: spec.MaxDestRdAtomic}); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rxe: modify QP to RTS: %w", err)
 	}
 	return s, nil
 }
