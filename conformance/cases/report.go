@@ -175,6 +175,12 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	b.WriteString("# softroce conformance report\n\n")
 	fmt.Fprintf(&b, "Generated %s by `softroce conformance`. Each case crafts exact RoCEv2 packets from a fake peer to a QP of the target and judges the answers against the IBTA specification; the same case runs against every target.\n\n", r.Generated.Format(time.RFC3339))
+	b.WriteString("Reproduce with `softroce conformance rxe --out DIR [--pcap PCAPDIR] [--only REGEX]` (root: it boots the " +
+		"rdma_rxe VM) or `softroce conformance self` (softroce only, no privileges). With `--pcap`, each case's packets " +
+		"are saved per target as CASE.TARGET.pcap for `softroce inspect`; frames are rebuilt with IPv4 ID 0, so packets " +
+		"rxe sent (it picks non-zero IDs) show an ICRC mismatch there although rxe's ICRC was right on the wire.\n\n" +
+		"Verdicts: pass = conforms to the expectation; deviation = does not, as documented for that target; " +
+		"FAIL = does not, undocumented or a known bug; harness error = the case could not run.\n\n")
 	keys := make([]string, 0, len(r.Environment))
 	for k := range r.Environment {
 		keys = append(keys, k)
