@@ -1,7 +1,7 @@
 // Package diagram draws ladder (sequence) diagrams of RoCE conversations:
-// for each pair of endpoints, two columns (the side that sent the first
-// request on the left, its peer on the right) and one arrow per packet,
-// labelled with opcode and PSN, time flowing down the page.
+// for each requester QP talking to a responder QP, two columns (requester
+// on the left, responder on the right) and one arrow per packet, labelled
+// with opcode and PSN, time flowing down the page.
 //
 // What RC does to recover from trouble is highlighted: retransmissions (a
 // request PSN sent again: go-back-N, IBTA 9.7.5), NAKs, RNR NAKs, packets
@@ -36,6 +36,10 @@ type Options struct {
 	// Lost[i] marks recs[i] as sent but lost before reaching its peer
 	// (softroce demo knows this; a capture does not).
 	Lost []bool
+	// MaxArrows bounds the packets drawn per conversation (default
+	// DefaultMaxArrows): a long capture would make a page no browser
+	// can scroll. The rest are counted in the conversation's title.
+	MaxArrows int
 }
 
 // Render writes the ladder diagram of recs in format "html" or "svg".
@@ -65,51 +69,110 @@ type arrow struct {
 	t        time.Duration // since the conversation's first packet
 }
 
-// conversation is the traffic between two endpoints.
+// conversation is one QP's requests to its peer and the answers: the
+// requester on the left, the responder on the right.
 type conversation struct {
 	left, right netip.Addr
 	leftQPs     map[uint32]bool // QPNs addressed on each side
 	rightQPs    map[uint32]bool
 	arrows      []arrow
 	start       time.Time
+	omitted     int // packets beyond Options.MaxArrows, not drawn
+	// psns are the request PSNs seen, to attach responses (which name
+	// the requester's QP, not the responder's) to the conversation.
+	psns map[uint32]bool
 }
 
-func key(a, b netip.Addr) [2]netip.Addr {
-	if b.Less(a) {
-		a, b = b, a
+// DefaultMaxArrows is the default Options.MaxArrows.
+const DefaultMaxArrows = 2000
+
+// reqKey names a conversation: requester, responder and the responder's
+// QP (the destination QP of the requests).
+type reqKey struct {
+	req, resp netip.Addr
+	qp        uint32
+}
+
+// respKey names a response flow: responder, requester and the
+// requester's QP (the destination QP of the responses).
+type respKey struct {
+	resp, req netip.Addr
+	qp        uint32
+}
+
+// grouper sorts packets into conversations. RC packets carry only the
+// destination QP, so requests and their answers name different QPs; an
+// answer is tied to its requests by PSN (IBTA 9.7.5: an ACK or response
+// carries the PSN of the request it answers), and the tie is remembered
+// for the rest of that flow.
+type grouper struct {
+	byReq  map[reqKey]*conversation
+	byResp map[respKey]*conversation
+	convs  []*conversation
+}
+
+func (g *grouper) newConv(left, right netip.Addr, start time.Time) *conversation {
+	c := &conversation{left: left, right: right, leftQPs: map[uint32]bool{}, rightQPs: map[uint32]bool{}, start: start, psns: map[uint32]bool{}}
+	g.convs = append(g.convs, c)
+	return c
+}
+
+func (g *grouper) find(r *inspect.Record, request bool) *conversation {
+	if request {
+		k := reqKey{r.Src, r.Dst, r.DestQP}
+		c := g.byReq[k]
+		if c == nil {
+			c = g.newConv(r.Src, r.Dst, r.Time)
+			g.byReq[k] = c
+		}
+		return c
 	}
-	return [2]netip.Addr{a, b}
+	k := respKey{r.Src, r.Dst, r.DestQP}
+	if c := g.byResp[k]; c != nil {
+		return c
+	}
+	// A new answer flow: the conversation whose requests went the other
+	// way and include this PSN; failing that, the only one between these
+	// two addresses; failing that, a conversation of its own.
+	var match, only *conversation
+	n := 0
+	for _, c := range g.convs {
+		if c.left != r.Dst || c.right != r.Src {
+			continue
+		}
+		n++
+		only = c
+		if match == nil && c.psns[r.PSN] {
+			match = c
+		}
+	}
+	if match == nil && n == 1 {
+		match = only
+	}
+	if match == nil {
+		match = g.newConv(r.Dst, r.Src, r.Time)
+	}
+	g.byResp[k] = match
+	return match
 }
 
 // build groups records into conversations, in order of first appearance.
-func build(recs []inspect.Record, lost []bool) []*conversation {
-	byKey := map[[2]netip.Addr]*conversation{}
-	var convs []*conversation
-	// Requests seen per direction and destination QP, to spot PSNs sent
-	// again (retransmissions).
-	type flow struct {
-		src, dst netip.Addr
-		qp       uint32
-	}
-	seen := map[flow]map[uint32]bool{}
+func build(recs []inspect.Record, lost []bool, maxArrows int) []*conversation {
+	g := &grouper{byReq: map[reqKey]*conversation{}, byResp: map[respKey]*conversation{}}
 	for i := range recs {
 		r := &recs[i]
 		if !r.RoCE || !r.Src.IsValid() || !r.Dst.IsValid() {
 			continue
 		}
-		k := key(r.Src, r.Dst)
-		c := byKey[k]
 		info := bth.Opcode(r.Opcode).Info()
 		request := info.Valid && info.Request
-		if c == nil {
-			// The first request's sender is the requester (left column);
-			// failing that, the first packet's sender.
-			c = &conversation{left: r.Src, right: r.Dst, leftQPs: map[uint32]bool{}, rightQPs: map[uint32]bool{}, start: r.Time}
-			if !request && r.Malformed == "" {
-				c.left, c.right = r.Dst, r.Src
-			}
-			byKey[k] = c
-			convs = append(convs, c)
+		if r.Malformed != "" && !info.Valid {
+			request = true // undecodable: draw it from its sender
+		}
+		c := g.find(r, request)
+		if len(c.arrows) >= maxArrows {
+			c.omitted++
+			continue
 		}
 		a := arrow{rec: r, leftToRt: r.Src == c.left, t: r.Time.Sub(c.start)}
 		if a.leftToRt {
@@ -120,17 +183,14 @@ func build(recs []inspect.Record, lost []bool) []*conversation {
 		name := strings.TrimPrefix(r.OpcodeName, "RC ")
 		a.label = fmt.Sprintf("%s psn %d", name, r.PSN)
 		a.kind = kindResponse
-		if request {
+		if request && a.leftToRt {
 			a.kind = kindRequest
-			f := flow{r.Src, r.Dst, r.DestQP}
-			if seen[f] == nil {
-				seen[f] = map[uint32]bool{}
-			}
-			if seen[f][r.PSN] {
+			// A request PSN sent again is a retransmission (go-back-N).
+			if c.psns[r.PSN] {
 				a.kind = kindRetransmit
 				a.label += " (retransmit)"
 			}
-			seen[f][r.PSN] = true
+			c.psns[r.PSN] = true
 		}
 		if h := r.AETH; h != nil {
 			switch h.Kind {
@@ -157,7 +217,7 @@ func build(recs []inspect.Record, lost []bool) []*conversation {
 		a.detail = inspect.Line(r)
 		c.arrows = append(c.arrows, a)
 	}
-	return convs
+	return g.convs
 }
 
 // Layout constants (SVG user units).
@@ -180,7 +240,11 @@ func Write(w io.Writer, recs []inspect.Record, o Options) error {
 	if format != "html" && format != "svg" {
 		return fmt.Errorf("diagram: unknown format %q (want html or svg)", o.Format)
 	}
-	convs := build(recs, o.Lost)
+	maxArrows := o.MaxArrows
+	if maxArrows <= 0 {
+		maxArrows = DefaultMaxArrows
+	}
+	convs := build(recs, o.Lost, maxArrows)
 	if len(convs) == 0 {
 		return errors.New("diagram: no RoCE packets to draw")
 	}
@@ -265,7 +329,11 @@ func writeSVG(b *strings.Builder, c *conversation, idx int, nested bool) {
 		fmt.Fprintf(b, "<svg class=\"ladder\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n", width, h, width, h)
 	}
 	fmt.Fprintf(b, "<defs><marker id=\"ah%d\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"context-stroke\"/></marker></defs>\n", idx)
-	fmt.Fprintf(b, "<text class=\"conv\" x=\"%d\" y=\"18\">conversation %d: %d packets</text>\n", 10, idx+1, len(c.arrows))
+	title := fmt.Sprintf("conversation %d: %d packets", idx+1, len(c.arrows))
+	if c.omitted > 0 {
+		title += fmt.Sprintf(" (and %d more not drawn)", c.omitted)
+	}
+	fmt.Fprintf(b, "<text class=\"conv\" x=\"%d\" y=\"18\">%s</text>\n", 10, esc(title))
 	for _, col := range []struct {
 		x    int
 		addr netip.Addr

@@ -235,3 +235,56 @@ func distinct(img image.Image, limit int) int {
 	}
 	return len(seen)
 }
+
+// TestConversations interleaves two QP pairs between the same two hosts
+// and traffic in the other direction: each requester QP gets its own
+// ladder, and answers land in the ladder of the requests they answer.
+func TestConversations(t *testing.T) {
+	req := func(qp, psn uint32) bth.Fields {
+		return bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PKey: 0xffff, DestQP: qp, PSN: psn, AckReq: true}}
+	}
+	ack := func(qp, psn uint32) bth.Fields {
+		return bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCAck, PKey: 0xffff, DestQP: qp, PSN: psn}, Syndrome: bth.SyndromeACKUnlimited}
+	}
+	ms := time.Millisecond
+	recs := []inspect.Record{
+		frame(t, 0, reqA, rspB, req(0xb1, 1000), 8, false),    // QP a1 -> b1
+		frame(t, 1*ms, reqA, rspB, req(0xb2, 7000), 8, false), // QP a2 -> b2
+		frame(t, 2*ms, rspB, reqA, ack(0xa2, 7000), 0, false), // answers a2's request
+		frame(t, 3*ms, rspB, reqA, ack(0xa1, 1000), 0, false), // answers a1's
+		frame(t, 4*ms, rspB, reqA, req(0xa1, 300), 8, false),  // B's QP b1 sends to a1
+		frame(t, 5*ms, reqA, rspB, ack(0xb1, 300), 0, false),
+		frame(t, 6*ms, reqA, rspB, req(0xb1, 1001), 8, false),
+		frame(t, 7*ms, rspB, reqA, ack(0xa1, 1001), 0, false),
+	}
+	var b bytes.Buffer
+	if err := diagram.Render(&b, recs, "svg"); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	titles := regexp.MustCompile(`conversation (\d+): (\d+) packets`).FindAllStringSubmatch(out, -1)
+	got := map[string]string{}
+	for _, m := range titles {
+		got[m[1]] = m[2]
+	}
+	// 1: a1 -> b1 (two SENDs, two ACKs); 2: a2 -> b2; 3: b1 -> a1.
+	if len(titles) != 3 || got["1"] != "4" || got["2"] != "2" || got["3"] != "2" {
+		t.Errorf("conversations %v, want 3 with 4, 2 and 2 packets", titles)
+	}
+	if !strings.Contains(out, "192.0.2.2 (requester)") {
+		t.Error("B's own requests are not drawn with B as requester")
+	}
+
+	// The cap: 5 packets drawn, the rest counted.
+	var many []inspect.Record
+	for i := 0; i < 12; i++ {
+		many = append(many, frame(t, time.Duration(i)*ms, reqA, rspB, req(0xb1, uint32(i)), 8, false))
+	}
+	b.Reset()
+	if err := diagram.Write(&b, many, diagram.Options{Format: "svg", MaxArrows: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "conversation 1: 5 packets (and 7 more not drawn)") || strings.Count(b.String(), `<g class="pkt`) != 5 {
+		t.Errorf("cap not applied:\n%s", b.String())
+	}
+}
