@@ -26,6 +26,12 @@ func (qp *QP) complete(p *bth.Packet) {
 		return
 	}
 	isNAK := op == bth.OpAck && !syn.IsACK()
+	// A response beyond every PSN we sent is a ghost (IBTA §9.7.6: outside
+	// the outstanding window): it acknowledges nothing.
+	if !qp.sentAny || bth.PSNDiff(psn, qp.maxSentPSN) > 0 {
+		qp.Stats.Dropped++
+		return
+	}
 	for qp.sqCount > 0 {
 		w := &qp.sq[qp.sqHead]
 		if w.state != wqeStarted {
@@ -118,6 +124,24 @@ func (qp *QP) readResponse(w *sendWQE, p *bth.Packet) {
 		return
 	}
 	last := k == w.npsn-1
+	// Response opcode sequence (IBTA §9.7.6): FIRST (or ONLY) where a
+	// request's responses start, MIDDLE inside, LAST (or ONLY) at the
+	// READ's last PSN. A re-read may start with FIRST, as a new request,
+	// or with MIDDLE, as rxe replays it.
+	start := k == 0 || k == w.reRead
+	pos := p.Info.Pos
+	ok := false
+	switch {
+	case last:
+		ok = pos == bth.PosLast || pos == bth.PosOnly && start
+	default:
+		ok = pos == bth.PosMiddle && k > 0 || pos == bth.PosFirst && start
+	}
+	if !ok {
+		qp.completeHead(cq.BadRespErr, 0)
+		qp.toError("READ response " + p.Info.Name + " out of sequence")
+		return
+	}
 	plen := len(p.Payload)
 	wantLen := min(pmtu, w.length-k*pmtu)
 	if plen != wantLen {

@@ -77,6 +77,7 @@ type sendWQE struct {
 	lastPSN  uint32
 	npsn     int
 	readDone int // READ: bytes of response received in order
+	reRead   int // READ: response index the latest (re-)issued request starts at
 }
 
 type recvWQE struct {
@@ -108,7 +109,7 @@ type QP struct {
 	rnrDeadline               time.Time // zero: not waiting
 	retryFrom                 uint32    // compPSN of the go-back-N in progress
 	retrying                  bool
-	maxSentPSN                uint32 // highest PSN sent, to count retransmissions
+	maxSentPSN                uint32 // highest PSN sent (a READ: its last response PSN); beyond it, responses are ghosts
 	sentAny                   bool
 
 	// receive queue ring

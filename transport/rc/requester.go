@@ -69,6 +69,12 @@ func (qp *QP) transmit(budget int) bool {
 			qp.Stats.Retransmits++
 		} else {
 			qp.maxSentPSN, qp.sentAny = psn, true
+			if w.wr.Opcode == WRRDMARead {
+				qp.maxSentPSN = w.lastPSN
+			}
+		}
+		if w.wr.Opcode == WRRDMARead {
+			w.reRead = qp.sqPkt
 		}
 		if !qp.buildRequest(w, psn) {
 			return true // the WQE failed locally; the QP is in ERR
