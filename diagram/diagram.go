@@ -77,7 +77,8 @@ type conversation struct {
 	rightQPs    map[uint32]bool
 	arrows      []arrow
 	start       time.Time
-	omitted     int // packets beyond Options.MaxArrows, not drawn
+	omitted     int  // packets beyond Options.MaxArrows, not drawn
+	datagram    bool // UD traffic: no requester/responder, a sender and a receiver
 	// psns are the request PSNs seen, to attach responses (which name
 	// the requester's QP, not the responder's) to the conversation.
 	psns map[uint32]bool
@@ -170,6 +171,9 @@ func build(recs []inspect.Record, lost []bool, maxArrows int) []*conversation {
 			request = true // undecodable: draw it from its sender
 		}
 		c := g.find(r, request)
+		if len(c.arrows) == 0 {
+			c.datagram = strings.HasPrefix(r.OpcodeName, "UD ")
+		}
 		if len(c.arrows) >= maxArrows {
 			c.omitted++
 			continue
@@ -340,6 +344,9 @@ func writeSVG(b *strings.Builder, c *conversation, idx int, nested bool) {
 		qps  map[uint32]bool
 		role string
 	}{{leftX, c.left, c.leftQPs, "requester"}, {rightX, c.right, c.rightQPs, "responder"}} {
+		if c.datagram {
+			col.role = map[string]string{"requester": "sender", "responder": "receiver"}[col.role]
+		}
 		fmt.Fprintf(b, "<rect class=\"head\" x=\"%d\" y=\"26\" width=\"220\" height=\"40\" rx=\"5\"/>\n", col.x-110)
 		fmt.Fprintf(b, "<text class=\"hname\" x=\"%d\" y=\"43\" text-anchor=\"middle\">%s (%s)</text>\n", col.x, esc(col.addr.String()), col.role)
 		fmt.Fprintf(b, "<text class=\"hqp\" x=\"%d\" y=\"59\" text-anchor=\"middle\">qp %s</text>\n", col.x, esc(qpList(col.qps)))

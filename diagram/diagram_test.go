@@ -288,3 +288,45 @@ func TestConversations(t *testing.T) {
 		t.Errorf("cap not applied:\n%s", b.String())
 	}
 }
+
+// TestCaptures draws the real-hardware captures: every RoCE packet lands
+// in some conversation, and a capture with a bad ICRC shows it.
+func TestCaptures(t *testing.T) {
+	const dir = "../../shared/captures/hardware"
+	files, _ := filepath.Glob(filepath.Join(dir, "*.pcap"))
+	if len(files) == 0 {
+		t.Skip("no captures in " + dir + " (shared captures are not part of the repository)")
+	}
+	for _, f := range files {
+		recs, err := inspect.Records(f)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		roce := 0
+		for _, r := range recs {
+			if r.RoCE {
+				roce++
+			}
+		}
+		var b bytes.Buffer
+		err = diagram.Write(&b, recs, diagram.Options{Format: "svg", MaxArrows: 1 << 30})
+		if roce == 0 {
+			if err == nil {
+				t.Errorf("%s: no RoCE packets but no error", f)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if n := strings.Count(b.String(), `<g class="pkt`); n != roce {
+			t.Errorf("%s: %d arrows for %d RoCE packets", filepath.Base(f), n, roce)
+		}
+		if strings.Contains(f, "bad-icrc") && !strings.Contains(b.String(), "ICRC BAD") {
+			t.Errorf("%s: bad ICRC not shown", f)
+		}
+		if os.Getenv("DIAGRAM_KEEP") != "" {
+			os.WriteFile(os.Getenv("DIAGRAM_KEEP")+"-"+strings.TrimSuffix(filepath.Base(f), ".pcap")+".svg", b.Bytes(), 0o644)
+		}
+	}
+}
