@@ -22,7 +22,7 @@ import (
 
 // recipeVersion changes whenever the build steps change in a way the
 // other inputs of the cache key do not capture.
-const recipeVersion = "rxevm-1"
+const recipeVersion = "rxevm-2"
 
 // Config says where and how to build the guest image.
 type Config struct {
@@ -40,8 +40,11 @@ type Config struct {
 type Image struct {
 	// Dir is the cache directory holding the files below.
 	Dir string `json:"-"`
-	// Kernel is the path of the kernel (bzImage).
+	// Kernel is the path of the kernel qemu boots: an uncompressed vmlinux
+	// with a PVH entry point when one could be extracted, else the bzImage.
 	Kernel string `json:"-"`
+	// KernelFile is Kernel's name inside Dir.
+	KernelFile string `json:"kernel_file"`
 	// Initramfs is the path of the base initramfs (gzip newc cpio).
 	Initramfs string `json:"-"`
 	// Key is the recipe hash the image is cached under.
@@ -185,7 +188,10 @@ func loadImage(dir string) (*Image, error) {
 		return nil, fmt.Errorf("parse %s/manifest.json: %w", dir, err)
 	}
 	img.Dir = dir
-	img.Kernel = filepath.Join(dir, "vmlinuz")
+	if img.KernelFile == "" {
+		img.KernelFile = "vmlinuz"
+	}
+	img.Kernel = filepath.Join(dir, img.KernelFile)
 	img.Initramfs = filepath.Join(dir, "initramfs.cpio.gz")
 	for _, f := range []string{img.Kernel, img.Initramfs} {
 		if _, err := os.Stat(f); err != nil {
@@ -321,8 +327,13 @@ func buildInto(ctx context.Context, work string, pkgs []string, versions map[str
 		return nil, fmt.Errorf("find kernel version in %s/lib/modules: want exactly one directory (%v)", root, err)
 	}
 	kver := mods[0].Name()
-	if err := copyFile(filepath.Join(root, "boot", "vmlinuz-"+kver), filepath.Join(out, "vmlinuz")); err != nil {
-		return nil, fmt.Errorf("copy kernel: %w", err)
+	kernelFile := "vmlinux"
+	if err := extractPVH(ctx, filepath.Join(root, "boot", "vmlinuz-"+kver), filepath.Join(out, kernelFile)); err != nil {
+		fmt.Fprintf(logw, "rxevm: booting the compressed kernel (slower under TCG): %v\n", err)
+		kernelFile = "vmlinuz"
+		if err := copyFile(filepath.Join(root, "boot", "vmlinuz-"+kver), filepath.Join(out, kernelFile)); err != nil {
+			return nil, fmt.Errorf("copy kernel: %w", err)
+		}
 	}
 	fmt.Fprintf(logw, "rxevm: kernel %s, resolving modules\n", kver)
 	if _, err := run(ctx, "", "depmod", "-b", root, kver); err != nil {
@@ -413,7 +424,7 @@ func buildInto(ctx context.Context, work string, pkgs []string, versions map[str
 	}
 
 	fmt.Fprintf(logw, "rxevm: writing initramfs (%d modules, %d libraries)\n", len(order), len(libs))
-	img := &Image{KernelVersion: kver, Packages: versions, Files: t.names()}
+	img := &Image{KernelVersion: kver, KernelFile: kernelFile, Packages: versions, Files: t.names()}
 	if err := t.writeGzipCpio(filepath.Join(out, "initramfs.cpio.gz")); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package rxevm
 import (
 	"bytes"
 	"compress/gzip"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
@@ -268,5 +269,41 @@ func TestSweepStale(t *testing.T) {
 	case <-waited:
 	case <-time.After(5 * time.Second):
 		t.Fatal("process in the stale namespace survived")
+	}
+}
+
+func TestNotesHave(t *testing.T) {
+	note := func(name string, typ uint32, desc []byte) []byte {
+		var b []byte
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(name)+1))
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(desc)))
+		b = binary.LittleEndian.AppendUint32(b, typ)
+		b = append(b, name...)
+		b = append(b, 0)
+		for len(b)%4 != 0 {
+			b = append(b, 0)
+		}
+		b = append(b, desc...)
+		for len(b)%4 != 0 {
+			b = append(b, 0)
+		}
+		return b
+	}
+	seg := append(note("GNU", 3, []byte{1, 2, 3, 4, 5}), note("Xen", 6, []byte("linux\x00"))...)
+	withPVH := append(append([]byte(nil), seg...), note("Xen", xenElfnotePhys32Entry, []byte{0, 0, 0, 1})...)
+	if notesHave(seg, binary.LittleEndian, "Xen", xenElfnotePhys32Entry) {
+		t.Error("found a PVH note that is not there")
+	}
+	if !notesHave(withPVH, binary.LittleEndian, "Xen", xenElfnotePhys32Entry) {
+		t.Error("missed the PVH note")
+	}
+	// Truncated or lying sizes end the scan without panicking.
+	for i := range withPVH {
+		notesHave(withPVH[:i], binary.LittleEndian, "Xen", xenElfnotePhys32Entry)
+	}
+	bad := binary.LittleEndian.AppendUint32(nil, 0xfffffff0)
+	bad = append(bad, make([]byte, 8)...)
+	if notesHave(bad, binary.LittleEndian, "Xen", 18) {
+		t.Error("huge namesz accepted")
 	}
 }
