@@ -6,7 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 
+	"github.com/softroce/softroce/diagram"
 	"github.com/softroce/softroce/inspect"
 )
 
@@ -23,8 +26,9 @@ func runInspect(args []string) int {
 	asJSON := fs.Bool("json", false, "write JSON Lines: one object per RoCE packet, then {\"summary\": ...}")
 	strict := fs.Bool("strict", false, "exit non-zero on any ICRC failure or malformed RoCE packet")
 	noSummary := fs.Bool("no-summary", false, "omit the per-connection summary (text output)")
+	diag := fs.String("diagram", "", "also write a ladder diagram of every QP conversation to `FILE` (.html or .svg)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce inspect [-v] [--json] [--strict] FILE...\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce inspect [-v] [--json] [--strict] [--diagram out.html|out.svg] FILE...\n\n"+
 			"Decodes RoCEv2 (UDP 4791, IPv4/IPv6, VLAN) and RoCEv1 (EtherType 0x8915) packets in pcap\n"+
 			"and pcapng files, verifies each ICRC, and summarises every connection.\n\n")
 		fs.PrintDefaults()
@@ -39,6 +43,19 @@ func runInspect(args []string) int {
 		fs.Usage()
 		return 2
 	}
+	format := ""
+	if *diag != "" {
+		switch strings.ToLower(filepath.Ext(*diag)) {
+		case ".html", ".htm":
+			format = "html"
+		case ".svg":
+			format = "svg"
+		default:
+			fmt.Fprintf(os.Stderr, "softroce inspect: --diagram %s: name the file .html or .svg\n", *diag)
+			return 2
+		}
+	}
+	var all []inspect.Record
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
 	code := 0
@@ -54,6 +71,9 @@ func runInspect(args []string) int {
 				r.File = path
 			}
 			z.Add(r)
+			if format != "" {
+				all = append(all, *r)
+			}
 			if r.Bad() {
 				bad++
 			}
@@ -87,5 +107,24 @@ func runInspect(args []string) int {
 			code = 1
 		}
 	}
+	if format != "" {
+		if err := writeDiagram(*diag, format, all); err != nil {
+			fmt.Fprintf(os.Stderr, "softroce inspect: --diagram: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "softroce inspect: wrote %s\n", *diag)
+	}
 	return code
+}
+
+func writeDiagram(path, format string, recs []inspect.Record) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := diagram.Render(f, recs, format); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
