@@ -17,7 +17,7 @@ import (
 )
 
 func init() {
-	register("perftest", "RDMA WRITE/READ/atomic bandwidth, protocol-compatible with ib_write_bw, ib_read_bw, ib_atomic_bw", runPerftest)
+	register("perftest", "WRITE/READ/atomic/SEND bandwidth, protocol-compatible with ib_write_bw, ib_read_bw, ib_atomic_bw, ib_send_bw", runPerftest)
 }
 
 func runPerftest(args []string) int {
@@ -26,10 +26,11 @@ func runPerftest(args []string) int {
 	var lf linkFlags
 	fs.IntVar(&cfg.Port, "p", perftest.DefaultPort, "TCP port of the out-of-band exchange")
 	fs.IntVar(&cfg.Size, "s", 0, "message size (default 65536; atomics are 8)")
-	fs.IntVar(&cfg.Iters, "n", 0, "iterations (default 5000 for write, 1000 for read and atomic)")
+	fs.IntVar(&cfg.Iters, "n", 0, "iterations (default 5000 for write, 1000 for the others)")
 	fs.IntVar(&cfg.MTU, "m", 0, "path MTU: 256, 512, 1024, 2048 or 4096 (default: the port's active MTU; the smaller side wins)")
 	fs.IntVar(&cfg.GIDIndex, "x", 0, "local GID index (the --bind address is index 0)")
 	fs.IntVar(&cfg.TxDepth, "t", 128, "outstanding work requests")
+	fs.IntVar(&cfg.RxDepth, "r", 512, "receives kept posted (send, receiving side)")
 	fs.IntVar(&cfg.CQMod, "Q", 100, "signal one work request in this many")
 	fs.IntVar(&cfg.OutReads, "o", 16, "outstanding READ/atomic requests (announced to the peer)")
 	qpTimeout := fs.Uint("u", 14, "QP timeout exponent: the local ACK timeout is 4.096 us << u")
@@ -49,9 +50,9 @@ func runPerftest(args []string) int {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	sockBuf := fs.Int("socket-buffer", 4<<20, "udp backend: SO_RCVBUF/SO_SNDBUF bytes (capped by net.core.rmem_max); a full receive buffer drops packets and costs go-back-N retransmissions")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce perftest write|read|atomic [flags]          wait for a client (passive side)\n"+
-			"       softroce perftest write|read|atomic [flags] SERVER   connect and post the traffic (active side)\n\n"+
-			"Talks to ib_write_bw, ib_read_bw and ib_atomic_bw (perftest 4.5, TCP exchange, RC) in either role.\n\n")
+		fmt.Fprintf(fs.Output(), "Usage: softroce perftest write|read|atomic|send [flags]          wait for a client (passive side)\n"+
+			"       softroce perftest write|read|atomic|send [flags] SERVER   connect and post the traffic (active side)\n\n"+
+			"Talks to ib_write_bw, ib_read_bw, ib_atomic_bw and ib_send_bw (perftest 4.5, TCP exchange, RC)\nin either role.\n\n")
 		fs.PrintDefaults()
 	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
@@ -166,6 +167,8 @@ func testTitle(t perftest.Test, op perftest.AtomicOp) string {
 	switch t {
 	case perftest.Read:
 		return "RDMA_Read"
+	case perftest.Send:
+		return "Send"
 	case perftest.Atomic:
 		if op == perftest.CmpAndSwap {
 			return "Atomic CMP_AND_SWAP"

@@ -1,7 +1,7 @@
 // Package perftest speaks the out-of-band TCP protocol of perftest's
-// bandwidth tools (ib_write_bw, ib_read_bw, ib_atomic_bw; perftest
-// 4.5-0.17, which announces itself as version "6.06") and does the RDMA
-// traffic those tools expect, so that softroce and perftest interoperate
+// bandwidth tools (ib_write_bw, ib_read_bw, ib_atomic_bw, ib_send_bw;
+// perftest 4.5-0.17, which announces itself as version "6.06") and does
+// the RDMA traffic those tools expect, so that softroce and perftest interoperate
 // with softroce as the TCP listener ("server") or connector ("client").
 //
 // The exchange (conformance-catalogue.md, section C) is a fixed sequence of
@@ -12,8 +12,9 @@
 // the connector writes first and the listener reads first.
 //
 // As in perftest's one-way tests, the connector is the active side: it
-// posts the RDMA WRITEs, READs or atomics; the listener only exposes a
-// buffer and prints the numbers the active side reports.
+// posts the RDMA WRITEs, READs, atomics or SENDs; the listener exposes a
+// buffer (or posts receives, for SEND) and prints the numbers the active
+// side reports (for SEND, the ones it measured itself).
 package perftest
 
 import (

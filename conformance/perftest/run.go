@@ -23,6 +23,7 @@ const (
 	Write  Test = iota + 1 // ib_write_bw: RDMA WRITE
 	Read                   // ib_read_bw: RDMA READ
 	Atomic                 // ib_atomic_bw: FETCH_AND_ADD or CMP_AND_SWAP
+	Send                   // ib_send_bw: SEND into posted receives
 )
 
 // String is the short name used on the command line ("write", ...).
@@ -34,6 +35,8 @@ func (t Test) String() string {
 		return "read"
 	case Atomic:
 		return "atomic"
+	case Send:
+		return "send"
 	}
 	return "Test(" + strconv.Itoa(int(t)) + ")"
 }
@@ -41,7 +44,8 @@ func (t Test) String() string {
 // Tool is the perftest binary that speaks this test.
 func (t Test) Tool() string { return "ib_" + t.String() + "_bw" }
 
-// ParseTest maps "write", "read", "atomic" (or the tool names) to a Test.
+// ParseTest maps "write", "read", "atomic", "send" (or the tool names) to
+// a Test.
 func ParseTest(s string) (Test, error) {
 	switch strings.TrimSuffix(strings.TrimPrefix(s, "ib_"), "_bw") {
 	case "write":
@@ -50,12 +54,16 @@ func ParseTest(s string) (Test, error) {
 		return Read, nil
 	case "atomic":
 		return Atomic, nil
+	case "send":
+		return Send, nil
 	}
-	return 0, fmt.Errorf("perftest: unknown test %q (want write, read or atomic)", s)
+	return 0, fmt.Errorf("perftest: unknown test %q (want write, read, atomic or send)", s)
 }
 
 // access is the single remote right perftest gives the passive side's QP
 // and MR for the test (catalogue B.3): a write_bw buffer is not readable.
+// send_bw asks for REMOTE_WRITE too (with LOCAL_WRITE, which every MR
+// here has).
 func (t Test) access() verbs.Access {
 	switch t {
 	case Read:
@@ -83,10 +91,11 @@ type Config struct {
 	Server   string   // -> connect to this host (active side); empty: listen (passive side)
 	Port     int      // -p, TCP port (18515)
 	Size     int      // -s, message size (65536; atomics are always 8)
-	Iters    int      // -n, iterations (5000 for write, 1000 for read and atomic)
+	Iters    int      // -n, iterations (5000 for write, 1000 for the others)
 	MTU      int      // -m, path MTU; 0: the port's active MTU
 	GIDIndex int      // -x
 	TxDepth  int      // -t, outstanding send WRs (128)
+	RxDepth  int      // -r, receives kept posted by a send_bw receiver (512)
 	CQMod    int      // -Q, one signaled WR every CQMod (100)
 	OutReads int      // -o, READ/atomic depth announced and used (16)
 	Atomic   AtomicOp // -A
@@ -109,7 +118,7 @@ func (c *Config) defaults() error {
 	if c.Test == 0 {
 		c.Test = Write
 	}
-	if c.Test < Write || c.Test > Atomic {
+	if c.Test < Write || c.Test > Send {
 		return fmt.Errorf("perftest: unknown test %d", c.Test)
 	}
 	if c.Port == 0 {
@@ -128,7 +137,7 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("perftest: size %d out of range 1..1 GiB", c.Size)
 	}
 	if c.Iters == 0 {
-		c.Iters = 1000
+		c.Iters = 1000 // ib_read_bw, ib_atomic_bw, ib_send_bw
 		if c.Test == Write {
 			c.Iters = 5000
 		}
@@ -142,6 +151,12 @@ func (c *Config) defaults() error {
 	if c.TxDepth < 1 || c.TxDepth > verbs.MaxQPWR {
 		return fmt.Errorf("perftest: tx depth %d out of range 1..%d", c.TxDepth, verbs.MaxQPWR)
 	}
+	if c.RxDepth == 0 {
+		c.RxDepth = 512
+	}
+	if c.RxDepth < 1 || c.RxDepth > verbs.MaxQPWR {
+		return fmt.Errorf("perftest: rx depth %d out of range 1..%d", c.RxDepth, verbs.MaxQPWR)
+	}
 	if c.CQMod <= 0 {
 		c.CQMod = 100
 	}
@@ -154,8 +169,8 @@ func (c *Config) defaults() error {
 	if c.OutReads < 1 || c.OutReads > verbs.MaxQPRDAtom {
 		return fmt.Errorf("perftest: outstanding reads %d out of range 1..%d", c.OutReads, verbs.MaxQPRDAtom)
 	}
-	if c.Test == Write {
-		c.OutReads = 1 // what ib_write_bw announces
+	if c.Test == Write || c.Test == Send {
+		c.OutReads = 1 // what ib_write_bw and ib_send_bw announce
 	}
 	if c.MTU != 0 {
 		if _, err := mtuEnum(c.MTU); err != nil {
@@ -182,7 +197,8 @@ type Result struct {
 	CycleBuffer   int // negotiated cycle buffer (the larger page size)
 	CacheLine     int // negotiated cache line
 	// Report holds the active side's numbers: softroce's own when it
-	// was active, the peer's when it was passive (perftest's rule).
+	// was active, the peer's when it was passive (perftest's rule). In
+	// a send test each side reports what it measured itself.
 	Report Report
 	// Checked says which data check ran and passed ("" when none could
 	// run, e.g. softroce writing into a write-only perftest buffer).
@@ -283,6 +299,7 @@ type session struct {
 	// Region layout, perftest's: messages of size bytes land every inc
 	// bytes, cycling over slots slots (1 when size > cycle buffer / 2).
 	inc, slots int
+	recvPosted int // receives posted so far (send test, receiver)
 }
 
 // xchg is perftest's ctx_xchg_data: the connector writes its message and
@@ -397,6 +414,9 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 	if _, err := s.keysXchg("barrier after RTR"); err != nil {
 		return nil, err
 	}
+	if cfg.Test == Send {
+		return s.runSend(ctx)
+	}
 	var my Report
 	if s.connector {
 		my, err = s.traffic(ctx)
@@ -421,7 +441,38 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 	} else {
 		s.res.Report = reportFromFields(remF)
 	}
-	// Close (step 13): a last barrier, then "done" which nobody reads.
+	return s.finish()
+}
+
+// runSend is ib_send_bw's part after the barrier that follows RTR: the
+// receiver posts its receives, one more barrier, then the sender sends
+// and the receiver counts. There is no finish barrier and no report
+// exchange: each side prints what it measured itself.
+func (s *session) runSend(ctx context.Context) (*Result, error) {
+	if !s.connector {
+		if err := s.postRecvs(min(s.cfg.RxDepth, s.cfg.Iters)); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := s.keysXchg("barrier after posting receives"); err != nil {
+		return nil, err
+	}
+	var err error
+	if s.connector {
+		s.res.Report, err = s.traffic(ctx)
+	} else {
+		s.res.Report, err = s.receive(ctx)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.finish()
+}
+
+// finish is the close (step 13): a last barrier, then "done" which nobody
+// reads; then the passive side checks its buffer and the report is
+// printed.
+func (s *session) finish() (*Result, error) {
 	if _, err := s.keysXchg("closing barrier"); err != nil {
 		return nil, err
 	}

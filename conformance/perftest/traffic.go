@@ -54,7 +54,7 @@ func (s *session) setup() error {
 		for i := region; i < n; i++ {
 			s.buf[i] = canary
 		}
-	case !s.connector && cfg.Test == Read, s.connector && cfg.Test == Write:
+	case !s.connector && cfg.Test == Read, s.connector && (cfg.Test == Write || cfg.Test == Send):
 		for i := range s.buf {
 			s.buf[i] = byte(i*7+i>>8) ^ 0xa5
 		}
@@ -70,11 +70,15 @@ func (s *session) setup() error {
 	if s.mr, err = s.pd.RegMR(s.buf, verbs.AccessLocalWrite|cfg.Test.access()); err != nil {
 		return fmt.Errorf("perftest: register %d-byte buffer: %w", n, err)
 	}
-	if s.cq, err = s.dev.CreateCQ(cfg.TxDepth + 1); err != nil {
+	rxDepth := 1
+	if cfg.Test == Send && !s.connector {
+		rxDepth = cfg.RxDepth
+	}
+	if s.cq, err = s.dev.CreateCQ(cfg.TxDepth + rxDepth + 1); err != nil {
 		return fmt.Errorf("perftest: create CQ: %w", err)
 	}
 	if s.qp, err = s.pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
-		Cap: verbs.QPCap{MaxSendWR: cfg.TxDepth, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+		Cap: verbs.QPCap{MaxSendWR: cfg.TxDepth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
 		return fmt.Errorf("perftest: create QP: %w", err)
 	}
 	gid, err := s.dev.QueryGID(cfg.GIDIndex)
@@ -142,6 +146,8 @@ func (s *session) traffic(ctx context.Context) (Report, error) {
 	cfg, rem := &s.cfg, s.res.Remote
 	wr := verbs.SendWR{SGL: []verbs.SGE{{Length: uint32(cfg.Size), LKey: s.mr.LKey()}}, RKey: rem.RKey}
 	switch cfg.Test {
+	case Send:
+		wr.Opcode = verbs.WRSend
 	case Write:
 		wr.Opcode = verbs.WRRDMAWrite
 	case Read:
@@ -201,19 +207,86 @@ func (s *session) traffic(ctx context.Context) (Report, error) {
 			win, winDone = now, done
 		}
 	}
-	el := time.Since(start).Seconds()
-	avg := float64(cfg.Iters) * float64(cfg.Size) / el
+	rep := s.report(time.Since(start), peak)
+	if err := s.checkActive(ctx); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// report turns a run's duration and peak rate (bytes/s) into perftest's
+// numbers.
+func (s *session) report(el time.Duration, peak float64) Report {
+	cfg := &s.cfg
+	sec := el.Seconds()
+	avg := float64(cfg.Iters) * float64(cfg.Size) / sec
 	peak = max(peak, avg)
 	scale := 1.0 / (1 << 20) // perftest's MB/sec is MiB/s
 	if cfg.Gbits {
 		scale = 8 / 1e9
 	}
-	rep := Report{Size: uint64(cfg.Size), Iters: uint64(cfg.Iters), PeakBW: peak * scale, AvgBW: avg * scale,
-		MsgRate: float64(cfg.Iters) / el / 1e6}
-	if err := s.checkActive(ctx); err != nil {
-		return rep, err
+	return Report{Size: uint64(cfg.Size), Iters: uint64(cfg.Iters), PeakBW: peak * scale, AvgBW: avg * scale,
+		MsgRate: float64(cfg.Iters) / sec / 1e6}
+}
+
+// postRecvs posts n receives of Size bytes into the message slots (the
+// slot of receive i is i mod slots, as perftest's receiver cycles).
+func (s *session) postRecvs(n int) error {
+	for range n {
+		slot := uint64(s.recvPosted % s.slots)
+		wr := verbs.RecvWR{ID: uint64(s.recvPosted),
+			SGL: []verbs.SGE{{Addr: s.mr.Addr() + slot*uint64(s.inc), Length: uint32(s.cfg.Size), LKey: s.mr.LKey()}}}
+		if err := s.qp.PostRecv(&wr); err != nil {
+			return fmt.Errorf("perftest: post receive %d: %w", s.recvPosted, err)
+		}
+		s.recvPosted++
 	}
-	return rep, nil
+	return nil
+}
+
+// receive is ib_send_bw's receiver: it waits for Iters receive
+// completions of exactly Size bytes, keeping receives posted, and
+// measures the rate it received at (the clock starts at the first
+// completion).
+func (s *session) receive(ctx context.Context) (Report, error) {
+	cfg := &s.cfg
+	wcs := make([]verbs.WC, 32)
+	done := 0
+	var start, win time.Time
+	winDone := 0
+	var peak float64
+	for done < cfg.Iters {
+		n, err := s.cq.Wait(ctx, wcs)
+		if err != nil {
+			return Report{}, fmt.Errorf("perftest: waiting for receives after %d of %d: %w (QP stats %+v)",
+				done, cfg.Iters, err, s.stats())
+		}
+		if done == 0 {
+			start = time.Now()
+			win = start
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != cq.Success {
+				return Report{}, fmt.Errorf("perftest: receive %d completed with %v (QP stats %+v)", wc.WRID, wc.Status, s.stats())
+			}
+			if wc.ByteLen != uint32(cfg.Size) {
+				return Report{}, fmt.Errorf("perftest: data check: receive %d got %d bytes, want %d", wc.WRID, wc.ByteLen, cfg.Size)
+			}
+			done++
+		}
+		if more := min(cfg.Iters-s.recvPosted, n); more > 0 {
+			if err := s.postRecvs(more); err != nil {
+				return Report{}, err
+			}
+		}
+		if now := time.Now(); now.Sub(win) >= time.Millisecond || done == cfg.Iters {
+			if dt := now.Sub(win).Seconds(); dt > 0 && done > winDone {
+				peak = max(peak, float64(done-winDone)*float64(cfg.Size)/dt)
+			}
+			win, winDone = now, done
+		}
+	}
+	return s.report(max(time.Since(start), time.Microsecond), peak), nil
 }
 
 // checkActive verifies what the active side can see of the peer's memory
@@ -297,12 +370,12 @@ func (s *session) checkPassive() error {
 		}
 		s.res.Checked = "exposed buffer unchanged"
 		return nil
-	case Write:
+	case Write, Send:
 		written := make([]bool, len(s.buf))
 		for k := 0; k < min(s.slots, iters); k++ {
 			msg := s.buf[k*s.inc : k*s.inc+cfg.Size]
 			if cfg.Size >= 8 && allByte(msg, canary) {
-				return fmt.Errorf("perftest: data check: WRITE slot %d (offset %d) was never written", k, k*s.inc)
+				return fmt.Errorf("perftest: data check: %v slot %d (offset %d) was never written", cfg.Test, k, k*s.inc)
 			}
 			for i := range msg {
 				written[k*s.inc+i] = true
@@ -310,10 +383,13 @@ func (s *session) checkPassive() error {
 		}
 		for i, b := range s.buf {
 			if !written[i] && b != canary {
-				return fmt.Errorf("perftest: data check: byte %d outside every WRITE slot changed to %#x", i, b)
+				return fmt.Errorf("perftest: data check: byte %d outside every %v slot changed to %#x", i, cfg.Test, b)
 			}
 		}
-		s.res.Checked = fmt.Sprintf("%d WRITE slots written, no byte outside them changed", min(s.slots, iters))
+		s.res.Checked = fmt.Sprintf("%d %v slots written, no byte outside them changed", min(s.slots, iters), cfg.Test)
+		if cfg.Test == Send {
+			s.res.Checked = fmt.Sprintf("%d receives of %d bytes; ", iters, cfg.Size) + s.res.Checked
+		}
 		return nil
 	case Atomic:
 		region := len(s.buf) - s.res.CycleBuffer
