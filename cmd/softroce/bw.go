@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -275,7 +276,7 @@ func openData(backend string, local netip.Addr, port int) (nic.Link, uint16, err
 	}
 	switch backend {
 	case "afxdp":
-		l, err := afxdp.Open(afxdp.Config{Interface: ifi.Name, Addr: local, Port: port})
+		l, err := afxdp.Open(afxdp.Config{Interface: ifi.Name, Addr: local, Port: port, Queues: rxQueues(ifi.Name)})
 		if err != nil {
 			return nil, 0, fmt.Errorf("AF_XDP on %s: %w", ifi.Name, err)
 		}
@@ -290,6 +291,16 @@ func openData(backend string, local netip.Addr, port int) (nic.Link, uint16, err
 		}
 		return l, l.LocalAddrPort().Port(), nil
 	}
+}
+
+// rxQueues counts the interface's active receive queues in sysfs (0 when
+// unknown: the backend decides). The netlink attribute a backend may read
+// instead is the number allocated, which on a veth made by `ip link add`
+// is the CPU count even though one queue is active, and binding an AF_XDP
+// socket to an inactive queue fails.
+func rxQueues(ifname string) int {
+	m, _ := filepath.Glob("/sys/class/net/" + ifname + "/queues/rx-*")
+	return len(m)
 }
 
 // printer writes rows as they come, and the progress bar.
