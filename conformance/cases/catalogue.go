@@ -15,7 +15,7 @@ import (
 // answer that must come, or for silence that must hold.
 const (
 	answerWait = 2 * time.Second
-	quietWait  = 300 * time.Millisecond
+	quietWait  = 500 * time.Millisecond
 )
 
 func randPSN() uint32 { return rand.Uint32N(0xff0000) + 0x100 }
