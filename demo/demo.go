@@ -115,6 +115,7 @@ type tracer struct {
 	lastTx [2][]byte // the previous wire packet of each side, to spot duplicates
 	pcap   *capture.PcapWriter
 	dupOn  bool // the impairment duplicates packets
+	done   bool // the summary is printed: record nothing more
 	// maxReq is the highest request PSN each side has sent (sentReq: any).
 	maxReq  [2]uint32
 	sentReq [2]bool
@@ -375,7 +376,7 @@ func (t *tracer) onWire(idx int, ev *capture.Event) {
 	// for a duplicate request is the protocol, shown as "resent".
 	dup := t.dupOn && t.lastTx[idx] != nil && bytes.Equal(t.lastTx[idx], pkt)
 	t.lastTx[idx] = append(t.lastTx[idx][:0], pkt...)
-	if t.pcap != nil {
+	if t.pcap != nil && !t.done {
 		_ = t.pcap.WriteFrame(ev.Time, ev.Frame)
 	}
 	t.record(idx, ev.Time, ev.Frame, pkt, false, dup)
@@ -405,6 +406,9 @@ func (t *tracer) recordLost(idx int, p *pendingPkt) {
 
 // record decodes, classifies and prints one packet. Called with t.mu held.
 func (t *tracer) record(idx int, when time.Time, frame, pkt []byte, lost, dup bool) {
+	if t.done {
+		return
+	}
 	frame = bytes.Clone(frame)
 	r := inspect.Decode(frame, gopacket.CaptureInfo{Timestamp: when, CaptureLength: len(frame), Length: len(frame)})
 	r.Frame = len(t.res.Records) + 1
@@ -825,6 +829,9 @@ func (t *tracer) stepFAA(ctx context.Context) error {
 func (t *tracer) summary(impaired bool) {
 	t.mu.Lock()
 	r := *t.res
+	// Packets after this (a late duplicate, a timer firing while the
+	// devices close) would print below the summary: the run is over.
+	t.done = true
 	t.mu.Unlock()
 	t.printf("\n%s\n", t.paint(bold, "== Done "+strings.Repeat("=", 72)))
 	t.printf("  %s: %d operations completed, %d packets on the wire\n",
