@@ -141,3 +141,15 @@ func TestDemoRefusesReorder(t *testing.T) {
 		t.Error("bad impairment accepted")
 	}
 }
+
+// TestDemoDuplicates checks that packets the wire duplicates are marked
+// and that the duplicates change nothing (atomics still add once).
+func TestDemoDuplicates(t *testing.T) {
+	out, res := mustRun(t, Options{Impair: "dup=30%,seed=5"})
+	if res.Duplicated == 0 || !strings.Contains(out, "DUPLICATED by the wire") {
+		t.Fatalf("no duplicate shown:\n%s", out)
+	}
+	if !strings.Contains(out, "B's counter is now 1042") {
+		t.Error("a duplicated atomic executed twice")
+	}
+}
