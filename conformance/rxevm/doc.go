@@ -6,7 +6,7 @@
 //
 // Build downloads and assembles the image once and caches it (see
 // DefaultCacheDir) under a hash of the recipe and the package versions, so
-// later runs only boot (about 15-25 s). Boot starts a VM and returns when the
+// later runs only boot (about 10-25 s, depending on host load). Boot starts a VM and returns when the
 // guest's rxe0 port is ACTIVE. The guest runs a command server: Run executes
 // a shell command and returns its output and exit status, Start runs a
 // long-lived tool (a perftest server, the verbs agent of package

@@ -332,7 +332,7 @@ func (vm *VM) waitReady(ctx context.Context) error {
 			return fmt.Errorf("rxevm: qemu exited during boot: %v (qemu log: %s)", vm.qerr, vm.readFile("qemu.log"))
 		case <-ctx.Done():
 			return fmt.Errorf("rxevm: guest not ready after %s: %w (last check: %v)", vm.opts.ReadyTimeout, ctx.Err(), last)
-		case <-time.After(time.Second):
+		case <-time.After(300 * time.Millisecond):
 		}
 		rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
 		out, err := vm.Run(rctx, "cat /sys/class/infiniband/rxe0/ports/1/state /sys/class/infiniband/rxe0/ports/1/gids/1")
