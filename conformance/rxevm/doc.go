@@ -6,11 +6,13 @@
 //
 // Build downloads and assembles the image once and caches it (see
 // DefaultCacheDir) under a hash of the recipe and the package versions, so
-// later runs only boot (about 10-25 s, depending on host load). Boot starts a VM and returns when the
-// guest's rxe0 port is ACTIVE. The guest runs a command server: Run executes
-// a shell command and returns its output and exit status, Start runs a
-// long-lived tool (a perftest server, the verbs agent of package
-// conformance/agent) that Kill or Close ends.
+// later runs only boot: about 10-25 s depending on host load, because qemu
+// starts the uncompressed kernel through its PVH entry point. Boot starts a
+// VM and returns when the guest's rxe0 port is ACTIVE. The guest runs a
+// command server: Run executes a shell command and returns its output and
+// exit status, Start runs a long-lived tool (a perftest server, the verbs
+// agent of package conformance/agent) that Kill, KillAll or Close ends.
+// CaptureTap records the frames on the tap as pcap.
 //
 // Addressing inside the VM's namespace is fixed: the host side of the tap
 // is HostAddr (10.88.0.1/24), the guest's eth0 and rxe0's GID index 1 are
@@ -24,7 +26,7 @@
 // calling Close (go test -timeout, SIGKILL); and Boot first sweeps
 // namespaces of dead processes (SweepStale).
 //
-// Host requirements: root, qemu-system-x86_64, apt-get, dpkg-deb, depmod
-// and modprobe (Debian: qemu-system-x86 kmod), iproute2's ip (for the
-// watchdog and HostCommand).
+// Host requirements: root, qemu-system-x86_64, apt-get (with a current
+// package index), dpkg-deb, depmod and modprobe, iproute2's ip, and xz for
+// the faster PVH boot (Debian: qemu-system-x86 kmod iproute2 xz-utils).
 package rxevm
