@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -78,6 +79,9 @@ Flags:
 	defer stop()
 
 	env := map[string]string{}
+	if rev := buildRevision(); rev != "" {
+		env["softroce build"] = rev
+	}
 	var targets []cases.Target
 	if mode == "rxe" {
 		vm, err := cases.BootRxeVM(ctx, os.Stderr)
@@ -127,4 +131,29 @@ Flags:
 		return 1
 	}
 	return 0
+}
+
+// buildRevision is the VCS revision the binary was built from, marked
+// "+modified" when the working tree had uncommitted changes, so a report
+// says exactly which softroce it judged.
+func buildRevision() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var rev, mod string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				mod = " +modified (uncommitted changes in the working tree)"
+			}
+		}
+	}
+	if rev == "" {
+		return ""
+	}
+	return "commit " + rev + mod
 }
