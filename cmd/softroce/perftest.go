@@ -36,7 +36,7 @@ func runPerftest(args []string) int {
 	qpTimeout := fs.Uint("u", 14, "QP timeout exponent: the local ACK timeout is 4.096 us << u")
 	atomicOp := fs.String("A", "FETCH_AND_ADD", "atomic operation: FETCH_AND_ADD or CMP_AND_SWAP")
 	fs.BoolVar(&cfg.Gbits, "report_gbits", false, "report Gbit/s instead of MB/s")
-	qps := fs.Int("q", 1, "number of QPs (only 1 is implemented)")
+	fs.IntVar(&cfg.QPs, "q", 1, "number of QPs; -n iterations on each")
 	_ = fs.String("d", "", "IB device (accepted; the device is the --bind address)")
 	_ = fs.Int("i", 1, "port of the IB device (accepted; softroce has port 1)")
 	_ = fs.Bool("F", false, "do not fail on CPU frequency warnings (accepted)")
@@ -77,10 +77,6 @@ func runPerftest(args []string) int {
 	}
 	if len(rest) > 1 {
 		fs.Usage()
-		return 2
-	}
-	if *qps != 1 {
-		fmt.Fprintln(os.Stderr, "softroce perftest: only -q 1 is implemented")
 		return 2
 	}
 	cfg.Test = test

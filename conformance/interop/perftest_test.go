@@ -41,6 +41,7 @@ type perftestCase struct {
 	atomic    perftest.AtomicOp
 	size, mtu int
 	iters     int
+	qps       int // -q (0: 1)
 }
 
 func (c perftestCase) String() string {
@@ -48,7 +49,11 @@ func (c perftestCase) String() string {
 	if c.test == perftest.Atomic && c.atomic == perftest.CmpAndSwap {
 		s += "-cas"
 	}
-	return fmt.Sprintf("%s/size%d/mtu%d", s, c.size, c.mtu)
+	s = fmt.Sprintf("%s/size%d/mtu%d", s, c.size, c.mtu)
+	if c.qps > 1 {
+		s += fmt.Sprintf("/q%d", c.qps)
+	}
+	return s
 }
 
 // guestCommand is the perftest command line for the rxe guest: -x 1 is
@@ -65,19 +70,26 @@ func (c perftestCase) guestCommand(port int) string {
 	if c.test != perftest.Write {
 		cmd += " -e"
 	}
+	if c.qps > 1 {
+		cmd += fmt.Sprintf(" -q %d", c.qps)
+	}
 	return cmd
 }
 
 var perftestCases = []perftestCase{
-	{perftest.Write, 0, 4096, 1024, 200},
-	{perftest.Write, 0, 65536, 4096, 100},
-	{perftest.Write, 0, 100, 1024, 300},
-	{perftest.Read, 0, 4096, 1024, 100},
-	{perftest.Read, 0, 65536, 4096, 50},
-	{perftest.Atomic, perftest.FetchAndAdd, 8, 1024, 200},
-	{perftest.Atomic, perftest.CmpAndSwap, 8, 4096, 100},
-	{perftest.Send, 0, 4096, 1024, 200},
-	{perftest.Send, 0, 65536, 4096, 50},
+	{perftest.Write, 0, 4096, 1024, 200, 1},
+	{perftest.Write, 0, 65536, 4096, 100, 1},
+	{perftest.Write, 0, 100, 1024, 300, 1},
+	{perftest.Write, 0, 8192, 2048, 50, 3},
+	{perftest.Read, 0, 4096, 1024, 100, 1},
+	{perftest.Read, 0, 65536, 4096, 50, 1},
+	{perftest.Read, 0, 1000, 1024, 50, 2},
+	{perftest.Atomic, perftest.FetchAndAdd, 8, 1024, 200, 1},
+	{perftest.Atomic, perftest.CmpAndSwap, 8, 4096, 100, 1},
+	{perftest.Atomic, perftest.FetchAndAdd, 8, 4096, 100, 2},
+	{perftest.Send, 0, 4096, 1024, 200, 1},
+	{perftest.Send, 0, 65536, 4096, 50, 1},
+	{perftest.Send, 0, 2048, 1024, 100, 2},
 }
 
 // TestPerftestAgainstRxe runs ib_write_bw, ib_read_bw, ib_atomic_bw and
@@ -97,8 +109,9 @@ func TestPerftestAgainstRxe(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 				defer cancel()
 				dev := perftestDevice(t)
+				qps := max(tc.qps, 1)
 				cfg := perftest.Config{Test: tc.test, Atomic: tc.atomic, Port: port, Size: tc.size, MTU: tc.mtu,
-					Iters: tc.iters, Timeout: 120 * time.Second, Dial: vm.DialContext, Listen: vm.Listen}
+					Iters: tc.iters, QPs: qps, Timeout: 120 * time.Second, Dial: vm.DialContext, Listen: vm.Listen}
 				var out bytes.Buffer
 				var res *perftest.Result
 				var gout string
@@ -145,10 +158,11 @@ func TestPerftestAgainstRxe(t *testing.T) {
 					t.Fatalf("%s output has no result row: %v\n%s", tc.test.Tool(), err, gout)
 				}
 				row := rows[len(rows)-1]
-				if row.Bytes != tc.size || row.Iterations != tc.iters || row.AvgBW <= 0 {
-					t.Fatalf("%s reported %+v, want %d bytes x %d iterations at a positive rate\n%s", tc.test.Tool(), row, tc.size, tc.iters, gout)
+				// Iterations count all QPs.
+				if row.Bytes != tc.size || row.Iterations != tc.iters*qps || row.AvgBW <= 0 {
+					t.Fatalf("%s reported %+v, want %d bytes x %d iterations at a positive rate\n%s", tc.test.Tool(), row, tc.size, tc.iters*qps, gout)
 				}
-				if res.MTU != tc.mtu || res.Report.Iters != uint64(tc.iters) {
+				if res.MTU != tc.mtu || res.Report.Iters != uint64(tc.iters*qps) || len(res.LocalQPs) != qps {
 					t.Fatalf("softroce: MTU %d, report %+v", res.MTU, res.Report)
 				}
 				// Only softroce writing into perftest's write-only buffer

@@ -154,22 +154,27 @@ func TestLoopback(t *testing.T) {
 		atomic    AtomicOp
 		size, mtu int
 		iters     int
+		qps       int
 	}{
-		{Write, 0, 2, 1024, 300},
-		{Write, 0, 65536, 4096, 100},
-		{Write, 0, 3000, 256, 50},
-		{Read, 0, 100, 1024, 300},
-		{Read, 0, 65536, 1024, 50},
-		{Atomic, FetchAndAdd, 8, 1024, 500},
-		{Atomic, CmpAndSwap, 8, 1024, 200},
-		{Send, 0, 1, 1024, 300},
-		{Send, 0, 65536, 4096, 100},
-		{Send, 0, 5000, 1024, 1200}, // more messages than receives posted at once
+		{Write, 0, 2, 1024, 300, 1},
+		{Write, 0, 65536, 4096, 100, 1},
+		{Write, 0, 3000, 256, 50, 1},
+		{Write, 0, 4096, 1024, 100, 3},
+		{Read, 0, 100, 1024, 300, 1},
+		{Read, 0, 65536, 1024, 50, 1},
+		{Read, 0, 1000, 2048, 100, 4},
+		{Atomic, FetchAndAdd, 8, 1024, 500, 1},
+		{Atomic, CmpAndSwap, 8, 1024, 200, 1},
+		{Atomic, FetchAndAdd, 8, 1024, 150, 3},
+		{Send, 0, 1, 1024, 300, 1},
+		{Send, 0, 65536, 4096, 100, 1},
+		{Send, 0, 5000, 1024, 1200, 1}, // more messages than receives posted at once
+		{Send, 0, 2048, 1024, 700, 2},
 	}
 	for i, tc := range cases {
-		t.Run(fmt.Sprintf("%v/%d/size%d/mtu%d", tc.test, tc.atomic, tc.size, tc.mtu), func(t *testing.T) {
-			base := Config{Test: tc.test, Atomic: tc.atomic, Port: 47930 + i, Size: tc.size, MTU: tc.mtu, Iters: tc.iters,
-				Timeout: 20 * time.Second}
+		t.Run(fmt.Sprintf("%v/%d/size%d/mtu%d/q%d", tc.test, tc.atomic, tc.size, tc.mtu, tc.qps), func(t *testing.T) {
+			base := Config{Test: tc.test, Atomic: tc.atomic, Port: 47970 + i, Size: tc.size, MTU: tc.mtu, Iters: tc.iters,
+				QPs: tc.qps, Timeout: 20 * time.Second}
 			var wg sync.WaitGroup
 			var sout, cout bytes.Buffer
 			var sres, cres *Result
@@ -196,15 +201,22 @@ func TestLoopback(t *testing.T) {
 			}
 			// The passive side prints the active side's numbers (in a
 			// send test each side its own).
-			if (tc.test != Send && sres.Report != cres.Report) || sres.Report.Iters != uint64(tc.iters) ||
-				cres.Report.Iters != uint64(tc.iters) || cres.Report.AvgBW <= 0 || sres.Report.AvgBW <= 0 {
+			// Iterations count all QPs, as perftest's do.
+			total := uint64(tc.iters * tc.qps)
+			if (tc.test != Send && sres.Report != cres.Report) || sres.Report.Iters != total ||
+				cres.Report.Iters != total || cres.Report.AvgBW <= 0 || sres.Report.AvgBW <= 0 {
 				t.Fatalf("reports: server %+v, client %+v", sres.Report, cres.Report)
 			}
 			if sres.Checked == "" || (tc.test != Write && tc.test != Send && cres.Checked == "") {
 				t.Fatalf("data checks did not run: server %q, client %q", sres.Checked, cres.Checked)
 			}
-			if sres.Local.QPN != cres.Remote.QPN || sres.Remote.PSN != cres.Local.PSN {
-				t.Fatalf("keys: server %+v / %+v, client %+v / %+v", sres.Local, sres.Remote, cres.Local, cres.Remote)
+			if len(sres.LocalQPs) != tc.qps || len(cres.RemoteQPs) != tc.qps {
+				t.Fatalf("%d and %d QPs, want %d", len(sres.LocalQPs), len(cres.RemoteQPs), tc.qps)
+			}
+			for q := range tc.qps {
+				if sres.LocalQPs[q] != cres.RemoteQPs[q] || sres.RemoteQPs[q] != cres.LocalQPs[q] {
+					t.Fatalf("QP %d keys: server %+v / %+v, client %+v / %+v", q, sres.LocalQPs[q], sres.RemoteQPs[q], cres.LocalQPs[q], cres.RemoteQPs[q])
+				}
 			}
 			t.Logf("%s\nclient %+v\nserver %+v", lastLines(cout.String(), 3), cres.Stats, sres.Stats)
 		})

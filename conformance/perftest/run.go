@@ -96,6 +96,7 @@ type Config struct {
 	GIDIndex int      // -x
 	TxDepth  int      // -t, outstanding send WRs (128)
 	RxDepth  int      // -r, receives kept posted by a send_bw receiver (512)
+	QPs      int      // -q, number of QPs (1); iterations are per QP
 	CQMod    int      // -Q, one signaled WR every CQMod (100)
 	OutReads int      // -o, READ/atomic depth announced and used (16)
 	Atomic   AtomicOp // -A
@@ -151,6 +152,12 @@ func (c *Config) defaults() error {
 	if c.TxDepth < 1 || c.TxDepth > verbs.MaxQPWR {
 		return fmt.Errorf("perftest: tx depth %d out of range 1..%d", c.TxDepth, verbs.MaxQPWR)
 	}
+	if c.QPs == 0 {
+		c.QPs = 1
+	}
+	if c.QPs < 1 || c.QPs > maxQPs {
+		return fmt.Errorf("perftest: %d QPs out of range 1..%d", c.QPs, maxQPs)
+	}
 	if c.RxDepth == 0 {
 		c.RxDepth = 512
 	}
@@ -189,13 +196,19 @@ func (c *Config) defaults() error {
 	return nil
 }
 
+// maxQPs bounds -q.
+const maxQPs = 64
+
 // Result is what one run agreed on and measured.
 type Result struct {
-	Local, Remote Keys
-	PeerVersion   string
-	MTU           int // negotiated path MTU
-	CycleBuffer   int // negotiated cycle buffer (the larger page size)
-	CacheLine     int // negotiated cache line
+	// Local and Remote are QP 0's KEYS; LocalQPs and RemoteQPs those of
+	// every QP.
+	Local, Remote       Keys
+	LocalQPs, RemoteQPs []Keys
+	PeerVersion         string
+	MTU                 int // negotiated path MTU
+	CycleBuffer         int // negotiated cycle buffer (the larger page size)
+	CacheLine           int // negotiated cache line
 	// Report holds the active side's numbers: softroce's own when it
 	// was active, the peer's when it was passive (perftest's rule). In
 	// a send test each side reports what it measured itself.
@@ -293,13 +306,14 @@ type session struct {
 
 	pd  *verbs.PD
 	cq  *verbs.CQ
-	qp  *verbs.QP
+	qps []*qpCtx
 	mr  *verbs.MR
 	buf []byte
 	// Region layout, perftest's: messages of size bytes land every inc
-	// bytes, cycling over slots slots (1 when size > cycle buffer / 2).
-	inc, slots int
-	recvPosted int // receives posted so far (send test, receiver)
+	// bytes, cycling over slots slots (1 when size > cycle buffer / 2),
+	// in a region of region bytes; each QP owns part bytes of buf.
+	inc, slots   int
+	region, part int
 }
 
 // xchg is perftest's ctx_xchg_data: the connector writes its message and
@@ -327,16 +341,23 @@ func (s *session) xchg(step string, my, rem []byte) error {
 
 // keysXchg exchanges KEYS messages; it also serves as perftest's barrier
 // (ctx_hand_shake).
-func (s *session) keysXchg(step string) (Keys, error) {
+func (s *session) keysXchg(step string, k Keys) (Keys, error) {
 	rem := make([]byte, KeysLen)
-	if err := s.xchg(step, s.res.Local.Marshal(), rem); err != nil {
+	if err := s.xchg(step, k.Marshal(), rem); err != nil {
 		return Keys{}, err
 	}
-	k, err := ParseKeys(rem)
+	rk, err := ParseKeys(rem)
 	if err != nil {
 		return Keys{}, fmt.Errorf("perftest %s: %w", step, err)
 	}
-	return k, nil
+	return rk, nil
+}
+
+// barrier is a KEYS exchange of QP 0's record, perftest's
+// synchronisation point.
+func (s *session) barrier(step string) error {
+	_, err := s.keysXchg(step, s.qps[0].local)
+	return err
 }
 
 func (s *session) run(ctx context.Context) (*Result, error) {
@@ -387,32 +408,54 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 	}
 	defer s.teardown()
 
-	// Keys, first round (step 5), then the GID-type check (step 6).
-	rem, err := s.keysXchg("keys exchange")
-	if err != nil {
-		return nil, err
+	// Keys, first round (step 5): one message per QP, in QP order; then
+	// the GID-type check on QP 0 (step 6).
+	for i, c := range s.qps {
+		if c.remote, err = s.keysXchg(fmt.Sprintf("keys exchange (QP %d)", i), c.local); err != nil {
+			return nil, err
+		}
 	}
-	s.res.Remote = rem
-	if s.res.Local.GID.Addr().Is4() != rem.GID.Addr().Is4() {
-		return nil, fmt.Errorf("perftest: GID type mismatch (local %v, remote %v): use the same IP version on both sides", s.res.Local.GID, rem.GID)
+	s.res.Local, s.res.Remote = s.qps[0].local, s.qps[0].remote
+	for _, c := range s.qps {
+		s.res.LocalQPs = append(s.res.LocalQPs, c.local)
+		s.res.RemoteQPs = append(s.res.RemoteQPs, c.remote)
+	}
+	if l, r := s.res.Local.GID, s.res.Remote.GID; l.Addr().Is4() != r.Addr().Is4() {
+		return nil, fmt.Errorf("perftest: GID type mismatch (local %v, remote %v): use the same IP version on both sides", l, r)
 	}
 	// QP bring-up (step 7).
-	if err := s.connectQP(); err != nil {
-		return nil, err
+	for i, c := range s.qps {
+		if err := s.connectQP(c); err != nil {
+			return nil, fmt.Errorf("QP %d: %w", i, err)
+		}
 	}
 	fmt.Fprintln(s.out, dashes)
-	s.printAddr("local", s.res.Local)
+	for _, c := range s.qps {
+		s.printAddr("local", c.local)
+	}
 	// Keys, second round (step 8), and the barrier after RTR (step 9):
-	// traffic starts only after it.
-	if again, err := s.keysXchg("second keys exchange"); err != nil {
-		return nil, err
-	} else if again != rem {
-		return nil, fmt.Errorf("%w: keys changed between rounds (%+v, then %+v)", ErrMalformed, rem, again)
+	// traffic starts only after it. ib_send_bw has the barrier before the
+	// second round (the same bytes when there is one QP).
+	if cfg.Test == Send {
+		if err := s.barrier("barrier after RTR"); err != nil {
+			return nil, err
+		}
 	}
-	s.printAddr("remote", rem)
+	for i, c := range s.qps {
+		if again, err := s.keysXchg(fmt.Sprintf("second keys exchange (QP %d)", i), c.local); err != nil {
+			return nil, err
+		} else if again != c.remote {
+			return nil, fmt.Errorf("%w: keys of QP %d changed between rounds (%+v, then %+v)", ErrMalformed, i, c.remote, again)
+		}
+	}
+	for _, c := range s.qps {
+		s.printAddr("remote", c.remote)
+	}
 	fmt.Fprintln(s.out, dashes)
-	if _, err := s.keysXchg("barrier after RTR"); err != nil {
-		return nil, err
+	if cfg.Test != Send {
+		if err := s.barrier("barrier after RTR"); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Test == Send {
 		return s.runSend(ctx)
@@ -426,7 +469,7 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 	}
 	// Finish barrier (step 11): the passive side blocks here for the whole
 	// run; the active side arrives once its last WR completed.
-	if _, err := s.keysXchg("finish barrier"); err != nil {
+	if err := s.barrier("finish barrier"); err != nil {
 		return nil, err
 	}
 	// Reports (step 12): the passive side prints the active side's.
@@ -450,11 +493,13 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 // exchange: each side prints what it measured itself.
 func (s *session) runSend(ctx context.Context) (*Result, error) {
 	if !s.connector {
-		if err := s.postRecvs(min(s.cfg.RxDepth, s.cfg.Iters)); err != nil {
-			return nil, err
+		for i := range s.qps {
+			if err := s.postRecvs(i, min(s.cfg.RxDepth, s.cfg.Iters)); err != nil {
+				return nil, err
+			}
 		}
 	}
-	if _, err := s.keysXchg("barrier after posting receives"); err != nil {
+	if err := s.barrier("barrier after posting receives"); err != nil {
 		return nil, err
 	}
 	var err error
@@ -473,7 +518,7 @@ func (s *session) runSend(ctx context.Context) (*Result, error) {
 // reads; then the passive side checks its buffer and the report is
 // printed.
 func (s *session) finish() (*Result, error) {
-	if _, err := s.keysXchg("closing barrier"); err != nil {
+	if err := s.barrier("closing barrier"); err != nil {
 		return nil, err
 	}
 	if _, err := s.conn.Write([]byte("done\x00")); err != nil {

@@ -14,18 +14,40 @@ import (
 	"github.com/softroce/softroce/verbs"
 )
 
-// maxAtomicResults bounds the local slots that keep every fetched atomic
-// value (8 bytes each) for the active side's check.
+// maxAtomicResults bounds the local slots per QP that keep every fetched
+// atomic value (8 bytes each) for the active side's check.
 const maxAtomicResults = 1 << 16
 
 // roundUp rounds n up to a multiple of m.
 func roundUp(n, m int) int { return (n + m - 1) / m * m }
 
-// setup creates the PD, buffer, MR, CQ and QP and fills the local KEYS.
-// The layout follows perftest: a region of max(size, cycle buffer) bytes
-// rounded to the cache line, in which messages of at most half a cycle
-// buffer land every INC(size) bytes (size rounded up to the cache line,
-// at least one line), cycling over cycle_buffer/INC slots (catalogue B.3).
+// qpCtx is one of the run's QPs (perftest -q) and its part of the buffer.
+type qpCtx struct {
+	qp            *verbs.QP
+	local, remote Keys
+	off           int // offset of this QP's part of the buffer
+	posted, done  int // send WRs posted and completed (active side)
+	recvPosted    int // receives posted (send test, receiving side)
+}
+
+// wrID packs the QP index and the WR's sequence number into a wr_id.
+func wrID(q, n int) uint64 { return uint64(q)<<32 | uint64(uint32(n)) }
+
+func splitWRID(id uint64) (q, n int) { return int(id >> 32), int(uint32(id)) }
+
+// verifyFlag marks the active READ side's verification READ.
+const verifyFlag = 1 << 31
+
+// pattern is the content of buffers whose bytes are sent or exposed for
+// reading, so that a changed byte can be told from an untouched one.
+func pattern(i int) byte { return byte(i*7+i>>8) ^ 0xa5 }
+
+// setup creates the PD, buffer, MR, CQ and QPs and fills the local KEYS.
+// The layout follows perftest: each QP has a part of one buffer, a region
+// of max(size, cycle buffer) bytes rounded to the cache line, in which
+// messages of at most half a cycle buffer land every INC(size) bytes
+// (size rounded up to the cache line, at least one line), cycling over
+// cycle_buffer/INC slots (catalogue B.3).
 func (s *session) setup() error {
 	cfg := &s.cfg
 	cl, cyc := s.res.CacheLine, s.res.CycleBuffer
@@ -34,29 +56,31 @@ func (s *session) setup() error {
 	if cfg.Size <= cyc/2 {
 		s.slots = cyc / s.inc
 	}
-	region := roundUp(max(cfg.Size, cyc), cl)
-	var n int
+	s.region = roundUp(max(cfg.Size, cyc), cl)
+	part := s.region
 	switch {
 	case !s.connector:
-		n = region + cyc // a guard area the peer must never touch
 	case cfg.Test == Read:
-		n = 2 * region // the READ destinations, then a verification READ
+		part = 2 * s.region // the READ destinations, then a verification READ
 	case cfg.Test == Atomic:
-		n = min(cfg.Iters, maxAtomicResults) * 8
-	default:
-		n = region
+		part = min(cfg.Iters, maxAtomicResults) * 8
+	}
+	s.part = part
+	n := cfg.QPs * part
+	if !s.connector {
+		n += cyc // a guard area the peer must never touch
 	}
 	s.buf = make([]byte, n)
 	switch {
 	case !s.connector && cfg.Test == Atomic:
 		// Zero slots make the fetch-and-add total checkable; the guard
 		// keeps the canary.
-		for i := region; i < n; i++ {
+		for i := n - cyc; i < n; i++ {
 			s.buf[i] = canary
 		}
 	case !s.connector && cfg.Test == Read, s.connector && (cfg.Test == Write || cfg.Test == Send):
 		for i := range s.buf {
-			s.buf[i] = byte(i*7+i>>8) ^ 0xa5
+			s.buf[i] = pattern(i)
 		}
 	default:
 		for i := range s.buf {
@@ -74,77 +98,114 @@ func (s *session) setup() error {
 	if cfg.Test == Send && !s.connector {
 		rxDepth = cfg.RxDepth
 	}
-	if s.cq, err = s.dev.CreateCQ(cfg.TxDepth + rxDepth + 1); err != nil {
+	if s.cq, err = s.dev.CreateCQ(min(cfg.QPs*(cfg.TxDepth+rxDepth)+1, verbs.MaxCQE)); err != nil {
 		return fmt.Errorf("perftest: create CQ: %w", err)
-	}
-	if s.qp, err = s.pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
-		Cap: verbs.QPCap{MaxSendWR: cfg.TxDepth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
-		return fmt.Errorf("perftest: create QP: %w", err)
 	}
 	gid, err := s.dev.QueryGID(cfg.GIDIndex)
 	if err != nil {
 		return fmt.Errorf("perftest: GID index %d: %w", cfg.GIDIndex, err)
 	}
-	s.res.Local = Keys{OutReads: uint16(cfg.OutReads), QPN: s.qp.Num(), PSN: rand.Uint32() & 0xffffff,
-		RKey: s.mr.RKey(), VAddr: s.mr.Addr(), GID: gid}
+	for i := range cfg.QPs {
+		qp, err := s.pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
+			Cap: verbs.QPCap{MaxSendWR: cfg.TxDepth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		if err != nil {
+			return fmt.Errorf("perftest: create QP %d: %w", i, err)
+		}
+		c := &qpCtx{qp: qp, off: i * part}
+		c.local = Keys{OutReads: uint16(cfg.OutReads), QPN: qp.Num(), PSN: rand.Uint32() & 0xffffff,
+			RKey: s.mr.RKey(), VAddr: s.mr.Addr() + uint64(c.off), GID: gid}
+		s.qps = append(s.qps, c)
+	}
 	return nil
 }
 
-// stats reads the QP's transport counters under the engine lock (the
+// stats sums the QPs' transport counters, read under the engine lock (the
 // receive goroutine updates them).
 func (s *session) stats() rc.QPStats {
 	e := s.dev.Engine()
 	e.Lock()
 	defer e.Unlock()
-	return s.qp.Transport().Stats
+	var sum rc.QPStats
+	for _, c := range s.qps {
+		st := c.qp.Transport().Stats
+		sum.TxPackets += st.TxPackets
+		sum.RxPackets += st.RxPackets
+		sum.Retransmits += st.Retransmits
+		sum.Timeouts += st.Timeouts
+		sum.RNRNAKsRecv += st.RNRNAKsRecv
+		sum.RNRNAKsSent += st.RNRNAKsSent
+		sum.SeqNAKsRecv += st.SeqNAKsRecv
+		sum.SeqNAKsSent += st.SeqNAKsSent
+		sum.DupRequests += st.DupRequests
+		sum.OutOfSeqRequests += st.OutOfSeqRequests
+		sum.Dropped += st.Dropped
+	}
+	return sum
 }
 
 func (s *session) teardown() {
-	if s.qp != nil {
-		s.qp.Destroy()
+	for _, c := range s.qps {
+		c.qp.Destroy()
 	}
 	if s.mr != nil {
 		s.dev.DeregMR(s.mr)
 	}
 }
 
-// connectQP moves the QP to RTR and RTS with perftest's attributes
+// connectQP moves QP i to RTR and RTS with perftest's attributes
 // (catalogue B.3): the tool's single remote right, rq_psn = the peer's
 // PSN, max_dest_rd_atomic = our announced out_reads, min RNR timer 12,
-// timeout -u (14), retry and RNR retry 7, max_rd_atomic = the peer's out_reads.
-// perftest leaves its passive QP in RTR; softroce's passive QP goes to RTS
-// too, which changes nothing for a responder.
-func (s *session) connectQP() error {
-	cfg, rem := &s.cfg, s.res.Remote
-	if err := s.qp.Init(cfg.Test.access()); err != nil {
+// timeout -u (14), retry and RNR retry 7, max_rd_atomic = the peer's
+// out_reads. perftest leaves its passive QPs in RTR; softroce's passive
+// QPs go to RTS too, which changes nothing for a responder.
+func (s *session) connectQP(c *qpCtx) error {
+	cfg, rem := &s.cfg, c.remote
+	if err := c.qp.Init(cfg.Test.access()); err != nil {
 		return fmt.Errorf("perftest: QP to INIT: %w", err)
 	}
 	a := verbs.QPAttr{State: verbs.StateRTR, PathMTU: s.res.MTU, DestQPN: rem.QPN, RQPSN: rem.PSN,
 		MaxDestRDAtomic: uint8(cfg.OutReads), MinRNRTimer: 12,
 		AV: verbs.AddressVector{DGID: rem.GID, SGIDIndex: uint8(cfg.GIDIndex), HopLimit: 0xff}}
-	if err := s.qp.Modify(&a, qpstate.AttrState|qpstate.AttrAV|qpstate.AttrPathMTU|qpstate.AttrDestQPN|
+	if err := c.qp.Modify(&a, qpstate.AttrState|qpstate.AttrAV|qpstate.AttrPathMTU|qpstate.AttrDestQPN|
 		qpstate.AttrRQPSN|qpstate.AttrMaxDestRDAtomic|qpstate.AttrMinRNRTimer); err != nil {
 		return fmt.Errorf("perftest: QP to RTR: %w", err)
 	}
 	rd := min(max(int(rem.OutReads), 1), cfg.OutReads)
-	a = verbs.QPAttr{State: verbs.StateRTS, SQPSN: s.res.Local.PSN, Timeout: cfg.QPTimeout, RetryCnt: 7, RNRRetry: 7,
+	a = verbs.QPAttr{State: verbs.StateRTS, SQPSN: c.local.PSN, Timeout: cfg.QPTimeout, RetryCnt: 7, RNRRetry: 7,
 		MaxRDAtomic: uint8(rd)}
-	if err := s.qp.Modify(&a, qpstate.AttrState|qpstate.AttrSQPSN|qpstate.AttrTimeout|qpstate.AttrRetryCnt|
+	if err := c.qp.Modify(&a, qpstate.AttrState|qpstate.AttrSQPSN|qpstate.AttrTimeout|qpstate.AttrRetryCnt|
 		qpstate.AttrRNRRetry|qpstate.AttrMaxQPRDAtomic); err != nil {
 		return fmt.Errorf("perftest: QP to RTS: %w", err)
 	}
 	if cfg.RemotePort != 0 {
-		s.qp.SetRemotePort(cfg.RemotePort)
+		c.qp.SetRemotePort(cfg.RemotePort)
 	}
 	return nil
 }
 
-// traffic posts cfg.Iters WRs with at most TxDepth outstanding, one in
-// CQMod signaled (and the last), as perftest's run_iter_bw does, and
-// returns the numbers perftest reports.
+// peakMeter tracks the best rate over windows of at least 1 ms.
+type peakMeter struct {
+	win  time.Time
+	done int
+	peak float64 // bytes/s
+}
+
+func (m *peakMeter) update(now time.Time, done, size int, last bool) {
+	if now.Sub(m.win) < time.Millisecond && !last {
+		return
+	}
+	if dt := now.Sub(m.win).Seconds(); dt > 0 && done > m.done {
+		m.peak = max(m.peak, float64(done-m.done)*float64(size)/dt)
+	}
+	m.win, m.done = now, done
+}
+
+// traffic posts Iters WRs on every QP with at most TxDepth outstanding per
+// QP, one in CQMod signaled (and the last), as perftest's run_iter_bw
+// does, and returns the numbers perftest reports (over all QPs).
 func (s *session) traffic(ctx context.Context) (Report, error) {
-	cfg, rem := &s.cfg, s.res.Remote
-	wr := verbs.SendWR{SGL: []verbs.SGE{{Length: uint32(cfg.Size), LKey: s.mr.LKey()}}, RKey: rem.RKey}
+	cfg := &s.cfg
+	wr := verbs.SendWR{SGL: []verbs.SGE{{Length: uint32(cfg.Size), LKey: s.mr.LKey()}}}
 	switch cfg.Test {
 	case Send:
 		wr.Opcode = verbs.WRSend
@@ -160,54 +221,60 @@ func (s *session) traffic(ctx context.Context) (Report, error) {
 		}
 	}
 	base := s.mr.Addr()
-	resSlots := len(s.buf) / 8
+	resSlots := s.part / 8
+	total := cfg.Iters * len(s.qps)
 	wcs := make([]verbs.WC, 32)
-	posted, done := 0, 0
+	done := 0
 	start := time.Now()
-	win, winDone := start, 0
-	var peak float64
-	for done < cfg.Iters {
-		for posted < cfg.Iters && posted-done < cfg.TxDepth {
-			slot := uint64(posted % s.slots)
-			wr.ID = uint64(posted)
-			wr.RemoteAddr = rem.VAddr + slot*uint64(s.inc)
-			if cfg.Test == Atomic {
-				// Every fetched value in a slot of its own, for the check.
-				wr.SGL[0].Addr = base + uint64(posted%resSlots)*8
-			} else {
-				wr.SGL[0].Addr = base + slot*uint64(s.inc)
+	meter := peakMeter{win: start}
+	for done < total {
+		for qi, c := range s.qps {
+			for c.posted < cfg.Iters && c.posted-c.done < cfg.TxDepth {
+				slot := uint64(c.posted % s.slots)
+				wr.ID = wrID(qi, c.posted)
+				wr.RKey = c.remote.RKey
+				if cfg.Test != Send {
+					wr.RemoteAddr = c.remote.VAddr + slot*uint64(s.inc)
+				}
+				if cfg.Test == Atomic {
+					// Every fetched value in a slot of its own, for the check.
+					wr.SGL[0].Addr = base + uint64(c.off) + uint64(c.posted%resSlots)*8
+				} else {
+					wr.SGL[0].Addr = base + uint64(c.off) + slot*uint64(s.inc)
+				}
+				wr.Flags = 0
+				if (c.posted+1)%cfg.CQMod == 0 || c.posted == cfg.Iters-1 {
+					wr.Flags = verbs.SendSignaled
+				}
+				if err := c.qp.PostSend(&wr); err != nil {
+					return Report{}, fmt.Errorf("perftest: post %v %d on QP %d: %w", wr.Opcode, c.posted, qi, err)
+				}
+				c.posted++
 			}
-			wr.Flags = 0
-			if (posted+1)%cfg.CQMod == 0 || posted == cfg.Iters-1 {
-				wr.Flags = verbs.SendSignaled
-			}
-			if err := s.qp.PostSend(&wr); err != nil {
-				return Report{}, fmt.Errorf("perftest: post %v %d: %w", wr.Opcode, posted, err)
-			}
-			posted++
 		}
 		n, err := s.cq.Wait(ctx, wcs)
 		if err != nil {
 			return Report{}, fmt.Errorf("perftest: waiting for completions after %d of %d: %w (QP stats %+v)",
-				done, cfg.Iters, err, s.stats())
+				done, total, err, s.stats())
 		}
 		for _, wc := range wcs[:n] {
+			qi, seq := splitWRID(wc.WRID)
 			if wc.Status != cq.Success {
-				return Report{}, fmt.Errorf("perftest: %v %d completed with %v (QP stats %+v)",
-					wr.Opcode, wc.WRID, wc.Status, s.stats())
+				return Report{}, fmt.Errorf("perftest: %v %d on QP %d completed with %v (QP stats %+v)",
+					wr.Opcode, seq, qi, wc.Status, s.stats())
+			}
+			if qi >= len(s.qps) {
+				return Report{}, fmt.Errorf("perftest: completion for unknown wr_id %#x", wc.WRID)
 			}
 			// RC completes in order: a signaled WR retires all before it.
-			done = max(done, int(wc.WRID)+1)
-		}
-		// The peak is the best rate over windows of at least 1 ms.
-		if now := time.Now(); now.Sub(win) >= time.Millisecond || done == cfg.Iters {
-			if dt := now.Sub(win).Seconds(); dt > 0 && done > winDone {
-				peak = max(peak, float64(done-winDone)*float64(cfg.Size)/dt)
+			if c := s.qps[qi]; seq+1 > c.done {
+				done += seq + 1 - c.done
+				c.done = seq + 1
 			}
-			win, winDone = now, done
 		}
+		meter.update(time.Now(), done, cfg.Size, done == total)
 	}
-	rep := s.report(time.Since(start), peak)
+	rep := s.report(time.Since(start), meter.peak)
 	if err := s.checkActive(ctx); err != nil {
 		return rep, err
 	}
@@ -215,142 +282,159 @@ func (s *session) traffic(ctx context.Context) (Report, error) {
 }
 
 // report turns a run's duration and peak rate (bytes/s) into perftest's
-// numbers.
+// numbers; iterations count all QPs, as perftest's do.
 func (s *session) report(el time.Duration, peak float64) Report {
 	cfg := &s.cfg
+	iters := cfg.Iters * cfg.QPs
 	sec := el.Seconds()
-	avg := float64(cfg.Iters) * float64(cfg.Size) / sec
+	avg := float64(iters) * float64(cfg.Size) / sec
 	peak = max(peak, avg)
 	scale := 1.0 / (1 << 20) // perftest's MB/sec is MiB/s
 	if cfg.Gbits {
 		scale = 8 / 1e9
 	}
-	return Report{Size: uint64(cfg.Size), Iters: uint64(cfg.Iters), PeakBW: peak * scale, AvgBW: avg * scale,
-		MsgRate: float64(cfg.Iters) / sec / 1e6}
+	return Report{Size: uint64(cfg.Size), Iters: uint64(iters), PeakBW: peak * scale, AvgBW: avg * scale,
+		MsgRate: float64(iters) / sec / 1e6}
 }
 
-// postRecvs posts n receives of Size bytes into the message slots (the
-// slot of receive i is i mod slots, as perftest's receiver cycles).
-func (s *session) postRecvs(n int) error {
+// postRecvs posts n receives of Size bytes on QP qi into its message
+// slots (receive i goes to slot i mod slots, as perftest's receiver
+// cycles).
+func (s *session) postRecvs(qi, n int) error {
+	c := s.qps[qi]
 	for range n {
-		slot := uint64(s.recvPosted % s.slots)
-		wr := verbs.RecvWR{ID: uint64(s.recvPosted),
-			SGL: []verbs.SGE{{Addr: s.mr.Addr() + slot*uint64(s.inc), Length: uint32(s.cfg.Size), LKey: s.mr.LKey()}}}
-		if err := s.qp.PostRecv(&wr); err != nil {
-			return fmt.Errorf("perftest: post receive %d: %w", s.recvPosted, err)
+		slot := uint64(c.recvPosted % s.slots)
+		wr := verbs.RecvWR{ID: wrID(qi, c.recvPosted),
+			SGL: []verbs.SGE{{Addr: s.mr.Addr() + uint64(c.off) + slot*uint64(s.inc), Length: uint32(s.cfg.Size), LKey: s.mr.LKey()}}}
+		if err := c.qp.PostRecv(&wr); err != nil {
+			return fmt.Errorf("perftest: post receive %d on QP %d: %w", c.recvPosted, qi, err)
 		}
-		s.recvPosted++
+		c.recvPosted++
 	}
 	return nil
 }
 
 // receive is ib_send_bw's receiver: it waits for Iters receive
-// completions of exactly Size bytes, keeping receives posted, and
-// measures the rate it received at (the clock starts at the first
+// completions of exactly Size bytes on every QP, keeping receives posted,
+// and measures the rate it received at (the clock starts at the first
 // completion).
 func (s *session) receive(ctx context.Context) (Report, error) {
 	cfg := &s.cfg
+	total := cfg.Iters * len(s.qps)
 	wcs := make([]verbs.WC, 32)
 	done := 0
-	var start, win time.Time
-	winDone := 0
-	var peak float64
-	for done < cfg.Iters {
+	var start time.Time
+	var meter peakMeter
+	for done < total {
 		n, err := s.cq.Wait(ctx, wcs)
 		if err != nil {
 			return Report{}, fmt.Errorf("perftest: waiting for receives after %d of %d: %w (QP stats %+v)",
-				done, cfg.Iters, err, s.stats())
+				done, total, err, s.stats())
 		}
 		if done == 0 {
 			start = time.Now()
-			win = start
+			meter.win = start
 		}
 		for _, wc := range wcs[:n] {
+			qi, seq := splitWRID(wc.WRID)
 			if wc.Status != cq.Success {
-				return Report{}, fmt.Errorf("perftest: receive %d completed with %v (QP stats %+v)", wc.WRID, wc.Status, s.stats())
+				return Report{}, fmt.Errorf("perftest: receive %d on QP %d completed with %v (QP stats %+v)", seq, qi, wc.Status, s.stats())
+			}
+			if qi >= len(s.qps) {
+				return Report{}, fmt.Errorf("perftest: completion for unknown wr_id %#x", wc.WRID)
 			}
 			if wc.ByteLen != uint32(cfg.Size) {
-				return Report{}, fmt.Errorf("perftest: data check: receive %d got %d bytes, want %d", wc.WRID, wc.ByteLen, cfg.Size)
+				return Report{}, fmt.Errorf("perftest: data check: receive %d on QP %d got %d bytes, want %d (use the same -s on both sides)",
+					seq, qi, wc.ByteLen, cfg.Size)
 			}
 			done++
-		}
-		if more := min(cfg.Iters-s.recvPosted, n); more > 0 {
-			if err := s.postRecvs(more); err != nil {
-				return Report{}, err
+			if c := s.qps[qi]; c.recvPosted < cfg.Iters {
+				if err := s.postRecvs(qi, 1); err != nil {
+					return Report{}, err
+				}
 			}
 		}
-		if now := time.Now(); now.Sub(win) >= time.Millisecond || done == cfg.Iters {
-			if dt := now.Sub(win).Seconds(); dt > 0 && done > winDone {
-				peak = max(peak, float64(done-winDone)*float64(cfg.Size)/dt)
-			}
-			win, winDone = now, done
-		}
+		meter.update(time.Now(), done, cfg.Size, done == total)
 	}
-	return s.report(max(time.Since(start), time.Microsecond), peak), nil
+	return s.report(max(time.Since(start), time.Microsecond), meter.peak), nil
 }
 
 // checkActive verifies what the active side can see of the peer's memory
-// (perftest 4.5 has no data validation of its own, catalogue B.4):
+// (perftest 4.5 has no data validation of its own, catalogue B.4), on
+// every QP:
 //   - READ: one more READ of the whole span of the cycle must return the
 //     same bytes every timed READ put into its slot;
 //   - FETCH_AND_ADD: in every remote slot the fetched values go up by
 //     exactly one from one visit to the next; CMP_AND_SWAP (compare 0,
 //     swap 0) on perftest's random buffer must fetch the same value on
 //     every visit;
-//   - WRITE into a write-only perftest buffer cannot be read back.
+//   - WRITE into a write-only perftest buffer, or SEND into its receives,
+//     cannot be read back.
 func (s *session) checkActive(ctx context.Context) error {
 	cfg := &s.cfg
 	switch cfg.Test {
 	case Read:
 		span := (s.slots-1)*s.inc + cfg.Size
-		region := len(s.buf) / 2
-		wr := verbs.SendWR{ID: 1 << 62, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
-			SGL:        []verbs.SGE{{Addr: s.mr.Addr() + uint64(region), Length: uint32(span), LKey: s.mr.LKey()}},
-			RemoteAddr: s.res.Remote.VAddr, RKey: s.res.Remote.RKey}
-		if err := s.qp.PostSend(&wr); err != nil {
-			return fmt.Errorf("perftest: post verification READ: %w", err)
-		}
-		wcs := make([]verbs.WC, 1)
-		if _, err := s.cq.Wait(ctx, wcs); err != nil {
-			return fmt.Errorf("perftest: verification READ: %w", err)
-		}
-		if wcs[0].Status != cq.Success || wcs[0].ByteLen != uint32(span) {
-			return fmt.Errorf("perftest: verification READ completed with %v, %d bytes", wcs[0].Status, wcs[0].ByteLen)
-		}
-		for k := 0; k < min(s.slots, cfg.Iters); k++ {
-			got := s.buf[k*s.inc : k*s.inc+cfg.Size]
-			want := s.buf[region+k*s.inc : region+k*s.inc+cfg.Size]
-			if !bytes.Equal(got, want) {
-				return fmt.Errorf("perftest: data check: READ slot %d differs from the verification READ", k)
+		for qi, c := range s.qps {
+			wr := verbs.SendWR{ID: wrID(qi, verifyFlag), Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+				SGL:        []verbs.SGE{{Addr: s.mr.Addr() + uint64(c.off+s.region), Length: uint32(span), LKey: s.mr.LKey()}},
+				RemoteAddr: c.remote.VAddr, RKey: c.remote.RKey}
+			if err := c.qp.PostSend(&wr); err != nil {
+				return fmt.Errorf("perftest: post verification READ on QP %d: %w", qi, err)
 			}
-			if allByte(got, canary) && cfg.Size >= 8 {
-				return fmt.Errorf("perftest: data check: READ slot %d was never filled", k)
+		}
+		wcs := make([]verbs.WC, len(s.qps))
+		for got := 0; got < len(s.qps); {
+			n, err := s.cq.Wait(ctx, wcs[:len(s.qps)-got])
+			if err != nil {
+				return fmt.Errorf("perftest: verification READ: %w", err)
+			}
+			for _, wc := range wcs[:n] {
+				if wc.Status != cq.Success || wc.ByteLen != uint32(span) {
+					return fmt.Errorf("perftest: verification READ completed with %v, %d bytes", wc.Status, wc.ByteLen)
+				}
+			}
+			got += n
+		}
+		for qi, c := range s.qps {
+			for k := 0; k < min(s.slots, cfg.Iters); k++ {
+				at := c.off + k*s.inc
+				got := s.buf[at : at+cfg.Size]
+				want := s.buf[at+s.region : at+s.region+cfg.Size]
+				if !bytes.Equal(got, want) {
+					return fmt.Errorf("perftest: data check: QP %d READ slot %d differs from the verification READ", qi, k)
+				}
+				if allByte(got, canary) && cfg.Size >= 8 {
+					return fmt.Errorf("perftest: data check: QP %d READ slot %d was never filled", qi, k)
+				}
 			}
 		}
 		s.res.Checked = fmt.Sprintf("every READ slot equals a verification READ of the %d-byte span", span)
 	case Atomic:
-		if cfg.Iters > len(s.buf)/8 {
+		if cfg.Iters > s.part/8 {
 			return nil
 		}
-		val := func(i int) uint64 { return binary.LittleEndian.Uint64(s.buf[i*8:]) }
-		for i := s.slots; i < cfg.Iters; i++ {
-			want := val(i - s.slots)
-			if cfg.Atomic == FetchAndAdd {
-				want++
-			}
-			if got := val(i); got != want {
-				return fmt.Errorf("perftest: data check: atomic %d (slot %d) fetched %#x, want %#x", i, i%s.slots, got, want)
+		for qi, c := range s.qps {
+			val := func(i int) uint64 { return binary.LittleEndian.Uint64(s.buf[c.off+i*8:]) }
+			for i := s.slots; i < cfg.Iters; i++ {
+				want := val(i - s.slots)
+				if cfg.Atomic == FetchAndAdd {
+					want++
+				}
+				if got := val(i); got != want {
+					return fmt.Errorf("perftest: data check: QP %d atomic %d (slot %d) fetched %#x, want %#x", qi, i, i%s.slots, got, want)
+				}
 			}
 		}
-		s.res.Checked = fmt.Sprintf("%d fetched originals consistent per slot", cfg.Iters)
+		s.res.Checked = fmt.Sprintf("%d fetched originals consistent per slot", cfg.Iters*len(s.qps))
 	}
 	return nil
 }
 
 // checkPassive verifies softroce's exposed buffer after the peer's
 // traffic: nothing outside the message slots changed (the guard area
-// included), and
-//   - WRITE: every slot the peer wrote no longer holds the canary;
+// included), and in every QP's part
+//   - WRITE, SEND: every slot the peer wrote no longer holds the canary;
 //   - READ: the buffer is unchanged;
 //   - FETCH_AND_ADD: slot k was incremented exactly once per visit, so the
 //     slots sum to the iterations the peer reported; CMP_AND_SWAP
@@ -360,25 +444,30 @@ func (s *session) checkPassive() error {
 	if rep.Size != uint64(cfg.Size) {
 		return fmt.Errorf("perftest: peer reported %d-byte messages, this side was set up for %d (use the same -s)", rep.Size, cfg.Size)
 	}
-	iters := int(rep.Iters)
+	if rep.Iters%uint64(len(s.qps)) != 0 {
+		return fmt.Errorf("perftest: peer reported %d iterations, not a multiple of %d QPs (use the same -q)", rep.Iters, len(s.qps))
+	}
+	iters := int(rep.Iters) / len(s.qps) // per QP
 	switch cfg.Test {
 	case Read:
 		for i, b := range s.buf {
-			if b != byte(i*7+i>>8)^0xa5 {
+			if b != pattern(i) {
 				return fmt.Errorf("perftest: data check: byte %d of a read-only buffer changed", i)
 			}
 		}
 		s.res.Checked = "exposed buffer unchanged"
-		return nil
 	case Write, Send:
 		written := make([]bool, len(s.buf))
-		for k := 0; k < min(s.slots, iters); k++ {
-			msg := s.buf[k*s.inc : k*s.inc+cfg.Size]
-			if cfg.Size >= 8 && allByte(msg, canary) {
-				return fmt.Errorf("perftest: data check: %v slot %d (offset %d) was never written", cfg.Test, k, k*s.inc)
-			}
-			for i := range msg {
-				written[k*s.inc+i] = true
+		for qi, c := range s.qps {
+			for k := 0; k < min(s.slots, iters); k++ {
+				at := c.off + k*s.inc
+				msg := s.buf[at : at+cfg.Size]
+				if cfg.Size >= 8 && allByte(msg, canary) {
+					return fmt.Errorf("perftest: data check: QP %d %v slot %d (offset %d) was never written", qi, cfg.Test, k, at)
+				}
+				for i := range msg {
+					written[at+i] = true
+				}
 			}
 		}
 		for i, b := range s.buf {
@@ -386,35 +475,37 @@ func (s *session) checkPassive() error {
 				return fmt.Errorf("perftest: data check: byte %d outside every %v slot changed to %#x", i, cfg.Test, b)
 			}
 		}
-		s.res.Checked = fmt.Sprintf("%d %v slots written, no byte outside them changed", min(s.slots, iters), cfg.Test)
+		s.res.Checked = fmt.Sprintf("%d %v slots written, no byte outside them changed", min(s.slots, iters)*len(s.qps), cfg.Test)
 		if cfg.Test == Send {
-			s.res.Checked = fmt.Sprintf("%d receives of %d bytes; ", iters, cfg.Size) + s.res.Checked
+			s.res.Checked = fmt.Sprintf("%d receives of %d bytes; ", iters*len(s.qps), cfg.Size) + s.res.Checked
 		}
-		return nil
 	case Atomic:
-		region := len(s.buf) - s.res.CycleBuffer
-		for i := region; i < len(s.buf); i++ {
+		guard := len(s.qps) * s.part
+		for i := guard; i < len(s.buf); i++ {
 			if s.buf[i] != canary {
 				return fmt.Errorf("perftest: data check: guard byte %d changed", i)
 			}
 		}
 		var sum uint64
-		for k := 0; k*s.inc < region; k++ {
-			v := binary.LittleEndian.Uint64(s.buf[k*s.inc:])
-			want := uint64(0)
-			if cfg.Atomic == FetchAndAdd && k < s.slots {
-				want = uint64(iters / s.slots)
-				if k < iters%s.slots {
-					want++
+		for qi, c := range s.qps {
+			for k := 0; k*s.inc < s.part; k++ {
+				at := c.off + k*s.inc
+				v := binary.LittleEndian.Uint64(s.buf[at:])
+				want := uint64(0)
+				if cfg.Atomic == FetchAndAdd && k < s.slots {
+					want = uint64(iters / s.slots)
+					if k < iters%s.slots {
+						want++
+					}
 				}
-			}
-			if v != want {
-				return fmt.Errorf("perftest: data check: atomic slot %d holds %d, want %d (%d iterations over %d slots)", k, v, want, iters, s.slots)
-			}
-			sum += v
-			for i := k*s.inc + 8; i < min((k+1)*s.inc, region); i++ {
-				if s.buf[i] != 0 {
-					return fmt.Errorf("perftest: data check: byte %d between atomic slots changed", i)
+				if v != want {
+					return fmt.Errorf("perftest: data check: QP %d atomic slot %d holds %d, want %d (%d iterations over %d slots)", qi, k, v, want, iters, s.slots)
+				}
+				sum += v
+				for i := at + 8; i < min(at+s.inc, c.off+s.part); i++ {
+					if s.buf[i] != 0 {
+						return fmt.Errorf("perftest: data check: byte %d between atomic slots changed", i)
+					}
 				}
 			}
 		}
