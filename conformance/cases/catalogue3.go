@@ -126,9 +126,6 @@ var responseCases = []*Case{
 		Known: map[string]string{"rxe": "observed by this harness on kernel 6.1: rxe takes the READ_RESPONSE_MIDDLE at the " +
 			"READ's last PSN as a middle packet and then neither completes the READ, retries it nor moves the QP to " +
 			"error within 1 s: the work request hangs (rc-behaviour.md §3.6 lists only FIRST/ONLY/ACK as bad opcodes after a MIDDLE)"},
-		Bugs: map[string]string{"softroce": "transport/rc completer.go readResponse checks a READ response's PSN and " +
-			"length but not its opcode: a READ_RESPONSE_MIDDLE at the READ's last PSN completes the READ with success " +
-			"instead of BAD_RESP_ERR"},
 		Run: func(x *X) {
 			s := randPSN()
 			x.Open(QPSpec{SendPSN: s, Timeout: 14, Retry: 1, MTU: 1024})

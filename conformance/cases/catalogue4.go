@@ -19,9 +19,6 @@ var requesterNAKCases = []*Case{
 			"(IBTA §9.7.6 requester: acknowledgements outside the outstanding window)",
 		Known: map[string]string{"rxe": "rc-behaviour.md §3.6: rxe completes a SEND/WRITE on any response beyond " +
 			"its last PSN, with no upper bound"},
-		Bugs: map[string]string{"softroce": "transport/rc completer.go complete(): for a SEND/WRITE WQE any ACK with " +
-			"PSN beyond the WQE's last PSN completes it (bth.PSNDiff(psn, w.lastPSN) > 0), without checking that the " +
-			"PSN was ever sent (qp.nextPSN), so a ghost ACK completes the work request"},
 		Run: func(x *X) {
 			s := randPSN()
 			// retry_cnt 7 (infinite on rxe, 8 tries on softroce) keeps the
