@@ -12,6 +12,7 @@ import (
 
 	"github.com/softroce/softroce/internal/netnstest"
 	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/afxdp"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -27,12 +28,22 @@ const (
 
 func BenchmarkRCWrite(b *testing.B) {
 	netnstest.Require(b)
-	for _, be := range []backend{udpBackend, afxdpBackend} {
+	for _, be := range []backend{udpBackend, afxdpBackend, afxdpNoCsumBackend} {
 		for _, nqp := range []int{1, 8} {
 			b.Run(fmt.Sprintf("%s/qps=%d", be.name, nqp), func(b *testing.B) { benchWrite(b, be, nqp) })
 		}
 	}
 }
+
+// afxdpNoCsumBackend sends IPv4 without a UDP checksum, as rdma_rxe does.
+var afxdpNoCsumBackend = backend{"afxdp-nocsum", func(t testing.TB, e *netnstest.End) nic.Link {
+	var l *afxdp.Link
+	e.NS.Run(t, func() (err error) {
+		l, err = afxdp.Open(afxdp.Config{Interface: e.Name, NoUDPChecksum: true})
+		return err
+	})
+	return l
+}}
 
 func benchWrite(b *testing.B, be backend, nqp int) {
 	v := netnstest.Pair(b, netnstest.VethConfig{MTU: 9000})
@@ -127,6 +138,12 @@ func benchWrite(b *testing.B, be backend, nqp int) {
 		b.Logf("link a %+v", la.Stats())
 		b.Logf("link b %+v", lb.Stats())
 		b.Logf("engine a %+v, b %+v", da.Engine().Stats, db.Engine().Stats)
+		for _, l := range []nic.Link{la, lb} {
+			if x, ok := l.(*afxdp.Link); ok {
+				st, _ := x.SocketStats()
+				b.Logf("%s sockets %+v", x.Interface(), st)
+			}
+		}
 	}
 	b.ReportMetric(float64(done)*writeSize*8/el.Seconds()/1e9, "Gbit/s")
 	b.ReportMetric(float64(done)*writeSize/4096/el.Seconds(), "pkt/s")

@@ -153,6 +153,8 @@ type Link struct {
 	scratch  []byte   // scratch for the rare IPv4 header with options
 
 	txMu sync.Mutex
+	// statsMu keeps the sockets alive for SocketStats and QueuePackets.
+	statsMu sync.RWMutex
 
 	rxPackets, txPackets atomic.Uint64
 	rxBytes, txBytes     atomic.Uint64
@@ -389,7 +391,9 @@ func (l *Link) Close() error {
 		}
 		l.rxMu.Lock()
 		l.txMu.Lock()
+		l.statsMu.Lock()
 		l.teardown()
+		l.statsMu.Unlock()
 		l.txMu.Unlock()
 		l.rxMu.Unlock()
 		err = nil
@@ -442,8 +446,10 @@ func (l *Link) Queues() int { return len(l.socks) }
 // SocketStats returns the kernel's counters of each socket (drops, invalid
 // descriptors, full rings).
 func (l *Link) SocketStats() ([]Statistics, error) {
-	l.rxMu.Lock()
-	defer l.rxMu.Unlock()
+	// Not under rxMu: a waiting Recv holds it. The sockets live until
+	// Close, which takes statsMu.
+	l.statsMu.RLock()
+	defer l.statsMu.RUnlock()
 	var out []Statistics
 	for _, x := range l.socks {
 		s, err := x.stats()
@@ -458,11 +464,11 @@ func (l *Link) SocketStats() ([]Statistics, error) {
 // QueuePackets returns how many packets each queue's socket has taken off
 // its RX ring (delivered or dropped), to see how traffic spreads.
 func (l *Link) QueuePackets() []uint64 {
-	l.rxMu.Lock()
-	defer l.rxMu.Unlock()
+	l.statsMu.RLock()
+	defer l.statsMu.RUnlock()
 	out := make([]uint64, len(l.socks))
 	for i, x := range l.socks {
-		out[i] = x.rxPackets
+		out[i] = x.rxPackets.Load()
 	}
 	return out
 }

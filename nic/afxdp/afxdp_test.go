@@ -343,3 +343,36 @@ func TestAFXDPMultiQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsWhileReceiving: the diagnostics must not wait for a blocked
+// Recv, and Close must still wake it.
+func TestStatsWhileReceiving(t *testing.T) {
+	v := netnstest.Pair(t, netnstest.VethConfig{})
+	a := openIn(t, v.A, Config{})
+	errc := make(chan error, 1)
+	go func() {
+		_, err := a.Recv(packets(4, 2000))
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	done := make(chan struct{})
+	go func() {
+		a.SocketStats()
+		a.QueuePackets()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("SocketStats blocked behind Recv")
+	}
+	a.Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, errClosed()) {
+			t.Errorf("Recv after Close: %v", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("Close did not wake Recv")
+	}
+}

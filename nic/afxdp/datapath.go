@@ -396,7 +396,7 @@ func (l *Link) rxSock(x *xsk, pkts []nic.Packet) int {
 		if !complete {
 			break // the rest of the packet is not published yet
 		}
-		x.rxPackets++
+		x.rxPackets.Add(1)
 		if l.rxPacket(x, c, e, &pkts[k]) {
 			k++
 		}

@@ -44,7 +44,7 @@ type xsk struct {
 	// txOut counts TX frames handed to the kernel and not yet completed.
 	txOut int
 	// rxPackets counts packets taken off this socket's RX ring.
-	rxPackets uint64
+	rxPackets atomic.Uint64
 }
 
 type xskConfig struct {
