@@ -34,15 +34,20 @@ func expectVerdict(t *testing.T, c *Case, r *Result) {
 }
 
 // TestSoftroceResponder runs every case against softroce's own transport
-// over an in-process pipe (no privileges needed).
+// over an in-process pipe (no privileges needed). Cases mostly wait for
+// answers or silence, so they run in parallel, each on a device of its own.
 func TestSoftroceResponder(t *testing.T) {
-	tgt, err := NewSoftroceTarget()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tgt.Close()
+	sem := make(chan struct{}, 8)
 	for _, c := range All {
 		t.Run(c.ID, func(t *testing.T) {
+			t.Parallel()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			tgt, err := NewSoftroceTarget()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tgt.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			r := Run(ctx, tgt, c)
