@@ -225,16 +225,34 @@ func (x *xsk) reclaim() {
 // kick asks the kernel to process the TX ring. In copy mode it always
 // needs this sendto (platform-facts.md); in zero-copy mode only when the
 // driver set need-wakeup.
+//
+// In copy mode one sendto transmits at most a small batch of descriptors
+// (32 in current kernels) and answers EAGAIN when more are left, or when
+// the completion ring is full; the rest would wait for the next send, which
+// in a request/response protocol may be a long time. So it keeps kicking,
+// reclaiming completions in between, until the kernel has taken
+// everything or stops making progress.
 func (x *xsk) kick() error {
 	if x.zeroCopy && !x.tx.needWakeup() {
 		return nil
 	}
-	_, _, errno := unix.Syscall6(unix.SYS_SENDTO, uintptr(x.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
-	switch errno {
-	case 0, unix.EAGAIN, unix.EBUSY, unix.ENOBUFS:
-		return nil // the kernel is busy; the frames stay queued
+	prod := x.tx.loadProd()
+	for tries := 0; ; tries++ {
+		before := x.tx.loadCons()
+		_, _, errno := unix.Syscall6(unix.SYS_SENDTO, uintptr(x.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		switch errno {
+		case 0, unix.EAGAIN, unix.EBUSY, unix.ENOBUFS:
+		default:
+			return errno
+		}
+		x.reclaim()
+		cons := x.tx.loadCons()
+		if cons == prod || x.zeroCopy || (cons == before && tries > 0) || tries >= 64 {
+			// Done, or the kernel is not taking more now: the frames
+			// stay queued for the next kick.
+			return nil
+		}
 	}
-	return errno
 }
 
 // wakeRx tells the kernel the fill ring has frames again when it asked
