@@ -42,7 +42,7 @@ func runPerftest(args []string) int {
 	_ = fs.Bool("F", false, "do not fail on CPU frequency warnings (accepted)")
 	_ = fs.Bool("e", false, "sleep on CQ events (accepted; softroce always waits without spinning)")
 	_ = fs.String("c", "RC", "connection type (only RC)")
-	timeout := fs.Duration("timeout", 120*time.Second, "give up after this long (perftest itself waits forever)")
+	timeout := fs.Duration("timeout", 120*time.Second, "give up after this long, waiting for the peer included; 0: never (as perftest)")
 	fs.StringVar(&lf.bind, "bind", "", "local IP address to use (default: the one that routes to the server)")
 	fs.StringVar(&lf.backend, "backend", "udp", "packet backend: udp or afxdp")
 	fs.IntVar(&lf.udpPort, "udp-port", 4791, "local UDP port")
@@ -99,6 +99,9 @@ func runPerftest(args []string) int {
 	}
 	cfg.RemotePort = uint16(*peerPort)
 	cfg.Timeout = *timeout
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 100 * 365 * 24 * time.Hour
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {

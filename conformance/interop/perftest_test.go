@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -139,12 +140,19 @@ func TestPerftestAgainstRxe(t *testing.T) {
 						res *perftest.Result
 						err error
 					}
+					// Listen before the guest's client starts: perftest's
+					// client does not retry its connect.
+					ln, err := vm.Listen("tcp4", fmt.Sprintf(":%d", port))
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer ln.Close()
+					cfg.Listen = func(string, string) (net.Listener, error) { return ln, nil }
 					done := make(chan result, 1)
 					go func() {
 						r, err := perftest.Run(ctx, dev, cfg, &out)
 						done <- result{r, err}
 					}()
-					time.Sleep(200 * time.Millisecond)
 					var gerr error
 					gout, gerr = vm.Run(ctx, tc.guestCommand(port)+" "+vm.HostAddr().String())
 					r := <-done
