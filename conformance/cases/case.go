@@ -17,6 +17,9 @@ type Case struct {
 	ID string
 	// Spec is the specification's expectation, with its section.
 	Spec string
+	// Ref names the entries of conformance-catalogue.md section A the case
+	// implements ("RS-06, LU-01"), if any.
+	Ref string
 	// Known records documented departures from the spec per target name
 	// (rc-behaviour.md for rxe). A case with a known deviation is expected
 	// NOT to conform on that target; tests assert that it still deviates.
@@ -196,7 +199,7 @@ func Describe(q *Pkt) string {
 		return "unparsable packet"
 	}
 	op := q.Opcode()
-	s := fmt.Sprintf("%s@0x%06x", strings.TrimPrefix(op.String(), "RC "), q.PSN())
+	s := fmt.Sprintf("%s@0x%06x", opName(op), q.PSN())
 	if op == bth.RCAck {
 		syn := q.Syndrome()
 		switch {
@@ -228,3 +231,6 @@ func DescribeAll(ps []*Pkt) string {
 	}
 	return strings.Join(s, ", ")
 }
+
+// opName is the opcode's name without the "RC " transport prefix.
+func opName(op bth.Opcode) string { return strings.TrimPrefix(op.String(), "RC ") }

@@ -97,7 +97,7 @@ func fatalNAK(x *X, syn bth.Syndrome, f bth.Fields, payload []byte, memOff int) 
 	before := x.mem(0, memOff, 64)
 	x.Send(f, payload)
 	got := x.C.Collect(quietWait, nil)
-	x.Observe("%s -> %s", f.BTH.Opcode, DescribeAll(got))
+	x.Observe("%s -> %s", opName(f.BTH.Opcode), DescribeAll(got))
 	x.Check(len(got) == 1 && isNAK(got[0], syn, psn), "want exactly one NAK 0x%02x with the request's PSN 0x%06x", uint8(syn), psn)
 	x.Check(bytes.Equal(x.mem(0, memOff, 64), before), "target memory changed")
 	if st := x.noteState("the NAK"); st != "" && st != "ERR" {
@@ -122,6 +122,7 @@ func catalogue(lists ...[]*Case) []*Case {
 	var resp, req []*Case
 	for _, l := range lists {
 		for _, c := range l {
+			c.Ref = catalogueRefs[c.ID]
 			if strings.HasPrefix(c.ID, "requester-") {
 				req = append(req, c)
 			} else {
@@ -130,6 +131,25 @@ func catalogue(lists ...[]*Case) []*Case {
 		}
 	}
 	return append(resp, req...)
+}
+
+// catalogueRefs maps case IDs to the conformance-catalogue.md entries they
+// implement.
+var catalogueRefs = map[string]string{
+	"psn-sequence-error": "RS-09, LU-01", "duplicate-partial-read": "RS-08", "rnr-nak": "RS-21",
+	"remote-access-bad-rkey": "RS-18, GU-06", "remote-access-out-of-bounds": "GU-07", "remote-access-no-permission": "GU-12",
+	"invalid-request-opcode-sequence": "RS-22", "send-longer-than-receive": "RS-24, GU-01", "icrc-corrupted-dropped": "LU-06",
+	"read-response-segmentation": "RS-02", "zero-length-read-write": "GU-08", "zero-length-invalid-rkey": "GU-08",
+	"psn-gap-mid-message-recovery": "RS-06, LU-01", "remote-access-read-bad-rkey": "RS-18", "atomic-misaligned": "GU-10",
+	"atomic-compare-swap": "RS-05, GU-11", "qp-without-remote-write": "TI-05", "reserved-opcode": "RS-25",
+	"send-multi-packet-with-imm": "RS-03, RS-04", "write-imm-zero-length": "GU-24", "invalid-request-first-while-open": "RS-22",
+	"remote-access-read-no-permission": "GU-12", "remote-access-atomic-no-permission": "GU-12", "duplicate-mid-message-resend": "LU-02",
+	"atomic-out-of-bounds": "GU-07", "requester-retransmit-after-timeout": "RS-11, LU-03", "requester-go-back-after-nak": "LU-02",
+	"requester-resume-mid-message-after-nak": "RS-07", "requester-rnr-retry": "RS-20", "requester-retry-exhausted": "RS-12",
+	"requester-rnr-retry-exhausted": "RS-19, GU-02", "requester-implied-nak": "RS-13", "requester-bad-response-sequence": "RS-16",
+	"requester-nak-invalid-request": "GU-14", "requester-nak-remote-access": "RS-17", "requester-nak-remote-op": "GU-05",
+	"requester-ghost-ack": "RS-15", "requester-read-retransmit-after-timeout": "RS-11",
+	"requester-read-resume-after-partial-response": "LU-11, LU-12", "requester-resume-after-partial-ack": "LU-03",
 }
 
 var basicCases = []*Case{

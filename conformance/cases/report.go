@@ -29,6 +29,7 @@ type Report struct {
 // CaseReport is one case's row.
 type CaseReport struct {
 	ID      string            `json:"id"`
+	Ref     string            `json:"catalogue_ref,omitempty"`
 	Spec    string            `json:"spec"`
 	Known   map[string]string `json:"known_deviations,omitempty"`
 	Bugs    map[string]string `json:"known_bugs,omitempty"`
@@ -67,7 +68,7 @@ func RunAll(ctx context.Context, targets []Target, cases []*Case, o Options) (*R
 		if o.Only != nil && !o.Only.MatchString(c.ID) {
 			continue
 		}
-		cr := &CaseReport{ID: c.ID, Spec: c.Spec, Known: c.Known, Bugs: c.Bugs}
+		cr := &CaseReport{ID: c.ID, Ref: c.Ref, Spec: c.Spec, Known: c.Known, Bugs: c.Bugs}
 		for _, t := range targets {
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			res := Run(cctx, t, c)
@@ -180,7 +181,8 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		"are saved per target as CASE.TARGET.pcap for `softroce inspect`; frames are rebuilt with IPv4 ID 0, so packets " +
 		"rxe sent (it picks non-zero IDs) show an ICRC mismatch there although rxe's ICRC was right on the wire.\n\n" +
 		"Verdicts: pass = conforms to the expectation; deviation = does not, as documented for that target; " +
-		"FAIL = does not, undocumented or a known bug; harness error = the case could not run.\n\n")
+		"FAIL = does not, undocumented or a known bug; harness error = the case could not run. Bracketed IDs " +
+		"after a case name are the entries of notes/conformance-catalogue.md (section A) it implements.\n\n")
 	keys := make([]string, 0, len(r.Environment))
 	for k := range r.Environment {
 		keys = append(keys, k)
@@ -204,7 +206,11 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	}
 	b.WriteString("\n")
 	for _, c := range r.Cases {
-		fmt.Fprintf(&b, "| `%s` | %s |", c.ID, cell(c.Spec))
+		ref := ""
+		if c.Ref != "" {
+			ref = " (" + c.Ref + ")"
+		}
+		fmt.Fprintf(&b, "| `%s`%s | %s |", c.ID, ref, cell(c.Spec))
 		for _, t := range r.Targets {
 			res := r.Result(c.ID, t)
 			if res == nil {

@@ -42,7 +42,7 @@ func TestReportAndPcaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| case | spec expectation (section) | softroce |", "| `rnr-nak` |", `0x20\|min_rnr_timer`} {
+	for _, want := range []string{"| case | spec expectation (section) | softroce |", "| `rnr-nak` (RS-21) |", `0x20\|min_rnr_timer`} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("Markdown report lacks %q:\n%s", want, md)
 		}
