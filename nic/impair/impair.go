@@ -147,8 +147,16 @@ func (c Config) String() string {
 		b.WriteString(k + "=" + v)
 	}
 	prob := func(k string, f float64) {
-		if f != 0 {
-			add(k, strconv.FormatFloat(f*100, 'g', -1, 64)+"%")
+		if f == 0 {
+			return
+		}
+		// A percentage reads best, but f*100/100 is not always f: then
+		// write the fraction, which Parse reads back exactly.
+		pct := strconv.FormatFloat(f*100, 'g', -1, 64)
+		if back, err := strconv.ParseFloat(pct, 64); err == nil && back/100 == f {
+			add(k, pct+"%")
+		} else {
+			add(k, strconv.FormatFloat(f, 'g', -1, 64))
 		}
 	}
 	prob("loss", c.Loss)

@@ -288,3 +288,21 @@ func TestSendAfterClose(t *testing.T) {
 		t.Error("Send after Close succeeded")
 	}
 }
+
+// FuzzParse: Parse never panics, and what it accepts formats back to a
+// string that parses to the same Config.
+func FuzzParse(f *testing.F) {
+	f.Add("loss=10%,dup=5%,reorder=10%,corrupt=1%,delay=1ms,seed=7")
+	f.Add("jitter=200us,hold=2ms,queue=16")
+	f.Add("loss=0.1234567891234")
+	f.Fuzz(func(t *testing.T, s string) {
+		c, err := Parse(s)
+		if err != nil {
+			return
+		}
+		c2, err := Parse(c.String())
+		if err != nil || c2 != c {
+			t.Fatalf("%q -> %+v -> %q -> %+v, %v", s, c, c.String(), c2, err)
+		}
+	})
+}

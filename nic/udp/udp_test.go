@@ -337,3 +337,19 @@ func TestIPv4ICRCOnTheWire(t *testing.T) {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// FuzzPktinfo: control messages come from the kernel, but the parser must
+// stay in bounds whatever the bytes.
+func FuzzPktinfo(f *testing.F) {
+	oob := make([]byte, 28)
+	binary.NativeEndian.PutUint64(oob[0:], 28)
+	binary.NativeEndian.PutUint32(oob[8:], unix.IPPROTO_IP)
+	binary.NativeEndian.PutUint32(oob[12:], unix.IP_PKTINFO)
+	f.Add(oob, false)
+	f.Add(make([]byte, 40), true)
+	f.Fuzz(func(t *testing.T, b []byte, v6 bool) {
+		if a, ok := pktinfoDst(b, v6); ok && a.Is4() == v6 {
+			t.Fatalf("family mismatch: %v for v6=%v", a, v6)
+		}
+	})
+}
