@@ -10,6 +10,7 @@ import (
 
 	"github.com/softroce/softroce/conformance/perftest"
 	"github.com/softroce/softroce/conformance/rxevm"
+	"github.com/softroce/softroce/nic/afxdp"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
 )
@@ -30,6 +31,30 @@ func perftestDevice(t *testing.T) *verbs.Device {
 	}
 	dev, err := verbs.Open(link, nil)
 	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	return dev
+}
+
+// perftestDeviceAFXDP opens a softroce device over nic/afxdp on the host
+// end of the tap (the XDP program and the AF_XDP sockets are created in
+// the VM's namespace). Generic XDP: the tap's MTU is 9000, beyond what
+// native XDP on tun takes without multi-buffer support in the driver.
+func perftestDeviceAFXDP(t *testing.T) *verbs.Device {
+	t.Helper()
+	var link *afxdp.Link
+	err := vm.Do(func() error {
+		var err error
+		link, err = afxdp.Open(afxdp.Config{Interface: rxevm.TapName, Addr: vm.HostAddr(), Mode: afxdp.ModeGeneric})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("open AF_XDP link on %s in the VM namespace: %v", rxevm.TapName, err)
+	}
+	dev, err := verbs.Open(link, nil)
+	if err != nil {
+		link.Close()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dev.Close() })
@@ -102,14 +127,36 @@ var perftestCases = []perftestCase{
 // checks must pass.
 func TestPerftestAgainstRxe(t *testing.T) {
 	needVM(t)
-	port := 18600
+	runPerftestCases(t, perftestCases, 18600, perftestDevice)
+}
+
+// perftestCasesAFXDP are the cases run again over the AF_XDP backend.
+var perftestCasesAFXDP = []perftestCase{
+	{perftest.Write, 0, 65536, 4096, 100, 1},
+	{perftest.Write, 0, 4096, 1024, 200, 2},
+	{perftest.Read, 0, 65536, 4096, 50, 1},
+	{perftest.Atomic, perftest.FetchAndAdd, 8, 1024, 200, 1},
+	{perftest.Send, 0, 4096, 1024, 200, 1},
+}
+
+// TestPerftestAgainstRxeAFXDP is TestPerftestAgainstRxe for a few cases
+// with softroce on nic/afxdp instead of kernel UDP sockets.
+func TestPerftestAgainstRxeAFXDP(t *testing.T) {
+	needVM(t)
+	// One link for all cases: binding a new AF_XDP socket to the tap's
+	// queue right after the previous one closed can fail.
+	dev := perftestDeviceAFXDP(t)
+	runPerftestCases(t, perftestCasesAFXDP, 18700, func(*testing.T) *verbs.Device { return dev })
+}
+
+func runPerftestCases(t *testing.T, cases []perftestCase, port int, open func(*testing.T) *verbs.Device) {
 	for _, role := range []string{"softroce-client", "softroce-server"} {
-		for _, tc := range perftestCases {
+		for _, tc := range cases {
 			port++
 			t.Run(role+"/"+tc.String(), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 				defer cancel()
-				dev := perftestDevice(t)
+				dev := open(t)
 				qps := max(tc.qps, 1)
 				cfg := perftest.Config{Test: tc.test, Atomic: tc.atomic, Port: port, Size: tc.size, MTU: tc.mtu,
 					Iters: tc.iters, QPs: qps, Timeout: 120 * time.Second, Dial: vm.DialContext, Listen: vm.Listen}
