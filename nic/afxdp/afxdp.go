@@ -109,6 +109,8 @@ type Config struct {
 	// an IPv4 ICRC, still has its kernel drop damaged packets. (IPv6
 	// always carries a checksum.)
 	NoUDPChecksum bool
+	// noFrags loads a single-buffer program (tests of the MTU limit).
+	noFrags bool
 	// ResolveWait bounds how long a send waits for the kernel to resolve
 	// an unknown neighbour (0: 1s).
 	ResolveWait time.Duration
@@ -241,7 +243,7 @@ func Open(cfg Config) (l *Link, err error) {
 	}
 	raiseMemlock()
 
-	l.prog, l.xsks, l.frags, err = loadProgram(l.port, queues, xdpPass)
+	l.prog, l.xsks, l.frags, err = loadProgram(l.port, queues, xdpPass, !cfg.noFrags)
 	if err != nil {
 		return nil, fmt.Errorf("afxdp: %s: %w", l.ifname, err)
 	}

@@ -376,3 +376,24 @@ func TestStatsWhileReceiving(t *testing.T) {
 		t.Fatal("Close did not wake Recv")
 	}
 }
+
+// TestMTUTooLarge: native XDP on veth refuses a single-buffer program above
+// about 3.5 KB MTU (platform-facts.md); the error says so, and nothing is
+// left attached. The frags-aware program the link normally loads attaches.
+func TestMTUTooLarge(t *testing.T) {
+	v := netnstest.Pair(t, netnstest.VethConfig{MTU: 9000})
+	v.A.NS.Run(t, func() error {
+		l, err := Open(Config{Interface: v.A.Name, Mode: ModeNative, noFrags: true})
+		if err == nil {
+			l.Close()
+			t.Skip("this kernel attaches a single-buffer program at MTU 9000")
+		}
+		if !strings.Contains(err.Error(), "MTU 9000 is too large for this program type") {
+			t.Errorf("Open = %v", err)
+		}
+		return nil
+	})
+	if xdpAttached(t, v.A) {
+		t.Error("XDP program left attached after a failed Open")
+	}
+}

@@ -102,7 +102,7 @@ func program(port uint16, mapFD int, fallback int32) asm.Instructions {
 // It asks for a frags-aware program (BPF_F_XDP_HAS_FRAGS), which native
 // XDP on veth and most drivers require above a ~3.5 KB MTU; hasFrags
 // reports whether the kernel took it.
-func loadProgram(port uint16, queues int, fallback int32) (prog *ebpf.Program, xsks *ebpf.Map, hasFrags bool, err error) {
+func loadProgram(port uint16, queues int, fallback int32, wantFrags bool) (prog *ebpf.Program, xsks *ebpf.Map, hasFrags bool, err error) {
 	xsks, err = ebpf.NewMap(&ebpf.MapSpec{
 		Name: "softroce_xsks", Type: ebpf.XSKMap, KeySize: 4, ValueSize: 4, MaxEntries: uint32(queues),
 	})
@@ -114,9 +114,12 @@ func loadProgram(port uint16, queues int, fallback int32) (prog *ebpf.Program, x
 		Instructions: program(port, xsks.FD(), fallback),
 		Flags:        unix.BPF_F_XDP_HAS_FRAGS,
 	}
+	if !wantFrags {
+		spec.Flags = 0
+	}
 	prog, err = ebpf.NewProgram(spec)
 	if err == nil {
-		return prog, xsks, true, nil
+		return prog, xsks, wantFrags, nil
 	}
 	if errors.Is(err, unix.EPERM) {
 		xsks.Close()

@@ -43,7 +43,7 @@ func TestProgramVerdicts(t *testing.T) {
 		t.Skip("needs root to load BPF programs")
 	}
 	raiseMemlock()
-	prog, xsks, frags, err := loadProgram(4791, 4, xdpDrop)
+	prog, xsks, frags, err := loadProgram(4791, 4, xdpDrop, true)
 	if err != nil {
 		t.Fatal(err)
 	}
