@@ -139,7 +139,7 @@ func TestNumbersRxeVsSoftroce(t *testing.T) {
 	}
 	rows := []row{{size: 4096, iters: 2000}, {size: 65536, iters: 300}}
 	const mtu = 4096
-	port := 18700
+	port := 18800
 	var table strings.Builder
 	table.WriteString("| size | iterations | rxe <-> rxe (MiB/s) | softroce <-> softroce (MiB/s) | softroce / rxe |\n|---|---|---|---|---|\n")
 	for i := range rows {
