@@ -29,6 +29,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -175,6 +176,34 @@ func permErr(err error) error {
 	return err
 }
 
+// checkCaps reports missing capabilities up front, so that the first error
+// a user sees is the one that matters. XDP attach and the XSKMAP need
+// CAP_NET_ADMIN and CAP_BPF (CAP_SYS_ADMIN before 5.8), the AF_XDP socket
+// CAP_NET_RAW.
+func checkCaps() error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return nil // cannot tell: let the operations themselves fail
+	}
+	eff := uint64(data[0].Effective) | uint64(data[1].Effective)<<32
+	has := func(c int) bool { return eff&(1<<uint(c)) != 0 }
+	var missing []string
+	if !has(unix.CAP_NET_ADMIN) {
+		missing = append(missing, "CAP_NET_ADMIN")
+	}
+	if !has(unix.CAP_BPF) && !has(unix.CAP_SYS_ADMIN) {
+		missing = append(missing, "CAP_BPF")
+	}
+	if !has(unix.CAP_NET_RAW) {
+		missing = append(missing, "CAP_NET_RAW")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("afxdp: not permitted: run as root or with CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW (missing %s)", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
 // raiseMemlock lifts RLIMIT_MEMLOCK, which the UMEM is charged to unless
 // the process has CAP_IPC_LOCK (8 MiB by default here: less than one
 // socket's UMEM). BPF maps and programs are charged to the memory cgroup
@@ -218,6 +247,9 @@ func Open(cfg Config) (l *Link, err error) {
 	nl, err := netlink.LinkByName(cfg.Interface)
 	if err != nil {
 		return nil, fmt.Errorf("afxdp: no such interface %q: %w", cfg.Interface, err)
+	}
+	if err := checkCaps(); err != nil {
+		return nil, err
 	}
 	at := nl.Attrs()
 	if len(at.HardwareAddr) != 6 {

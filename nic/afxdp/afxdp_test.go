@@ -1,10 +1,17 @@
 package afxdp
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -396,4 +403,64 @@ func TestMTUTooLarge(t *testing.T) {
 	if xdpAttached(t, v.A) {
 		t.Error("XDP program left attached after a failed Open")
 	}
+}
+
+// TestNotPermitted runs Open as an unprivileged user (the test binary
+// re-executed as nobody) and checks that the error says what is missing.
+func TestNotPermitted(t *testing.T) {
+	if os.Getenv("AFXDP_UNPRIVILEGED_CHILD") == "1" {
+		ifname := ""
+		ifs, _ := net.Interfaces()
+		for _, i := range ifs {
+			if len(i.HardwareAddr) == 6 {
+				ifname = i.Name
+				break
+			}
+		}
+		if ifname == "" {
+			fmt.Println("SKIP: no Ethernet interface")
+			return
+		}
+		_, err := Open(Config{Interface: ifname})
+		if err == nil || !strings.Contains(err.Error(), "not permitted: run as root or with CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW") {
+			fmt.Printf("UNEXPECTED: %v\n", err)
+			os.Exit(1)
+		}
+		fmt.Printf("ERROR: %v\n", err)
+		return
+	}
+	if os.Geteuid() != 0 {
+		// Already unprivileged: check directly.
+		_, err := Open(Config{Interface: "lo"})
+		if err == nil || !strings.Contains(err.Error(), "not permitted") {
+			t.Fatalf("Open as user %d = %v", os.Geteuid(), err)
+		}
+		return
+	}
+	// Copy the test binary where nobody can execute it.
+	dir, err := os.MkdirTemp("", "afxdp-nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	self, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "afxdp.test")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run=^TestNotPermitted$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "AFXDP_UNPRIVILEGED_CHILD=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("unprivileged Open: %v\n%s", err, out)
+	}
+	if bytes.Contains(out, []byte("SKIP:")) {
+		t.Skipf("%s", bytes.TrimSpace(out))
+	}
+	t.Logf("%s", bytes.TrimSpace(out))
 }
