@@ -96,7 +96,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	d := qp.pd.d
 	d.eng.Lock()
 	defer d.eng.Unlock()
-	cur := qp.rc.State()
+	cur := qp.rc.StateLocked()
 	next, err := qpstate.Modify(qp.init.Type, cur, mask, attr)
 	if err != nil {
 		return err
@@ -174,7 +174,7 @@ func (qp *QP) Query() (QPAttr, QPInitAttr) {
 	qp.pd.d.eng.Lock()
 	defer qp.pd.d.eng.Unlock()
 	a := qp.attr
-	a.State = qp.rc.State()
+	a.State = qp.rc.StateLocked()
 	a.CurState = a.State
 	return a, qp.init
 }

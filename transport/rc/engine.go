@@ -29,6 +29,9 @@ type Engine struct {
 	pending []*QP
 	timed   map[*QP]struct{}
 	now     time.Time
+	// sleepUntil is the deadline NextDeadline last reported: the time the
+	// driver's timer is set for.
+	sleepUntil time.Time
 
 	tx   []nic.Packet
 	free [][]byte
@@ -276,6 +279,7 @@ func (e *Engine) NextDeadline() time.Time {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var d time.Time
+	defer func() { e.sleepUntil = d }()
 	for qp := range e.timed {
 		for _, t := range [2]time.Time{qp.retryDeadline, qp.rnrDeadline} {
 			if !t.IsZero() && (d.IsZero() || t.Before(d)) {
@@ -287,10 +291,19 @@ func (e *Engine) NextDeadline() time.Time {
 }
 
 func (qp *QP) updateTimerSet() {
+	e := qp.e
 	if qp.retryDeadline.IsZero() && qp.rnrDeadline.IsZero() {
-		delete(qp.e.timed, qp)
-	} else {
-		qp.e.timed[qp] = struct{}{}
+		delete(e.timed, qp)
+		return
+	}
+	e.timed[qp] = struct{}{}
+	// A deadline earlier than the one the driver sleeps until (an RNR
+	// wait set while handling a NAK, say) must wake it to re-arm.
+	for _, t := range [2]time.Time{qp.retryDeadline, qp.rnrDeadline} {
+		if !t.IsZero() && (e.sleepUntil.IsZero() || t.Before(e.sleepUntil)) && e.Wake != nil {
+			e.Wake()
+			return
+		}
 	}
 }
 

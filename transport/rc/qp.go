@@ -142,8 +142,16 @@ type QPStats struct {
 // Num is the QP number.
 func (qp *QP) Num() uint32 { return qp.num }
 
-// State is the transport's view of the QP state.
-func (qp *QP) State() qpstate.State { return qp.state }
+// State is the transport's view of the QP state (it moves to ERR on its
+// own after a fatal error).
+func (qp *QP) State() qpstate.State {
+	qp.e.mu.Lock()
+	defer qp.e.mu.Unlock()
+	return qp.state
+}
+
+// StateLocked is State for callers holding the engine lock.
+func (qp *QP) StateLocked() qpstate.State { return qp.state }
 
 // Path returns the current path attributes.
 func (qp *QP) Path() Path { return qp.path }
