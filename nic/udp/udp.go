@@ -1,7 +1,8 @@
 // Package udp is the portable, unprivileged nic.Link: a kernel UDP socket
 // bound to the RoCEv2 port (4791) on one local address, IPv4 or IPv6, with
-// batched sendmmsg/recvmmsg through golang.org/x/net's ipv4 and ipv6
-// PacketConn batch APIs.
+// batched sendmmsg through golang.org/x/net's ipv4 and ipv6 PacketConn
+// WriteBatch, and recvmmsg(2) issued directly so that receiving allocates
+// nothing (x/net's ReadBatch allocates each datagram's source address).
 //
 // # What the ICRC covers, and what this link can check
 //
@@ -76,7 +77,6 @@ type Config struct {
 // batchConn is what ipv4.PacketConn and ipv6.PacketConn have in common
 // (their Message types are the same type).
 type batchConn interface {
-	ReadBatch(ms []ipv4.Message, flags int) (int, error)
 	WriteBatch(ms []ipv4.Message, flags int) (int, error)
 }
 
@@ -91,10 +91,8 @@ type Link struct {
 	batch  int
 	closed atomic.Bool
 
-	rxMu   sync.Mutex
-	rxMsgs []ipv4.Message
-	rxBufs [][1][]byte
-	rxOOB  []byte
+	rxMu sync.Mutex
+	rx   *receiver
 
 	txMu   sync.Mutex
 	txMsgs []ipv4.Message
@@ -171,12 +169,14 @@ func Open(cfg Config) (*Link, error) {
 		conn.Close()
 		return nil, err
 	}
-	l.rxMsgs, l.rxBufs = make([]ipv4.Message, batch), make([][1][]byte, batch)
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("udp: raw socket: %w", err)
+	}
+	l.rx = newReceiver(rc, batch)
 	l.txMsgs, l.txBufs = make([]ipv4.Message, batch), make([][1][]byte, batch)
-	l.rxOOB = make([]byte, batch*oobSize)
-	for i := range l.rxMsgs {
-		l.rxMsgs[i].Buffers = l.rxBufs[i][:]
-		l.rxMsgs[i].OOB = l.rxOOB[i*oobSize : (i+1)*oobSize]
+	for i := range l.txMsgs {
 		l.txMsgs[i].Buffers = l.txBufs[i][:]
 	}
 	return l, nil
@@ -437,12 +437,7 @@ func (l *Link) Recv(pkts []nic.Packet) (int, error) {
 	l.rxMu.Lock()
 	defer l.rxMu.Unlock()
 	for {
-		m := min(len(pkts), len(l.rxMsgs))
-		for i := 0; i < m; i++ {
-			l.rxMsgs[i].Buffers[0] = pkts[i].Buf[:cap(pkts[i].Buf)]
-			l.rxMsgs[i].OOB = l.rxOOB[i*oobSize : (i+1)*oobSize]
-		}
-		n, err := l.bc.ReadBatch(l.rxMsgs[:m], 0)
+		n, err := l.rx.recv(pkts)
 		if err != nil {
 			if l.closed.Load() || errors.Is(err, net.ErrClosed) {
 				return 0, net.ErrClosed
@@ -454,16 +449,12 @@ func (l *Link) Recv(pkts []nic.Packet) (int, error) {
 		}
 		k := 0
 		for i := 0; i < n; i++ {
-			if l.accept(&l.rxMsgs[i], &pkts[i]) {
+			if l.accept(i, &pkts[i]) {
 				if k != i {
 					pkts[k], pkts[i] = pkts[i], pkts[k]
 				}
 				k++
 			}
-		}
-		for i := 0; i < m; i++ {
-			l.rxMsgs[i].Buffers[0] = nil
-			l.rxMsgs[i].Addr = nil
 		}
 		if k > 0 {
 			return k, nil
@@ -471,22 +462,22 @@ func (l *Link) Recv(pkts []nic.Packet) (int, error) {
 	}
 }
 
-// accept fills p from m and reports whether it is delivered.
-func (l *Link) accept(m *ipv4.Message, p *nic.Packet) bool {
-	if m.Flags&unix.MSG_TRUNC != 0 {
+// accept fills p from received message i and reports whether it is
+// delivered.
+func (l *Link) accept(i int, p *nic.Packet) bool {
+	n, flags, src, oob := l.rx.message(i)
+	if flags&unix.MSG_TRUNC != 0 {
 		l.rxTruncated.Add(1)
 		return false
 	}
-	ua, _ := m.Addr.(*net.UDPAddr)
-	if ua == nil || m.N < 12+icrc.Len {
+	if !src.IsValid() || n < 12+icrc.Len {
 		l.rxMalformed.Add(1)
 		return false
 	}
-	p.N = m.N
-	p.Remote = ua.AddrPort()
-	p.Remote = netip.AddrPortFrom(p.Remote.Addr().Unmap(), p.Remote.Port())
+	p.N = n
+	p.Remote = src
 	p.Local = l.local.Addr()
-	if dst, ok := pktinfoDst(m.OOB[:m.NN], l.v6); ok {
+	if dst, ok := pktinfoDst(oob, l.v6); ok {
 		p.Local = dst
 	}
 	p.SrcPort = 0

@@ -1,0 +1,108 @@
+package udp
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/nic"
+)
+
+// receiver reads batches with recvmmsg(2) straight into the caller's
+// packet buffers. It exists because x/net's ReadBatch allocates a
+// *net.UDPAddr for every datagram's source; here the source is decoded
+// from a reused sockaddr buffer, so receiving allocates nothing. Waiting
+// goes through the runtime poller (RawConn.Read), as with any net.Conn.
+type receiver struct {
+	rc    syscall.RawConn
+	hdrs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names []unix.RawSockaddrInet6 // large enough for IPv4 too
+	oob   []byte
+	fn    func(fd uintptr) bool // r.read, bound once
+	n     int                   // messages in the last call
+	want  int                   // messages asked for
+	errno syscall.Errno
+}
+
+func newReceiver(rc syscall.RawConn, batch int) *receiver {
+	r := &receiver{rc: rc, hdrs: make([]unix.Mmsghdr, batch), iovs: make([]unix.Iovec, batch),
+		names: make([]unix.RawSockaddrInet6, batch), oob: make([]byte, batch*oobSize)}
+	r.fn = r.read
+	return r
+}
+
+// recv fills the buffers of pkts (up to the batch size) and returns how
+// many datagrams arrived.
+func (r *receiver) recv(pkts []nic.Packet) (int, error) {
+	n := min(len(pkts), len(r.hdrs))
+	for i := 0; i < n; i++ {
+		b := pkts[i].Buf[:cap(pkts[i].Buf)]
+		h := &r.hdrs[i].Hdr
+		r.iovs[i].Base = nil
+		if len(b) > 0 {
+			r.iovs[i].Base = &b[0]
+		}
+		r.iovs[i].SetLen(len(b))
+		h.Iov = &r.iovs[i]
+		h.SetIovlen(1)
+		h.Name = (*byte)(unsafe.Pointer(&r.names[i]))
+		h.Namelen = unix.SizeofSockaddrInet6
+		h.Control = &r.oob[i*oobSize]
+		h.SetControllen(oobSize)
+		h.Flags = 0
+		r.hdrs[i].Len = 0
+	}
+	r.want, r.n, r.errno = n, 0, 0
+	if err := r.rc.Read(r.fn); err != nil {
+		return 0, err
+	}
+	if r.errno != 0 {
+		return 0, r.errno
+	}
+	return r.n, nil
+}
+
+// read is called by the runtime poller; false means "would block: wait".
+func (r *receiver) read(fd uintptr) bool {
+	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(r.want), unix.MSG_DONTWAIT, 0, 0)
+	if errno == unix.EAGAIN {
+		return false
+	}
+	if errno == unix.EINTR {
+		return false
+	}
+	r.n, r.errno = int(n), errno
+	return true
+}
+
+// message returns what recvmmsg reported for message i: length, flags,
+// source, and the control bytes.
+func (r *receiver) message(i int) (n int, flags int32, src netip.AddrPort, oob []byte) {
+	h := &r.hdrs[i].Hdr
+	oob = r.oob[i*oobSize : i*oobSize+min(int(h.Controllen), oobSize)]
+	return int(r.hdrs[i].Len), h.Flags, sockaddrToAddrPort(&r.names[i], h.Namelen), oob
+}
+
+// sockaddrToAddrPort decodes a sockaddr_in or sockaddr_in6.
+func sockaddrToAddrPort(sa *unix.RawSockaddrInet6, namelen uint32) netip.AddrPort {
+	switch sa.Family {
+	case unix.AF_INET:
+		if namelen < unix.SizeofSockaddrInet4 {
+			return netip.AddrPort{}
+		}
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa4.Port))[:])
+		return netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), port)
+	case unix.AF_INET6:
+		if namelen < unix.SizeofSockaddrInet6 {
+			return netip.AddrPort{}
+		}
+		port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:])
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), port)
+	}
+	return netip.AddrPort{}
+}
