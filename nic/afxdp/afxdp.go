@@ -266,7 +266,9 @@ func Open(cfg Config) (l *Link, err error) {
 	if err := l.pickAddrs(nl, cfg.Addr); err != nil {
 		return nil, err
 	}
-	if max := 18*frameSize - 512; l.mtu+14 > max {
+	// The kernel chains at most MAX_SKB_FRAGS+1 (18) descriptors per
+	// packet, each a UMEM frame less the headroom copy mode keeps.
+	if limit := 18*frameSize - 512; l.mtu+14 > limit {
 		return nil, fmt.Errorf("afxdp: MTU %d of %s is too large for AF_XDP multi-buffer frames", l.mtu, l.ifname)
 	}
 	queues := cfg.Queues
