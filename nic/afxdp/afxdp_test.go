@@ -242,6 +242,21 @@ func TestAFXDPErrors(t *testing.T) {
 	if xdpAttached(t, v.A) {
 		t.Error("XDP program left attached after a failed Open")
 	}
+	// A failure after the program is attached (binding a queue the
+	// interface does not have) must detach it again.
+	v.A.NS.Run(t, func() error {
+		l, err := Open(Config{Interface: v.A.Name, Queues: 3})
+		if err == nil {
+			l.Close()
+			t.Error("Open with 3 queues on a 1-queue veth succeeded")
+		} else if !strings.Contains(err.Error(), "queue 1") {
+			t.Errorf("Open with 3 queues = %v", err)
+		}
+		return nil
+	})
+	if xdpAttached(t, v.A) {
+		t.Error("XDP program left attached after Open failed past attaching")
+	}
 	a := openIn(t, v.A, Config{ResolveWait: 300 * time.Millisecond})
 	// A second link on the same interface: the program slot is taken.
 	v.A.NS.Run(t, func() error {

@@ -67,9 +67,10 @@ func newXSK(c xskConfig) (x *xsk, err error) {
 		return nil, fmt.Errorf("create AF_XDP socket: %w", permErr(err))
 	}
 	x = &xsk{fd: fd, queue: c.queue, frameSize: uint64(c.frameSize)}
+	made := x
 	defer func() {
 		if err != nil {
-			x.close()
+			made.close() // x is nil by now: every error return sets it
 		}
 	}()
 	size := c.frames * c.frameSize
