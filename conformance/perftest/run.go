@@ -216,8 +216,8 @@ type Result struct {
 	// Checked says which data check ran and passed ("" when none could
 	// run, e.g. softroce writing into a write-only perftest buffer).
 	Checked string
-	// Stats are the transport counters of softroce's QP at the end
-	// (retransmissions, timeouts, NAKs: what explains a slow run).
+	// Stats are the transport counters of softroce's QPs at the end,
+	// summed (retransmissions, timeouts, NAKs: what explains a slow run).
 	Stats rc.QPStats
 }
 

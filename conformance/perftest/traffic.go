@@ -150,6 +150,9 @@ func (s *session) teardown() {
 	if s.mr != nil {
 		s.dev.DeregMR(s.mr)
 	}
+	if s.pd != nil {
+		s.pd.Dealloc()
+	}
 }
 
 // connectQP moves QP i to RTR and RTS with perftest's attributes
