@@ -14,11 +14,13 @@
 package netnstest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,10 +52,31 @@ type NS struct {
 	h    netns.NsHandle
 }
 
+var sweepOnce sync.Once
+
+// sweep removes namespaces left by test processes that died before their
+// cleanup ran (a panic, a kill): names carry the creating process's id.
+func sweep() {
+	ents, err := os.ReadDir("/var/run/netns")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		var pid, n int
+		if _, err := fmt.Sscanf(e.Name(), "srt-%d-%d", &pid, &n); err != nil || pid == os.Getpid() {
+			continue
+		}
+		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+			netns.DeleteNamed(e.Name())
+		}
+	}
+}
+
 // NewNS makes an empty namespace with lo up, removed at cleanup.
 func NewNS(t testing.TB) *NS {
 	t.Helper()
 	Require(t)
+	sweepOnce.Do(sweep)
 	name := fmt.Sprintf("srt-%d-%d", os.Getpid(), counter.Add(1))
 	h, err := inNewThread(func() (netns.NsHandle, error) { return netns.NewNamed(name) })
 	if err != nil {
