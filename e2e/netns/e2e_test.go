@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -266,6 +267,24 @@ func TestImpaired(t *testing.T) {
 			}
 			if ab.Impair.Dropped+ba.Impair.Dropped == 0 {
 				t.Error("the relay dropped nothing: the test proved little")
+			}
+		})
+	}
+}
+
+// TestDirectIPv6: the same over IPv6, where nic/udp verifies the ICRC too
+// and nic/afxdp resolves neighbours through NDP.
+func TestDirectIPv6(t *testing.T) {
+	netnstest.Require(t)
+	for _, p := range pairs {
+		t.Run(fmt.Sprintf("%s-%s", p[0].name, p[1].name), func(t *testing.T) {
+			v := netnstest.Pair(t, netnstest.VethConfig{MTU: 9000,
+				AddrA: netip.MustParsePrefix("fd77::1/64"), AddrB: netip.MustParsePrefix("fd77::2/64")})
+			a, b := newEndpoint(t, p[0].open(t, v.A)), newEndpoint(t, p[1].open(t, v.B))
+			connect(t, a, b, 4096)
+			exercise(t, a, b, 128<<10, 10*time.Second)
+			if st := b.dev.Link().Stats(); st.RxICRCUnverified != 0 || st.RxPackets == 0 {
+				t.Errorf("receiver over IPv6: %+v", st)
 			}
 		})
 	}
