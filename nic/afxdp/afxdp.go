@@ -97,10 +97,11 @@ type Config struct {
 	// Queues is how many receive queues get a socket (0: all of the
 	// interface's RX queues).
 	Queues int
-	// Frames is the UMEM size per socket in frames (0: 4096); half
-	// receive, half transmit.
+	// Frames is the UMEM size per socket in 4 KiB frames (0: 4096 for up
+	// to 4 queues, fewer per socket beyond, at least 512); half receive,
+	// half transmit.
 	Frames int
-	// RingSize is the size of each ring (0: 2048; a power of two).
+	// RingSize is the size of each ring (0: Frames/2; a power of two).
 	RingSize int
 	// Batch is what BatchSize reports (0: 64).
 	Batch int
@@ -229,14 +230,11 @@ func Open(cfg Config) (l *Link, err error) {
 	if cfg.Port < 1 || cfg.Port > 65535 {
 		return nil, fmt.Errorf("afxdp: bad port %d", cfg.Port)
 	}
-	if cfg.Frames == 0 {
-		cfg.Frames = 4096
+	if cfg.RingSize != 0 && (cfg.RingSize&(cfg.RingSize-1) != 0 || cfg.RingSize < 4) {
+		return nil, fmt.Errorf("afxdp: ring size %d must be a power of two", cfg.RingSize)
 	}
-	if cfg.RingSize == 0 {
-		cfg.RingSize = 2048
-	}
-	if cfg.RingSize&(cfg.RingSize-1) != 0 || cfg.Frames < 4 {
-		return nil, fmt.Errorf("afxdp: ring size %d must be a power of two and frames (%d) at least 4", cfg.RingSize, cfg.Frames)
+	if cfg.Frames != 0 && cfg.Frames < 4 {
+		return nil, fmt.Errorf("afxdp: %d UMEM frames are too few", cfg.Frames)
 	}
 	if cfg.Batch == 0 {
 		cfg.Batch = 64
@@ -274,6 +272,21 @@ func Open(cfg Config) (l *Link, err error) {
 	queues := cfg.Queues
 	if queues == 0 {
 		queues = max(at.NumRxQueues, 1)
+	}
+	if cfg.Frames == 0 {
+		// 16 MiB of UMEM per socket for a few queues, less per socket
+		// on a NIC with many queues: 64 MiB in all, 2 MiB at least.
+		cfg.Frames = 4096
+		for cfg.Frames > 512 && cfg.Frames*queues > 16384 {
+			cfg.Frames /= 2
+		}
+	}
+	if cfg.RingSize == 0 {
+		// The largest power of two that holds half the frames.
+		cfg.RingSize = 4
+		for cfg.RingSize*2 <= cfg.Frames/2 {
+			cfg.RingSize *= 2
+		}
 	}
 	raiseMemlock()
 
