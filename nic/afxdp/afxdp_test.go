@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/icrc"
 	"github.com/softroce/softroce/internal/netnstest"
@@ -452,21 +453,7 @@ func TestNotPermitted(t *testing.T) {
 		}
 		return
 	}
-	// Copy the test binary where nobody can execute it.
-	dir, err := os.MkdirTemp("", "afxdp-nobody")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	os.Chmod(dir, 0o755)
-	self, err := os.ReadFile("/proc/self/exe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "afxdp.test")
-	if err := os.WriteFile(bin, self, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	bin := copySelf(t)
 	cmd := exec.Command(bin, "-test.run=^TestNotPermitted$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "AFXDP_UNPRIVILEGED_CHILD=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
@@ -478,4 +465,94 @@ func TestNotPermitted(t *testing.T) {
 		t.Skipf("%s", bytes.TrimSpace(out))
 	}
 	t.Logf("%s", bytes.TrimSpace(out))
+}
+
+// TestMemlockLimit: without CAP_IPC_LOCK the UMEM is charged to
+// RLIMIT_MEMLOCK; a limit too low for it gives an error that says so.
+// The test binary re-runs itself inside a test namespace as nobody with
+// only CAP_NET_ADMIN, CAP_NET_RAW and CAP_BPF, and a 1 MiB hard limit.
+func TestMemlockLimit(t *testing.T) {
+	if ifname := os.Getenv("AFXDP_CAPS_CHILD"); ifname != "" {
+		// With the documented capabilities (and CAP_IPC_LOCK for the
+		// UMEM), an unprivileged user opens the link.
+		l, err := Open(Config{Interface: ifname})
+		if err != nil {
+			fmt.Printf("UNEXPECTED: %v\n", err)
+			os.Exit(1)
+		}
+		l.Close()
+		fmt.Println("opened with CAP_NET_ADMIN, CAP_NET_RAW, CAP_BPF and CAP_IPC_LOCK")
+		return
+	}
+	if os.Getenv("AFXDP_MEMLOCK_CHILD") != "" {
+		lim := unix.Rlimit{Cur: 1 << 20, Max: 1 << 20}
+		if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &lim); err != nil {
+			fmt.Printf("UNEXPECTED: setrlimit: %v\n", err)
+			os.Exit(1)
+		}
+		_, err := Open(Config{Interface: os.Getenv("AFXDP_MEMLOCK_CHILD")})
+		if err == nil || !strings.Contains(err.Error(), "memlock limit too low") {
+			fmt.Printf("UNEXPECTED: %v\n", err)
+			os.Exit(1)
+		}
+		fmt.Printf("ERROR: %v\n", err)
+		return
+	}
+	netnstest.Require(t)
+	v := netnstest.Pair(t, netnstest.VethConfig{})
+	bin := copySelf(t)
+	var out []byte
+	v.A.NS.Run(t, func() error {
+		// Started from this thread, the child is in the namespace.
+		cmd := exec.Command(bin, "-test.run=^TestMemlockLimit$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "AFXDP_MEMLOCK_CHILD="+v.A.Name)
+		cmd.SysProcAttr = &syscall.SysProcAttr{
+			Credential:  &syscall.Credential{Uid: 65534, Gid: 65534},
+			AmbientCaps: []uintptr{unix.CAP_NET_ADMIN, unix.CAP_NET_RAW, unix.CAP_BPF},
+		}
+		var err error
+		out, err = cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("child: %v\n%s", err, out)
+		}
+		return nil
+	})
+	t.Logf("%s", bytes.TrimSpace(out))
+	if xdpAttached(t, v.A) {
+		t.Error("XDP program left attached after the failed Open")
+	}
+	v.A.NS.Run(t, func() error {
+		cmd := exec.Command(bin, "-test.run=^TestMemlockLimit$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "AFXDP_CAPS_CHILD="+v.A.Name)
+		cmd.SysProcAttr = &syscall.SysProcAttr{
+			Credential:  &syscall.Credential{Uid: 65534, Gid: 65534},
+			AmbientCaps: []uintptr{unix.CAP_NET_ADMIN, unix.CAP_NET_RAW, unix.CAP_BPF, unix.CAP_IPC_LOCK},
+		}
+		var err error
+		out, err = cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("child with capabilities: %v\n%s", err, out)
+		}
+		return nil
+	})
+	t.Logf("%s", bytes.TrimSpace(out))
+}
+
+// copySelf copies the test binary where an unprivileged user can run it.
+func copySelf(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "afxdp-child")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	self, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "afxdp.test")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
 }

@@ -39,7 +39,7 @@ func be16(v uint16) int32 { return int32(v>>8 | v<<8&0xff00) }
 // headers, so it is safe to load with BPF_F_XDP_HAS_FRAGS.
 func program(port uint16, mapFD int, fallback int32) asm.Instructions {
 	p := be16(port)
-	return asm.Instructions{
+	insns := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.LoadMem(asm.R2, asm.R6, mdData, asm.Word),
 		asm.LoadMem(asm.R3, asm.R6, mdDataEnd, asm.Word),
@@ -67,16 +67,27 @@ func program(port uint16, mapFD int, fallback int32) asm.Instructions {
 		asm.And.Imm(asm.R7, be16(0x3fff)),
 		asm.JNE.Imm(asm.R7, 0, "pass"),
 		asm.And.Imm(asm.R5, 0x0f),
-		asm.LSh.Imm(asm.R5, 2),
-		asm.JLT.Imm(asm.R5, 20, "pass"),
-		asm.Add.Reg(asm.R2, asm.R5), // r2 = data + IHL*4; the UDP header is at r2+14
-		asm.Mov.Reg(asm.R4, asm.R2),
-		asm.Add.Imm(asm.R4, 14+8),
-		asm.JGT.Reg(asm.R4, asm.R3, "pass"),
-		asm.LoadMem(asm.R5, asm.R2, 14+2, asm.Half),
-		asm.JEq.Imm(asm.R5, p, "redirect"),
-		asm.Ja.Label("pass"),
-
+	}
+	// The UDP header follows IHL*4 bytes of IPv4 header. Adding a
+	// variable offset to a packet pointer is pointer arithmetic, which the
+	// verifier allows only with CAP_PERFMON; one branch with constant
+	// offsets per possible IHL (5..15) needs nothing beyond CAP_BPF.
+	for ihl := 5; ihl <= 15; ihl++ {
+		insns = append(insns, asm.JEq.Imm(asm.R5, int32(ihl), fmt.Sprintf("ihl%d", ihl)))
+	}
+	insns = append(insns, asm.Ja.Label("pass"))
+	for ihl := 5; ihl <= 15; ihl++ {
+		udp := int16(14 + ihl*4)
+		insns = append(insns,
+			asm.Mov.Reg(asm.R4, asm.R2).WithSymbol(fmt.Sprintf("ihl%d", ihl)),
+			asm.Add.Imm(asm.R4, int32(udp)+8),
+			asm.JGT.Reg(asm.R4, asm.R3, "pass"),
+			asm.LoadMem(asm.R5, asm.R2, udp+2, asm.Half),
+			asm.JEq.Imm(asm.R5, p, "redirect"),
+			asm.Ja.Label("pass"),
+		)
+	}
+	return append(insns,
 		// IPv6 with UDP right after the fixed header.
 		asm.Mov.Reg(asm.R4, asm.R2).WithSymbol("ipv6"),
 		asm.Add.Imm(asm.R4, 14+40+8),
@@ -95,7 +106,7 @@ func program(port uint16, mapFD int, fallback int32) asm.Instructions {
 
 		asm.Mov.Imm(asm.R0, xdpPass).WithSymbol("pass"),
 		asm.Return(),
-	}
+	)
 }
 
 // loadProgram creates the XSKMAP (one slot per queue) and the program.
