@@ -18,9 +18,10 @@
 // MAC addresses come from the kernel's routing and neighbour tables
 // through netlink.
 //
-// Open needs root (or CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW), and must be
-// called in the network namespace of the interface; the link keeps working
-// from any goroutine afterwards.
+// Open needs root, or CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW plus either
+// CAP_IPC_LOCK or an RLIMIT_MEMLOCK that holds the UMEM (16 MiB per queue
+// by default); both are tested. It must be called in the network namespace
+// of the interface; the link keeps working from any goroutine afterwards.
 package afxdp
 
 import (
