@@ -37,6 +37,7 @@ func runPerftest(args []string) int {
 	atomicOp := fs.String("A", "FETCH_AND_ADD", "atomic operation: FETCH_AND_ADD or CMP_AND_SWAP")
 	fs.BoolVar(&cfg.Gbits, "report_gbits", false, "report Gbit/s instead of MB/s")
 	fs.IntVar(&cfg.QPs, "q", 1, "number of QPs; -n iterations on each")
+	fs.BoolVar(&cfg.Duplex, "b", false, "bidirectional: both sides post traffic (write, read, atomic)")
 	_ = fs.String("d", "", "IB device (accepted; the device is the --bind address)")
 	_ = fs.Int("i", 1, "port of the IB device (accepted; softroce has port 1)")
 	_ = fs.Bool("F", false, "do not fail on CPU frequency warnings (accepted)")

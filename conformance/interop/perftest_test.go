@@ -67,7 +67,8 @@ type perftestCase struct {
 	atomic    perftest.AtomicOp
 	size, mtu int
 	iters     int
-	qps       int // -q (0: 1)
+	qps       int  // -q (0: 1)
+	duplex    bool // -b
 }
 
 func (c perftestCase) String() string {
@@ -78,6 +79,9 @@ func (c perftestCase) String() string {
 	s = fmt.Sprintf("%s/size%d/mtu%d", s, c.size, c.mtu)
 	if c.qps > 1 {
 		s += fmt.Sprintf("/q%d", c.qps)
+	}
+	if c.duplex {
+		s += "/duplex"
 	}
 	return s
 }
@@ -99,23 +103,29 @@ func (c perftestCase) guestCommand(port int) string {
 	if c.qps > 1 {
 		cmd += fmt.Sprintf(" -q %d", c.qps)
 	}
+	if c.duplex {
+		cmd += " -b"
+	}
 	return cmd
 }
 
 var perftestCases = []perftestCase{
-	{perftest.Write, 0, 4096, 1024, 200, 1},
-	{perftest.Write, 0, 65536, 4096, 100, 1},
-	{perftest.Write, 0, 100, 1024, 300, 1},
-	{perftest.Write, 0, 8192, 2048, 50, 3},
-	{perftest.Read, 0, 4096, 1024, 100, 1},
-	{perftest.Read, 0, 65536, 4096, 50, 1},
-	{perftest.Read, 0, 1000, 1024, 50, 2},
-	{perftest.Atomic, perftest.FetchAndAdd, 8, 1024, 200, 1},
-	{perftest.Atomic, perftest.CmpAndSwap, 8, 4096, 100, 1},
-	{perftest.Atomic, perftest.FetchAndAdd, 8, 4096, 100, 2},
-	{perftest.Send, 0, 4096, 1024, 200, 1},
-	{perftest.Send, 0, 65536, 4096, 50, 1},
-	{perftest.Send, 0, 2048, 1024, 100, 2},
+	{perftest.Write, 0, 4096, 1024, 200, 1, false},
+	{perftest.Write, 0, 65536, 4096, 100, 1, false},
+	{perftest.Write, 0, 100, 1024, 300, 1, false},
+	{perftest.Write, 0, 8192, 2048, 50, 3, false},
+	{perftest.Read, 0, 4096, 1024, 100, 1, false},
+	{perftest.Read, 0, 65536, 4096, 50, 1, false},
+	{perftest.Read, 0, 1000, 1024, 50, 2, false},
+	{perftest.Atomic, perftest.FetchAndAdd, 8, 1024, 200, 1, false},
+	{perftest.Atomic, perftest.CmpAndSwap, 8, 4096, 100, 1, false},
+	{perftest.Atomic, perftest.FetchAndAdd, 8, 4096, 100, 2, false},
+	{perftest.Send, 0, 4096, 1024, 200, 1, false},
+	{perftest.Send, 0, 65536, 4096, 50, 1, false},
+	{perftest.Send, 0, 2048, 1024, 100, 2, false},
+	{perftest.Write, 0, 4096, 1024, 100, 1, true},
+	{perftest.Read, 0, 65536, 4096, 30, 2, true},
+	{perftest.Atomic, perftest.FetchAndAdd, 8, 1024, 100, 1, true},
 }
 
 // TestPerftestAgainstRxe runs ib_write_bw, ib_read_bw, ib_atomic_bw and
@@ -132,11 +142,11 @@ func TestPerftestAgainstRxe(t *testing.T) {
 
 // perftestCasesAFXDP are the cases run again over the AF_XDP backend.
 var perftestCasesAFXDP = []perftestCase{
-	{perftest.Write, 0, 65536, 4096, 100, 1},
-	{perftest.Write, 0, 4096, 1024, 200, 2},
-	{perftest.Read, 0, 65536, 4096, 50, 1},
-	{perftest.Atomic, perftest.FetchAndAdd, 8, 1024, 200, 1},
-	{perftest.Send, 0, 4096, 1024, 200, 1},
+	{perftest.Write, 0, 65536, 4096, 100, 1, false},
+	{perftest.Write, 0, 4096, 1024, 200, 2, false},
+	{perftest.Read, 0, 65536, 4096, 50, 1, false},
+	{perftest.Atomic, perftest.FetchAndAdd, 8, 1024, 200, 1, false},
+	{perftest.Send, 0, 4096, 1024, 200, 1, false},
 }
 
 // TestPerftestAgainstRxeAFXDP is TestPerftestAgainstRxe for a few cases
@@ -159,7 +169,7 @@ func runPerftestCases(t *testing.T, cases []perftestCase, port int, open func(*t
 				dev := open(t)
 				qps := max(tc.qps, 1)
 				cfg := perftest.Config{Test: tc.test, Atomic: tc.atomic, Port: port, Size: tc.size, MTU: tc.mtu,
-					Iters: tc.iters, QPs: qps, Timeout: 120 * time.Second, Dial: vm.DialContext, Listen: vm.Listen}
+					Iters: tc.iters, QPs: qps, Duplex: tc.duplex, Timeout: 120 * time.Second, Dial: vm.DialContext, Listen: vm.Listen}
 				var out bytes.Buffer
 				var res *perftest.Result
 				var gout string

@@ -352,3 +352,62 @@ func TestPeerMisbehaves(t *testing.T) {
 		})
 	}
 }
+
+// TestLoopbackDuplex: -b, both sides post traffic at once, each checks
+// its own target area and prints the sum of both reports.
+func TestLoopbackDuplex(t *testing.T) {
+	addr := netip.MustParseAddr("127.0.0.1")
+	var devs [2]*verbs.Device
+	for i := range devs {
+		l, err := udp.Open(udp.Config{Addr: addr, Port: 47911 + i, SocketBuffer: 4 << 20})
+		if err != nil {
+			t.Skipf("loopback UDP: %v", err)
+		}
+		if devs[i], err = verbs.Open(l, nil); err != nil {
+			t.Fatal(err)
+		}
+		defer devs[i].Close()
+	}
+	for i, tc := range []struct {
+		test        Test
+		size, iters int
+		qps         int
+	}{{Write, 4096, 200, 1}, {Write, 100, 300, 2}, {Read, 65536, 40, 1}, {Atomic, 8, 300, 2}} {
+		t.Run(fmt.Sprintf("%v/size%d/q%d", tc.test, tc.size, tc.qps), func(t *testing.T) {
+			var wg sync.WaitGroup
+			var res [2]*Result
+			var errs [2]error
+			var outs [2]bytes.Buffer
+			for side := range 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c := Config{Test: tc.test, Port: 47915 + i, Size: tc.size, Iters: tc.iters, QPs: tc.qps, MTU: 1024,
+						Duplex: true, RemotePort: uint16(47912 - side), Timeout: 20 * time.Second}
+					if side == 1 {
+						c.Server = "127.0.0.1"
+					}
+					res[side], errs[side] = Run(context.Background(), devs[side], c, &outs[side])
+				}()
+			}
+			wg.Wait()
+			if errs[0] != nil || errs[1] != nil {
+				t.Fatalf("server: %v\n%s\nclient: %v\n%s", errs[0], &outs[0], errs[1], &outs[1])
+			}
+			total := uint64(tc.iters * tc.qps)
+			for side, r := range res {
+				other := res[1-side]
+				if r.Report.Iters != total || r.PeerReport != other.Report || r.Report.AvgBW <= 0 {
+					t.Fatalf("side %d: report %+v, peer report %+v, other side's own %+v", side, r.Report, r.PeerReport, other.Report)
+				}
+				// Both the local (active) and the target (passive) checks ran.
+				if !strings.Contains(r.Checked, "; ") && tc.test != Write {
+					t.Fatalf("side %d checked only %q", side, r.Checked)
+				}
+				if !strings.Contains(r.Checked, "written") && !strings.Contains(r.Checked, "unchanged") && !strings.Contains(r.Checked, "sum to") {
+					t.Fatalf("side %d: no target check in %q", side, r.Checked)
+				}
+			}
+		})
+	}
+}

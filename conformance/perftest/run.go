@@ -88,15 +88,18 @@ const (
 // the exchange and the traffic.
 type Config struct {
 	Test     Test
-	Server   string   // -> connect to this host (active side); empty: listen (passive side)
-	Port     int      // -p, TCP port (18515)
-	Size     int      // -s, message size (65536; atomics are always 8)
-	Iters    int      // -n, iterations (5000 for write, 1000 for the others)
-	MTU      int      // -m, path MTU; 0: the port's active MTU
-	GIDIndex int      // -x
-	TxDepth  int      // -t, outstanding send WRs (128)
-	RxDepth  int      // -r, receives kept posted by a send_bw receiver (512)
-	QPs      int      // -q, number of QPs (1); iterations are per QP
+	Server   string // -> connect to this host (active side); empty: listen (passive side)
+	Port     int    // -p, TCP port (18515)
+	Size     int    // -s, message size (65536; atomics are always 8)
+	Iters    int    // -n, iterations (5000 for write, 1000 for the others)
+	MTU      int    // -m, path MTU; 0: the port's active MTU
+	GIDIndex int    // -x
+	TxDepth  int    // -t, outstanding send WRs (128)
+	RxDepth  int    // -r, receives kept posted by a send_bw receiver (512)
+	QPs      int    // -q, number of QPs (1); iterations are per QP
+	// Duplex is -b: both sides post traffic at the same time and each
+	// prints the sum of both reports (WRITE, READ, atomic).
+	Duplex   bool
 	CQMod    int      // -Q, one signaled WR every CQMod (100)
 	OutReads int      // -o, READ/atomic depth announced and used (16)
 	Atomic   AtomicOp // -A
@@ -151,6 +154,9 @@ func (c *Config) defaults() error {
 	}
 	if c.TxDepth < 1 || c.TxDepth > verbs.MaxQPWR {
 		return fmt.Errorf("perftest: tx depth %d out of range 1..%d", c.TxDepth, verbs.MaxQPWR)
+	}
+	if c.Duplex && c.Test == Send {
+		return fmt.Errorf("perftest: -b with send is not implemented")
 	}
 	if c.QPs == 0 {
 		c.QPs = 1
@@ -211,8 +217,10 @@ type Result struct {
 	CacheLine           int // negotiated cache line
 	// Report holds the active side's numbers: softroce's own when it
 	// was active, the peer's when it was passive (perftest's rule). In
-	// a send test each side reports what it measured itself.
-	Report Report
+	// a send test each side reports what it measured itself, and in a
+	// duplex test Report is softroce's own and PeerReport the peer's
+	// (perftest prints their sum).
+	Report, PeerReport Report
 	// Checked says which data check ran and passed ("" when none could
 	// run, e.g. softroce writing into a write-only perftest buffer).
 	Checked string
@@ -222,8 +230,9 @@ type Result struct {
 }
 
 // Active reports whether the side with this configuration posts the
-// traffic (the TCP connector, as in perftest's one-way tests).
-func (c *Config) Active() bool { return c.Server != "" }
+// traffic: the TCP connector, as in perftest's one-way tests, and both
+// sides with Duplex.
+func (c *Config) Active() bool { return c.Server != "" || c.Duplex }
 
 // canary fills buffers before the run, so that the data checks can tell
 // bytes the peer wrote from bytes nobody touched.
@@ -248,7 +257,7 @@ func Run(ctx context.Context, dev *verbs.Device, cfg Config, out io.Writer) (*Re
 	// Unblock a pending read or write as soon as ctx ends (e.g. Ctrl-C).
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
 	defer stop()
-	s := &session{cfg: cfg, dev: dev, conn: conn, connector: cfg.Active(), out: out}
+	s := &session{cfg: cfg, dev: dev, conn: conn, connector: cfg.Server != "", out: out}
 	return s.run(ctx)
 }
 
@@ -311,9 +320,10 @@ type session struct {
 	buf []byte
 	// Region layout, perftest's: messages of size bytes land every inc
 	// bytes, cycling over slots slots (1 when size > cycle buffer / 2),
-	// in a region of region bytes; each QP owns part bytes of buf.
-	inc, slots   int
-	region, part int
+	// in a region of region bytes; each QP owns part bytes of buf: a
+	// local area of local bytes, then a target area of region bytes.
+	inc, slots          int
+	region, local, part int
 }
 
 // xchg is perftest's ctx_xchg_data: the connector writes its message and
@@ -460,6 +470,9 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 	if cfg.Test == Send {
 		return s.runSend(ctx)
 	}
+	if cfg.Duplex {
+		return s.runDuplex(ctx)
+	}
 	var my Report
 	if s.connector {
 		my, err = s.traffic(ctx)
@@ -484,6 +497,28 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 	} else {
 		s.res.Report = reportFromFields(remF)
 	}
+	return s.finish()
+}
+
+// runDuplex is the -b flow of ib_write_bw, ib_read_bw and ib_atomic_bw:
+// one more barrier, then both sides post their traffic; each side then
+// sends its report (no finish barrier: the report exchange waits for the
+// slower side) and prints the sum.
+func (s *session) runDuplex(ctx context.Context) (*Result, error) {
+	if err := s.barrier("duplex barrier"); err != nil {
+		return nil, err
+	}
+	my, err := s.traffic(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var myF, remF [5][8]byte = my.fields(), [5][8]byte{}
+	for i := range myF {
+		if err := s.xchg("report exchange", myF[i][:], remF[i][:]); err != nil {
+			return nil, err
+		}
+	}
+	s.res.Report, s.res.PeerReport = my, reportFromFields(remF)
 	return s.finish()
 }
 
@@ -526,14 +561,22 @@ func (s *session) finish() (*Result, error) {
 	}
 	s.res.Stats = s.stats()
 	var checkErr error
-	if !s.connector {
+	if !s.connector || s.cfg.Duplex {
 		// Deregistering waits for the remote accesses still in flight,
 		// so no late packet changes the buffer while it is checked.
 		if err := s.dev.DeregMR(s.mr); err != nil {
 			return nil, fmt.Errorf("perftest: deregister the exposed buffer: %w", err)
 		}
 		s.mr = nil
-		checkErr = s.checkPassive()
+		peer := s.res.Report
+		if s.cfg.Duplex {
+			peer = s.res.PeerReport
+		}
+		activeCheck := s.res.Checked
+		checkErr = s.checkTarget(peer)
+		if activeCheck != "" {
+			s.res.Checked = activeCheck + "; " + s.res.Checked
+		}
 	}
 	s.printReport()
 	if checkErr != nil {
@@ -572,6 +615,11 @@ func (s *session) printReport() {
 		unit = "Gb/sec"
 	}
 	r := s.res.Report
+	if s.cfg.Duplex {
+		// perftest -b prints the sum of both directions.
+		p := s.res.PeerReport
+		r.PeakBW, r.AvgBW, r.MsgRate = r.PeakBW+p.PeakBW, r.AvgBW+p.AvgBW, r.MsgRate+p.MsgRate
+	}
 	fmt.Fprintf(s.out, " #bytes     #iterations    BW peak[%s]    BW average[%s]   MsgRate[Mpps]\n", unit, unit)
 	fmt.Fprintf(s.out, " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n", r.Size, r.Iters, r.PeakBW, r.AvgBW, r.MsgRate)
 	fmt.Fprintln(s.out, dashes)

@@ -25,7 +25,8 @@ func roundUp(n, m int) int { return (n + m - 1) / m * m }
 type qpCtx struct {
 	qp            *verbs.QP
 	local, remote Keys
-	off           int // offset of this QP's part of the buffer
+	off           int // offset of this QP's part of the buffer: its local area
+	tOff          int // offset of its target area, the one the peer accesses
 	posted, done  int // send WRs posted and completed (active side)
 	recvPosted    int // receives posted (send test, receiving side)
 }
@@ -43,11 +44,15 @@ const verifyFlag = 1 << 31
 func pattern(i int) byte { return byte(i*7+i>>8) ^ 0xa5 }
 
 // setup creates the PD, buffer, MR, CQ and QPs and fills the local KEYS.
-// The layout follows perftest: each QP has a part of one buffer, a region
-// of max(size, cycle buffer) bytes rounded to the cache line, in which
-// messages of at most half a cycle buffer land every INC(size) bytes
-// (size rounded up to the cache line, at least one line), cycling over
-// cycle_buffer/INC slots (catalogue B.3).
+// The layout follows perftest: each QP has a part of one buffer with a
+// local area (what its own WRs read from or write into) and a target area
+// (what the peer's WRs access, announced in the KEYS). A target area is a
+// region of max(size, cycle buffer) bytes rounded to the cache line, in
+// which messages of at most half a cycle buffer land every INC(size)
+// bytes (size rounded up to the cache line, at least one line), cycling
+// over cycle_buffer/INC slots (catalogue B.3). The local area mirrors
+// that layout, except for atomics (every fetched value in its own 8-byte
+// slot) and READ (a second region for a verification READ).
 func (s *session) setup() error {
 	cfg := &s.cfg
 	cl, cyc := s.res.CacheLine, s.res.CycleBuffer
@@ -57,34 +62,38 @@ func (s *session) setup() error {
 		s.slots = cyc / s.inc
 	}
 	s.region = roundUp(max(cfg.Size, cyc), cl)
-	part := s.region
-	switch {
-	case !s.connector:
-	case cfg.Test == Read:
-		part = 2 * s.region // the READ destinations, then a verification READ
-	case cfg.Test == Atomic:
-		part = min(cfg.Iters, maxAtomicResults) * 8
-	}
-	s.part = part
-	n := cfg.QPs * part
-	if !s.connector {
-		n += cyc // a guard area the peer must never touch
-	}
-	s.buf = make([]byte, n)
-	switch {
-	case !s.connector && cfg.Test == Atomic:
-		// Zero slots make the fetch-and-add total checkable; the guard
-		// keeps the canary.
-		for i := n - cyc; i < n; i++ {
-			s.buf[i] = canary
-		}
-	case !s.connector && cfg.Test == Read, s.connector && (cfg.Test == Write || cfg.Test == Send):
-		for i := range s.buf {
-			s.buf[i] = pattern(i)
-		}
+	switch cfg.Test {
+	case Read:
+		s.local = 2 * s.region
+	case Atomic:
+		s.local = roundUp(min(cfg.Iters, maxAtomicResults)*8, cl)
 	default:
-		for i := range s.buf {
-			s.buf[i] = canary
+		s.local = s.region
+	}
+	s.part = s.local + s.region
+	n := cfg.QPs*s.part + cyc // and a guard area the peer must never touch
+	s.buf = make([]byte, n)
+	for i := range s.buf {
+		s.buf[i] = canary
+	}
+	for q := range cfg.QPs {
+		local := s.buf[q*s.part : q*s.part+s.local]
+		target := s.buf[q*s.part+s.local : (q+1)*s.part]
+		if cfg.Test == Write || cfg.Test == Send {
+			// What this side sends.
+			for i := range local {
+				local[i] = pattern(q*s.part + i)
+			}
+		}
+		switch cfg.Test {
+		case Read:
+			// What the peer reads.
+			for i := range target {
+				target[i] = pattern(q*s.part + s.local + i)
+			}
+		case Atomic:
+			// Zero slots make the fetch-and-add total checkable.
+			clear(target)
 		}
 	}
 	var err error
@@ -111,9 +120,9 @@ func (s *session) setup() error {
 		if err != nil {
 			return fmt.Errorf("perftest: create QP %d: %w", i, err)
 		}
-		c := &qpCtx{qp: qp, off: i * part}
+		c := &qpCtx{qp: qp, off: i * s.part, tOff: i*s.part + s.local}
 		c.local = Keys{OutReads: uint16(cfg.OutReads), QPN: qp.Num(), PSN: rand.Uint32() & 0xffffff,
-			RKey: s.mr.RKey(), VAddr: s.mr.Addr() + uint64(c.off), GID: gid}
+			RKey: s.mr.RKey(), VAddr: s.mr.Addr() + uint64(c.tOff), GID: gid}
 		s.qps = append(s.qps, c)
 	}
 	return nil
@@ -224,7 +233,7 @@ func (s *session) traffic(ctx context.Context) (Report, error) {
 		}
 	}
 	base := s.mr.Addr()
-	resSlots := s.part / 8
+	resSlots := s.local / 8
 	total := cfg.Iters * len(s.qps)
 	wcs := make([]verbs.WC, 32)
 	done := 0
@@ -308,7 +317,7 @@ func (s *session) postRecvs(qi, n int) error {
 	for range n {
 		slot := uint64(c.recvPosted % s.slots)
 		wr := verbs.RecvWR{ID: wrID(qi, c.recvPosted),
-			SGL: []verbs.SGE{{Addr: s.mr.Addr() + uint64(c.off) + slot*uint64(s.inc), Length: uint32(s.cfg.Size), LKey: s.mr.LKey()}}}
+			SGL: []verbs.SGE{{Addr: s.mr.Addr() + uint64(c.tOff) + slot*uint64(s.inc), Length: uint32(s.cfg.Size), LKey: s.mr.LKey()}}}
 		if err := c.qp.PostRecv(&wr); err != nil {
 			return fmt.Errorf("perftest: post receive %d on QP %d: %w", c.recvPosted, qi, err)
 		}
@@ -414,7 +423,7 @@ func (s *session) checkActive(ctx context.Context) error {
 		}
 		s.res.Checked = fmt.Sprintf("every READ slot equals a verification READ of the %d-byte span", span)
 	case Atomic:
-		if cfg.Iters > s.part/8 {
+		if cfg.Iters > s.local/8 {
 			return nil
 		}
 		for qi, c := range s.qps {
@@ -434,66 +443,58 @@ func (s *session) checkActive(ctx context.Context) error {
 	return nil
 }
 
-// checkPassive verifies softroce's exposed buffer after the peer's
-// traffic: nothing outside the message slots changed (the guard area
-// included), and in every QP's part
+// checkTarget verifies softroce's target areas after the peer's traffic:
+// nothing outside the message slots changed (the guard area included),
+// and in every QP's target area
 //   - WRITE, SEND: every slot the peer wrote no longer holds the canary;
-//   - READ: the buffer is unchanged;
+//   - READ: the area is unchanged;
 //   - FETCH_AND_ADD: slot k was incremented exactly once per visit, so the
 //     slots sum to the iterations the peer reported; CMP_AND_SWAP
 //     (compare 0, swap 0) leaves zeros.
-func (s *session) checkPassive() error {
-	cfg, rep := &s.cfg, s.res.Report
-	if rep.Size != uint64(cfg.Size) {
-		return fmt.Errorf("perftest: peer reported %d-byte messages, this side was set up for %d (use the same -s)", rep.Size, cfg.Size)
+//
+// The local areas are the active side's business (checkActive).
+func (s *session) checkTarget(peer Report) error {
+	cfg := &s.cfg
+	if peer.Size != uint64(cfg.Size) {
+		return fmt.Errorf("perftest: peer reported %d-byte messages, this side was set up for %d (use the same -s)", peer.Size, cfg.Size)
 	}
-	if rep.Iters%uint64(len(s.qps)) != 0 {
-		return fmt.Errorf("perftest: peer reported %d iterations, not a multiple of %d QPs (use the same -q)", rep.Iters, len(s.qps))
+	if peer.Iters%uint64(len(s.qps)) != 0 {
+		return fmt.Errorf("perftest: peer reported %d iterations, not a multiple of %d QPs (use the same -q)", peer.Iters, len(s.qps))
 	}
-	iters := int(rep.Iters) / len(s.qps) // per QP
-	switch cfg.Test {
-	case Read:
-		for i, b := range s.buf {
-			if b != pattern(i) {
-				return fmt.Errorf("perftest: data check: byte %d of a read-only buffer changed", i)
+	iters := int(peer.Iters) / len(s.qps) // per QP
+	guard := s.buf[len(s.qps)*s.part:]
+	if !allByte(guard, canary) {
+		return fmt.Errorf("perftest: data check: the guard area behind the last QP's buffer changed")
+	}
+	var sum uint64
+	for qi, c := range s.qps {
+		target := s.buf[c.tOff : c.tOff+s.region]
+		switch cfg.Test {
+		case Read:
+			for i, b := range target {
+				if b != pattern(c.tOff+i) {
+					return fmt.Errorf("perftest: data check: QP %d: byte %d of a read-only buffer changed", qi, i)
+				}
 			}
-		}
-		s.res.Checked = "exposed buffer unchanged"
-	case Write, Send:
-		written := make([]bool, len(s.buf))
-		for qi, c := range s.qps {
+		case Write, Send:
+			written := make([]bool, len(target))
 			for k := 0; k < min(s.slots, iters); k++ {
-				at := c.off + k*s.inc
-				msg := s.buf[at : at+cfg.Size]
+				msg := target[k*s.inc : k*s.inc+cfg.Size]
 				if cfg.Size >= 8 && allByte(msg, canary) {
-					return fmt.Errorf("perftest: data check: QP %d %v slot %d (offset %d) was never written", qi, cfg.Test, k, at)
+					return fmt.Errorf("perftest: data check: QP %d %v slot %d (offset %d) was never written", qi, cfg.Test, k, k*s.inc)
 				}
 				for i := range msg {
-					written[at+i] = true
+					written[k*s.inc+i] = true
 				}
 			}
-		}
-		for i, b := range s.buf {
-			if !written[i] && b != canary {
-				return fmt.Errorf("perftest: data check: byte %d outside every %v slot changed to %#x", i, cfg.Test, b)
+			for i, b := range target {
+				if !written[i] && b != canary {
+					return fmt.Errorf("perftest: data check: QP %d: byte %d outside every %v slot changed to %#x", qi, i, cfg.Test, b)
+				}
 			}
-		}
-		s.res.Checked = fmt.Sprintf("%d %v slots written, no byte outside them changed", min(s.slots, iters)*len(s.qps), cfg.Test)
-		if cfg.Test == Send {
-			s.res.Checked = fmt.Sprintf("%d receives of %d bytes; ", iters*len(s.qps), cfg.Size) + s.res.Checked
-		}
-	case Atomic:
-		guard := len(s.qps) * s.part
-		for i := guard; i < len(s.buf); i++ {
-			if s.buf[i] != canary {
-				return fmt.Errorf("perftest: data check: guard byte %d changed", i)
-			}
-		}
-		var sum uint64
-		for qi, c := range s.qps {
-			for k := 0; k*s.inc < s.part; k++ {
-				at := c.off + k*s.inc
-				v := binary.LittleEndian.Uint64(s.buf[at:])
+		case Atomic:
+			for k := 0; k*s.inc < len(target); k++ {
+				v := binary.LittleEndian.Uint64(target[k*s.inc:])
 				want := uint64(0)
 				if cfg.Atomic == FetchAndAdd && k < s.slots {
 					want = uint64(iters / s.slots)
@@ -505,13 +506,21 @@ func (s *session) checkPassive() error {
 					return fmt.Errorf("perftest: data check: QP %d atomic slot %d holds %d, want %d (%d iterations over %d slots)", qi, k, v, want, iters, s.slots)
 				}
 				sum += v
-				for i := at + 8; i < min(at+s.inc, c.off+s.part); i++ {
-					if s.buf[i] != 0 {
-						return fmt.Errorf("perftest: data check: byte %d between atomic slots changed", i)
-					}
+				if !allByte(target[k*s.inc+8:min((k+1)*s.inc, len(target))], 0) {
+					return fmt.Errorf("perftest: data check: QP %d: bytes between atomic slots %d and %d changed", qi, k, k+1)
 				}
 			}
 		}
+	}
+	switch cfg.Test {
+	case Read:
+		s.res.Checked = "exposed buffer unchanged"
+	case Write, Send:
+		s.res.Checked = fmt.Sprintf("%d %v slots written, no byte outside them changed", min(s.slots, iters)*len(s.qps), cfg.Test)
+		if cfg.Test == Send {
+			s.res.Checked = fmt.Sprintf("%d receives of %d bytes; ", iters*len(s.qps), cfg.Size) + s.res.Checked
+		}
+	case Atomic:
 		s.res.Checked = fmt.Sprintf("atomic slots sum to %d", sum)
 	}
 	return nil
