@@ -17,20 +17,26 @@ import (
 // from a reused sockaddr buffer, so receiving allocates nothing. Waiting
 // goes through the runtime poller (RawConn.Read), as with any net.Conn.
 type receiver struct {
-	rc    syscall.RawConn
-	hdrs  []unix.Mmsghdr
-	iovs  []unix.Iovec
-	names []unix.RawSockaddrInet6 // large enough for IPv4 too
-	oob   []byte
-	fn    func(fd uintptr) bool // r.read, bound once
-	n     int                   // messages in the last call
-	want  int                   // messages asked for
-	errno syscall.Errno
+	rc   syscall.RawConn
+	hdrs []unix.Mmsghdr
+	iovs []unix.Iovec // per message: [header scratch,] packet buffer
+	// hdrLen > 0 puts the first hdrLen bytes of each datagram (the IPv4
+	// and UDP headers on a raw socket) in hdr, the rest in the caller's
+	// buffer.
+	hdrLen int
+	hdr    []byte
+	names  []unix.RawSockaddrInet6 // large enough for IPv4 too
+	oob    []byte
+	fn     func(fd uintptr) bool // r.read, bound once
+	n      int                   // messages in the last call
+	want   int                   // messages asked for
+	errno  syscall.Errno
 }
 
-func newReceiver(rc syscall.RawConn, batch int) *receiver {
-	r := &receiver{rc: rc, hdrs: make([]unix.Mmsghdr, batch), iovs: make([]unix.Iovec, batch),
-		names: make([]unix.RawSockaddrInet6, batch), oob: make([]byte, batch*oobSize)}
+func newReceiver(rc syscall.RawConn, batch, hdrLen int) *receiver {
+	r := &receiver{rc: rc, hdrs: make([]unix.Mmsghdr, batch), iovs: make([]unix.Iovec, 2*batch),
+		names: make([]unix.RawSockaddrInet6, batch), oob: make([]byte, batch*oobSize),
+		hdrLen: hdrLen, hdr: make([]byte, batch*hdrLen)}
 	r.fn = r.read
 	return r
 }
@@ -42,13 +48,20 @@ func (r *receiver) recv(pkts []nic.Packet) (int, error) {
 	for i := 0; i < n; i++ {
 		b := pkts[i].Buf[:cap(pkts[i].Buf)]
 		h := &r.hdrs[i].Hdr
-		r.iovs[i].Base = nil
-		if len(b) > 0 {
-			r.iovs[i].Base = &b[0]
+		iov := r.iovs[2*i : 2*i+2]
+		k := 0
+		if r.hdrLen > 0 {
+			iov[0].Base = &r.hdr[i*r.hdrLen]
+			iov[0].SetLen(r.hdrLen)
+			k = 1
 		}
-		r.iovs[i].SetLen(len(b))
-		h.Iov = &r.iovs[i]
-		h.SetIovlen(1)
+		iov[k].Base = nil
+		if len(b) > 0 {
+			iov[k].Base = &b[0]
+		}
+		iov[k].SetLen(len(b))
+		h.Iov = &iov[0]
+		h.SetIovlen(k + 1)
 		h.Name = (*byte)(unsafe.Pointer(&r.names[i]))
 		h.Namelen = unix.SizeofSockaddrInet6
 		h.Control = &r.oob[i*oobSize]
@@ -79,8 +92,11 @@ func (r *receiver) read(fd uintptr) bool {
 	return true
 }
 
-// message returns what recvmmsg reported for message i: length, flags,
-// source, and the control bytes.
+// header returns the header scratch of message i (hdrLen > 0).
+func (r *receiver) header(i int) []byte { return r.hdr[i*r.hdrLen : (i+1)*r.hdrLen] }
+
+// message returns what recvmmsg reported for message i: length (header
+// scratch included), flags, source, and the control bytes.
 func (r *receiver) message(i int) (n int, flags int32, src netip.AddrPort, oob []byte) {
 	h := &r.hdrs[i].Hdr
 	oob = r.oob[i*oobSize : i*oobSize+min(int(h.Controllen), oobSize)]

@@ -25,8 +25,10 @@
 //     the ICRC is NOT checked: packets are delivered marked
 //     nic.ICRCUnverified and counted in Stats.RxICRCUnverified. What the
 //     transport still gets is the UDP payload, intact as far as the UDP
-//     checksum (if the peer sent one) and the Ethernet FCS go. Use
-//     nic/afxdp where the ICRC must be checked over IPv4.
+//     checksum (if the peer sent one) and the Ethernet FCS go.
+//   - IPv4 with Config.VerifyIPv4 (root or CAP_NET_RAW): datagrams are
+//     read from a raw IPv4 socket that shows the header, and the full ICRC
+//     is verified as for IPv6. nic/afxdp verifies it too.
 package udp
 
 import (
@@ -35,6 +37,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -66,6 +69,11 @@ type Config struct {
 	MTU int
 	// Batch is the largest batch per system call (0: DefaultBatch).
 	Batch int
+	// VerifyIPv4 receives IPv4 through a raw socket that sees the IPv4
+	// header, so that the ICRC is verified over the ID the peer sent
+	// (nic.ICRCVerified) instead of left unchecked. It needs root or
+	// CAP_NET_RAW; ignored for IPv6, which is always verified.
+	VerifyIPv4 bool
 	// SocketBuffer is the size asked for SO_RCVBUF and SO_SNDBUF (0:
 	// DefaultSocketBuffer; negative: leave the kernel's default). With
 	// CAP_NET_ADMIN it is forced past net.core.rmem_max/wmem_max. A RoCE
@@ -93,6 +101,9 @@ type Link struct {
 
 	rxMu sync.Mutex
 	rx   *receiver
+	// rawFile is the raw IPv4 socket of Config.VerifyIPv4 (nil without).
+	rawFile    *os.File
+	rawScratch []byte
 
 	txMu   sync.Mutex
 	txMsgs []ipv4.Message
@@ -174,7 +185,17 @@ func Open(cfg Config) (*Link, error) {
 		conn.Close()
 		return nil, fmt.Errorf("udp: raw socket: %w", err)
 	}
-	l.rx = newReceiver(rc, batch)
+	l.rx = newReceiver(rc, batch, 0)
+	if cfg.VerifyIPv4 && !v6 {
+		size := cfg.SocketBuffer
+		if size == 0 {
+			size = DefaultSocketBuffer
+		}
+		if err := l.openRaw4(size); err != nil {
+			conn.Close()
+			return nil, err
+		}
+	}
 	l.txMsgs, l.txBufs = make([]ipv4.Message, batch), make([][1][]byte, batch)
 	for i := range l.txMsgs {
 		l.txMsgs[i].Buffers = l.txBufs[i][:]
@@ -294,6 +315,9 @@ func (l *Link) Stats() nic.Stats {
 func (l *Link) Close() error {
 	if l.closed.Swap(true) {
 		return net.ErrClosed
+	}
+	if l.rawFile != nil {
+		l.rawFile.Close()
 	}
 	return l.conn.Close()
 }
@@ -439,7 +463,7 @@ func (l *Link) Recv(pkts []nic.Packet) (int, error) {
 	for {
 		n, err := l.rx.recv(pkts)
 		if err != nil {
-			if l.closed.Load() || errors.Is(err, net.ErrClosed) {
+			if l.closed.Load() || errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrClosed) {
 				return 0, net.ErrClosed
 			}
 			if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) {
@@ -449,7 +473,13 @@ func (l *Link) Recv(pkts []nic.Packet) (int, error) {
 		}
 		k := 0
 		for i := 0; i < n; i++ {
-			if l.accept(i, &pkts[i]) {
+			var ok bool
+			if l.rawFile != nil {
+				ok = l.acceptRaw(i, &pkts[i])
+			} else {
+				ok = l.accept(i, &pkts[i])
+			}
+			if ok {
 				if k != i {
 					pkts[k], pkts[i] = pkts[i], pkts[k]
 				}

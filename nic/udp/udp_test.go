@@ -360,8 +360,22 @@ func TestNoAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are not meaningful under the race detector")
 	}
-	for _, addr := range []string{"127.0.0.1", "::1"} {
-		a, b := open(t, addr, 9000), open(t, addr, 9000)
+	for _, addr := range []string{"127.0.0.1", "::1", "raw"} {
+		var a, b *Link
+		if addr == "raw" {
+			if os.Geteuid() != 0 {
+				continue
+			}
+			lo := netip.MustParseAddr("127.0.0.1")
+			a = open(t, "127.0.0.1", 9000)
+			var err error
+			if b, err = Open(Config{Addr: lo, Port: freePort(t, lo), MTU: 9000, VerifyIPv4: true}); err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+		} else {
+			a, b = open(t, addr, 9000), open(t, addr, 9000)
+		}
 		out, in := packets(16, 4200), packets(16, 4200)
 		for i := range out {
 			out[i].N = 4128
@@ -383,5 +397,80 @@ func TestNoAllocs(t *testing.T) {
 		if allocs != 0 {
 			t.Errorf("%s: %v allocations per batch of %d", addr, allocs, len(out))
 		}
+	}
+}
+
+// TestVerifyIPv4 receives IPv4 through the raw socket: the ICRC is
+// verified over the real header (ID 0 from a peer like this link, IP
+// options from another sender), and damaged packets are dropped.
+func TestVerifyIPv4(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("VerifyIPv4 needs root (a raw socket)")
+	}
+	lo := netip.MustParseAddr("127.0.0.1")
+	a := open(t, "127.0.0.1", 9000)
+	b, err := Open(Config{Addr: lo, Port: freePort(t, lo), MTU: 9000, VerifyIPv4: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	out := packets(4, 4200)
+	for i := range out {
+		out[i].N = 100 + 1000*i
+		fill(out[i].Buf, out[i].N, uint32(i))
+		out[i].Remote = b.LocalAddrPort()
+		if err := a.PutICRC(&out[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out[1].Buf[40] ^= 0x10 // damaged after the ICRC
+	a.SendRaw(out)
+	got := recvN(t, b, packets(8, 4200), 3)
+	for i, want := range []int{0, 2, 3} {
+		if string(got[i].Bytes()) != string(out[want].Bytes()) || got[i].ICRC != nic.ICRCVerified ||
+			got[i].Remote != a.LocalAddrPort() || got[i].Local != lo {
+			t.Errorf("packet %d: %d bytes, %v, from %v to %v", i, got[i].N, got[i].ICRC, got[i].Remote, got[i].Local)
+		}
+	}
+	if st := b.Stats(); st.RxICRCBad != 1 || st.RxICRCUnverified != 0 || st.RxPackets != 3 {
+		t.Errorf("stats %+v", st)
+	}
+
+	// A sender with IP options (IHL 6) and an ICRC over that header.
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	opts := []byte{1, 1, 1, 0} // NOP NOP NOP EOL
+	rc, _ := c.SyscallConn()
+	rc.Control(func(fd uintptr) {
+		unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+		unix.SetsockoptString(int(fd), unix.IPPROTO_IP, unix.IP_OPTIONS, string(opts))
+	})
+	payload := make([]byte, 200)
+	fill(payload, len(payload), 77)
+	ip := make([]byte, 24)
+	ip[0] = 0x46
+	binary.BigEndian.PutUint16(ip[2:], uint16(24+8+len(payload)))
+	ip[6], ip[8], ip[9] = 0x40, 64, 17
+	copy(ip[12:], []byte{127, 0, 0, 1, 127, 0, 0, 1})
+	copy(ip[20:], opts)
+	seg := make([]byte, 8+len(payload))
+	binary.BigEndian.PutUint16(seg[0:], uint16(c.LocalAddr().(*net.UDPAddr).Port))
+	binary.BigEndian.PutUint16(seg[2:], b.LocalAddrPort().Port())
+	binary.BigEndian.PutUint16(seg[4:], uint16(len(seg)))
+	copy(seg[8:], payload)
+	crc, err := icrc.IPv4(ip, seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	icrc.Put(payload, crc)
+	if _, err := c.WriteToUDPAddrPort(payload, b.LocalAddrPort()); err != nil {
+		t.Fatal(err)
+	}
+	got = recvN(t, b, packets(2, 4200), 1)
+	if string(got[0].Bytes()) != string(payload) || got[0].ICRC != nic.ICRCVerified {
+		t.Errorf("packet with IP options: %d bytes, %v (stats %+v)", got[0].N, got[0].ICRC, b.Stats())
 	}
 }
