@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -139,8 +140,20 @@ func newXSK(c xskConfig) (x *xsk, err error) {
 			return x, nil
 		}
 	}
-	// Copy mode: veth and generic XDP support nothing else.
-	if err = unix.Bind(fd, &unix.SockaddrXDP{Flags: flags | unix.XDP_COPY, Ifindex: uint32(c.ifindex), QueueID: uint32(c.queue)}); err != nil {
+	// Copy mode: veth and generic XDP support nothing else. A queue whose
+	// previous socket was just closed stays busy until the kernel's
+	// deferred release of its buffer pool has run: retry for a moment.
+	sa := &unix.SockaddrXDP{Flags: flags | unix.XDP_COPY, Ifindex: uint32(c.ifindex), QueueID: uint32(c.queue)}
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+		err = unix.Bind(fd, sa)
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		if errors.Is(err, unix.EBUSY) {
+			return nil, fmt.Errorf("bind AF_XDP socket to queue %d: another AF_XDP socket holds it: %w", c.queue, err)
+		}
 		return nil, fmt.Errorf("bind AF_XDP socket to queue %d: %w", c.queue, err)
 	}
 	return x, nil
