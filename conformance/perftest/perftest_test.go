@@ -359,7 +359,7 @@ func TestLoopbackDuplex(t *testing.T) {
 	addr := netip.MustParseAddr("127.0.0.1")
 	var devs [2]*verbs.Device
 	for i := range devs {
-		l, err := udp.Open(udp.Config{Addr: addr, Port: 47911 + i, SocketBuffer: 4 << 20})
+		l, err := udp.Open(udp.Config{Addr: addr, Port: 48111 + i, SocketBuffer: 4 << 20})
 		if err != nil {
 			t.Skipf("loopback UDP: %v", err)
 		}
@@ -382,8 +382,8 @@ func TestLoopbackDuplex(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					c := Config{Test: tc.test, Port: 47915 + i, Size: tc.size, Iters: tc.iters, QPs: tc.qps, MTU: 1024,
-						Duplex: true, RemotePort: uint16(47912 - side), Timeout: 20 * time.Second}
+					c := Config{Test: tc.test, Port: 48115 + i, Size: tc.size, Iters: tc.iters, QPs: tc.qps, MTU: 1024,
+						Duplex: true, RemotePort: uint16(48112 - side), Timeout: 20 * time.Second}
 					if side == 1 {
 						c.Server = "127.0.0.1"
 					}

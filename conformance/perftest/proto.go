@@ -14,7 +14,12 @@
 // As in perftest's one-way tests, the connector is the active side: it
 // posts the RDMA WRITEs, READs, atomics or SENDs; the listener exposes a
 // buffer (or posts receives, for SEND) and prints the numbers the active
-// side reports (for SEND, the ones it measured itself).
+// side reports (for SEND, the ones it measured itself). With Duplex (-b)
+// both sides do both. Several QPs (-q) exchange one KEYS message each.
+//
+// perftest 4.5 checks no data, so Run checks what it can see: the bytes
+// the peer wrote into softroce's buffer, an extra READ against the timed
+// ones, the sequence of fetched atomic values (see Result.Checked).
 package perftest
 
 import (

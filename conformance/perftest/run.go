@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/softroce/softroce/transport/rc"
@@ -324,6 +325,7 @@ type session struct {
 	// local area of local bytes, then a target area of region bytes.
 	inc, slots          int
 	region, local, part int
+	rwr                 verbs.RecvWR // reused by postRecvs
 }
 
 // xchg is perftest's ctx_xchg_data: the connector writes its message and
@@ -332,21 +334,29 @@ type session struct {
 func (s *session) xchg(step string, my, rem []byte) error {
 	if s.connector {
 		if _, err := s.conn.Write(my); err != nil {
-			return fmt.Errorf("perftest %s: send: %w", step, err)
+			return connErr(step, "send", err)
 		}
 	}
 	if _, err := io.ReadFull(s.conn, rem); err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return fmt.Errorf("perftest %s: peer closed the connection (%w); see its output", step, err)
-		}
-		return fmt.Errorf("perftest %s: receive: %w", step, err)
+		return connErr(step, "receive", err)
 	}
 	if !s.connector {
 		if _, err := s.conn.Write(my); err != nil {
-			return fmt.Errorf("perftest %s: send: %w", step, err)
+			return connErr(step, "send", err)
 		}
 	}
 	return nil
+}
+
+// connErr names the usual reason for a failed exchange: perftest exits
+// (closing the connection) when it dislikes something, and says why on
+// its own output.
+func connErr(step, op string, err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return fmt.Errorf("perftest %s: peer closed the connection (%w); see its output", step, err)
+	}
+	return fmt.Errorf("perftest %s: %s: %w", step, op, err)
 }
 
 // keysXchg exchanges KEYS messages; it also serves as perftest's barrier

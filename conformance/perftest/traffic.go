@@ -314,11 +314,17 @@ func (s *session) report(el time.Duration, peak float64) Report {
 // cycles).
 func (s *session) postRecvs(qi, n int) error {
 	c := s.qps[qi]
+	// One WR reused for every receive (PostRecv copies it): no allocation
+	// per message.
+	if s.rwr.SGL == nil {
+		s.rwr.SGL = make([]verbs.SGE, 1)
+	}
+	wr := &s.rwr
 	for range n {
 		slot := uint64(c.recvPosted % s.slots)
-		wr := verbs.RecvWR{ID: wrID(qi, c.recvPosted),
-			SGL: []verbs.SGE{{Addr: s.mr.Addr() + uint64(c.tOff) + slot*uint64(s.inc), Length: uint32(s.cfg.Size), LKey: s.mr.LKey()}}}
-		if err := c.qp.PostRecv(&wr); err != nil {
+		wr.ID = wrID(qi, c.recvPosted)
+		wr.SGL[0] = verbs.SGE{Addr: s.mr.Addr() + uint64(c.tOff) + slot*uint64(s.inc), Length: uint32(s.cfg.Size), LKey: s.mr.LKey()}
+		if err := c.qp.PostRecv(wr); err != nil {
 			return fmt.Errorf("perftest: post receive %d on QP %d: %w", c.recvPosted, qi, err)
 		}
 		c.recvPosted++
