@@ -42,7 +42,7 @@ func runPerftest(args []string) int {
 	_ = fs.Int("i", 1, "port of the IB device (accepted; softroce has port 1)")
 	_ = fs.Bool("F", false, "do not fail on CPU frequency warnings (accepted)")
 	_ = fs.Bool("e", false, "sleep on CQ events (accepted; softroce always waits without spinning)")
-	_ = fs.String("c", "RC", "connection type (only RC)")
+	connType := fs.String("c", "RC", "connection type (only RC is implemented)")
 	timeout := fs.Duration("timeout", 120*time.Second, "give up after this long, waiting for the peer included; 0: never (as perftest)")
 	fs.StringVar(&lf.bind, "bind", "", "local IP address to use (default: the one that routes to the server)")
 	fs.StringVar(&lf.backend, "backend", "udp", "packet backend: udp or afxdp")
@@ -78,6 +78,10 @@ func runPerftest(args []string) int {
 	}
 	if len(rest) > 1 {
 		fs.Usage()
+		return 2
+	}
+	if !strings.EqualFold(*connType, "RC") {
+		fmt.Fprintf(os.Stderr, "softroce perftest: -c %s: only RC is implemented\n", *connType)
 		return 2
 	}
 	cfg.Test = test

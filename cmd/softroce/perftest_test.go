@@ -73,6 +73,7 @@ func TestPerftestCommandUsage(t *testing.T) {
 		{"write", "-u", "0"},
 		{"write", "a", "b"},
 		{"write", "--no-such-flag"},
+		{"write", "-c", "UC"},
 	} {
 		var code int
 		perftestCapture(t, func() { code = runPerftest(args) })
