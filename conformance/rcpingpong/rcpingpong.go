@@ -285,26 +285,34 @@ func exchange(ctx context.Context, cfg Config, local Dest, connect func(Dest) er
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
-	msg := make([]byte, MsgLen)
 	if cfg.Server != "" {
 		if _, err := conn.Write(local.Marshal()); err != nil {
 			return Dest{}, fmt.Errorf("send local address: %w", err)
 		}
-		if _, err := io.ReadFull(conn, msg); err != nil {
-			return Dest{}, fmt.Errorf("read remote address: %w", err)
-		}
-		rem, err := ParseDest(msg)
+		rem, err := readAndConnect(conn, connect)
 		if err != nil {
 			return Dest{}, err
-		}
-		if err := connect(rem); err != nil {
-			return Dest{}, fmt.Errorf("couldn't connect to remote QP: %w", err)
 		}
 		if _, err := conn.Write([]byte("done\x00")); err != nil {
 			return Dest{}, err
 		}
 		return rem, nil
 	}
+	rem, err := readAndConnect(conn, connect)
+	if err != nil {
+		return Dest{}, err
+	}
+	if _, err := conn.Write(local.Marshal()); err != nil {
+		return Dest{}, fmt.Errorf("send local address: %w", err)
+	}
+	done := make([]byte, 5)
+	io.ReadFull(conn, done) // the client's "done"; content not checked, like rc_pingpong
+	return rem, nil
+}
+
+// readAndConnect reads the peer's message and brings our QP to RTS with it.
+func readAndConnect(conn net.Conn, connect func(Dest) error) (Dest, error) {
+	msg := make([]byte, MsgLen)
 	if _, err := io.ReadFull(conn, msg); err != nil {
 		return Dest{}, fmt.Errorf("read remote address: %w", err)
 	}
@@ -315,10 +323,5 @@ func exchange(ctx context.Context, cfg Config, local Dest, connect func(Dest) er
 	if err := connect(rem); err != nil {
 		return Dest{}, fmt.Errorf("couldn't connect to remote QP: %w", err)
 	}
-	if _, err := conn.Write(local.Marshal()); err != nil {
-		return Dest{}, fmt.Errorf("send local address: %w", err)
-	}
-	done := make([]byte, 5)
-	io.ReadFull(conn, done) // the client's "done"; content not checked, like rc_pingpong
 	return rem, nil
 }
