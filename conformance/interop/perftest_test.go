@@ -153,8 +153,8 @@ var perftestCasesAFXDP = []perftestCase{
 // with softroce on nic/afxdp instead of kernel UDP sockets.
 func TestPerftestAgainstRxeAFXDP(t *testing.T) {
 	needVM(t)
-	// One link for all cases: binding a new AF_XDP socket to the tap's
-	// queue right after the previous one closed can fail.
+	// One link for all cases: attaching the XDP program and setting up
+	// the UMEM once is cheaper than once per case.
 	dev := perftestDeviceAFXDP(t)
 	runPerftestCases(t, perftestCasesAFXDP, 18700, func(*testing.T) *verbs.Device { return dev })
 }
