@@ -5,8 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -53,17 +51,9 @@ func runDemo(args []string) int {
 		fmt.Fprintf(os.Stderr, "softroce demo: --mtu %d: an IB MTU is 256, 512, 1024, 2048 or 4096\n", *mtu)
 		return 2
 	}
-	format := ""
-	if *diag != "" {
-		switch strings.ToLower(filepath.Ext(*diag)) {
-		case ".html", ".htm":
-			format = "html"
-		case ".svg":
-			format = "svg"
-		default:
-			fmt.Fprintf(os.Stderr, "softroce demo: --diagram %s: name the file .html or .svg\n", *diag)
-			return 2
-		}
+	format, ok := diagramFormat("demo", *diag)
+	if !ok {
+		return 2
 	}
 	opts := demo.Options{Impair: *imp, PathMTU: *mtu}
 	switch *color {
@@ -107,13 +97,7 @@ func runDemo(args []string) int {
 		}
 	}
 	if format != "" && res != nil {
-		f, err := os.Create(*diag)
-		if err == nil {
-			err = diagram.Write(f, res.Records, diagram.Options{Format: format, Title: "softroce demo", Lost: res.Lost})
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-		}
+		err := writeDiagram(*diag, res.Records, diagram.Options{Format: format, Title: "softroce demo", Lost: res.Lost})
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "softroce demo: --diagram: %v\n", err)
 			return 1

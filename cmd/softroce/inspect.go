@@ -43,17 +43,9 @@ func runInspect(args []string) int {
 		fs.Usage()
 		return 2
 	}
-	format := ""
-	if *diag != "" {
-		switch strings.ToLower(filepath.Ext(*diag)) {
-		case ".html", ".htm":
-			format = "html"
-		case ".svg":
-			format = "svg"
-		default:
-			fmt.Fprintf(os.Stderr, "softroce inspect: --diagram %s: name the file .html or .svg\n", *diag)
-			return 2
-		}
+	format, ok := diagramFormat("inspect", *diag)
+	if !ok {
+		return 2
 	}
 	var all []inspect.Record
 	out := bufio.NewWriter(os.Stdout)
@@ -108,7 +100,7 @@ func runInspect(args []string) int {
 		}
 	}
 	if format != "" {
-		if err := writeDiagram(*diag, format, all); err != nil {
+		if err := writeDiagram(*diag, all, diagram.Options{Format: format}); err != nil {
 			fmt.Fprintf(os.Stderr, "softroce inspect: --diagram: %v\n", err)
 			return 1
 		}
@@ -117,12 +109,29 @@ func runInspect(args []string) int {
 	return code
 }
 
-func writeDiagram(path, format string, recs []inspect.Record) error {
+// diagramFormat picks the diagram format from the file name given to
+// --diagram ("" when none was given); it reports a bad name itself.
+func diagramFormat(cmd, path string) (string, bool) {
+	if path == "" {
+		return "", true
+	}
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".html", ".htm":
+		return "html", true
+	case ".svg":
+		return "svg", true
+	}
+	fmt.Fprintf(os.Stderr, "softroce %s: --diagram %s: name the file .html or .svg\n", cmd, path)
+	return "", false
+}
+
+// writeDiagram writes a ladder diagram of recs to path.
+func writeDiagram(path string, recs []inspect.Record, o diagram.Options) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if err := diagram.Render(f, recs, format); err != nil {
+	if err := diagram.Write(f, recs, o); err != nil {
 		f.Close()
 		return err
 	}
