@@ -14,6 +14,13 @@ type responder struct {
 	ePSN    uint32 // expected PSN
 	msn     uint32 // message sequence number: completed requests
 	nakSent bool   // a PSN sequence error NAK went out for this gap
+	// lastAckable is the PSN of the newest SEND or WRITE packet executed:
+	// the PSN a duplicate SEND/WRITE is re-ACKed with. Never a READ
+	// response or atomic PSN, which an ACKNOWLEDGE must not claim (the
+	// fix rxe made in "IB/rxe: fix for duplicate request processing and
+	// ack psns").
+	lastAckable    uint32
+	hasLastAckable bool
 	cur     curMsg
 
 	// resources remember READ and atomic requests for duplicate replay,
@@ -175,6 +182,7 @@ func (qp *QP) respond(p *bth.Packet) {
 		return
 	}
 	r.ePSN = bth.PSNAdd(r.ePSN, 1)
+	r.lastAckable, r.hasLastAckable = psn, true
 	if p.BTH.AckReq() {
 		qp.ackPending, qp.ackPSN = true, psn
 		qp.kick()
@@ -403,9 +411,14 @@ func (qp *QP) duplicate(p *bth.Packet) {
 	psn := p.BTH.PSN()
 	switch p.Info.Op {
 	case bth.OpSend, bth.OpWrite:
-		// Re-ACK with the newest executed PSN. Duplicates in one batch
-		// share one ACK instead of rxe's one per packet.
-		qp.ackPending, qp.ackPSN = true, bth.PSNAdd(r.ePSN, -1)
+		// Re-ACK with the newest executed SEND/WRITE PSN (IBTA C9-105).
+		// Duplicates in one batch share one ACK instead of rxe's one per
+		// packet.
+		ack := bth.PSNAdd(r.ePSN, -1)
+		if r.hasLastAckable {
+			ack = r.lastAckable
+		}
+		qp.ackPending, qp.ackPSN = true, ack
 		qp.kick()
 	case bth.OpReadRequest:
 		for i := range r.resources {

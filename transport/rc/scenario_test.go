@@ -158,3 +158,16 @@ func TestResponderAccessErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestDuplicateAckSkipsReadPSN: a duplicate WRITE after a READ is re-ACKed
+// with the WRITE's PSN, never with a PSN that belongs to READ responses.
+func TestDuplicateAckSkipsReadPSN(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{30, 0}})
+	rmr, _ := s.reg(1, 4096)
+	wr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 30, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 8}
+	expectLines(t, "WRITE", s.inject(qps[1], wr, make([]byte, 8)), "ACKNOWLEDGE psn=30 ACK (credits unlimited) msn=1")
+	rd := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCReadRequest, PSN: 31, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 8}
+	expectLines(t, "READ", s.inject(qps[1], rd, nil), "RDMA_READ_RESPONSE_ONLY psn=31 ACK (credits unlimited) msn=2 len=8")
+	expectLines(t, "duplicate WRITE", s.inject(qps[1], wr, make([]byte, 8)), "ACKNOWLEDGE psn=30 ACK (credits unlimited) msn=2")
+}
