@@ -21,7 +21,7 @@ type responder struct {
 	// ack psns").
 	lastAckable    uint32
 	hasLastAckable bool
-	cur     curMsg
+	cur            curMsg
 
 	// resources remember READ and atomic requests for duplicate replay,
 	// a ring of max_dest_rd_atomic slots (rounded up to a power of two,
