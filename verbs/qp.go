@@ -112,7 +112,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		a.AV = attr.AV
 	}
 	if mask&qpstate.AttrPathMTU != 0 {
-		if port := nic_IBMTU(d); attr.PathMTU > port {
+		if port := d.QueryPort().ActiveMTU; attr.PathMTU > port {
 			return fmt.Errorf("verbs: modify QP %d: path MTU %d exceeds the port's active MTU %d (link MTU %d)", qp.Num(), attr.PathMTU, port, d.link.MTU())
 		}
 		a.PathMTU = attr.PathMTU
@@ -143,8 +143,6 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	qp.rc.SetStateLocked(next)
 	return nil
 }
-
-func nic_IBMTU(d *Device) int { return d.QueryPort().ActiveMTU }
 
 // path converts the verbs attributes into the transport's path.
 func (qp *QP) path() rc.Path {

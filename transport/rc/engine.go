@@ -38,8 +38,6 @@ type Engine struct {
 
 	// MaxBatch is how many packets Progress returns at most per call.
 	MaxBatch int
-	// SignalAll makes every send WR signaled (sq_sig_all).
-	SignalAll bool
 	// OnAsyncError is called (under the engine lock) when a QP enters ERR
 	// because of a transport error, like IBV_EVENT_QP_FATAL.
 	OnAsyncError func(qpn uint32, reason string)

@@ -393,7 +393,7 @@ func (qp *QP) kick() {
 }
 
 func (qp *QP) pushSendWC(w *sendWQE, st cq.Status, orig uint64) {
-	if st == cq.Success && w.wr.Flags&SendSignaled == 0 && !qp.e.SignalAll && !qp.sigAll {
+	if st == cq.Success && w.wr.Flags&SendSignaled == 0 && !qp.sigAll {
 		return
 	}
 	wc := cq.WC{WRID: w.wr.ID, Status: st, Opcode: wcOpcode(w.wr.Opcode), QPNum: qp.num}
