@@ -23,7 +23,7 @@ func readPcap(t testing.TB, path string) [][]byte {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
-		t.Skipf("shared capture not available: %v", err)
+		t.Skipf("shared captures absent: %v", err)
 	}
 	defer f.Close()
 	r, err := pcapgo.NewReader(f)
@@ -46,7 +46,7 @@ func readPcap(t testing.TB, path string) [][]byte {
 func TestCheckFrameVectors(t *testing.T) {
 	data, err := os.ReadFile(sharedDir + "/vectors/icrc_vectors.json")
 	if err != nil {
-		t.Skipf("shared vectors not available: %v", err)
+		t.Skipf("shared captures absent: %v", err)
 	}
 	var vecs []struct {
 		Name  string `json:"name"`
@@ -90,7 +90,7 @@ func TestCheckFrameVectors(t *testing.T) {
 func TestHardwareCaptures(t *testing.T) {
 	files, _ := filepath.Glob(sharedDir + "/hardware/*.pcap")
 	if len(files) == 0 {
-		t.Skip("shared hardware captures not available")
+		t.Skipf("shared captures absent: no %s/hardware/*.pcap", sharedDir)
 	}
 	for _, path := range files {
 		bad := strings.Contains(path, "bad-icrc")
@@ -180,7 +180,7 @@ func TestCheckFrameSynthetic(t *testing.T) {
 	if r, _ := CheckFrame(mod); r.Status != StatusMismatch {
 		t.Errorf("payload bit flip: %v, want bad", r.Status)
 	}
-	// The IPv4 ID is covered (platform-facts).
+	// The IPv4 ID is covered (docs/platform.md, ICRC).
 	mod = append([]byte(nil), fr...)
 	mod[19]++
 	if r, _ := CheckFrame(mod); r.Status != StatusMismatch {
