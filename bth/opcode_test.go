@@ -10,7 +10,7 @@ import (
 // the CNP and annex A19 for FLUSH and ATOMIC WRITE) defines, with the total
 // transport header length (BTH included) the spec gives it.
 var validOpcodes = map[Opcode]int{
-	// RC: rc-behaviour.md §1.1.
+	// RC: docs/rxe-behaviour.md §1.1.
 	0x00: 12, 0x01: 12, 0x02: 12, 0x03: 16, 0x04: 12, 0x05: 16, 0x06: 28, 0x07: 12, 0x08: 12, 0x09: 16,
 	0x0A: 28, 0x0B: 32, 0x0C: 28, 0x0D: 16, 0x0E: 12, 0x0F: 16, 0x10: 16, 0x11: 16, 0x12: 24, 0x13: 40,
 	0x14: 40, 0x16: 16, 0x17: 16, 0x1C: 32, 0x1D: 28,

@@ -121,7 +121,7 @@ func checkHeaders(t *testing.T, info *OpInfo, p *Packet, f *Fields) {
 }
 
 // TestBTHWireLayout pins the bit positions against a hand-assembled BTH
-// (IBTA §9.2; rc-behaviour.md §0).
+// (IBTA §9.2; docs/rxe-behaviour.md §0).
 func TestBTHWireLayout(t *testing.T) {
 	b := make(BTH, BTHLen)
 	b.Encode(&BTHFields{Opcode: 0x0a, SE: true, PadCnt: 2, TVer: 0, PKey: 0xffff, BECN: true, DestQP: 0x000011, AckReq: true, PSN: 0x8c84dd})

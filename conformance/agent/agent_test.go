@@ -210,7 +210,7 @@ func TestLoopbackRCOperations(t *testing.T) {
 	}
 
 	// A zero-length RDMA WRITE without any SGE: rxe checks no rkey for it
-	// (see notes/conformance-catalogue.md, rxe responder behaviour).
+	// (docs/rxe-behaviour.md §4.5; docs/conformance-catalogue.md GU-08).
 	p.complete(1, SendWR{Op: OpWrite, RemoteAddr: 0, RKey: 0x1234})
 
 	// RDMA READ it back into another place of QP 1's buffer.

@@ -17,12 +17,13 @@ type Case struct {
 	ID string
 	// Spec is the specification's expectation, with its section.
 	Spec string
-	// Ref names the entries of conformance-catalogue.md section A the case
-	// implements ("RS-06, LU-01"), if any.
+	// Ref names the entries of docs/conformance-catalogue.md section A the
+	// case implements ("RS-06, LU-01"), if any.
 	Ref string
 	// Known records documented departures from the spec per target name
-	// (rc-behaviour.md for rxe). A case with a known deviation is expected
-	// NOT to conform on that target; tests assert that it still deviates.
+	// (docs/rxe-behaviour.md for rxe). A case with a known deviation is
+	// expected NOT to conform on that target; tests assert that it still
+	// deviates.
 	Known map[string]string
 	// Bugs records known defects per target name: the verdict stays
 	// "fail" (the report says so), and tests expect the failure until the

@@ -58,8 +58,8 @@ func TestSoftroceResponder(t *testing.T) {
 }
 
 // TestRxe runs every case against kernel rdma_rxe and asserts the
-// behaviour rc-behaviour.md documents: a pass where rxe follows the spec,
-// the labelled deviation where it does not.
+// behaviour docs/rxe-behaviour.md documents: a pass where rxe follows the
+// spec, the labelled deviation where it does not.
 func TestRxe(t *testing.T) {
 	if rxeTarget == nil {
 		t.Skip("no rdma_rxe VM: set SOFTROCE_RXE=1 and run as root")

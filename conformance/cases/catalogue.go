@@ -133,8 +133,8 @@ func catalogue(lists ...[]*Case) []*Case {
 	return append(resp, req...)
 }
 
-// catalogueRefs maps case IDs to the conformance-catalogue.md entries they
-// implement.
+// catalogueRefs maps case IDs to the docs/conformance-catalogue.md entries
+// (section A) they implement.
 var catalogueRefs = map[string]string{
 	"psn-sequence-error": "RS-09, LU-01", "duplicate-partial-read": "RS-08", "rnr-nak": "RS-21",
 	"remote-access-bad-rkey": "RS-18, GU-06", "remote-access-out-of-bounds": "GU-07", "remote-access-no-permission": "GU-12",
@@ -355,7 +355,7 @@ var basicCases = []*Case{
 		ID: "send-longer-than-receive",
 		Spec: "A SEND longer than the posted receive buffer: NAK invalid request (0x61) with its PSN, the receive " +
 			"completes in error, QP to error (IBTA §9.7.5 class C: the message is too long for the WQE)",
-		Known: map[string]string{"rxe": "rxe NAKs remote operational error (0x63), not invalid request (rc-behaviour.md §9)"},
+		Known: map[string]string{"rxe": "rxe NAKs remote operational error (0x63), not invalid request (docs/rxe-behaviour.md §9)"},
 		Run: func(x *X) {
 			n := randPSN()
 			x.Open(QPSpec{RecvPSN: n})

@@ -8,8 +8,8 @@ import (
 	"github.com/softroce/softroce/bth"
 )
 
-// More responder cases from the catalogue (conformance-catalogue.md A.1,
-// A.3), inserted before the requester cases.
+// More responder cases from the catalogue (docs/conformance-catalogue.md
+// A.1, A.3), inserted before the requester cases.
 var moreResponder = []*Case{
 	{
 		ID: "psn-gap-mid-message-recovery",

@@ -125,7 +125,7 @@ var responseCases = []*Case{
 			"the QP to error (§9.7.6 response opcode sequence, §10.8.3)",
 		Known: map[string]string{"rxe": "observed by this harness on kernel 6.1: rxe takes the READ_RESPONSE_MIDDLE at the " +
 			"READ's last PSN as a middle packet and then neither completes the READ, retries it nor moves the QP to " +
-			"error within 1 s: the work request hangs (rc-behaviour.md §3.6 lists only FIRST/ONLY/ACK as bad opcodes after a MIDDLE)"},
+			"error within 1 s: the work request hangs (docs/rxe-behaviour.md §3.6 lists only FIRST/ONLY/ACK as bad opcodes after a MIDDLE)"},
 		Run: func(x *X) {
 			s := randPSN()
 			x.Open(QPSpec{SendPSN: s, Timeout: 14, Retry: 1, MTU: 1024})

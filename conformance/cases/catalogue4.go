@@ -17,7 +17,7 @@ var requesterNAKCases = []*Case{
 		Spec: "An ACK whose PSN is beyond every PSN the requester has sent (a ghost acknowledgement) is " +
 			"discarded: the outstanding WRITE is not completed by it; the real ACK then completes it " +
 			"(IBTA §9.7.6 requester: acknowledgements outside the outstanding window)",
-		Known: map[string]string{"rxe": "rc-behaviour.md §3.6: rxe completes a SEND/WRITE on any response beyond " +
+		Known: map[string]string{"rxe": "docs/rxe-behaviour.md §3.6: rxe completes a SEND/WRITE on any response beyond " +
 			"its last PSN, with no upper bound"},
 		Run: func(x *X) {
 			s := randPSN()

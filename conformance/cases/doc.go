@@ -19,10 +19,10 @@
 //
 // Every case runs unchanged against both. A Result records what the target
 // did, whether that conforms to the case's Spec, and the packet trace. Where
-// a target departs from the spec in a way the project's notes document
-// (rc-behaviour.md for rxe), Case.Known names the deviation: the verdict is
-// then "deviation" rather than "fail", and the tests assert that it is
-// still there, so the report never hides it.
+// a target departs from the spec in a way the project's docs document
+// (docs/rxe-behaviour.md for rxe), Case.Known names the deviation: the
+// verdict is then "deviation" rather than "fail", and the tests assert that
+// it is still there, so the report never hides it.
 //
 // RunAll runs the catalogue (All) and returns a Report, which writes
 // conformance-report.md (a table: case, spec expectation with section, one

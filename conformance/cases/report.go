@@ -182,7 +182,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		"rxe sent (it picks non-zero IDs) show an ICRC mismatch there although rxe's ICRC was right on the wire.\n\n" +
 		"Verdicts: pass = conforms to the expectation; deviation = does not, as documented for that target; " +
 		"FAIL = does not, undocumented or a known bug; harness error = the case could not run. Bracketed IDs " +
-		"after a case name are the entries of notes/conformance-catalogue.md (section A) it implements.\n\n")
+		"after a case name are the entries of docs/conformance-catalogue.md (section A) it implements.\n\n")
 	keys := make([]string, 0, len(r.Environment))
 	for k := range r.Environment {
 		keys = append(keys, k)

@@ -19,7 +19,7 @@ import (
 // RxeTarget is the Linux kernel's rdma_rxe in a VM (package rxevm), driven
 // through the verbs agent (package agent). The fake peer is a UDP link on
 // the host side of the VM's tap, inside the VM's network namespace: it
-// sends with IPv4 ID 0, whose ICRC rxe accepts (platform-facts.md).
+// sends with IPv4 ID 0, whose ICRC rxe accepts (docs/platform.md, ICRC).
 type RxeTarget struct {
 	vm   *rxevm.VM
 	ag   *agent.Client

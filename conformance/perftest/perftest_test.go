@@ -17,7 +17,7 @@ import (
 	"github.com/softroce/softroce/verbs"
 )
 
-// The example KEYS message of conformance-catalogue.md C.4, byte for byte.
+// The example KEYS message of docs/conformance-catalogue.md C.4, byte for byte.
 func TestKeysMarshal(t *testing.T) {
 	k := Keys{OutReads: 1, QPN: 0x11, PSN: 0xa1b2c3, RKey: 0x1234, VAddr: 0x7f0012345000,
 		GID: verbs.GIDFromAddr(netip.MustParseAddr("192.168.122.113"))}

@@ -4,7 +4,7 @@
 // the RDMA traffic those tools expect, so that softroce and perftest interoperate
 // with softroce as the TCP listener ("server") or connector ("client").
 //
-// The exchange (conformance-catalogue.md, section C) is a fixed sequence of
+// The exchange (docs/conformance-catalogue.md, section C) is a fixed sequence of
 // exact-size messages: version, system data (cycle buffer, cache line),
 // MTU, the 108-byte KEYS message (LID, out_reads, QPN, PSN, rkey, vaddr,
 // GID, SRQN) twice, a barrier after RTR, a barrier when the traffic is

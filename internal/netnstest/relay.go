@@ -33,7 +33,7 @@ type RelayConfig struct {
 // Relay forwards Ethernet frames between two interfaces of a middle
 // namespace through AF_PACKET sockets, impairing RoCE frames on the way:
 // a <-> m <-> b with a and b in one subnet. The kernel has no netem here
-// (platform-facts.md), and nftables cannot delay, reorder or touch AF_XDP
+// (docs/platform.md, No netem), and nftables cannot delay, reorder or touch AF_XDP
 // transmissions, hence this relay.
 type Relay struct {
 	ab, ba *relayDir
