@@ -553,6 +553,7 @@ func goldens(out string, files []*capFile) (string, error) {
 		return "", err
 	}
 	version, _, _ := strings.Cut(string(vb), "\n")
+	version = strings.TrimSuffix(version, ".")
 	for _, f := range files {
 		args := []string{"-r", filepath.Join(out, f.name), "-T", "fields", "-E", "separator=|", "-E", "occurrence=f"}
 		for _, fl := range tsharkFields {
@@ -594,7 +595,7 @@ bth/kat_test.go read these files; they need neither the VM nor tshark.
 |---|---|
 | rxe-ipv4.pcap | RoCEv2 over IPv4 (10.88.0.1 softroce, 10.88.0.2 rxe) |
 | rxe-ipv6.pcap | RoCEv2 over IPv6 (fd88::1 softroce, fd88::2 rxe) |
-| rxe-ipv4.tshark, rxe-ipv6.tshark | the golden decoder fields: %s -T fields output for each frame, recorded with the capture |
+| rxe-ipv4.tshark, rxe-ipv6.tshark | the golden decoder fields: `+"`tshark -T fields`"+` output for each frame, recorded with the capture (%s) |
 
 Frames whose source is the rxe guest (10.88.0.2, fd88::2) were built by the
 kernel: their ICRC is an independent answer for package icrc. Frames whose
