@@ -22,11 +22,34 @@ type ICRCStatus uint8
 const (
 	// ICRCVerified: the whole ICRC was checked over the real IP/UDP headers.
 	ICRCVerified ICRCStatus = iota + 1
-	// ICRCUnverified: the backend cannot see the IP header the peer sent
-	// (kernel UDP sockets over IPv4 hide the IPv4 ID), so the ICRC was not
-	// checked. The transport still has the UDP checksum-free payload.
+	// ICRCUnverified: the ICRC was not checked, because the backend cannot
+	// know the IP header the peer hashed (an IPv4 header with options seen
+	// through a kernel UDP socket) or was configured not to check. Stats
+	// counts each reason.
 	ICRCUnverified
+	// ICRCPartial: the backend cannot see the peer's IPv4 Identification
+	// (a kernel UDP socket hides it), so it recovered the ID from the ICRC
+	// itself and checked the rest: PartialICRCBits of the 32 bits are a
+	// genuine check, so a corrupted packet passes with probability 2^-16
+	// (see icrc.SolveIPv4ID). It assumes the peer set DF on an unfragmented
+	// packet, as rxe and RoCE NICs do.
+	ICRCPartial
 )
+
+// PartialICRCBits is the strength of the check behind ICRCPartial.
+const PartialICRCBits = 16
+
+// CheckBits is the number of ICRC bits that checked the packet: 32 when
+// verified, PartialICRCBits when partially verified, 0 otherwise.
+func (s ICRCStatus) CheckBits() int {
+	switch s {
+	case ICRCVerified:
+		return 32
+	case ICRCPartial:
+		return PartialICRCBits
+	}
+	return 0
+}
 
 func (s ICRCStatus) String() string {
 	switch s {
@@ -34,6 +57,8 @@ func (s ICRCStatus) String() string {
 		return "verified"
 	case ICRCUnverified:
 		return "unverified"
+	case ICRCPartial:
+		return "partially verified (16 bits)"
 	}
 	return "unknown"
 }
@@ -64,7 +89,15 @@ type Link interface {
 	// returns n. After Close it returns net.ErrClosed.
 	Recv(pkts []Packet) (n int, err error)
 	// Send computes each packet's ICRC into its last four bytes and
-	// transmits the batch. It returns how many were handed to the wire.
+	// transmits the batch. On success it returns len(pkts) and nil.
+	// Packets the link can never send (no or wrong-family destination,
+	// too large) are dropped, counted in Stats.TxErrors, and not an error.
+	// When one packet fails otherwise (its peer is unreachable, its next
+	// hop unresolved), Send returns n, the number of packets before it
+	// that were handed to the wire, and the error: pkts[n] was not sent,
+	// and the caller skips it and calls Send again with pkts[n+1:] (a
+	// reliable transport retransmits pkts[n] later). An error wrapping
+	// net.ErrClosed means the link is closed: nothing more will be sent.
 	Send(pkts []Packet) (n int, err error)
 	// BatchSize is the largest batch worth passing to Recv or Send.
 	BatchSize() int
@@ -78,15 +111,22 @@ type Link interface {
 	Close() error
 }
 
-// Stats are counters every Link keeps.
+// Stats are counters every Link keeps. Every delivered packet (RxPackets)
+// is in exactly one ICRC class: RxICRCVerified + RxICRCPartial +
+// RxICRCUnverified = RxPackets.
 type Stats struct {
 	RxPackets, TxPackets uint64
 	RxBytes, TxBytes     uint64
-	RxICRCBad            uint64 // dropped: ICRC mismatch
-	RxICRCUnverified     uint64 // accepted without an ICRC check (see ICRCUnverified)
-	RxMalformed          uint64 // dropped: not a RoCEv2 packet the link can deliver
-	RxTruncated          uint64 // dropped: larger than the receive buffer
-	TxErrors             uint64
+	RxICRCVerified       uint64 // accepted, the whole ICRC checked (ICRCVerified)
+	RxICRCPartial        uint64 // accepted, PartialICRCBits of it checked (ICRCPartial)
+	RxICRCUnverified     uint64 // accepted without an ICRC check: the sum of the reasons below
+	// Why packets went unverified.
+	RxUnverifiedIPOptions uint64 // IPv4 options the socket cannot show as the peer hashed them
+	RxUnverifiedOff       uint64 // checking turned off by configuration
+	RxICRCBad             uint64 // dropped: ICRC mismatch (or, partially verified, no ID fits)
+	RxMalformed           uint64 // dropped: not a RoCEv2 packet the link can deliver
+	RxTruncated           uint64 // dropped: larger than the receive buffer
+	TxErrors              uint64
 }
 
 // Overhead is what IP and UDP add to a RoCE packet: the largest RoCE

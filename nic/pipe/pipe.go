@@ -4,7 +4,7 @@
 // touch a real network) and a fixed queue of pre-sized packet buffers.
 // Send computes the ICRC over the IPv4 (or IPv6) and UDP header the packet
 // would carry on a kernel UDP socket with IP_PMTUDISC_DO (IPv4 ID 0, DF
-// set; see platform-facts.md) and copies the packet into the peer's queue;
+// set; see docs/platform.md) and copies the packet into the peer's queue;
 // Recv copies it out and verifies the ICRC the same way, dropping and
 // counting packets whose ICRC is wrong. That makes a pipe wrapped in
 // impairment (nic/impair) exercise the same ICRC drop path a real link
@@ -133,6 +133,8 @@ func (l *Link) Stats() nic.Stats {
 		RxBytes: l.rxBytes.Load(), TxBytes: l.txBytes.Load(),
 		RxICRCBad: l.rxBad.Load(), RxMalformed: l.rxMalformed.Load(),
 		RxTruncated: l.rxTruncated.Load(), TxErrors: l.txErrors.Load(),
+		// Every delivered packet had its whole ICRC checked.
+		RxICRCVerified: l.rxPackets.Load(),
 	}
 }
 
@@ -146,7 +148,7 @@ func (l *Link) Close() error {
 
 // synth computes the ICRC of roce as sent from src to dst. Linux sends ID 0
 // and DF from an unconnected socket with IP_PMTUDISC_DO, the setting
-// nic/udp uses (platform-facts.md); the pipe mimics that header. The
+// nic/udp uses (docs/platform.md); the pipe mimics that header. The
 // address bytes stay in this frame so nothing escapes.
 func synth(src, dst netip.Addr, sport, dport uint16, roce []byte) (uint32, error) {
 	var s, d [16]byte

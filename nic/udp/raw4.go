@@ -17,7 +17,7 @@ import (
 // socket: an IPv4 header without options and the UDP header.
 const rawHdrLen = 20 + 8
 
-// openRaw4 sets up Config.VerifyIPv4: a raw IPv4 socket, bound to the
+// openRaw4 sets up IPv4CheckRaw: a raw IPv4 socket, bound to the
 // link's address and filtered (classic BPF) to unfragmented UDP to the
 // link's port, receives the datagrams with their IPv4 header, so the ICRC
 // is verified over the ID the peer really sent. The UDP socket stays
@@ -26,7 +26,7 @@ const rawHdrLen = 20 + 8
 func (l *Link) openRaw4(sockBuf int) error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
 	if err != nil {
-		return fmt.Errorf("udp: VerifyIPv4 needs a raw IPv4 socket (root or CAP_NET_RAW): %w", err)
+		return fmt.Errorf("udp: IPv4CheckRaw (VerifyIPv4) needs a raw IPv4 socket (root or CAP_NET_RAW): %w", err)
 	}
 	ok := false
 	defer func() {
@@ -148,6 +148,7 @@ func (l *Link) acceptRaw(i int, p *nic.Packet) bool {
 	p.Local = dst.Addr()
 	p.SrcPort = 0
 	p.ICRC = nic.ICRCVerified
+	l.rxVerified.Add(1)
 	l.rxPackets.Add(1)
 	l.rxBytes.Add(uint64(p.N))
 	return true

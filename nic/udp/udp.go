@@ -9,7 +9,7 @@
 // The RoCEv2 ICRC (IBTA annex A17.3.3) covers the IP header, including the
 // IPv4 Identification field, which the kernel chooses. An unconnected socket
 // with IP_MTU_DISCOVER = IP_PMTUDISC_DO makes Linux send ID 0 with DF set
-// (platform-facts.md), so Send computes the ICRC over exactly the header
+// (docs/platform.md), so Send computes the ICRC over exactly the header
 // the kernel will send (icrc.Synth with ID 0, DF), and a peer that checks
 // the ICRC over the real header (kernel rdma_rxe, a RoCE NIC, nic/afxdp)
 // accepts it. The source port is always the bound port: Packet.SrcPort is
@@ -21,20 +21,34 @@
 //     and hop limit are masked), so the full ICRC is verified: packets
 //     with a bad ICRC are dropped and counted in Stats.RxICRCBad, good ones
 //     are marked nic.ICRCVerified.
-//   - IPv4: the peer's ID is invisible (rxe and NICs send non-zero IDs), so
-//     the ICRC is NOT checked: packets are delivered marked
-//     nic.ICRCUnverified and counted in Stats.RxICRCUnverified. What the
-//     transport still gets is the UDP payload, intact as far as the UDP
-//     checksum (if the peer sent one) and the Ethernet FCS go.
-//   - IPv4 with Config.VerifyIPv4 (root or CAP_NET_RAW): datagrams are
-//     read from a raw IPv4 socket that shows the header, and the full ICRC
-//     is verified as for IPv6. nic/afxdp verifies it too.
+//   - IPv4, raw socket (IPv4CheckRaw; IPv4CheckAuto when the process has
+//     root or CAP_NET_RAW): datagrams are read from a raw IPv4 socket that
+//     shows the header, options and all, and the full ICRC is verified as
+//     for IPv6 (nic.ICRCVerified). nic/afxdp verifies it too.
+//   - IPv4, unprivileged (IPv4CheckSolve; IPv4CheckAuto without the
+//     privilege): the peer's ID (rxe and NICs send non-zero IDs) is
+//     recovered from the ICRC itself (icrc.SolveIPv4ID), which leaves 16
+//     of its 32 bits as a check: a corrupted packet passes with
+//     probability 2^-16. Good packets are marked nic.ICRCPartial and
+//     counted in Stats.RxICRCPartial; a packet that no ID explains is
+//     dropped as RxICRCBad. The socket hides the DF flag and the IP
+//     options too, which the ICRC also covers. DF is taken to be set, as
+//     rxe and RoCE NICs send it, except on a datagram the kernel
+//     reassembled (IP_RECVFRAGSIZE says so), which was sent without it;
+//     a peer that sends unfragmented packets without DF fails the check
+//     on every packet (it shows as RxICRCBad). A packet with IP options
+//     (IP_RECVOPTS shows them, but possibly not as the peer hashed them)
+//     is delivered unchecked, marked nic.ICRCUnverified and counted in
+//     Stats.RxUnverifiedIPOptions.
+//   - IPv4CheckNone: no check; packets are marked nic.ICRCUnverified and
+//     counted in Stats.RxUnverifiedOff.
 package udp
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -69,10 +83,11 @@ type Config struct {
 	MTU int
 	// Batch is the largest batch per system call (0: DefaultBatch).
 	Batch int
-	// VerifyIPv4 receives IPv4 through a raw socket that sees the IPv4
-	// header, so that the ICRC is verified over the ID the peer sent
-	// (nic.ICRCVerified) instead of left unchecked. It needs root or
-	// CAP_NET_RAW; ignored for IPv6, which is always verified.
+	// IPv4Check chooses how the ICRC of received IPv4 packets is checked
+	// (see the package doc); ignored for IPv6, which is always verified.
+	// The zero value, IPv4CheckAuto, checks by default.
+	IPv4Check IPv4Check
+	// VerifyIPv4 is IPv4Check = IPv4CheckRaw, kept for existing callers.
 	VerifyIPv4 bool
 	// SocketBuffer is the size asked for SO_RCVBUF and SO_SNDBUF (0:
 	// DefaultSocketBuffer; negative: leave the kernel's default). With
@@ -80,6 +95,38 @@ type Config struct {
 	// sender bursts a whole message window: a receive buffer that cannot
 	// hold it drops the tail of every burst, and go-back-N resends it.
 	SocketBuffer int
+}
+
+// IPv4Check is how a Link checks the ICRC of IPv4 packets it receives.
+type IPv4Check uint8
+
+const (
+	// IPv4CheckAuto is IPv4CheckRaw when the process may open a raw
+	// socket (root or CAP_NET_RAW), IPv4CheckSolve otherwise.
+	IPv4CheckAuto IPv4Check = iota
+	// IPv4CheckRaw receives IPv4 through a raw socket that shows the
+	// header: the full ICRC is verified (nic.ICRCVerified). Open fails
+	// without root or CAP_NET_RAW.
+	IPv4CheckRaw
+	// IPv4CheckSolve recovers the peer's IPv4 ID from the ICRC and checks
+	// the remaining 16 bits (nic.ICRCPartial). No privilege needed.
+	IPv4CheckSolve
+	// IPv4CheckNone does not check (nic.ICRCUnverified).
+	IPv4CheckNone
+)
+
+func (c IPv4Check) String() string {
+	switch c {
+	case IPv4CheckAuto:
+		return "auto"
+	case IPv4CheckRaw:
+		return "raw"
+	case IPv4CheckSolve:
+		return "solve"
+	case IPv4CheckNone:
+		return "none"
+	}
+	return "unknown"
 }
 
 // batchConn is what ipv4.PacketConn and ipv6.PacketConn have in common
@@ -95,6 +142,7 @@ type Link struct {
 	local  netip.AddrPort
 	addrs  []netip.Addr
 	v6     bool
+	check  IPv4Check // as resolved by Open: never IPv4CheckAuto on IPv4
 	mtu    int
 	batch  int
 	closed atomic.Bool
@@ -108,13 +156,18 @@ type Link struct {
 	txMu   sync.Mutex
 	txMsgs []ipv4.Message
 	txBufs [][1][]byte
+	txIdx  []int // index in the caller's batch of each of txMsgs
 	// txAddrs caches the *net.UDPAddr of each destination so that sending
 	// does not allocate one per packet.
 	txAddrs map[netip.AddrPort]*net.UDPAddr
 
 	rxPackets, txPackets atomic.Uint64
 	rxBytes, txBytes     atomic.Uint64
-	rxBad, rxUnverified  atomic.Uint64
+	rxVerified           atomic.Uint64
+	rxPartial            atomic.Uint64
+	rxUnvOptions         atomic.Uint64
+	rxUnvOff             atomic.Uint64
+	rxBad                atomic.Uint64
 	rxMalformed          atomic.Uint64
 	rxTruncated          atomic.Uint64
 	txErrors             atomic.Uint64
@@ -122,8 +175,9 @@ type Link struct {
 
 var _ nic.RawSender = (*Link)(nil)
 
-// oobSize fits one IP_PKTINFO or IPV6_PKTINFO control message.
-const oobSize = 64
+// oobSize fits the control messages a datagram can carry: IP_PKTINFO (or
+// IPV6_PKTINFO), IP_RECVFRAGSIZE and up to 40 bytes of IP_OPTIONS.
+const oobSize = 128
 
 // Open binds the socket and prepares its batches.
 func Open(cfg Config) (*Link, error) {
@@ -186,17 +240,13 @@ func Open(cfg Config) (*Link, error) {
 		return nil, fmt.Errorf("udp: raw socket: %w", err)
 	}
 	l.rx = newReceiver(rc, batch, 0)
-	if cfg.VerifyIPv4 && !v6 {
-		size := cfg.SocketBuffer
-		if size == 0 {
-			size = DefaultSocketBuffer
-		}
-		if err := l.openRaw4(size); err != nil {
+	if !v6 {
+		if err := l.setupCheck(cfg); err != nil {
 			conn.Close()
 			return nil, err
 		}
 	}
-	l.txMsgs, l.txBufs = make([]ipv4.Message, batch), make([][1][]byte, batch)
+	l.txMsgs, l.txBufs, l.txIdx = make([]ipv4.Message, batch), make([][1][]byte, batch), make([]int, batch)
 	for i := range l.txMsgs {
 		l.txMsgs[i].Buffers = l.txBufs[i][:]
 	}
@@ -217,7 +267,7 @@ func (l *Link) setup(cfg Config) error {
 			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
 		} else {
 			// Linux sends IPv4 ID 0 from an unconnected socket in this
-			// mode (platform-facts.md), the ID the ICRC is computed with.
+			// mode (docs/platform.md), the ID the ICRC is computed with.
 			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
 		}
 		if serr != nil {
@@ -263,6 +313,62 @@ func (l *Link) setup(cfg Config) error {
 	return nil
 }
 
+// setupCheck prepares the IPv4 ICRC check cfg asks for.
+func (l *Link) setupCheck(cfg Config) error {
+	l.check = cfg.IPv4Check
+	if cfg.VerifyIPv4 {
+		l.check = IPv4CheckRaw
+	}
+	switch l.check {
+	case IPv4CheckAuto, IPv4CheckRaw:
+		size := cfg.SocketBuffer
+		if size == 0 {
+			size = DefaultSocketBuffer
+		}
+		err := l.openRaw4(size)
+		if err == nil {
+			l.check = IPv4CheckRaw
+			return nil
+		}
+		if l.check == IPv4CheckRaw || !errors.Is(err, syscall.EPERM) && !errors.Is(err, syscall.EACCES) {
+			return err
+		}
+		l.check = IPv4CheckSolve
+	case IPv4CheckSolve, IPv4CheckNone:
+	default:
+		return fmt.Errorf("udp: unknown IPv4Check %d", l.check)
+	}
+	if l.check == IPv4CheckNone {
+		return nil
+	}
+	rc, err := l.conn.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("udp: raw socket: %w", err)
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		// The options, to tell a header with options (whose ICRC cannot
+		// be solved) from one without.
+		if e := unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVOPTS, 1); e != nil {
+			serr = fmt.Errorf("udp: enable IP_RECVOPTS: %w", e)
+			return
+		}
+		// The largest fragment of a reassembled datagram, to tell one
+		// sent without DF (Linux 4.10 on; without it, fragmented
+		// datagrams fail the check).
+		unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVFRAGSIZE, 1)
+	})
+	if err == nil {
+		err = serr
+	}
+	return err
+}
+
+// IPv4Check returns how the link checks received IPv4 packets: IPv4CheckRaw,
+// IPv4CheckSolve or IPv4CheckNone (IPv4CheckAuto resolved), or
+// IPv4CheckAuto for an IPv6 link.
+func (l *Link) IPv4Check() IPv4Check { return l.check }
+
 // InterfaceOf returns the interface that owns addr.
 func InterfaceOf(addr netip.Addr) (*net.Interface, error) {
 	ifs, err := net.Interfaces()
@@ -305,7 +411,10 @@ func (l *Link) Stats() nic.Stats {
 	return nic.Stats{
 		RxPackets: l.rxPackets.Load(), TxPackets: l.txPackets.Load(),
 		RxBytes: l.rxBytes.Load(), TxBytes: l.txBytes.Load(),
-		RxICRCBad: l.rxBad.Load(), RxICRCUnverified: l.rxUnverified.Load(),
+		RxICRCVerified: l.rxVerified.Load(), RxICRCPartial: l.rxPartial.Load(),
+		RxICRCUnverified:      l.rxUnvOptions.Load() + l.rxUnvOff.Load(),
+		RxUnverifiedIPOptions: l.rxUnvOptions.Load(), RxUnverifiedOff: l.rxUnvOff.Load(),
+		RxICRCBad:   l.rxBad.Load(),
 		RxMalformed: l.rxMalformed.Load(), RxTruncated: l.rxTruncated.Load(),
 		TxErrors: l.txErrors.Load(),
 	}
@@ -374,10 +483,13 @@ func (l *Link) PutICRC(p *nic.Packet) error {
 	return nil
 }
 
-// Send implements nic.Link. Packets that cannot be sent (no or wrong-family
-// destination, too large for the MTU, a Local that is not this socket's
-// address) are skipped and counted in TxErrors; the return value counts
-// every packet handled, skipped ones included, unless the socket fails.
+// Send implements nic.Link. Packets that can never go out of this link
+// (no or wrong-family destination, too large for the MTU, a Local that is
+// not this socket's address) are dropped and counted in TxErrors. When
+// the kernel refuses one packet (EHOSTUNREACH, ENETUNREACH, EMSGSIZE, a
+// firewall's EPERM...), Send returns its index and the error, as
+// nic.Link specifies: every packet before it was sent or dropped, none
+// after it was tried.
 func (l *Link) Send(pkts []nic.Packet) (int, error) {
 	for i := range pkts {
 		_ = l.PutICRC(&pkts[i]) // failures are counted by SendRaw
@@ -385,57 +497,63 @@ func (l *Link) Send(pkts []nic.Packet) (int, error) {
 	return l.SendRaw(pkts)
 }
 
-// SendRaw implements nic.RawSender.
+// SendRaw implements nic.RawSender, with Send's contract.
 func (l *Link) SendRaw(pkts []nic.Packet) (int, error) {
 	l.txMu.Lock()
 	defer l.txMu.Unlock()
 	done := 0
 	for done < len(pkts) {
-		// Gather up to one batch of sendable packets.
+		// Gather up to one batch of sendable packets; txIdx[k] is the
+		// index in pkts of message k.
 		k, next := 0, done
-		var bytes uint64
 		for next < len(pkts) && k < len(l.txMsgs) {
 			p := &pkts[next]
-			next++
 			dst, ok := l.dest(p)
 			if !ok {
 				l.txErrors.Add(1)
+				next++
 				continue
 			}
 			m := &l.txMsgs[k]
 			m.Buffers[0] = p.Buf[:p.N]
 			m.Addr = l.udpAddr(dst)
-			bytes += uint64(p.N)
+			l.txIdx[k] = next
+			next++
 			k++
 		}
 		sent := 0
-		for sent < k {
-			n, err := l.bc.WriteBatch(l.txMsgs[sent:k], 0)
+		var err error
+		for sent < k && err == nil {
+			var n int
+			n, err = l.bc.WriteBatch(l.txMsgs[sent:k], 0)
 			if err != nil {
-				if l.closed.Load() || errors.Is(err, net.ErrClosed) {
-					return done, net.ErrClosed
-				}
-				if errors.Is(err, syscall.EMSGSIZE) || errors.Is(err, syscall.ECONNREFUSED) ||
-					errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
-					// One bad packet (or an ICMP error reported late for
-					// an earlier one): count it and carry on, as a NIC
-					// would drop it.
-					l.txErrors.Add(1)
-					sent++
-					continue
-				}
-				return done, fmt.Errorf("udp: sendmmsg from %v: %w", l.local, err)
+				n = 0 // x/net reports -1 with the error
+			} else if n <= 0 {
+				err = io.ErrNoProgress
+				n = 0
 			}
-			sent += n
+			for _, m := range l.txMsgs[sent : sent+n] {
+				l.txBytes.Add(uint64(len(m.Buffers[0])))
+			}
 			l.txPackets.Add(uint64(n))
+			sent += n
 		}
-		l.txBytes.Add(bytes)
 		for i := 0; i < k; i++ {
 			l.txMsgs[i].Buffers[0] = nil // do not pin the caller's buffers
+			l.txMsgs[i].Addr = nil
+		}
+		if err != nil {
+			if l.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return l.txIdx[sent], net.ErrClosed
+			}
+			// sendmmsg reports the error of the first message it could
+			// not send: that one failed, the ones after it were not tried.
+			l.txErrors.Add(1)
+			return l.txIdx[sent], fmt.Errorf("udp: send from %v to %v: %w", l.local, pkts[l.txIdx[sent]].Remote, err)
 		}
 		done = next
 	}
-	return done, nil
+	return len(pkts), nil
 }
 
 // udpAddr returns the cached *net.UDPAddr of a destination.
@@ -452,8 +570,8 @@ func (l *Link) udpAddr(ap netip.AddrPort) *net.UDPAddr {
 }
 
 // Recv implements nic.Link. It blocks until at least one packet is ready.
-// IPv6 packets have their ICRC verified (bad ones are dropped and
-// counted); IPv4 packets are delivered unverified (see the package doc).
+// Packets whose ICRC fails its check are dropped and counted; how IPv4
+// packets are checked is in the package doc.
 func (l *Link) Recv(pkts []nic.Packet) (int, error) {
 	if len(pkts) == 0 {
 		return 0, nil
@@ -504,19 +622,18 @@ func (l *Link) accept(i int, p *nic.Packet) bool {
 		l.rxMalformed.Add(1)
 		return false
 	}
+	c := parseCmsgs(oob, l.v6)
 	p.N = n
 	p.Remote = src
 	p.Local = l.local.Addr()
-	if dst, ok := pktinfoDst(oob, l.v6); ok {
-		p.Local = dst
+	if c.hasDst {
+		p.Local = c.dst
 	}
 	p.SrcPort = 0
-	if !l.v6 {
-		// The peer's IPv4 ID is not visible: see the package doc.
-		p.ICRC = nic.ICRCUnverified
-		l.rxUnverified.Add(1)
-	} else {
-		crc, err := synth(p.Remote, netip.AddrPortFrom(p.Local, l.local.Port()), p.Buf[:p.N])
+	local := netip.AddrPortFrom(p.Local, l.local.Port())
+	switch {
+	case l.v6:
+		crc, err := synth(p.Remote, local, p.Buf[:p.N])
 		if err != nil {
 			l.rxMalformed.Add(1)
 			return false
@@ -526,31 +643,78 @@ func (l *Link) accept(i int, p *nic.Packet) bool {
 			return false
 		}
 		p.ICRC = nic.ICRCVerified
+		l.rxVerified.Add(1)
+	case l.check == IPv4CheckNone:
+		p.ICRC = nic.ICRCUnverified
+		l.rxUnvOff.Add(1)
+	case c.options || flags&unix.MSG_CTRUNC != 0:
+		// The header had options (or the control data that would say
+		// was cut): the ICRC covers them as the peer sent them, which
+		// the socket may not show. See the package doc.
+		p.ICRC = nic.ICRCUnverified
+		l.rxUnvOptions.Add(1)
+	default:
+		// The peer's ID is not visible: solve for it (package doc). A
+		// reassembled datagram was sent without DF.
+		_, ok, err := solveV4(p.Remote, local, !c.fragmented, p.Buf[:p.N])
+		if err != nil {
+			l.rxMalformed.Add(1)
+			return false
+		}
+		if !ok {
+			l.rxBad.Add(1)
+			return false
+		}
+		p.ICRC = nic.ICRCPartial
+		l.rxPartial.Add(1)
 	}
 	l.rxPackets.Add(1)
 	l.rxBytes.Add(uint64(p.N))
 	return true
 }
 
-// pktinfoDst finds the header destination address in an IP_PKTINFO or
-// IPV6_PKTINFO control message, parsed by hand so that nothing allocates.
-func pktinfoDst(oob []byte, v6 bool) (netip.Addr, bool) {
+// solveV4 recovers the IPv4 ID under which roce's ICRC is right for a
+// header from src to dst without options, with DF as given.
+func solveV4(src, dst netip.AddrPort, df bool, roce []byte) (uint16, bool, error) {
+	s, d := src.Addr().As4(), dst.Addr().As4()
+	h := icrc.Header{Src: s[:], Dst: d[:], DF: df, SrcPort: src.Port(), DstPort: dst.Port()}
+	return icrc.SolveIPv4ID(&h, roce)
+}
+
+// cmsgs is what the control messages of a datagram say.
+type cmsgs struct {
+	dst        netip.Addr // the header destination (IP_PKTINFO, IPV6_PKTINFO)
+	hasDst     bool
+	options    bool // IP_RECVOPTS: the IPv4 header had options
+	fragmented bool // IP_RECVFRAGSIZE: the kernel reassembled the datagram
+}
+
+// parseCmsgs decodes the control messages, by hand so that nothing
+// allocates.
+func parseCmsgs(oob []byte, v6 bool) cmsgs {
+	var c cmsgs
 	for len(oob) >= unix.SizeofCmsghdr {
 		// struct cmsghdr { size_t len; int level; int type; } on 64-bit Linux.
 		ln := int(binary.NativeEndian.Uint64(oob))
 		level := int32(binary.NativeEndian.Uint32(oob[8:]))
 		typ := int32(binary.NativeEndian.Uint32(oob[12:]))
 		if ln < unix.SizeofCmsghdr || ln > len(oob) {
-			return netip.Addr{}, false
+			return c
 		}
 		data := oob[unix.SizeofCmsghdr:ln]
 		switch {
 		case !v6 && level == unix.IPPROTO_IP && typ == unix.IP_PKTINFO && len(data) >= unix.SizeofInet4Pktinfo:
 			// struct in_pktinfo { int ifindex; in_addr spec_dst; in_addr addr; }
-			return netip.AddrFrom4([4]byte(data[8:12])), true
+			c.dst, c.hasDst = netip.AddrFrom4([4]byte(data[8:12])), true
 		case v6 && level == unix.IPPROTO_IPV6 && typ == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
 			// struct in6_pktinfo { in6_addr addr; int ifindex; }
-			return netip.AddrFrom16([16]byte(data[0:16])).Unmap(), true
+			c.dst, c.hasDst = netip.AddrFrom16([16]byte(data[0:16])).Unmap(), true
+		case !v6 && level == unix.IPPROTO_IP && (typ == unix.IP_RECVOPTS || typ == unix.IP_OPTIONS) && len(data) > 0:
+			// Linux labels the options of IP_RECVOPTS with that option's
+			// number.
+			c.options = true
+		case !v6 && level == unix.IPPROTO_IP && typ == unix.IP_RECVFRAGSIZE:
+			c.fragmented = true
 		}
 		adv := cmsgAlign(ln)
 		if adv > len(oob) {
@@ -558,7 +722,14 @@ func pktinfoDst(oob []byte, v6 bool) (netip.Addr, bool) {
 		}
 		oob = oob[adv:]
 	}
-	return netip.Addr{}, false
+	return c
+}
+
+// pktinfoDst finds the header destination address in an IP_PKTINFO or
+// IPV6_PKTINFO control message.
+func pktinfoDst(oob []byte, v6 bool) (netip.Addr, bool) {
+	c := parseCmsgs(oob, v6)
+	return c.dst, c.hasDst
 }
 
 func cmsgAlign(n int) int { return (n + 7) &^ 7 }
