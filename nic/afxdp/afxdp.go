@@ -108,14 +108,15 @@ type Config struct {
 	Batch int
 	// NoUDPChecksum sends IPv4 packets with UDP checksum 0, as rdma_rxe
 	// does, saving a pass over each packet. By default the checksum is
-	// computed so that a peer on kernel UDP sockets, which cannot verify
-	// an IPv4 ICRC, still has its kernel drop damaged packets. (IPv6
-	// always carries a checksum.)
+	// computed so that a peer on kernel UDP sockets, which without
+	// privilege checks only 16 bits of an IPv4 ICRC (nic/udp), also has
+	// its kernel drop damaged packets. (IPv6 always carries a checksum.)
 	NoUDPChecksum bool
 	// noFrags loads a single-buffer program (tests of the MTU limit).
 	noFrags bool
-	// ResolveWait bounds how long a send waits for the kernel to resolve
-	// an unknown neighbour (0: 1s).
+	// ResolveWait bounds how long a resolution waits for the kernel to
+	// resolve an unknown neighbour (0: 1s). Send never waits: it resolves
+	// in the background (see Send); Resolve waits.
 	ResolveWait time.Duration
 }
 
@@ -543,12 +544,15 @@ func (l *Link) Stats() nic.Stats {
 		RxBytes: l.rxBytes.Load(), TxBytes: l.txBytes.Load(),
 		RxICRCBad: l.rxBad.Load(), RxMalformed: l.rxMalformed.Load(),
 		RxTruncated: l.rxTruncated.Load(), TxErrors: l.txErrors.Load(),
+		// Every delivered packet had its whole ICRC checked.
+		RxICRCVerified: l.rxPackets.Load(),
 	}
 }
 
-// Resolve looks up (and if needed has the kernel resolve) the MAC address
-// of dst's next hop, so that a caller can report an unreachable peer when
-// it connects rather than on its first packet. Send does the same lazily.
+// Resolve looks up (and if needed has the kernel resolve, waiting up to
+// Config.ResolveWait) the MAC address of dst's next hop, so that a caller
+// can report an unreachable peer when it connects, and its first packets
+// are not dropped while Send resolves it in the background.
 func (l *Link) Resolve(dst netip.Addr) error {
 	if l.closed.Load() {
 		return net.ErrClosed

@@ -90,10 +90,14 @@ func (l *Link) PutICRC(p *nic.Packet) error {
 }
 
 // Send implements nic.Link. Packets the link cannot send (no destination,
-// wrong family, too large) are skipped and counted in TxErrors. When the
-// next hop of a destination cannot be resolved, Send stops there and
-// returns the number of packets before it with a *NeighbourError (or
-// *RouteError); the caller may retry later.
+// wrong family, too large) are dropped and counted in TxErrors. When the
+// next hop of a destination is not known, Send does not wait for it: it
+// starts resolving it in the background and, as nic.Link specifies,
+// returns the index of that packet (every packet before it is on the TX
+// ring) with a *NeighbourError whose Err is ErrResolving (or, once the
+// resolution has failed, the cached *NeighbourError or *RouteError, for
+// a second). The caller skips that packet and sends the rest; a reliable
+// transport retransmits it once the neighbour is known.
 func (l *Link) Send(pkts []nic.Packet) (int, error) {
 	for i := range pkts {
 		_ = l.PutICRC(&pkts[i]) // failures are counted by SendRaw
@@ -136,7 +140,7 @@ func (l *Link) SendRaw(pkts []nic.Packet) (int, error) {
 			continue
 		}
 		if dst != lastDst {
-			mac, err := l.neigh.lookup(dst)
+			mac, err := l.neigh.lookupNoWait(dst)
 			if err != nil {
 				l.txErrors.Add(1)
 				if ferr := flush(); ferr != nil {
@@ -165,7 +169,9 @@ func (l *Link) SendRaw(pkts []nic.Packet) (int, error) {
 		bytes += uint64(p.N)
 	}
 	if err := flush(); err != nil {
-		return len(pkts), err
+		// The device refused the kick: report it on the last packet, so
+		// that n stays an index into pkts.
+		return len(pkts) - 1, err
 	}
 	x.reclaim()
 	return len(pkts), nil
@@ -232,7 +238,7 @@ func (l *Link) writeHeaders(b []byte, mac [6]byte, src, dst netip.Addr, sport, d
 		ip[0], ip[1] = 0x45, 0
 		binary.BigEndian.PutUint16(ip[2:], uint16(ipv4Len+ulen))
 		// ID 0 with DF, as Linux sends from an unconnected UDP socket with
-		// IP_PMTUDISC_DO: the ICRC covers the ID (platform-facts.md).
+		// IP_PMTUDISC_DO: the ICRC covers the ID (docs/platform.md).
 		ip[4], ip[5], ip[6], ip[7] = 0, 0, 0x40, 0
 		ip[8], ip[9] = ttl, unix.IPPROTO_UDP
 		ip[10], ip[11] = 0, 0

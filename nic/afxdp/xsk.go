@@ -237,7 +237,7 @@ func (x *xsk) reclaim() {
 }
 
 // kick asks the kernel to process the TX ring. In copy mode it always
-// needs this sendto (platform-facts.md); in zero-copy mode only when the
+// needs this sendto (docs/platform.md); in zero-copy mode only when the
 // driver set need-wakeup.
 //
 // In copy mode one sendto transmits at most a small batch of descriptors

@@ -4,6 +4,8 @@ package linktest
 
 import (
 	"encoding/binary"
+	"errors"
+	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -12,6 +14,23 @@ import (
 
 	"github.com/softroce/softroce/nic"
 )
+
+// Patience returns a channel that fires a little before the test binary's
+// -timeout would kill t (never when there is none, or for a benchmark), so
+// that a test waiting for packets that never come fails with a message of
+// its own, without a wall-clock bound of its own choosing.
+func Patience(t testing.TB) <-chan time.Time {
+	d, ok := t.(interface{ Deadline() (time.Time, bool) })
+	if !ok {
+		return nil
+	}
+	end, ok := d.Deadline()
+	if !ok {
+		return nil
+	}
+	left := time.Until(end)
+	return time.After(left - min(10*time.Second, left/10))
+}
 
 // Packets returns n packets with buffers of size bytes.
 func Packets(n, size int) []nic.Packet {
@@ -44,17 +63,23 @@ func Stream(b *testing.B, tx, rx nic.Link, dst netip.AddrPort, size, payload, ba
 		Fill(&out[i], size, dst, uint32(i))
 	}
 	in := Packets(batch, size+64)
-	// Warm up: neighbour resolution, first packets through the path.
-	tx.Send(out[:1])
+	// Warm up: neighbour resolution, first packets through the path. A
+	// link may drop a packet while it resolves its peer: resend until one
+	// arrives.
 	warm := make(chan struct{})
 	go func() {
 		rx.Recv(in)
 		close(warm)
 	}()
-	select {
-	case <-warm:
-	case <-time.After(3 * time.Second):
-		b.Fatal("warm-up packet never arrived")
+	for tick := time.NewTicker(10 * time.Millisecond); ; {
+		tx.Send(out[:1])
+		select {
+		case <-warm:
+		case <-tick.C:
+			continue
+		}
+		tick.Stop()
+		break
 	}
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -64,10 +89,10 @@ func Stream(b *testing.B, tx, rx nic.Link, dst netip.AddrPort, size, payload, ba
 		defer wg.Done()
 		for !stop.Load() {
 			n, err := tx.Send(out)
-			if err != nil {
+			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			sent.Add(uint64(n))
+			sent.Add(uint64(n)) // on another error out[n] failed: go on
 		}
 	}()
 	b.SetBytes(int64(payload))
