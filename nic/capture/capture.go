@@ -7,7 +7,7 @@
 // ICRC verifies, the wrapper rebuilds each packet's frame: an Ethernet
 // header with locally administered MACs, the IPv4 (or IPv6) header a
 // softroce backend sends (IPv4 ID 0 with DF, as nic/udp and nic/pipe do;
-// platform-facts.md), and a UDP header with checksum 0 (as rxe sends). The
+// docs/platform.md), and a UDP header with checksum 0 (as rxe sends). The
 // RoCE bytes, ICRC included, go into the frame exactly as they were sent or
 // received, so a packet corrupted on the way shows up with a bad ICRC.
 //

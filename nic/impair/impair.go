@@ -4,7 +4,7 @@
 // Real links lose, duplicate and reorder packets, and RC must recover from
 // all of it (IBTA 9.7.5: PSN sequence errors, duplicates, retransmission),
 // so the transport is tested through this wrapper. The local kernel has no
-// netem qdisc (platform-facts.md), which is why the impairment is done here.
+// netem qdisc (docs/platform.md), which is why the impairment is done here.
 //
 // Every decision is drawn from a PCG generator seeded by Config.Seed, so a
 // run with the same seed and the same sequence of sends makes the same
@@ -16,8 +16,9 @@
 // ICRC check drops the packet, as it would drop a packet damaged on the
 // wire. That needs the wrapped link to implement nic.RawSender (every
 // backend of this module does); otherwise a corrupted packet is simply not
-// sent. Note that a receiver that cannot verify the ICRC (nic/udp over
-// IPv4) delivers corrupted packets, exactly as it would from a real wire.
+// sent. Note that a receiver that checks the ICRC only in part (nic/udp
+// over IPv4 without privilege: 16 bits) or not at all delivers a
+// corrupted packet now and then, exactly as it would from a real wire.
 package impair
 
 import (
