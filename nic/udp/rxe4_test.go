@@ -239,3 +239,40 @@ func TestRxeStyleIPv4FalseAccept(t *testing.T) {
 		t.Errorf("only %d of %d corrupted packets reached the check", st.RxICRCBad, total)
 	}
 }
+
+// TestRxeStyleIPv6: rxe sends UDP checksum 0 over IPv6 as well; the link
+// must receive such datagrams (and verify their ICRC) rather than let the
+// kernel drop them.
+func TestRxeStyleIPv6(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("sending a zero-checksum IPv6 datagram needs root (a raw socket)")
+	}
+	b := openCheck(t, "::1", 9000, IPv4CheckAuto)
+	// A raw IPPROTO_UDP socket: the kernel adds the IPv6 header and leaves
+	// the UDP header, checksum 0, as written.
+	fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	if err != nil {
+		t.Skipf("raw socket: %v", err)
+	}
+	defer unix.Close(fd)
+	src := netip.MustParseAddrPort("[::1]:49154")
+	roce := roceBytes(rand.New(rand.NewPCG(4, 4)), 300, 5)
+	seg := make([]byte, 8+len(roce))
+	binary.BigEndian.PutUint16(seg[0:], src.Port())
+	binary.BigEndian.PutUint16(seg[2:], b.LocalAddrPort().Port())
+	binary.BigEndian.PutUint16(seg[4:], uint16(len(seg)))
+	copy(seg[8:], roce)
+	s16, d16 := src.Addr().As16(), b.LocalAddrPort().Addr().As16()
+	crc, err := icrc.Synth(&icrc.Header{Src: s16[:], Dst: d16[:], SrcPort: src.Port(), DstPort: b.LocalAddrPort().Port()}, seg[8:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	icrc.Put(seg, crc)
+	if err := unix.Sendto(fd, seg, 0, &unix.SockaddrInet6{Addr: d16}); err != nil {
+		t.Fatal(err)
+	}
+	got := recvN(t, b, packets(2, 4200), 1)
+	if string(got[0].Bytes()) != string(seg[8:]) || got[0].ICRC != nic.ICRCVerified || got[0].Remote != src {
+		t.Errorf("got %d bytes from %v, %v", got[0].N, got[0].Remote, got[0].ICRC)
+	}
+}
