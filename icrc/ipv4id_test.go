@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -205,38 +206,62 @@ func TestSolveIPv4IDAllocs(t *testing.T) {
 	}
 }
 
-// TestSolveIPv4IDCaptures recovers the IPv4 ID of every IPv4 RoCE frame
-// in the real captures, whose ICRCs rxe and ConnectX NICs computed: the
-// solver must name exactly the ID in the frame's header.
-func TestSolveIPv4IDCaptures(t *testing.T) {
-	var files []string
-	for _, dir := range []string{"../../shared/captures", "../../../shared/captures"} {
-		f, _ := filepath.Glob(dir + "/hardware/*.pcap")
-		if len(f) > 0 {
-			files = f
-			break
+// solveFrame checks that the solver names the ID in the header of fr, an
+// Ethernet frame with a correct ICRC; it reports whether fr was an IPv4
+// RoCE frame without options, and its ID.
+func solveFrame(t *testing.T, name string, n int, fr []byte) (bool, uint16) {
+	t.Helper()
+	res, err := CheckFrame(fr)
+	if err != nil || res.Kind != KindRoCEv2IPv4 || res.Status != StatusOK || res.L3Len != 20 {
+		return false, 0
+	}
+	ip, seg := fr[res.L3:res.L3+20], fr[res.UDP:res.End]
+	h := v4Header(ip, seg)
+	want := binary.BigEndian.Uint16(ip[4:])
+	got, ok, err := SolveIPv4ID(&h, seg[8:])
+	if err != nil || !ok || got != want {
+		t.Errorf("%s frame %d: got %#04x %v %v, want ID %#04x", name, n, got, ok, err, want)
+	}
+	return true, want
+}
+
+// TestSolveIPv4IDKnownAnswers recovers the IPv4 ID of every frame rxe sent
+// in testdata/rxe: their ICRCs were computed by the kernel over non-zero
+// IDs, an independent implementation.
+func TestSolveIPv4IDKnownAnswers(t *testing.T) {
+	checked, nonZero := 0, 0
+	for _, fr := range readKAT(t, "rxe-ipv4.pcap", netip.MustParseAddr("10.88.0.2")) {
+		if !fr.byRxe {
+			continue
+		}
+		if ok, id := solveFrame(t, "rxe-ipv4.pcap", fr.n, fr.data); ok {
+			checked++
+			if id != 0 {
+				nonZero++
+			}
 		}
 	}
+	if checked == 0 || nonZero == 0 {
+		t.Fatalf("%d rxe frames checked, %d with a non-zero ID: nothing tested", checked, nonZero)
+	}
+	t.Logf("recovered the IPv4 ID of %d frames rxe sent (%d non-zero)", checked, nonZero)
+}
+
+// TestSolveIPv4IDCaptures does the same for the shared captures of
+// ConnectX NICs and rxe, where present.
+func TestSolveIPv4IDCaptures(t *testing.T) {
+	files, _ := filepath.Glob(sharedDir + "/hardware/*.pcap")
 	if len(files) == 0 {
-		t.Skip("shared hardware captures not available")
+		t.Skipf("shared captures absent: no %s/hardware/*.pcap", sharedDir)
 	}
 	checked, nonZero := 0, 0
 	for _, path := range files {
 		for i, fr := range readPcap(t, path) {
-			res, err := CheckFrame(fr)
-			if err != nil || res.Kind != KindRoCEv2IPv4 || res.Status != StatusOK || res.L3Len != 20 {
-				continue
-			}
-			ip, seg := fr[res.L3:res.L3+20], fr[res.UDP:res.End]
-			h := v4Header(ip, seg)
-			want := binary.BigEndian.Uint16(ip[4:])
-			got, ok, err := SolveIPv4ID(&h, seg[8:])
-			if err != nil || !ok || got != want {
-				t.Errorf("%s frame %d: got %#04x %v %v, want ID %#04x", filepath.Base(path), i+1, got, ok, err, want)
-			}
-			checked++
-			if want != 0 {
-				nonZero++
+			if ok, id := solveFrame(t, filepath.Base(path), i+1, fr); ok {
+				checked++
+				if id != 0 {
+					nonZero++
+				}
 			}
 		}
 	}
