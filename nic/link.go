@@ -121,7 +121,7 @@ type Stats struct {
 	RxICRCPartial        uint64 // accepted, PartialICRCBits of it checked (ICRCPartial)
 	RxICRCUnverified     uint64 // accepted without an ICRC check: the sum of the reasons below
 	// Why packets went unverified.
-	RxUnverifiedIPOptions uint64 // IPv4 options the socket cannot show as the peer hashed them
+	RxUnverifiedIPOptions uint64 // IPv4 header with options (or control data cut short): not solvable
 	RxUnverifiedOff       uint64 // checking turned off by configuration
 	RxICRCBad             uint64 // dropped: ICRC mismatch (or, partially verified, no ID fits)
 	RxMalformed           uint64 // dropped: not a RoCEv2 packet the link can deliver

@@ -136,6 +136,18 @@ func TestSendDoesNotWaitForResolution(t *testing.T) {
 	if c := r.count(ghost); c != 1 {
 		t.Errorf("%d resolutions of %v, want 1", c, ghost)
 	}
+	// The cached failure fails its packet alone in a batch too.
+	n, err := a.Send(out)
+	var ne *NeighbourError
+	if n != 1 || !errors.As(err, &ne) || errors.Is(err, ErrResolving) {
+		t.Fatalf("Send with the failed peer in the middle = %d, %v", n, err)
+	}
+	if n, err := a.Send(out[n+1:]); n != 2 || err != nil {
+		t.Fatalf("Send of the rest = %d, %v", n, err)
+	}
+	if got := recvSeqs(t, b, 3); got[0] != 0 || got[1] != 2 || got[2] != 3 {
+		t.Fatalf("received %v, want [0 2 3]", got)
+	}
 }
 
 func itoa(i int) string {
