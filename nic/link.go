@@ -30,7 +30,8 @@ const (
 	// ICRCPartial: the backend cannot see the peer's IPv4 Identification
 	// (a kernel UDP socket hides it), so it recovered the ID from the ICRC
 	// itself and checked the rest: PartialICRCBits of the 32 bits are a
-	// genuine check, so a corrupted packet passes with probability 2^-16
+	// genuine check, so a corrupted packet passes with probability about
+	// 2^-16
 	// (see icrc.SolveIPv4ID). It assumes the peer set DF on an unfragmented
 	// packet, as rxe and RoCE NICs do.
 	ICRCPartial
@@ -93,8 +94,9 @@ type Link interface {
 	// Packets the link can never send (no or wrong-family destination,
 	// too large) are dropped, counted in Stats.TxErrors, and not an error.
 	// When one packet fails otherwise (its peer is unreachable, its next
-	// hop unresolved), Send returns n, the number of packets before it
-	// that were handed to the wire, and the error: pkts[n] was not sent,
+	// hop unresolved), Send returns n, its index (the packets before it
+	// were handed to the wire, or dropped as above), and the error:
+	// pkts[n] was not sent, none after it was tried,
 	// and the caller skips it and calls Send again with pkts[n+1:] (a
 	// reliable transport retransmits pkts[n] later). An error wrapping
 	// net.ErrClosed means the link is closed: nothing more will be sent.
