@@ -96,10 +96,10 @@ type Link interface {
 	// When one packet fails otherwise (its peer is unreachable, its next
 	// hop unresolved), Send returns n, its index (the packets before it
 	// were handed to the wire, or dropped as above), and the error:
-	// pkts[n] was not sent, none after it was tried,
-	// and the caller skips it and calls Send again with pkts[n+1:] (a
-	// reliable transport retransmits pkts[n] later). An error wrapping
-	// net.ErrClosed means the link is closed: nothing more will be sent.
+	// pkts[n] was not sent and none after it was tried. The caller skips
+	// pkts[n] and calls Send again with pkts[n+1:] (a reliable transport
+	// retransmits pkts[n] later). An error wrapping net.ErrClosed means
+	// the link is closed: nothing more will be sent.
 	Send(pkts []Packet) (n int, err error)
 	// BatchSize is the largest batch worth passing to Recv or Send.
 	BatchSize() int
