@@ -79,6 +79,17 @@ type X struct {
 	res    *Result
 	abort  bool
 	obs    []string
+	extra  []Session // further QPs the case opened (OpenQP)
+	never  []watch
+}
+
+// watch is a negative assertion that holds for the rest of a case.
+type watch struct {
+	what    string
+	peerQPN uint32
+	from    int // index into C.Pkts where the watch starts
+	since   time.Time
+	bad     func(*Pkt) bool
 }
 
 // errAbort unwinds a case after a harness error.
@@ -97,6 +108,52 @@ func (x *X) Open(spec QPSpec) {
 	x.S, x.Spec = s, spec
 	x.C = x.Target.Peer().NewConv(x.Ctx, x.Target.Addr(), spec.PeerQPN, s.QPN())
 	x.res.conv = x.C
+}
+
+// OpenQP opens a fresh QP on the target in the case's protection domain,
+// sharing the case's memory regions (spec.MRs is ignored), connected to a
+// new peer QP number, and moves the conversation to it: later sends go to
+// the new QP and Collect returns what the target sends to the new peer
+// QPN. Packets still arriving for the earlier QP stay in the trace and in
+// Never's view.
+func (x *X) OpenQP(spec QPSpec) Session {
+	spec.PeerQPN = 0x100 + rand.Uint32N(0xff0000)
+	spec.MRs = x.Spec.MRs
+	spec.fill()
+	s, err := x.S.OpenQP(x.Ctx, spec)
+	if err != nil {
+		x.Fatalf("open a second QP on %s: %v", x.Target.Name(), err)
+	}
+	x.extra = append(x.extra, s)
+	x.C.retarget(spec.PeerQPN, s.QPN())
+	return s
+}
+
+// Never asserts that, from now to the end of the case, the target sends
+// the peer's current QP no packet for which bad returns true. It is how a
+// case says "exactly one NAK" or "silence" without trusting one short
+// window: every packet that arrives later — in the case's next windows or
+// in a final listening window (lateWait) at the end of the case — is
+// checked, so an answer delayed by a busy machine is still seen.
+func (x *X) Never(what string, bad func(*Pkt) bool) {
+	x.never = append(x.never, watch{what: what, peerQPN: x.C.PeerQPN, from: len(x.C.Pkts), since: time.Now(), bad: bad})
+}
+
+// checkNever listens for lateWait and fails every Never a packet broke.
+func (x *X) checkNever() {
+	if len(x.never) == 0 || x.C == nil {
+		return
+	}
+	x.C.Collect(lateWait, nil)
+	for _, w := range x.never {
+		for _, q := range x.C.Pkts[w.from:] {
+			if q.Dir != 'R' || q.ParseErr != nil || q.P.BTH.DestQP() != w.peerQPN || !w.bad(q) {
+				continue
+			}
+			x.Failf("%s: %s came %.1f ms after the check began", w.what, Describe(q), float64(q.Time.Sub(w.since).Microseconds())/1000)
+			break
+		}
+	}
 }
 
 // Fatalf records a harness error and ends the case.
@@ -160,6 +217,25 @@ func Run(ctx context.Context, t Target, c *Case) (res *Result) {
 			if _, ok := r.(errAbort); !ok {
 				res.Error = fmt.Sprintf("case panicked: %v", r)
 				x.abort = true
+			}
+		}
+		if !x.abort {
+			func() {
+				// A panic here is the harness's, like one in the case.
+				defer func() {
+					if r := recover(); r != nil {
+						if _, ok := r.(errAbort); !ok {
+							res.Error = fmt.Sprintf("case panicked: %v", r)
+						}
+						x.abort = true
+					}
+				}()
+				x.checkNever()
+			}()
+		}
+		for i := len(x.extra) - 1; i >= 0; i-- {
+			if err := x.extra[i].Close(); err != nil {
+				res.Notes = append(res.Notes, "closing a second QP: "+err.Error())
 			}
 		}
 		if x.S != nil {

@@ -3,6 +3,7 @@ package cases
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -35,26 +36,40 @@ func expectVerdict(t *testing.T, c *Case, r *Result) {
 
 // TestSoftroceResponder runs every case against softroce's own transport
 // over an in-process pipe (no privileges needed). Cases mostly wait for
-// answers or silence, so they run in parallel, each on a device of its own.
+// answers or silence, so eight run at a time, each on a device of its own.
+// They are started from eight goroutines rather than with t.Parallel,
+// which would allow only GOMAXPROCS at a time: waiting needs no CPU.
 func TestSoftroceResponder(t *testing.T) {
-	sem := make(chan struct{}, 8)
-	for _, c := range All {
-		t.Run(c.ID, func(t *testing.T) {
-			t.Parallel()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			tgt, err := NewSoftroceTarget()
-			if err != nil {
-				t.Fatal(err)
+	next := make(chan *Case)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range next {
+				t.Run(c.ID, func(t *testing.T) { runSoftroce(t, c) })
 			}
-			defer tgt.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			r := Run(ctx, tgt, c)
-			t.Logf("%s: %s (%s)", r.Verdict, r.Observed, strings.Join(r.Notes, "; "))
-			expectVerdict(t, c, r)
-		})
+		}()
 	}
+	for _, c := range All {
+		next <- c
+	}
+	close(next)
+	wg.Wait()
+}
+
+// runSoftroce runs c on a softroce device of its own.
+func runSoftroce(t *testing.T, c *Case) {
+	tgt, err := NewSoftroceTarget()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tgt.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r := Run(ctx, tgt, c)
+	t.Logf("%s: %s (%s)", r.Verdict, r.Observed, strings.Join(r.Notes, "; "))
+	expectVerdict(t, c, r)
 }
 
 // TestRxe runs every case against kernel rdma_rxe and asserts the

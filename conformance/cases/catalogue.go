@@ -13,17 +13,30 @@ import (
 // Time windows. Both targets answer within milliseconds (rxe runs in the
 // kernel of a TCG guest); a window is how long the peer listens for an
 // answer that must come, or for silence that must hold.
+//
+// A negative assertion ("exactly one NAK", "silence") does not rest on one
+// quietWait: X.Never keeps checking every packet to the end of the case and
+// through lateWait after it, so an answer the target sends late (a busy
+// machine, cases running in parallel) still fails the case.
 const (
 	answerWait = 2 * time.Second
 	quietWait  = 500 * time.Millisecond
+	lateWait   = time.Second
 )
 
 func randPSN() uint32 { return rand.Uint32N(0xff0000) + 0x100 }
 
+// pattern is n bytes of a PRNG stream keyed by seed: distinct seeds give
+// distinct data, and nothing repeats at any offset, so data landing at the
+// wrong address (by a packet, a page, 64 KiB) shows.
 func pattern(n int, seed byte) []byte {
+	r := rand.New(rand.NewPCG(uint64(seed), uint64(n)))
 	b := make([]byte, n)
-	for i := range b {
-		b[i] = seed + byte(i*7) + byte(i>>8)
+	for i := 0; i+8 <= n; i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], r.Uint64())
+	}
+	for i := n &^ 7; i < n; i++ {
+		b[i] = byte(r.Uint64())
 	}
 	return b
 }
@@ -47,11 +60,24 @@ func first(ps []*Pkt) *Pkt {
 
 func hasNAK(ps []*Pkt) bool {
 	for _, q := range ps {
-		if q.ParseErr == nil && q.Opcode() == bth.RCAck && !q.Syndrome().IsACK() {
+		if anyNAK(q) {
 			return true
 		}
 	}
 	return false
+}
+
+// anyNAK reports whether q is a NAK (or RNR NAK) of any PSN.
+func anyNAK(q *Pkt) bool {
+	return q.ParseErr == nil && q.Opcode() == bth.RCAck && !q.Syndrome().IsACK()
+}
+
+// answerAt returns a predicate for an acknowledgement (ACK, NAK or atomic
+// ACK) carrying psn.
+func answerAt(psn uint32) func(*Pkt) bool {
+	return func(q *Pkt) bool {
+		return q.ParseErr == nil && (q.Opcode() == bth.RCAck || q.Opcode() == bth.RCAtomicAck) && q.PSN() == psn
+	}
 }
 
 // writeOnly is an RDMA WRITE ONLY request with AckReq.
@@ -99,6 +125,7 @@ func fatalNAK(x *X, syn bth.Syndrome, f bth.Fields, payload []byte, memOff int) 
 	got := x.C.Collect(quietWait, nil)
 	x.Observe("%s -> %s", opName(f.BTH.Opcode), DescribeAll(got))
 	x.Check(len(got) == 1 && isNAK(got[0], syn, psn), "want exactly one NAK 0x%02x with the request's PSN 0x%06x", uint8(syn), psn)
+	x.Never("a second answer to the failed request", answerAt(psn))
 	x.Check(bytes.Equal(x.mem(0, memOff, 64), before), "target memory changed")
 	if st := x.noteState("the NAK"); st != "" && st != "ERR" {
 		x.Notef("IBTA §10.3 moves the QP to the error state on a class C responder error; the target reports %s", st)
@@ -169,6 +196,7 @@ var basicCases = []*Case{
 			x.Observe("3 WRITEs past a gap -> %s", DescribeAll(got))
 			x.Check(len(got) == 1 && isNAK(got[0], bth.SyndromePSNSeqError, n),
 				"want exactly one NAK 0x60 with the expected PSN 0x%06x, got %d response(s)", n, len(got))
+			x.Never("a second NAK", anyNAK)
 			x.Check(bytes.Equal(x.mem(0, 128, 200), make([]byte, 200)), "an out-of-sequence WRITE was executed")
 			x.Send(writeOnly(n, mr.Addr, mr.RKey, 8), pattern(8, 1))
 			got = x.C.Expect(answerWait, 1)
@@ -194,6 +222,7 @@ var basicCases = []*Case{
 			x.Observe("duplicate -> %s", DescribeAll(got))
 			x.Check(len(got) >= 1 && isACK(got[0], n), "the duplicate WRITE was not re-ACKed with PSN 0x%06x", n)
 			x.Check(!hasNAK(got), "the duplicate was NAKed")
+			x.Never("a NAK for the duplicate", anyNAK)
 			x.Check(bytes.Equal(x.mem(0, 0, 16), pattern(16, 3)), "memory differs from the WRITE's data")
 		},
 	},
@@ -218,6 +247,7 @@ var basicCases = []*Case{
 			got = x.C.Collect(quietWait, nil)
 			x.Observe("duplicate -> %s", DescribeAll(got))
 			x.Check(len(got) >= 1 && isACK(got[0], n), "the duplicate SEND was not re-ACKed")
+			x.Never("a NAK for the duplicate", anyNAK)
 			wc, err = x.S.Poll(x.Ctx, quietWait)
 			x.Must(err, "poll")
 			x.Check(wc == nil, "the duplicate consumed a receive: completion %+v", wc)
@@ -300,6 +330,7 @@ var basicCases = []*Case{
 			got := x.C.Collect(quietWait, nil)
 			x.Observe("SEND, no receive -> %s", DescribeAll(got))
 			x.Check(len(got) == 1 && isNAK(got[0], bth.RNRNAK(18), n), "want exactly one RNR NAK 0x32 at PSN 0x%06x", n)
+			x.Never("a second NAK", anyNAK)
 			x.Must(x.S.PostRecv(x.Ctx, 7, 0, 64), "post receive")
 			x.Send(f, data)
 			got = x.C.Expect(answerWait, 1)
@@ -365,6 +396,7 @@ var basicCases = []*Case{
 			got := x.C.Collect(quietWait, nil)
 			x.Observe("64-byte SEND into a 16-byte receive -> %s", DescribeAll(got))
 			x.Check(len(got) == 1 && isNAK(got[0], bth.SyndromeInvalidRequest, n), "want exactly one NAK 0x61 at PSN 0x%06x", n)
+			x.Never("a second answer to the SEND", answerAt(n))
 			wc, err := x.S.Poll(x.Ctx, answerWait)
 			x.Must(err, "poll")
 			if wc == nil {
@@ -395,6 +427,9 @@ var basicCases = []*Case{
 			got = x.C.Expect(answerWait, 1)
 			x.Observe("good ICRC, same PSN -> %s", DescribeAll(got))
 			x.Check(isACK(first(got), n), "the good packet was not ACKed at PSN 0x%06x", n)
+			// One packet with a good ICRC draws one answer: a second is an
+			// answer to the corrupted one.
+			x.Never("a second answer at the PSN", answerAt(n))
 			x.Check(bytes.Equal(x.mem(0, 0, 32), data), "the good packet was not executed")
 		},
 	},
@@ -419,6 +454,7 @@ var basicCases = []*Case{
 				}
 			}
 			x.Check(!hasNAK(got), "a request across the wrap was NAKed")
+			x.Never("a NAK", anyNAK)
 			x.Check(last == 1, "the last ACK is not for PSN 0x000001")
 			for i := 0; i < 4; i++ {
 				x.Check(bytes.Equal(x.mem(0, 64*i, 8), pattern(8, byte(10+i))), "WRITE %d (PSN 0x%06x) not executed", i, bth.PSNAdd(n, i))

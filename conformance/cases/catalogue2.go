@@ -36,6 +36,7 @@ var moreResponder = []*Case{
 			x.Observe("FIRST, (MIDDLE withheld), MIDDLE, LAST -> %s", DescribeAll(got))
 			x.Check(len(got) == 1 && isNAK(got[0], bth.SyndromePSNSeqError, bth.PSNAdd(n, 1)),
 				"want exactly one NAK 0x60 at the missing PSN 0x%06x", bth.PSNAdd(n, 1))
+			x.Never("a second NAK", anyNAK)
 			for i := 1; i < 4; i++ {
 				x.Send(pkt(i))
 			}
@@ -204,6 +205,7 @@ var moreResponder = []*Case{
 			got = x.C.Expect(answerWait, 1)
 			x.Observe("valid -> %s", DescribeAll(got))
 			x.Check(isACK(first(got), n), "the valid request was not ACKed at PSN 0x%06x", n)
+			x.Never("a second answer at the PSN (an answer to a dropped request)", answerAt(n))
 		},
 	},
 }
@@ -260,6 +262,7 @@ var moreRequester = []*Case{
 			x.Must(err, "poll")
 			x.Observe("no ACKs -> %s; completion status %v", DescribeAll(got), statusOf(wc))
 			x.Check(len(got) == 2, "%d transmissions, want 2", len(got))
+			x.Never("a transmission after the retries ran out", func(q *Pkt) bool { return q.ParseErr == nil && q.Opcode() != bth.RCAck })
 			for _, q := range got {
 				x.Check(q.Opcode() == bth.RCWriteOnly && q.PSN() == s, "transmission %s is not the WRITE at 0x%06x", Describe(q), s)
 			}
@@ -288,6 +291,7 @@ var moreRequester = []*Case{
 			x.Must(err, "poll")
 			x.Observe("RNR NAK to every try -> %s; completion status %v", DescribeAll(got), statusOf(wc))
 			x.Check(len(got) == 2, "%d transmissions, want 2", len(got))
+			x.Never("a transmission after the RNR retries ran out", func(q *Pkt) bool { return q.ParseErr == nil && q.Opcode() != bth.RCAck })
 			x.Check(wc != nil && wc.WRID == 33 && wc.Status == 13, "completion %+v, want wr 33 RNR_RETRY_EXC_ERR (13)", wc)
 			x.noteState("RNR retry exhaustion")
 		},

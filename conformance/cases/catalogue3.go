@@ -33,6 +33,7 @@ var assemblyCases = []*Case{
 				}
 			}
 			x.Check(!hasNAK(got), "NAKed")
+			x.Never("a NAK", anyNAK)
 			if x.Check(last != nil && last.PSN() == bth.PSNAdd(n, 2), "no ACK for the last PSN 0x%06x", bth.PSNAdd(n, 2)) {
 				x.Observe("MSN %d", last.P.AETH.MSN())
 				x.Check(last.P.AETH.MSN() == 3, "the last ACK's MSN is %d, want 3", last.P.AETH.MSN())

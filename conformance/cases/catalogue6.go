@@ -37,6 +37,7 @@ var overlapCases = []*Case{
 			got = append(got, x.C.Collect(quietWait/5, nil)...)
 			x.Observe("resent FIRST, MIDDLE, LAST -> %s", DescribeAll(got))
 			x.Check(!hasNAK(got), "NAKed")
+			x.Never("a NAK", anyNAK)
 			found := false
 			for _, q := range got {
 				found = found || isACK(q, bth.PSNAdd(n, 2))

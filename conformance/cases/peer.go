@@ -171,6 +171,18 @@ type Conv struct {
 	Pkts    []*Pkt
 	// Stray counts received packets addressed to other QPs (leftovers).
 	Stray int
+	// former are the peer QPNs of QPs the conversation moved away from
+	// (X.OpenQP): their packets join Pkts but Collect does not return them.
+	former map[uint32]bool
+}
+
+// retarget moves the conversation to a new pair of QPs.
+func (c *Conv) retarget(peerQPN, qpn uint32) {
+	if c.former == nil {
+		c.former = map[uint32]bool{}
+	}
+	c.former[c.PeerQPN] = true
+	c.PeerQPN, c.QPN = peerQPN, qpn
 }
 
 // NewConv starts a conversation from peerQPN to the target QP qpn at
@@ -253,7 +265,11 @@ func (c *Conv) Collect(d time.Duration, stop func(*Pkt) bool) []*Pkt {
 		select {
 		case q := <-c.peer.rx:
 			if q.ParseErr == nil && q.P.BTH.DestQP() != c.PeerQPN {
-				c.Stray++
+				if c.former[q.P.BTH.DestQP()] {
+					c.Pkts = append(c.Pkts, q)
+				} else {
+					c.Stray++
+				}
 				continue
 			}
 			c.Pkts = append(c.Pkts, q)

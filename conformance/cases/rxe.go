@@ -85,42 +85,65 @@ func (t *RxeTarget) Open(ctx context.Context, spec QPSpec) (Session, error) {
 	}
 	t.open = true
 	s := &rxeSession{t: t}
-	pd, err := ag.AllocPD(ctx)
-	if err != nil {
+	var err error
+	if s.pd, err = ag.AllocPD(ctx); err != nil {
 		return nil, fmt.Errorf("rxe: alloc PD: %w", err)
 	}
 	for _, m := range spec.MRs {
-		mr, err := ag.RegMR(ctx, pd, m.Len, agent.Access(m.Access))
+		mr, err := ag.RegMR(ctx, s.pd, m.Len, agent.Access(m.Access))
 		if err != nil {
 			return nil, fmt.Errorf("rxe: register MR: %w", err)
 		}
 		s.mrs = append(s.mrs, mr)
 	}
-	if s.cq, err = ag.CreateCQ(ctx, 64); err != nil {
-		return nil, fmt.Errorf("rxe: create CQ: %w", err)
-	}
-	if s.qp, err = ag.CreateQP(ctx, pd, s.cq, s.cq, agent.QPCap{SendWR: 16, RecvWR: 16}); err != nil {
-		return nil, fmt.Errorf("rxe: create QP: %w", err)
-	}
-	if err := ag.ModifyToInit(ctx, s.qp, agent.Access(spec.Access)); err != nil {
-		return nil, fmt.Errorf("rxe: modify QP to INIT: %w", err)
-	}
-	if err := ag.ModifyToRTR(ctx, s.qp, agent.RTRAttr{DestQPN: spec.PeerQPN, RecvPSN: spec.RecvPSN, DestGID: t.peer.GID(),
-		MTU: spec.MTU, MaxDestRdAtom: spec.MaxDestRdAtomic, MinRNRTimer: int(spec.MinRNRTimer)}); err != nil {
-		return nil, fmt.Errorf("rxe: modify QP to RTR: %w", err)
-	}
-	if err := ag.ModifyToRTS(ctx, s.qp, agent.RTSAttr{SendPSN: spec.SendPSN, Timeout: int(spec.Timeout), Retry: int(spec.Retry),
-		RNRRetry: int(spec.RNRRetry), MaxRdAtom: spec.MaxDestRdAtomic}); err != nil {
-		return nil, fmt.Errorf("rxe: modify QP to RTS: %w", err)
+	if err := s.connect(ctx, spec); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
 
+// connect creates the session's CQ and QP and connects the QP to the peer.
+func (s *rxeSession) connect(ctx context.Context, spec QPSpec) error {
+	t, ag := s.t, s.t.ag
+	var err error
+	if s.cq, err = ag.CreateCQ(ctx, 64); err != nil {
+		return fmt.Errorf("rxe: create CQ: %w", err)
+	}
+	if s.qp, err = ag.CreateQP(ctx, s.pd, s.cq, s.cq, agent.QPCap{SendWR: 16, RecvWR: 16}); err != nil {
+		return fmt.Errorf("rxe: create QP: %w", err)
+	}
+	if err := ag.ModifyToInit(ctx, s.qp, agent.Access(spec.Access)); err != nil {
+		return fmt.Errorf("rxe: modify QP to INIT: %w", err)
+	}
+	if err := ag.ModifyToRTR(ctx, s.qp, agent.RTRAttr{DestQPN: spec.PeerQPN, RecvPSN: spec.RecvPSN, DestGID: t.peer.GID(),
+		MTU: spec.MTU, MaxDestRdAtom: spec.MaxDestRdAtomic, MinRNRTimer: int(spec.MinRNRTimer)}); err != nil {
+		return fmt.Errorf("rxe: modify QP to RTR: %w", err)
+	}
+	if err := ag.ModifyToRTS(ctx, s.qp, agent.RTSAttr{SendPSN: spec.SendPSN, Timeout: int(spec.Timeout), Retry: int(spec.Retry),
+		RNRRetry: int(spec.RNRRetry), MaxRdAtom: spec.MaxDestRdAtomic}); err != nil {
+		return fmt.Errorf("rxe: modify QP to RTS: %w", err)
+	}
+	return nil
+}
+
 type rxeSession struct {
 	t   *RxeTarget
+	pd  agent.PD
 	mrs []agent.MR
 	cq  agent.CQ
 	qp  agent.QP
+	// shared marks a session from OpenQP: the agent has no verb to
+	// destroy one QP, so its objects go with the first session's.
+	shared bool
+}
+
+func (s *rxeSession) OpenQP(ctx context.Context, spec QPSpec) (Session, error) {
+	spec.fill()
+	c := &rxeSession{t: s.t, pd: s.pd, mrs: s.mrs, shared: true}
+	if err := c.connect(ctx, spec); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 func (s *rxeSession) QPN() uint32 { return s.qp.QPN }
@@ -177,7 +200,7 @@ func (s *rxeSession) State(ctx context.Context) (string, error) {
 }
 
 func (s *rxeSession) Close() error {
-	if !s.t.open {
+	if s.shared || !s.t.open {
 		return nil
 	}
 	// A short deadline of its own: Close also runs after a case's context

@@ -85,13 +85,22 @@ func (t *SoftroceTarget) Open(ctx context.Context, spec QPSpec) (Session, error)
 		s.bufs = append(s.bufs, buf)
 		s.mrs = append(s.mrs, mr)
 	}
-	if s.cq, err = t.dev.CreateCQ(64); err != nil {
+	if err := s.connect(spec); err != nil {
 		s.Close()
-		return nil, fmt.Errorf("create CQ: %w", err)
+		return nil, err
+	}
+	return s, nil
+}
+
+// connect creates the session's CQ and QP and connects the QP to the peer.
+func (s *softSession) connect(spec QPSpec) error {
+	t, pd := s.t, s.pd
+	var err error
+	if s.cq, err = t.dev.CreateCQ(64); err != nil {
+		return fmt.Errorf("create CQ: %w", err)
 	}
 	if s.qp, err = pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq, Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16}}); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("create QP: %w", err)
+		return fmt.Errorf("create QP: %w", err)
 	}
 	access := verbs.Access(spec.Access &^ AccessLocalWrite)
 	if access == 0 {
@@ -103,10 +112,9 @@ func (t *SoftroceTarget) Open(ctx context.Context, spec QPSpec) (Session, error)
 		&verbs.ConnectOptions{PathMTU: spec.MTU, SQPSN: spec.SendPSN, Timeout: spec.Timeout, RetryCnt: spec.Retry,
 			RNRRetry: spec.RNRRetry, MinRNRTimer: spec.MinRNRTimer, MaxRDAtomic: uint8(spec.MaxDestRdAtomic), Access: access})
 	if err != nil {
-		s.Close()
-		return nil, fmt.Errorf("connect QP: %w", err)
+		return fmt.Errorf("connect QP: %w", err)
 	}
-	return s, nil
+	return nil
 }
 
 type softSession struct {
@@ -116,6 +124,18 @@ type softSession struct {
 	mrs  []*verbs.MR
 	cq   *verbs.CQ
 	qp   *verbs.QP
+	// shared marks a session from OpenQP: its PD and MRs are another's.
+	shared bool
+}
+
+func (s *softSession) OpenQP(ctx context.Context, spec QPSpec) (Session, error) {
+	spec.fill()
+	c := &softSession{t: s.t, pd: s.pd, bufs: s.bufs, mrs: s.mrs, shared: true}
+	if err := c.connect(spec); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
 func (s *softSession) QPN() uint32 { return s.qp.Num() }
@@ -194,6 +214,9 @@ func (s *softSession) State(ctx context.Context) (string, error) {
 func (s *softSession) Close() error {
 	if s.qp != nil {
 		s.qp.Destroy()
+	}
+	if s.shared {
+		return nil
 	}
 	for _, m := range s.mrs {
 		s.t.dev.DeregMR(m)

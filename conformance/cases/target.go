@@ -153,6 +153,11 @@ type Session interface {
 	WriteMem(ctx context.Context, i, off int, b []byte) error
 	// State is the QP state as the target reports it ("RTS", "ERR", ...).
 	State(ctx context.Context) (string, error)
+	// OpenQP creates another QP (and CQ) in the session's protection
+	// domain, sharing its memory regions, connected as spec says (its MRs
+	// are ignored). Closing it leaves the first session's objects alone;
+	// closing the first session frees everything.
+	OpenQP(ctx context.Context, spec QPSpec) (Session, error)
 	// Close destroys the QP and everything created for it.
 	Close() error
 }
