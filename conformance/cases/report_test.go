@@ -75,3 +75,17 @@ func TestReportAndPcaps(t *testing.T) {
 		t.Errorf("record 5 is %q, want the READ_RESPONSE_LAST", l)
 	}
 }
+
+// TestPatternHasNoPeriod: case data must not repeat at a packet, page or
+// 64 KiB distance, or data misplaced by that much would pass.
+func TestPatternHasNoPeriod(t *testing.T) {
+	b := pattern(1<<18+64, 7)
+	for _, d := range []int{256, 1024, 4096, 1 << 16, 1 << 17} {
+		if bytes.Equal(b[:64], b[d:d+64]) {
+			t.Errorf("pattern repeats after %d bytes", d)
+		}
+	}
+	if bytes.Equal(pattern(64, 1), pattern(64, 2)) {
+		t.Error("seeds 1 and 2 give the same data")
+	}
+}

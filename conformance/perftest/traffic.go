@@ -40,8 +40,16 @@ func splitWRID(id uint64) (q, n int) { return int(id >> 32), int(uint32(id)) }
 const verifyFlag = 1 << 31
 
 // pattern is the content of buffers whose bytes are sent or exposed for
-// reading, so that a changed byte can be told from an untouched one.
-func pattern(i int) byte { return byte(i*7+i>>8) ^ 0xa5 }
+// reading, so that a changed byte can be told from an untouched one: a
+// hash of the byte's offset, so that no two offsets a fixed distance apart
+// (a packet, a page, 64 KiB) hold the same run of bytes and data read or
+// written at a wrong offset shows.
+func pattern(i int) byte {
+	x := uint64(i) * 0x9e3779b97f4a7c15
+	x ^= x >> 31
+	x *= 0xbf58476d1ce4e5b9
+	return byte(x>>56) ^ 0xa5
+}
 
 // setup creates the PD, buffer, MR, CQ and QPs and fills the local KEYS.
 // The layout follows perftest: each QP has a part of one buffer with a
