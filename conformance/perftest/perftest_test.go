@@ -340,14 +340,12 @@ func TestPeerMisbehaves(t *testing.T) {
 				defer c.Close()
 				tc.script(c)
 			}()
-			start := time.Now()
+			// A peer that goes silent for 3 s must draw "timeout" from the
+			// 2 s Timeout, not the end of the connection after 3 s.
 			_, err := Run(context.Background(), dev, Config{Port: port, Size: 4096, Iters: 10, Timeout: 2 * time.Second}, io.Discard)
 			<-done
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one containing %q", err, tc.want)
-			}
-			if el := time.Since(start); el > 5*time.Second {
-				t.Fatalf("took %v", el)
 			}
 		})
 	}
