@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"syscall"
 
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/afxdp"
@@ -31,7 +32,7 @@ func openLink(f linkFlags, peer string) (nic.Link, error) {
 	case "", "udp":
 		l, err := udp.Open(udp.Config{Addr: addr, Port: f.udpPort})
 		if err != nil {
-			return nil, fmt.Errorf("open UDP backend on %v: %w", addr, err)
+			return nil, udpOpenError(err, addr, f.udpPort)
 		}
 		return l, nil
 	case "afxdp":
@@ -49,6 +50,16 @@ func openLink(f linkFlags, peer string) (nic.Link, error) {
 		return l, nil
 	}
 	return nil, fmt.Errorf("unknown --backend %q: choose udp (portable) or afxdp (root, fast)", f.backend)
+}
+
+// udpOpenError explains a failure to open the udp backend. A port in use
+// gets advice naming this command's flag (the backend's own message cannot
+// know it).
+func udpOpenError(err error, addr netip.Addr, port int) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("UDP port %d on %v is in use (another softroce, or a kernel RoCE device such as rdma_rxe?): pick another with --udp-port", port, addr)
+	}
+	return fmt.Errorf("open UDP backend on %v: %w", addr, err)
 }
 
 func localAddr(bind, peer string) (netip.Addr, error) {

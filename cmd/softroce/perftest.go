@@ -162,7 +162,7 @@ func openPerftestLink(lf linkFlags, peer string, sockBuf int) (nic.Link, error) 
 	}
 	l, err := udp.Open(udp.Config{Addr: addr, Port: lf.udpPort, SocketBuffer: sockBuf})
 	if err != nil {
-		return nil, fmt.Errorf("open UDP backend on %v: %w", addr, err)
+		return nil, udpOpenError(err, addr, lf.udpPort)
 	}
 	return l, nil
 }
