@@ -104,7 +104,12 @@ func ParseExpected(name, text string) ([]*Expect, error) {
 			return nil, fmt.Errorf("%s:%d: an expected skip needs a comment line above it saying why", name, i+1)
 		}
 		// MESSAGE is the rest of the line after the second field.
-		rest := strings.TrimSpace(line[strings.Index(line, f[1])+len(f[1]):])
+		rest := line
+		for range 2 {
+			rest = strings.TrimLeft(rest, " \t")
+			rest = rest[strings.IndexAny(rest, " \t"):]
+		}
+		rest = strings.TrimSpace(rest)
 		e := &Expect{Why: why, Line: i + 1, Text: line}
 		for _, p := range []struct {
 			dst  **regexp.Regexp

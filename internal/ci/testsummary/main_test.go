@@ -243,6 +243,11 @@ func TestParseExpected(t *testing.T) {
 	if !e[0].Msg.MatchString("allocation counts are  not meaningful") || e[0].Why != "why" {
 		t.Errorf("message pattern %q, reason %q", e[0].Msg, e[0].Why)
 	}
+	// Equal fields: the message starts after the second one.
+	e, err = ParseExpected("l", "# why\n.*  .*\t ^shared captures absent: x\n")
+	if err != nil || e[0].Msg.String() != "^shared captures absent: x" || !e[0].Msg.MatchString("shared captures absent: x y") {
+		t.Errorf("message pattern %q, %v", e[0].Msg, err)
+	}
 }
 
 // TestRepositoryList: the list CI uses parses, and every entry says why.
