@@ -2,9 +2,13 @@ package main
 
 import (
 	"bytes"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -262,4 +266,102 @@ func TestRepositoryList(t *testing.T) {
 	for _, e := range exp {
 		t.Logf("line %d: %s  (%s)", e.Line, e.Text, e.Why)
 	}
+}
+
+// TestCIRunsTheREADMECommand: .ci/run runs the README's test command with
+// -json into this program (strict, with the expected list), under
+// pipefail so that a failing go test fails CI whatever the summary says,
+// and runs the allocation tests without -race.
+func TestCIRunsTheREADMECommand(t *testing.T) {
+	readme, err := os.ReadFile("../../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, err := os.ReadFile("../../../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmd string
+	for _, l := range strings.Split(string(readme), "\n") {
+		if strings.HasPrefix(l, "SOFTROCE_RXE=1 go test ") {
+			cmd, _, _ = strings.Cut(l, "#")
+			cmd = strings.TrimSpace(cmd)
+			break
+		}
+	}
+	if !strings.HasSuffix(cmd, " ./...") {
+		t.Fatalf("README has no `SOFTROCE_RXE=1 go test ... ./...` line (found %q)", cmd)
+	}
+	want := strings.TrimSuffix(cmd, " ./...") + " -json ./... \\\n  | go run ./internal/ci/testsummary -strict -expected .ci/expected-skips"
+	script := string(ci)
+	if !strings.Contains(script, want) {
+		t.Errorf(".ci/run does not run the README's command as\n%s", want)
+	}
+	if i, j := strings.Index(script, "set -euo pipefail"), strings.Index(script, want); i < 0 || i > j {
+		t.Error(".ci/run does not set pipefail before the test command")
+	}
+	if !strings.Contains(script, "go test -count=1 -run 'NoAlloc|Allocs$' -json ./... \\\n  | go run ./internal/ci/testsummary -strict") {
+		t.Error(".ci/run does not run the allocation tests without -race")
+	}
+}
+
+// TestAllocationTestPattern: every test of the repository that calls
+// testing.AllocsPerRun matches the -run pattern .ci/run uses for its run
+// without -race, and the pattern matches no other test.
+func TestAllocationTestPattern(t *testing.T) {
+	ci, err := os.ReadFile("../../../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`go test -count=1 -run '([^']+)' -json`).FindSubmatch(ci)
+	if m == nil {
+		t.Fatal(".ci/run has no allocation test step")
+	}
+	pat := regexp.MustCompile(string(m[1]))
+	var allocTests []string
+	err = filepath.WalkDir("../../..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		if err != nil {
+			return err
+		}
+		for _, decl := range f.Decls {
+			fn, ok := decl.(*ast.FuncDecl)
+			if !ok || fn.Recv != nil || !strings.HasPrefix(fn.Name.Name, "Test") || fn.Body == nil {
+				continue
+			}
+			allocs := false
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				if s, ok := n.(*ast.SelectorExpr); ok && s.Sel.Name == "AllocsPerRun" {
+					allocs = true
+				}
+				return true
+			})
+			name := fn.Name.Name
+			switch {
+			case allocs && !pat.MatchString(name):
+				t.Errorf("%s: %s measures allocations but does not match .ci/run's -run %q: rename it", path, name, pat)
+			case !allocs && pat.MatchString(name):
+				t.Errorf("%s: %s matches .ci/run's -run %q but measures no allocations", path, name, pat)
+			case allocs:
+				allocTests = append(allocTests, path+": "+name)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(allocTests) < 5 {
+		t.Errorf("only %d allocation tests found: %v", len(allocTests), allocTests)
+	}
+	t.Logf("allocation tests: %s", strings.Join(allocTests, ", "))
 }
