@@ -220,7 +220,7 @@ func Open(cfg Config) (*Link, error) {
 	if err != nil {
 		switch {
 		case errors.Is(err, syscall.EADDRINUSE):
-			return nil, fmt.Errorf("udp: UDP port %d on %v is in use: is another RoCE stack (rdma_rxe) or softroce running? choose another with --port: %w", port, addr, err)
+			return nil, fmt.Errorf("udp: UDP port %d on %v is in use: is another RoCE stack (rdma_rxe) or softroce running? choose another UDP port (Config.Port): %w", port, addr, err)
 		case errors.Is(err, syscall.EADDRNOTAVAIL):
 			return nil, fmt.Errorf("udp: %v is not an address of any interface of this host: %w", addr, err)
 		case errors.Is(err, syscall.EACCES):
