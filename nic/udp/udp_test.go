@@ -268,7 +268,7 @@ func TestOpenErrors(t *testing.T) {
 		t.Logf("loopback MTU %d", l.MTU())
 	}
 	_, err = Open(Config{Addr: lo, Port: port})
-	if err == nil || !strings.Contains(err.Error(), "is in use: is another RoCE stack (rdma_rxe) or softroce running? choose another with --port") ||
+	if err == nil || !strings.Contains(err.Error(), "is in use: is another RoCE stack (rdma_rxe) or softroce running? choose another UDP port (Config.Port)") ||
 		!errors.Is(err, unix.EADDRINUSE) {
 		t.Errorf("second bind: %v", err)
 	}
