@@ -64,7 +64,10 @@ const (
 	ReasonOutOfBounds  = "range outside the region"
 	ReasonMisaligned   = "atomic target not 8-byte aligned"
 	ReasonBadAtomicOp  = "unknown atomic operation"
-	reasonMissingPerm  = "missing permission "
+	// ReasonNotRemoteInvalidatable: a SEND with invalidate named a region
+	// a peer may not invalidate (one made by RegMR).
+	ReasonNotRemoteInvalidatable = "region kind may not be invalidated remotely"
+	reasonMissingPerm            = "missing permission "
 )
 
 // AccessError is a failed access check: which key, which range, why, and

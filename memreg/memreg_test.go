@@ -706,3 +706,36 @@ func TestConcurrentReregInvalidate(t *testing.T) {
 	}
 	t.Logf("%d accesses succeeded, %d failed with stale or invalidated keys", ok.Load(), failed.Load())
 }
+
+// TestRemoteInvalidateRefusesUserMR: a peer's SEND with invalidate may not
+// invalidate a region made by RegMR (IBTA allows it only for type 2 windows
+// and fast-registered regions); the region stays fully usable. The local
+// Invalidate still works on it.
+func TestRemoteInvalidateRefusesUserMR(t *testing.T) {
+	tab := NewTable(Limits{})
+	pd, _ := tab.AllocPD()
+	buf := make([]byte, 64)
+	mr, err := tab.RegMR(pd, buf, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mr.Kind() != MRKindUser {
+		t.Fatalf("kind %v", mr.Kind())
+	}
+	k := mr.RKey()
+	checkErr(t, "remote invalidate of a user MR", tab.RemoteInvalidate(pd, k), ClassInvalidRequest, ReasonNotRemoteInvalidatable)
+	// The key checks still come first, so the reason names the real fault.
+	other, _ := tab.AllocPD()
+	checkErr(t, "remote invalidate, wrong pd", tab.RemoteInvalidate(other, k), ClassInvalidRequest, ReasonWrongPD)
+	checkErr(t, "remote invalidate, bad key", tab.RemoteInvalidate(pd, k^0x80), ClassInvalidRequest, ReasonBadKey)
+	if err := tab.RemoteWrite(pd, k, mr.Addr(), []byte{7}); err != nil || buf[0] != 7 {
+		t.Fatalf("write after a refused remote invalidate: %v", err)
+	}
+	if err := tab.LocalRead(pd, k, mr.Addr(), make([]byte, 8)); err != nil {
+		t.Fatalf("local read after a refused remote invalidate: %v", err)
+	}
+	if err := tab.Invalidate(pd, k); err != nil {
+		t.Fatalf("local invalidate: %v", err)
+	}
+	checkErr(t, "write after local invalidate", tab.RemoteWrite(pd, k, mr.Addr(), []byte{1}), ClassRemoteAccess, ReasonInvalidated)
+}

@@ -224,12 +224,27 @@ func (t *Table) LocalWrite(pd *PD, lkey uint32, addr uint64, src []byte) error {
 }
 
 // Invalidate invalidates the region whose key is rkey, as a local
-// invalidate work request or a SEND with invalidate (IETH) does: every later access with the key, local or remote, fails with
-// ReasonInvalidated until ReregMR gives the region a new key. It waits for
-// accesses in flight. The region must be valid and in pd; failures are
-// *AccessError of class ClassInvalidRequest (rxe completes a failed SEND
-// with invalidate with REM_INV_REQ_ERR).
+// invalidate work request does: every later access with the key, local or
+// remote, fails with ReasonInvalidated until ReregMR gives the region a new
+// key. It waits for accesses in flight. The region must be valid and in pd;
+// failures are *AccessError of class ClassInvalidRequest. A peer's SEND with
+// invalidate must use RemoteInvalidate instead.
 func (t *Table) Invalidate(pd *PD, rkey uint32) error {
+	return t.invalidate(pd, rkey, false)
+}
+
+// RemoteInvalidate invalidates the region named by the IETH of a SEND with
+// invalidate. It succeeds only for the kinds a peer may invalidate (type 2
+// memory windows and fast-registered regions, IBTA vol. 1 §10.6); an
+// ordinary region made by RegMR is refused with ReasonNotRemoteInvalidatable
+// and stays valid, so a peer cannot destroy the application's buffers.
+// Failures are *AccessError of class ClassInvalidRequest: the responder
+// completes the receive with REM_INV_REQ_ERR (a class J error, as rxe).
+func (t *Table) RemoteInvalidate(pd *PD, rkey uint32) error {
+	return t.invalidate(pd, rkey, true)
+}
+
+func (t *Table) invalidate(pd *PD, rkey uint32, remote bool) error {
 	fail := func(reason string) error {
 		return &AccessError{Class: ClassInvalidRequest, Reason: reason, Key: rkey}
 	}
@@ -264,6 +279,8 @@ func (t *Table) Invalidate(pd *PD, rkey uint32) error {
 		return fail(ReasonInvalidated)
 	case mr.pd != pd:
 		return fail(ReasonWrongPD)
+	case remote && !mr.kind.remoteInvalidatable():
+		return fail(ReasonNotRemoteInvalidatable)
 	}
 	mr.state = mrInvalidated
 	return nil

@@ -25,9 +25,11 @@
 // # Memory windows
 //
 // The table is keyed by slot, not by MR, so memory windows (type 1 and 2)
-// fit as a second kind of slot entry sharing the key space; Invalidate (used
-// for local invalidate and SEND with invalidate) already works on keys.
-// Windows themselves are not implemented yet.
+// fit as a second kind of slot entry sharing the key space. Invalidate (a
+// local invalidate) works on keys; RemoteInvalidate (SEND with invalidate)
+// works only on the kinds IBTA lets a peer invalidate, type 2 windows and
+// fast-registered regions (MRKind). Neither exists yet, so today a peer can
+// invalidate nothing. Windows themselves are not implemented yet.
 package memreg
 
 import (
@@ -153,10 +155,36 @@ const (
 	mrDead
 )
 
+// MRKind is how a region came to be. It decides whether a peer may
+// invalidate it with a SEND with invalidate (IBTA vol. 1 §10.6, remote invalidation: only
+// type 2 memory windows and fast-registered regions; an ordinary region is
+// never remotely invalidated, as rxe_invalidate_mr refuses user MRs).
+type MRKind uint8
+
+// Region kinds. Only MRKindUser exists today; a fast-registration (FRMR)
+// kind and type 2 windows will be added beside it and allowed by
+// remoteInvalidatable.
+const (
+	MRKindUser MRKind = iota // RegMR (ibv_reg_mr)
+)
+
+// String names the kind.
+func (k MRKind) String() string {
+	if k == MRKindUser {
+		return "user MR"
+	}
+	return fmt.Sprintf("MRKind(%d)", uint8(k))
+}
+
+// remoteInvalidatable reports whether a peer may invalidate a region of
+// this kind with the IETH of a SEND with invalidate.
+func (k MRKind) remoteInvalidatable() bool { return false }
+
 // MR is a registered memory region.
 type MR struct {
-	t   *Table
-	idx uint32 // slot index, fixed for the MR's life
+	t    *Table
+	idx  uint32 // slot index, fixed for the MR's life
+	kind MRKind // fixed for the MR's life
 
 	registered bool // guarded by t.mu: false once DeregMR detached it
 
@@ -334,6 +362,9 @@ func (mr *MR) Access() Access { mr.mu.RLock(); defer mr.mu.RUnlock(); return mr.
 
 // PD returns the protection domain the region is registered in.
 func (mr *MR) PD() *PD { return mr.pd }
+
+// Kind returns how the region was registered.
+func (mr *MR) Kind() MRKind { return mr.kind }
 
 // feistel24 is a keyed permutation of the 24-bit index space: a 4-round
 // balanced Feistel network on two 12-bit halves. Any round function gives a
