@@ -69,7 +69,7 @@ func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
 		return nil, fmt.Errorf("verbs: CreateQP needs a send CQ and a receive CQ")
 	}
 	q, err := pd.d.eng.CreateQP(rc.QPConfig{PD: pd.pd, SendCQ: init.SendCQ, RecvCQ: init.RecvCQ,
-		MaxSendWR: c.MaxSendWR, MaxRecvWR: c.MaxRecvWR, MaxSGE: max(c.MaxSendSGE, c.MaxRecvSGE), MaxInline: c.MaxInlineData})
+		MaxSendWR: c.MaxSendWR, MaxRecvWR: c.MaxRecvWR, MaxSendSGE: c.MaxSendSGE, MaxRecvSGE: c.MaxRecvSGE, MaxInline: c.MaxInlineData})
 	if err != nil {
 		return nil, err
 	}
@@ -185,8 +185,7 @@ func (qp *QP) PostRecv(wr *RecvWR) error { return qp.rc.PostRecv(wr) }
 
 // Destroy destroys the QP (ibv_destroy_qp).
 func (qp *QP) Destroy() error {
-	qp.pd.d.eng.DestroyQP(qp.rc)
-	return nil
+	return qp.pd.d.eng.DestroyQP(qp.rc)
 }
 
 // RemoteInfo is what two sides exchange out of band to connect RC QPs,

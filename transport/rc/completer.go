@@ -165,10 +165,15 @@ func (qp *QP) readResponse(w *sendWQE, p *bth.Packet) {
 }
 
 // handleNAK acts on a NAK or RNR NAK for w at psn (IBTA §9.7.5.1.3-4).
+// A NAK behind compPSN is stale (its PSN was acknowledged since, e.g. a
+// delayed NAK after a retry got through) and is ignored, as rxe drops a
+// response older than its completer PSN: compPSN never moves backwards.
 func (qp *QP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
-	if bth.PSNDiff(psn, qp.compPSN) > 0 {
-		qp.progress(psn) // everything before the NAKed PSN arrived
+	if bth.PSNDiff(psn, qp.compPSN) < 0 {
+		qp.Stats.Dropped++
+		return
 	}
+	qp.progress(psn) // everything before the NAKed PSN arrived
 	switch {
 	case syn.IsRNRNAK():
 		qp.Stats.RNRNAKsRecv++
@@ -180,13 +185,11 @@ func (qp *QP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
 			}
 			qp.rnrLeft--
 		}
-		qp.compPSN = psn
 		qp.rnrDeadline = qp.e.now.Add(max(bth.RNRTimer(syn.Value()), time.Microsecond))
 		qp.retryDeadline = time.Time{}
 		qp.updateTimerSet()
 	case syn.Value() == bth.NAKPSNSeqError:
 		qp.Stats.SeqNAKsRecv++
-		qp.compPSN = psn
 		qp.retry(w, "PSN sequence error NAK", false)
 	default:
 		st := cq.RemOpErr
@@ -278,9 +281,15 @@ func (qp *QP) completeHead(st cq.Status, orig uint64) {
 	if w.wr.Opcode.needsRDResource() && w.state == wqeStarted {
 		qp.rdOutstanding--
 	}
-	qp.pushSendWC(w, st, orig)
+	ok := qp.pushSendWC(w, st, orig)
 	w.state = wqeDone
 	qp.retireHead()
+	if !ok {
+		// A send CQ overrun is fatal to the QP, as on the receive side
+		// (rxe: the completer moves the QP to ERR).
+		qp.toError("send CQ overrun")
+		return
+	}
 	if !qp.outstanding() {
 		qp.retryDeadline = time.Time{}
 		qp.updateTimerSet()

@@ -3,6 +3,7 @@ package rc
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -33,7 +34,11 @@ type Engine struct {
 	// driver's timer is set for.
 	sleepUntil time.Time
 
+	// tx is the batch Progress returns next; txQP[i] is the QP that built
+	// tx[i], so a QP that enters ERR or is destroyed can take back what it
+	// built and has not yet handed out.
 	tx   []nic.Packet
+	txQP []*QP
 	free [][]byte
 
 	// MaxBatch is how many packets Progress returns at most per call.
@@ -44,8 +49,9 @@ type Engine struct {
 	// Wake is called (under the engine lock, must not block) when posted
 	// work is waiting for Progress.
 	Wake func()
-	// OnPacket, if set, sees every packet sent (dir 'T') and received
-	// (dir 'R') for tracing; it must not keep the buffer.
+	// OnPacket, if set, sees every packet sent (dir 'T', when Progress
+	// hands it out) and received (dir 'R') for tracing; it must not keep
+	// the buffer.
 	OnPacket func(dir byte, p *nic.Packet)
 
 	Stats EngineStats
@@ -73,9 +79,8 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
 	if cfg.MaxSendWR < 1 || cfg.MaxRecvWR < 1 {
 		return nil, fmt.Errorf("rc: max_send_wr and max_recv_wr must be at least 1 (got %d, %d)", cfg.MaxSendWR, cfg.MaxRecvWR)
 	}
-	if cfg.MaxSGE < 1 {
-		cfg.MaxSGE = 1
-	}
+	cfg.MaxSendSGE = max(cfg.MaxSendSGE, 1)
+	cfg.MaxRecvSGE = max(cfg.MaxRecvSGE, 1)
 	if cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.PD == nil {
 		return nil, fmt.Errorf("rc: create QP needs a PD, a send CQ and a receive CQ")
 	}
@@ -93,24 +98,46 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
 	qp := &QP{e: e, num: num, cfg: cfg, state: qpstate.Reset}
 	qp.sq = make([]sendWQE, cfg.MaxSendWR)
 	for i := range qp.sq {
-		qp.sq[i].sgl = make([]SGE, 0, cfg.MaxSGE)
+		qp.sq[i].sgl = make([]SGE, 0, cfg.MaxSendSGE)
 	}
 	qp.rq = make([]recvWQE, cfg.MaxRecvWR)
 	for i := range qp.rq {
-		qp.rq[i].sgl = make([]SGE, 0, cfg.MaxSGE)
+		qp.rq[i].sgl = make([]SGE, 0, cfg.MaxRecvSGE)
 	}
 	qp.setPathLocked(Path{PMTU: 1024})
 	e.qps[num] = qp
 	return qp, nil
 }
 
-// DestroyQP removes the QP; packets for it are dropped from now on.
-func (e *Engine) DestroyQP(qp *QP) {
+// ErrNoQP is returned by DestroyQP for a QP that is not (or no longer)
+// in the engine.
+var ErrNoQP = errors.New("rc: no such QP (already destroyed?)")
+
+// DestroyQP removes the QP and every trace of it: its number, timers, its
+// place in the transmit schedule, queued READ responses, the request
+// backlog and the packets it built that Progress has not handed out yet.
+// Packets for it are dropped from now on and nothing more is sent for it.
+// Outstanding work requests are not completed (ibv_destroy_qp). It fails
+// with ErrNoQP for a QP already destroyed or of another engine.
+func (e *Engine) DestroyQP(qp *QP) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if qp == nil || qp.e != e || qp.destroyed || e.qps[qp.num] != qp {
+		return ErrNoQP
+	}
 	delete(e.qps, qp.num)
-	delete(e.timed, qp)
+	qp.destroyed = true
 	qp.state = qpstate.Reset
+	qp.stopSending(true)
+	qp.resp.backlog, qp.resp.backlogLen = nil, nil
+	for i := 0; i < len(e.pending); i++ {
+		if e.pending[i] == qp {
+			e.pending = append(e.pending[:i], e.pending[i+1:]...)
+			i--
+		}
+	}
+	qp.txPending = false
+	return nil
 }
 
 // QP finds a QP by number.
@@ -140,22 +167,43 @@ func (e *Engine) getBuf() []byte {
 }
 
 // newPacket appends a packet for qp to the transmit batch and returns its
-// buffer for the caller to fill; the caller then calls qp.sent(n).
+// buffer for the caller to fill; the caller then calls qp.sent(n), or
+// e.unbuild() to take it back.
 func (qp *QP) newPacket() []byte {
 	e := qp.e
 	e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: qp.path.Remote, Local: qp.path.Local, SrcPort: srcPort(qp.num)})
+	e.txQP = append(e.txQP, qp)
 	return e.tx[len(e.tx)-1].Buf
 }
 
 func (qp *QP) sent(n int) {
 	e := qp.e
-	p := &e.tx[len(e.tx)-1]
-	p.N = n
-	qp.Stats.TxPackets++
-	e.Stats.TxPackets++
-	if e.OnPacket != nil {
-		e.OnPacket('T', p)
+	e.tx[len(e.tx)-1].N = n
+}
+
+// unbuild drops the packet newPacket appended last.
+func (e *Engine) unbuild() {
+	n := len(e.tx) - 1
+	e.free = append(e.free, e.tx[n].Buf)
+	e.tx[n] = nic.Packet{}
+	e.tx, e.txQP = e.tx[:n], e.txQP[:n]
+}
+
+// purge drops every packet qp built that Progress has not handed out: a QP
+// in ERR or destroyed sends nothing more.
+func (e *Engine) purge(qp *QP) {
+	k := 0
+	for i := range e.tx {
+		if e.txQP[i] == qp {
+			e.free = append(e.free, e.tx[i].Buf)
+			continue
+		}
+		e.tx[k], e.txQP[k] = e.tx[i], e.txQP[i]
+		k++
 	}
+	clear(e.tx[k:])
+	clear(e.txQP[k:])
+	e.tx, e.txQP = e.tx[:k], e.txQP[:k]
 }
 
 // srcPort is the UDP source port for a QP: fixed per QP so a flow stays on
@@ -254,7 +302,15 @@ func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
 	}
 	e.pending = append(e.pending[:0], e.pending[i:]...)
 	out = e.tx
-	e.tx = nil
+	for i := range out {
+		e.txQP[i].Stats.TxPackets++
+		if e.OnPacket != nil {
+			e.OnPacket('T', &out[i])
+		}
+	}
+	e.Stats.TxPackets += uint64(len(out))
+	clear(e.txQP)
+	e.tx, e.txQP = nil, e.txQP[:0]
 	return out, len(e.pending) > 0
 }
 

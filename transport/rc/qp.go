@@ -24,13 +24,14 @@ const (
 
 // QPConfig is fixed at creation.
 type QPConfig struct {
-	PD        *memreg.PD
-	SendCQ    *cq.CQ
-	RecvCQ    *cq.CQ
-	MaxSendWR int
-	MaxRecvWR int
-	MaxSGE    int
-	MaxInline int
+	PD         *memreg.PD
+	SendCQ     *cq.CQ
+	RecvCQ     *cq.CQ
+	MaxSendWR  int
+	MaxRecvWR  int
+	MaxSendSGE int // SGEs per send WR (max_send_sge; 0 means 1)
+	MaxRecvSGE int // SGEs per receive WR (max_recv_sge; 0 means 1)
+	MaxInline  int
 }
 
 // Path holds the attributes set by modify-QP to RTR and RTS.
@@ -123,6 +124,7 @@ type QP struct {
 	ackPending bool
 	ackPSN     uint32
 	sigAll     bool
+	destroyed  bool
 
 	Stats QPStats
 }
@@ -165,6 +167,9 @@ func (qp *QP) SetPath(p Path) {
 }
 
 func (qp *QP) setPathLocked(p Path) {
+	if qp.destroyed {
+		return
+	}
 	qp.path = p
 	if p.MaxDestRDAtomic < 1 {
 		qp.path.MaxDestRDAtomic = 1
@@ -197,10 +202,14 @@ func (qp *QP) SetState(s qpstate.State) {
 }
 
 func (qp *QP) setStateLocked(s qpstate.State) {
+	if qp.destroyed {
+		return
+	}
 	prev := qp.state
 	qp.state = s
 	switch s {
 	case qpstate.Reset:
+		qp.stopSending(true)
 		qp.reset()
 	case qpstate.RTR:
 		if prev != qpstate.RTR {
@@ -216,8 +225,34 @@ func (qp *QP) setStateLocked(s qpstate.State) {
 		}
 		qp.kick()
 	case qpstate.Err:
+		if prev != qpstate.Err {
+			qp.stopSending(true)
+		}
 		qp.flush()
 	}
+}
+
+// stopSending silences the QP at once, on entering ERR or RESET and on
+// destroy: queued READ responses, the request backlog and a pending ACK
+// are dropped, the retransmission and RNR timers disarmed, and the packets
+// it built that Progress has not handed out yet are taken back (if purge;
+// responderToError keeps them).
+func (qp *QP) stopSending(purge bool) {
+	qp.resp.jobs = qp.resp.jobs[:0]
+	qp.resp.blHead, qp.resp.blN = 0, 0
+	qp.ackPending = false
+	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
+	qp.retrying = false
+	qp.updateTimerSet()
+	if purge {
+		qp.e.purge(qp)
+	}
+}
+
+// canSend reports whether the QP may put packets on the wire: only in
+// RTR (responder), RTS and SQD, never in ERR, RESET or once destroyed.
+func (qp *QP) canSend() bool {
+	return !qp.destroyed && (qp.state == qpstate.RTR || qp.state == qpstate.RTS || qp.state == qpstate.SQD)
 }
 
 func (qp *QP) reset() {
@@ -225,7 +260,8 @@ func (qp *QP) reset() {
 	qp.rqHead, qp.rqCount = 0, 0
 	qp.rdOutstanding = 0
 	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
-	qp.resp = responder{resources: qp.resp.resources}
+	qp.retrying, qp.sentAny, qp.maxSentPSN = false, false, 0
+	qp.resp = responder{resources: qp.resp.resources, backlog: qp.resp.backlog, backlogLen: qp.resp.backlogLen}
 	clear(qp.resp.resources)
 }
 
@@ -247,8 +283,9 @@ func (qp *QP) flush() {
 		qp.rqHead = (qp.rqHead + 1) % len(qp.rq)
 		qp.rqCount--
 	}
-	qp.resp.cur = curMsg{}
+	qp.resp.cur = curMsg{recvSGL: qp.resp.cur.recvSGL}
 	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
+	qp.updateTimerSet()
 }
 
 func (qp *QP) retireHead() {
@@ -262,13 +299,33 @@ func (qp *QP) retireHead() {
 	}
 }
 
-// toError moves the QP to ERR after a fatal completion or responder error
-// and tells the owner through the engine's async hook.
+// toError moves the QP to ERR after a fatal completion, a local error or a
+// CQ overrun, and tells the owner through the engine's async hook. The QP
+// stops sending at once: what it built and Progress has not handed out is
+// dropped too.
 func (qp *QP) toError(reason string) {
-	if qp.state == qpstate.Err {
+	if qp.state == qpstate.Err || qp.destroyed {
 		return
 	}
 	qp.state = qpstate.Err
+	qp.stopSending(true)
+	qp.flush()
+	if qp.e.OnAsyncError != nil {
+		qp.e.OnAsyncError(qp.num, reason)
+	}
+}
+
+// responderToError is toError for an error the responder detects while
+// executing requests in order: the answers it already built for earlier
+// requests (ACKs, READ responses, atomic ACKs) and its fatal NAK, if any,
+// precede the error on the wire as with rxe, so they are kept; nothing
+// else is built from now on.
+func (qp *QP) responderToError(reason string) {
+	if qp.state == qpstate.Err || qp.destroyed {
+		return
+	}
+	qp.state = qpstate.Err
+	qp.stopSending(false)
 	qp.flush()
 	if qp.e.OnAsyncError != nil {
 		qp.e.OnAsyncError(qp.num, reason)
@@ -282,6 +339,9 @@ func (qp *QP) PostSend(wr *SendWR) error {
 	e := qp.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if qp.destroyed {
+		return fmt.Errorf("%w: post send on destroyed QP %d", ErrState, qp.num)
+	}
 	if qp.state != qpstate.RTS && qp.state != qpstate.SQD {
 		if qp.state != qpstate.Err {
 			return fmt.Errorf("%w: post send on QP %d in state %v (needs RTS)", ErrState, qp.num, qp.state)
@@ -290,8 +350,8 @@ func (qp *QP) PostSend(wr *SendWR) error {
 	if qp.sqCount == len(qp.sq) {
 		return fmt.Errorf("%w: send queue of QP %d holds %d WRs (max_send_wr)", ErrQueueFull, qp.num, len(qp.sq))
 	}
-	if len(wr.SGL) > qp.cfg.MaxSGE {
-		return fmt.Errorf("rc: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(wr.SGL), qp.num, qp.cfg.MaxSGE)
+	if len(wr.SGL) > qp.cfg.MaxSendSGE {
+		return fmt.Errorf("rc: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(wr.SGL), qp.num, qp.cfg.MaxSendSGE)
 	}
 	if _, ok := wrNames[wr.Opcode]; !ok {
 		return fmt.Errorf("rc: opcode %v is not supported on an RC QP", wr.Opcode)
@@ -358,14 +418,17 @@ func (qp *QP) PostRecv(wr *RecvWR) error {
 	e := qp.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if qp.destroyed {
+		return fmt.Errorf("%w: post recv on destroyed QP %d", ErrState, qp.num)
+	}
 	if qp.state == qpstate.Reset {
 		return fmt.Errorf("%w: post recv on QP %d in RESET", ErrState, qp.num)
 	}
 	if qp.rqCount == len(qp.rq) {
 		return fmt.Errorf("%w: receive queue of QP %d holds %d WRs (max_recv_wr)", ErrQueueFull, qp.num, len(qp.rq))
 	}
-	if len(wr.SGL) > qp.cfg.MaxSGE {
-		return fmt.Errorf("rc: recv WR has %d SGEs, QP %d allows %d (max_recv_sge)", len(wr.SGL), qp.num, qp.cfg.MaxSGE)
+	if len(wr.SGL) > qp.cfg.MaxRecvSGE {
+		return fmt.Errorf("rc: recv WR has %d SGEs, QP %d allows %d (max_recv_sge)", len(wr.SGL), qp.num, qp.cfg.MaxRecvSGE)
 	}
 	r := &qp.rq[(qp.rqHead+qp.rqCount)%len(qp.rq)]
 	r.id = wr.ID
@@ -383,7 +446,7 @@ func (qp *QP) PostRecv(wr *RecvWR) error {
 
 // kick marks the QP as having work for the next Progress.
 func (qp *QP) kick() {
-	if !qp.txPending {
+	if !qp.txPending && !qp.destroyed {
 		qp.txPending = true
 		qp.e.pending = append(qp.e.pending, qp)
 		if qp.e.Wake != nil {
@@ -392,15 +455,23 @@ func (qp *QP) kick() {
 	}
 }
 
-func (qp *QP) pushSendWC(w *sendWQE, st cq.Status, orig uint64) {
+// pushSendWC delivers a send completion; false when the send CQ overran
+// (the CQ raises IBV_EVENT_CQ_ERR itself), which the caller must treat as
+// fatal for the QP, as the receive side does.
+func (qp *QP) pushSendWC(w *sendWQE, st cq.Status, orig uint64) bool {
 	if st == cq.Success && w.wr.Flags&SendSignaled == 0 && !qp.sigAll {
-		return
+		return true
 	}
 	wc := cq.WC{WRID: w.wr.ID, Status: st, Opcode: wcOpcode(w.wr.Opcode), QPNum: qp.num}
-	if st == cq.Success && w.wr.Opcode == WRRDMARead {
-		wc.ByteLen = uint32(w.length)
+	if st == cq.Success {
+		switch {
+		case w.wr.Opcode == WRRDMARead:
+			wc.ByteLen = uint32(w.length)
+		case w.wr.Opcode.isAtomic():
+			wc.ByteLen = 8 // the original value written to the local buffer
+		}
 	}
-	qp.cfg.SendCQ.Push(wc)
+	return qp.cfg.SendCQ.Push(wc)
 }
 
 func wcOpcode(o WROpcode) cq.Opcode {

@@ -150,8 +150,7 @@ func (qp *QP) buildRequest(w *sendWQE, psn uint32) bool {
 	if err != nil {
 		// A bad lkey is the local protection error of IBV_WC_LOC_PROT_ERR;
 		// the packet is not sent and the QP goes to ERR (IBTA §10.8.3.1).
-		qp.e.tx = qp.e.tx[:len(qp.e.tx)-1]
-		qp.e.free = append(qp.e.free, buf)
+		qp.e.unbuild()
 		st := cq.LocProtErr
 		if !errors.Is(err, memreg.ErrLocalProtection) {
 			st = cq.LocLenErr

@@ -6,7 +6,6 @@ import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
-	"github.com/softroce/softroce/qpstate"
 )
 
 // responder is the receive side of an RC QP (IBTA §9.7.5.2; rxe_resp.c).
@@ -65,7 +64,7 @@ func (r *responder) deferPacket(b []byte) bool {
 func (qp *QP) drainBacklog() {
 	r := &qp.resp
 	var p bth.Packet
-	for r.blN > 0 && len(r.jobs) == 0 && qp.state != qpstate.Err {
+	for r.blN > 0 && len(r.jobs) == 0 && qp.canSend() {
 		i := r.blHead
 		r.blHead = (r.blHead + 1) % backlogSlots
 		r.blN--
@@ -238,8 +237,17 @@ func (qp *QP) recvSend(p *bth.Packet) bool {
 		}
 		if info.Inv {
 			rkey := p.IETH.RKey()
-			if err := qp.e.mrs.Invalidate(qp.cfg.PD, rkey); err != nil {
-				qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "SEND with invalidate: "+err.Error())
+			if err := qp.e.mrs.RemoteInvalidate(qp.cfg.PD, rkey); err != nil {
+				// Class J, as rxe (RESPST_ERR_INVALIDATE_RKEY): no NAK,
+				// the receive completes REM_INV_REQ_ERR and the QP goes
+				// to ERR. The region stays valid (memreg refuses to let a
+				// peer invalidate an ordinary MR). Earlier requests keep
+				// their ACK; this one gets none (rxe may still ACK it,
+				// which would tell the requester the invalidation worked).
+				qp.flushAck()
+				qp.cfg.RecvCQ.Push(cq.WC{WRID: r.cur.recvID, Status: cq.RemInvReqErr, Opcode: cq.OpRecv, QPNum: qp.num, SrcQP: qp.path.DestQPN})
+				r.cur = curMsg{recvSGL: r.cur.recvSGL}
+				qp.responderToError("responder: SEND with invalidate: " + err.Error())
 				return false
 			}
 			wc.InvalidatedRKey, wc.Flags = rkey, cq.FlagWithInv
@@ -393,6 +401,9 @@ func (qp *QP) recvAtomic(p *bth.Packet) {
 // replyAtomic answers an atomic with its original value, and ATOMIC_WRITE
 // and FLUSH with an empty READ_RESPONSE_ONLY (IBTA 1.5 A19).
 func (qp *QP) replyAtomic(res *rdResource) {
+	if !qp.canSend() {
+		return
+	}
 	f := bth.Fields{BTH: bth.BTHFields{PKey: 0xffff, DestQP: qp.path.DestQPN, PSN: res.firstPSN},
 		Syndrome: bth.SyndromeACKUnlimited, MSN: qp.resp.msn, Orig: res.orig}
 	f.BTH.Opcode = bth.RCAtomicAck
@@ -427,8 +438,10 @@ func (qp *QP) duplicate(p *bth.Packet) {
 				continue
 			}
 			// Replay only a subset of the original request, same rkey.
+			// Overflow-safe: va+l may wrap (and so may res.va+length of
+			// a zero-length READ, whose VA nothing checked).
 			va, l := p.RETH.VA(), uint64(p.RETH.DMALen())
-			if p.RETH.RKey() != res.rkey || va < res.va || va+l > res.va+uint64(res.length) {
+			if p.RETH.RKey() != res.rkey || va < res.va || va-res.va > uint64(res.length) || l > uint64(res.length)-(va-res.va) {
 				break
 			}
 			r.addJob(i, psn)
@@ -454,6 +467,10 @@ func (qp *QP) duplicate(p *bth.Packet) {
 func (r *responder) transmit(qp *QP, budget int) bool {
 	e := qp.e
 	pmtu := qp.path.PMTU
+	if !qp.canSend() {
+		r.jobs = r.jobs[:0]
+		return true
+	}
 	for len(r.jobs) > 0 && len(e.tx) < budget {
 		j := &r.jobs[0]
 		res := &r.resources[j.res]
@@ -483,8 +500,7 @@ func (r *responder) transmit(qp *QP, budget int) bool {
 		if plen > 0 {
 			hdr := op.Info().HdrLen
 			if err := e.mrs.RemoteRead(qp.cfg.PD, res.rkey, res.va+uint64(off), buf[hdr:hdr+plen]); err != nil {
-				e.tx = e.tx[:len(e.tx)-1]
-				e.free = append(e.free, buf)
+				e.unbuild()
 				r.jobs = r.jobs[:0]
 				qp.accessError(j.psn, err)
 				return true
@@ -496,7 +512,7 @@ func (r *responder) transmit(qp *QP, budget int) bool {
 			r.jobs = append(r.jobs[:0], r.jobs[1:]...)
 		}
 	}
-	if len(r.jobs) == 0 && r.blN > 0 {
+	if len(r.jobs) == 0 && r.blN > 0 && qp.canSend() {
 		qp.drainBacklog()
 	}
 	return len(r.jobs) == 0
@@ -522,13 +538,16 @@ func (qp *QP) responderError(syn bth.Syndrome, psn uint32, st cq.Status, why str
 		qp.cfg.RecvCQ.Push(cq.WC{WRID: r.cur.recvID, Status: st, Opcode: cq.OpRecv, QPNum: qp.num, SrcQP: qp.path.DestQPN})
 		r.cur.hasRecv = false
 	}
-	qp.toError("responder: " + why)
+	qp.responderToError("responder: " + why)
 }
 
 func (qp *QP) pushRecvWC(wc cq.WC, solicited bool) {
 	qp.resp.cur.hasRecv = false
 	if !qp.cfg.RecvCQ.PushSolicited(wc, solicited) {
-		qp.toError("receive CQ overrun")
+		// Earlier requests keep their ACK; this one gets none (rxe:
+		// RESPST_ERR_CQ_OVERFLOW, no ACK, QP to ERR).
+		qp.flushAck()
+		qp.responderToError("receive CQ overrun")
 	}
 }
 
@@ -553,6 +572,9 @@ func (qp *QP) sendNAK(syn bth.Syndrome, psn uint32) {
 // ack emits an ACKNOWLEDGE. rxe and ConnectX send credit code 31 (no
 // end-to-end flow control), and so do we.
 func (qp *QP) ack(syn bth.Syndrome, psn uint32) {
+	if !qp.canSend() {
+		return
+	}
 	f := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCAck, PKey: 0xffff, DestQP: qp.path.DestQPN, PSN: psn},
 		Syndrome: syn, MSN: qp.resp.msn}
 	buf := qp.newPacket()

@@ -109,7 +109,7 @@ func (s *sim) connect(o qpOpts) [2]*QP {
 	}
 	var qps [2]*QP
 	for i, ep := range s.ep {
-		qp, err := ep.e.CreateQP(QPConfig{PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: o.depth, MaxRecvWR: o.depth, MaxSGE: 4, MaxInline: 256})
+		qp, err := ep.e.CreateQP(QPConfig{PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: o.depth, MaxRecvWR: o.depth, MaxSendSGE: 4, MaxRecvSGE: 4, MaxInline: 256})
 		if err != nil {
 			s.t.Fatal(err)
 		}

@@ -1,0 +1,420 @@
+package rc
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/bth"
+	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/memreg"
+	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/qpstate"
+)
+
+// feed hands one crafted packet to endpoint i's QP without running
+// Progress: what the engine builds in answer stays in its transmit batch.
+func (s *sim) feed(i int, qp *QP, f bth.Fields, payload []byte) {
+	f.BTH.PKey = 0xffff
+	f.BTH.DestQP = qp.Num()
+	buf := make([]byte, bth.Len(f.BTH.Opcode, len(payload)))
+	n, err := bth.Build(buf, &f, payload)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.ep[i].e.Receive(s.now, []nic.Packet{{Buf: buf, N: n, Remote: netip.AddrPortFrom(s.ep[1-i].addr, 4791)}})
+}
+
+// drain runs endpoint i's Progress until it has nothing more and returns
+// one line per packet it handed out.
+func (s *sim) drain(i int) []string {
+	var lines []string
+	for {
+		out, more := s.ep[i].e.Progress(s.now)
+		for j := range out {
+			var p bth.Packet
+			if err := bth.Parse(&p, out[j].Bytes()); err != nil {
+				s.t.Fatal(err)
+			}
+			l := fmt.Sprintf("%s psn=%d", shortOp(p.BTH.Opcode()), p.BTH.PSN())
+			if p.AETH != nil {
+				l += " " + p.AETH.Syndrome().String()
+			}
+			lines = append(lines, l)
+		}
+		s.ep[i].e.Release(out)
+		if !more {
+			return lines
+		}
+	}
+}
+
+// progressOnce runs one Progress call on endpoint i and returns how many
+// packets it handed out.
+func (s *sim) progressOnce(i int) int {
+	out, _ := s.ep[i].e.Progress(s.now)
+	n := len(out)
+	s.ep[i].e.Release(out)
+	return n
+}
+
+// TestRemoteInvalidateOfUserMRIsClassJ: a peer's SEND_ONLY_WITH_INVALIDATE
+// naming the rkey of an ordinary MR must not invalidate it. As rxe (class
+// J): no NAK goes out, the receive completes REM_INV_REQ_ERR, the QP moves
+// to ERR; the MR stays writable through another QP.
+func TestRemoteInvalidateOfUserMRIsClassJ(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	qps := s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{40, 0}, timeout: 14, retry: 7})
+	rmr, rbuf := s.reg(1, 4096)
+	var fatal []string
+	s.ep[1].e.OnAsyncError = func(qpn uint32, reason string) { fatal = append(fatal, reason) }
+	if err := qps[1].PostRecv(&RecvWR{ID: 5, SGL: []SGE{{Addr: rmr.Addr(), Length: 64, LKey: rmr.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	// A WRITE first, in the same batch: its ACK is owed and still goes out.
+	wr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 40, AckReq: true}, VA: rmr.Addr() + 100, RKey: rmr.RKey(), DMALen: 4}
+	s.feed(1, qps[1], wr, []byte{1, 2, 3, 4})
+	inv := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnlyInv, PSN: 41, AckReq: true}, InvRKey: rmr.RKey()}
+	s.feed(1, qps[1], inv, []byte("hello"))
+	lines := s.drain(1)
+	expectLines(t, "answers to WRITE + SEND_WITH_INV(user MR)", lines, "ACKNOWLEDGE psn=40 ACK (credits unlimited)")
+	wcs := make([]cq.WC, 4)
+	if n := s.ep[1].rcq.Poll(wcs); n != 1 || wcs[0].WRID != 5 || wcs[0].Status != cq.RemInvReqErr || wcs[0].Flags&cq.FlagWithInv != 0 {
+		t.Fatalf("receive completions %+v", wcs[:n])
+	}
+	if qps[1].State() != qpstate.Err || len(fatal) != 1 {
+		t.Fatalf("state %v, fatal events %q", qps[1].State(), fatal)
+	}
+	// The MR survives: a WRITE through a fresh QP pair lands.
+	qps2 := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7})
+	lmr, lbuf := s.reg(0, 4096)
+	fill(lbuf, 11)
+	mustPost(t, qps2[0], &SendWR{ID: 9, Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 256, LKey: lmr.LKey()}},
+		RemoteAddr: rmr.Addr() + 1024, RKey: rmr.RKey()})
+	if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success {
+		t.Fatalf("WRITE to the MR after the refused invalidate: %v", wc.Status)
+	}
+	if !bytes.Equal(rbuf[1024:1280], lbuf[:256]) {
+		t.Fatal("WRITE data did not land")
+	}
+}
+
+// readThenStop sets up a 512 KiB READ at MTU 256 (2048 responses) against
+// endpoint 1 and lets the responder send one batch of it.
+func readThenStop(t *testing.T) (*sim, [2]*QP) {
+	s := newSim(t, 1, impairment{})
+	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{7, 0}, timeout: 14, retry: 7})
+	rmr, _ := s.reg(1, 512<<10)
+	rd := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCReadRequest, PSN: 7, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 512 << 10}
+	s.feed(1, qps[1], rd, nil)
+	if n := s.progressOnce(1); n == 0 {
+		t.Fatal("no READ responses")
+	}
+	// A WRITE with AckReq waits in the backlog behind the READ.
+	wr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 7 + 2048, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 4}
+	s.feed(1, qps[1], wr, []byte{1, 2, 3, 4})
+	if qps[1].resp.blN != 1 || len(qps[1].resp.jobs) != 1 {
+		t.Fatalf("setup: backlog %d jobs %d", qps[1].resp.blN, len(qps[1].resp.jobs))
+	}
+	return s, qps
+}
+
+// TestErrStopsReadResponses: a QP moved to ERR in the middle of a long
+// READ sends nothing more: no READ response, no ACK, nothing from the
+// backlog, nothing already built.
+func TestErrStopsReadResponses(t *testing.T) {
+	s, qps := readThenStop(t)
+	qps[1].SetState(qpstate.Err)
+	s.now = s.now.Add(time.Second)
+	if lines := s.drain(1); len(lines) != 0 {
+		t.Fatalf("%d packets after ERR, first %q", len(lines), lines[0])
+	}
+	if !s.ep[1].e.NextDeadline().IsZero() {
+		t.Fatal("a timer is still armed")
+	}
+	// Requests arriving in ERR are dropped silently, too.
+	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: 7 + 2049, AckReq: true}}, nil)
+	if lines := s.drain(1); len(lines) != 0 {
+		t.Fatalf("answer in ERR: %q", lines)
+	}
+}
+
+// TestErrDropsBuiltPackets: an ACK and an atomic ACK that Receive built,
+// not yet handed out by Progress, do not go out once the QP is in ERR.
+func TestErrDropsBuiltPackets(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	qps := s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{3, 0}})
+	rmr, _ := s.reg(1, 4096)
+	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 3, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 4}, []byte{1, 2, 3, 4})
+	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCFetchAdd, PSN: 4, AckReq: true}, VA: rmr.Addr() + 8, RKey: rmr.RKey(), SwapAdd: 1}, nil)
+	if len(s.ep[1].e.tx) != 2 {
+		t.Fatalf("setup: %d packets built", len(s.ep[1].e.tx))
+	}
+	qps[1].SetState(qpstate.Err)
+	if lines := s.drain(1); len(lines) != 0 {
+		t.Fatalf("packets after ERR: %q", lines)
+	}
+	if qps[1].Stats.TxPackets != 0 || s.ep[1].e.Stats.TxPackets != 0 {
+		t.Fatalf("dropped packets counted as sent: %d %d", qps[1].Stats.TxPackets, s.ep[1].e.Stats.TxPackets)
+	}
+}
+
+// TestErrStopsRequester: a requester moved to ERR mid-WRITE sends nothing
+// more (not the rest of the message, no retransmission after its timer)
+// and flushes its WQEs with WR_FLUSH_ERR.
+func TestErrStopsRequester(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	qps := s.connect(qpOpts{pmtu: 256, timeout: 8, retry: 7})
+	lmr, _ := s.reg(0, 64<<10)
+	rmr, _ := s.reg(1, 64<<10)
+	mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 32 << 10, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	mustPost(t, qps[0], &SendWR{ID: 2, Opcode: WRRDMARead, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 64, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	if n := s.progressOnce(0); n == 0 {
+		t.Fatal("nothing sent")
+	}
+	// Some packets of the WRITE are built and waiting (a second batch).
+	e := s.ep[0].e
+	e.Lock()
+	qps[0].transmit(len(e.tx) + 5)
+	built := len(e.tx)
+	e.Unlock()
+	if built == 0 {
+		t.Fatal("setup: nothing built")
+	}
+	qps[0].SetState(qpstate.Err)
+	s.now = s.now.Add(time.Second)
+	if lines := s.drain(0); len(lines) != 0 {
+		t.Fatalf("%d packets after ERR, first %q", len(lines), lines[0])
+	}
+	if !s.ep[0].e.NextDeadline().IsZero() {
+		t.Fatal("retransmission timer still armed")
+	}
+	wcs := make([]cq.WC, 4)
+	if n := s.ep[0].scq.Poll(wcs); n != 2 || wcs[0].Status != cq.WRFlushErr || wcs[1].Status != cq.WRFlushErr || wcs[0].WRID != 1 {
+		t.Fatalf("completions %+v", wcs[:n])
+	}
+}
+
+// TestDestroyQPRemovesEveryTrace: DestroyQP in the middle of a long READ
+// stops it at once and leaves the QP nowhere in the engine; a second
+// destroy fails.
+func TestDestroyQPRemovesEveryTrace(t *testing.T) {
+	s, qps := readThenStop(t)
+	e := s.ep[1].e
+	// Give it an armed timer and a pending ACK as well.
+	qp := qps[1]
+	e.Lock()
+	qp.retryDeadline = s.now.Add(time.Millisecond)
+	qp.updateTimerSet()
+	qp.ackPending, qp.ackPSN = true, 6
+	qp.sendAck() // built, not handed out
+	e.Unlock()
+	if err := e.DestroyQP(qp); err != nil {
+		t.Fatal(err)
+	}
+	s.now = s.now.Add(time.Second)
+	if lines := s.drain(1); len(lines) != 0 {
+		t.Fatalf("%d packets after DestroyQP, first %q", len(lines), lines[0])
+	}
+	e.Lock()
+	_, timed := e.timed[qp]
+	inPending := false
+	for _, p := range e.pending {
+		inPending = inPending || p == qp
+	}
+	for _, p := range e.txQP {
+		inPending = inPending || p == qp
+	}
+	_, known := e.qps[qp.num]
+	e.Unlock()
+	if timed || inPending || known || qp.resp.blN != 0 || len(qp.resp.jobs) != 0 {
+		t.Fatalf("traces left: timed %v pending/tx %v known %v backlog %d jobs %d", timed, inPending, known, qp.resp.blN, len(qp.resp.jobs))
+	}
+	if !e.NextDeadline().IsZero() {
+		t.Fatal("a deadline is still reported")
+	}
+	if err := e.DestroyQP(qp); !errors.Is(err, ErrNoQP) {
+		t.Fatalf("second DestroyQP = %v, want ErrNoQP", err)
+	}
+	if err := qp.PostSend(&SendWR{Opcode: WRSend}); !errors.Is(err, ErrState) {
+		t.Fatalf("PostSend after destroy = %v", err)
+	}
+	if err := qp.PostRecv(&RecvWR{}); !errors.Is(err, ErrState) {
+		t.Fatalf("PostRecv after destroy = %v", err)
+	}
+	// A state change after destroy does nothing (no flush, no schedule).
+	qp.SetState(qpstate.Err)
+	if qp.State() != qpstate.Reset {
+		t.Fatalf("state after destroy %v", qp.State())
+	}
+	if other := s.ep[0].e; other.DestroyQP(qp) == nil {
+		t.Fatal("DestroyQP of another engine's QP succeeded")
+	}
+}
+
+// ackTo builds a response for endpoint 0's requester.
+func ackTo(op bth.Opcode, psn uint32, syn bth.Syndrome) bth.Fields {
+	return bth.Fields{BTH: bth.BTHFields{Opcode: op, PSN: psn}, Syndrome: syn}
+}
+
+// TestStaleNAKKeepsCompPSN: after an ACK moved compPSN forward inside a
+// long WRITE, a delayed PSN sequence error NAK or RNR NAK for an earlier
+// PSN must not move it back.
+func TestStaleNAKKeepsCompPSN(t *testing.T) {
+	for _, syn := range []bth.Syndrome{bth.SyndromePSNSeqError, bth.RNRNAK(1)} {
+		t.Run(syn.String(), func(t *testing.T) {
+			s := newSim(t, 1, impairment{})
+			qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{100, 0}, timeout: 14, retry: 7, rnrRetry: 7})
+			lmr, _ := s.reg(0, 4096)
+			rmr, _ := s.reg(1, 4096)
+			mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 2048, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+			if lines := s.drain(0); len(lines) != 8 {
+				t.Fatalf("sent %q", lines)
+			}
+			s.feed(0, qps[0], ackTo(bth.RCAck, 104, bth.SyndromeACKUnlimited), nil)
+			if qps[0].compPSN != 105 {
+				t.Fatalf("compPSN %d after ACK 104", qps[0].compPSN)
+			}
+			s.feed(0, qps[0], ackTo(bth.RCAck, 102, syn), nil)
+			if qps[0].compPSN != 105 {
+				t.Fatalf("compPSN moved back to %d by a stale %v at 102", qps[0].compPSN, syn)
+			}
+			if lines := s.drain(0); len(lines) != 0 {
+				t.Fatalf("stale NAK caused a retransmission: %q", lines)
+			}
+			s.feed(0, qps[0], ackTo(bth.RCAck, 107, bth.SyndromeACKUnlimited), nil)
+			wcs := make([]cq.WC, 2)
+			if n := s.ep[0].scq.Poll(wcs); n != 1 || wcs[0].Status != cq.Success {
+				t.Fatalf("completions %+v", wcs[:n])
+			}
+		})
+	}
+}
+
+// TestDuplicateReadRangeWraps: a duplicate READ whose va+len wraps past
+// 2^64 is not a subset of the original and is not replayed.
+func TestDuplicateReadRangeWraps(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{10, 0}})
+	rmr, _ := s.reg(1, 4096)
+	rd := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCReadRequest, PSN: 10, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 512}
+	expectLines(t, "READ", s.inject(qps[1], rd, nil),
+		"RDMA_READ_RESPONSE_FIRST psn=10 ACK (credits unlimited) msn=1 len=256",
+		"RDMA_READ_RESPONSE_LAST psn=11 ACK (credits unlimited) msn=1 len=256")
+	dup := rd
+	dup.VA, dup.DMALen = ^uint64(0)-7, 16 // va+len wraps to 8
+	expectLines(t, "duplicate READ with a wrapping range", s.inject(qps[1], dup, nil))
+	// A genuine subset is still replayed.
+	dup.BTH.PSN, dup.VA, dup.DMALen = 11, rmr.Addr()+256, 256
+	expectLines(t, "duplicate READ of the second half", s.inject(qps[1], dup, nil),
+		"RDMA_READ_RESPONSE_LAST psn=11 ACK (credits unlimited) msn=1 len=256")
+}
+
+// TestSendCQOverrun: a send CQ too small for the completions raises its
+// CQ_ERR event, and the QP goes to ERR with the QP-fatal hook, as the
+// receive side does.
+func TestSendCQOverrun(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	small, _ := cq.New(1)
+	s.ep[0].scq = small
+	var fatal []string
+	s.ep[0].e.OnAsyncError = func(qpn uint32, reason string) { fatal = append(fatal, fmt.Sprintf("%d %s", qpn, reason)) }
+	qps := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7})
+	lmr, _ := s.reg(0, 4096)
+	rmr, _ := s.reg(1, 4096)
+	for i := 0; i < 3; i++ {
+		mustPost(t, qps[0], &SendWR{ID: uint64(i), Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	}
+	s.pump(nil, 100*time.Millisecond)
+	select {
+	case ev := <-small.Events():
+		if ev.Type != cq.EventCQErr {
+			t.Fatalf("CQ event %+v", ev)
+		}
+	default:
+		t.Fatal("no CQ error event")
+	}
+	if qps[0].State() != qpstate.Err {
+		t.Fatalf("QP state %v after a send CQ overrun, want ERR", qps[0].State())
+	}
+	if len(fatal) != 1 || !strings.Contains(fatal[0], fmt.Sprint(qps[0].Num())) || !strings.Contains(fatal[0], "send CQ overrun") {
+		t.Fatalf("fatal events %q", fatal)
+	}
+}
+
+// TestAtomicByteLen: CAS and FAA completions report 8 bytes (cq.WC).
+func TestAtomicByteLen(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	qps := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7})
+	lmr, _ := s.reg(0, 4096)
+	rmr, _ := s.reg(1, 4096)
+	mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRAtomicFetchAndAdd, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey(), CompareAdd: 1})
+	mustPost(t, qps[0], &SendWR{ID: 2, Opcode: WRAtomicCmpAndSwp, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr() + 8, Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey(), CompareAdd: 1, Swap: 5})
+	for _, wc := range s.waitWC(s.ep[0].scq, 2, time.Second) {
+		if wc.Status != cq.Success || wc.ByteLen != 8 {
+			t.Errorf("%v completion: status %v byte_len %d, want 8", wc.Opcode, wc.Status, wc.ByteLen)
+		}
+	}
+}
+
+// TestSGELimitsSplit: the send and receive SGE limits are checked apart.
+func TestSGELimitsSplit(t *testing.T) {
+	mrs := memreg.NewTable(memreg.Limits{})
+	pd, _ := mrs.AllocPD()
+	c, _ := cq.New(16)
+	e := NewEngine(mrs)
+	sges := func(n int) []SGE { return make([]SGE, n) }
+	for _, tc := range []struct{ send, recv int }{{1, 3}, {3, 1}} {
+		qp, err := e.CreateQP(QPConfig{PD: pd, SendCQ: c, RecvCQ: c, MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: tc.send, MaxRecvSGE: tc.recv})
+		if err != nil {
+			t.Fatal(err)
+		}
+		qp.SetState(qpstate.Init)
+		qp.SetState(qpstate.RTR)
+		qp.SetState(qpstate.RTS)
+		if err := qp.PostSend(&SendWR{Opcode: WRSend, SGL: sges(tc.send + 1)}); err == nil || !strings.Contains(err.Error(), "max_send_sge") {
+			t.Errorf("send %d/recv %d: post send with %d SGEs = %v", tc.send, tc.recv, tc.send+1, err)
+		}
+		if err := qp.PostSend(&SendWR{Opcode: WRSend, SGL: sges(tc.send)}); err != nil {
+			t.Errorf("send %d/recv %d: post send with %d SGEs = %v", tc.send, tc.recv, tc.send, err)
+		}
+		if err := qp.PostRecv(&RecvWR{SGL: sges(tc.recv + 1)}); err == nil || !strings.Contains(err.Error(), "max_recv_sge") {
+			t.Errorf("send %d/recv %d: post recv with %d SGEs = %v", tc.send, tc.recv, tc.recv+1, err)
+		}
+		if err := qp.PostRecv(&RecvWR{SGL: sges(tc.recv)}); err != nil {
+			t.Errorf("send %d/recv %d: post recv with %d SGEs = %v", tc.send, tc.recv, tc.recv, err)
+		}
+	}
+}
+
+// TestResetForgetsSentPSNs: RESET starts the QP afresh. A QP reconnected
+// with an SQPSN behind the PSNs of its previous life must not count its
+// new packets as retransmissions, nor take its old high PSN as a bound.
+func TestResetForgetsSentPSNs(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	qps := s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{5000, 0}, timeout: 14, retry: 7})
+	lmr, _ := s.reg(0, 4096)
+	rmr, _ := s.reg(1, 4096)
+	mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	s.waitWC(s.ep[0].scq, 1, time.Second)
+	for i, qp := range qps {
+		qp.SetState(qpstate.Reset)
+		qp.SetState(qpstate.Init)
+		p := qp.Path()
+		p.SQPSN, p.RQPSN = [2]uint32{10, 0}[i], [2]uint32{0, 10}[i]
+		qp.SetPath(p)
+		qp.SetState(qpstate.RTR)
+		qp.SetState(qpstate.RTS)
+	}
+	mustPost(t, qps[0], &SendWR{ID: 2, Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success || wc.WRID != 2 {
+		t.Fatalf("completion %+v", wc)
+	}
+	if qps[0].Stats.Retransmits != 0 || qps[0].maxSentPSN != 10 {
+		t.Fatalf("after RESET: %d retransmits counted, maxSentPSN %d", qps[0].Stats.Retransmits, qps[0].maxSentPSN)
+	}
+}

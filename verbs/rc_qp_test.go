@@ -1,0 +1,60 @@
+package verbs
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/softroce/softroce/transport/rc"
+)
+
+// TestDestroyQPTwice: the second Destroy of a QP reports an error.
+func TestDestroyQPTwice(t *testing.T) {
+	a, _ := openPair(t)
+	pd, _ := a.AllocPD()
+	c, _ := a.CreateCQ(16)
+	qp, err := pd.CreateQP(QPInitAttr{SendCQ: c, RecvCQ: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.Destroy(); err != nil {
+		t.Fatalf("first Destroy: %v", err)
+	}
+	if err := qp.Destroy(); !errors.Is(err, rc.ErrNoQP) {
+		t.Fatalf("second Destroy = %v, want rc.ErrNoQP", err)
+	}
+}
+
+// TestSGELimitsApart: max_send_sge bounds PostSend and max_recv_sge
+// bounds PostRecv, each on its own.
+func TestSGELimitsApart(t *testing.T) {
+	a, b := openPair(t)
+	pda, _ := a.AllocPD()
+	pdb, _ := b.AllocPD()
+	c, _ := a.CreateCQ(16)
+	cb, _ := b.CreateCQ(16)
+	qa, err := pda.CreateQP(QPInitAttr{SendCQ: c, RecvCQ: c, Cap: QPCap{MaxSendSGE: 1, MaxRecvSGE: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qb, _ := pdb.CreateQP(QPInitAttr{SendCQ: cb, RecvCQ: cb})
+	ga, _ := a.QueryGID(0)
+	gb, _ := b.QueryGID(0)
+	if err := qa.Connect(RemoteInfo{QPN: qb.Num(), GID: gb}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := qb.Connect(RemoteInfo{QPN: qa.Num(), GID: ga}, nil); err != nil {
+		t.Fatal(err)
+	}
+	mr, _ := pda.RegMR(make([]byte, 64), AccessLocalWrite)
+	sge := SGE{Addr: mr.Addr(), Length: 8, LKey: mr.LKey()}
+	if err := qa.PostSend(&SendWR{Opcode: WRSend, SGL: []SGE{sge, sge}}); err == nil || !strings.Contains(err.Error(), "max_send_sge") {
+		t.Errorf("PostSend with 2 SGEs on max_send_sge 1 = %v", err)
+	}
+	if err := qa.PostRecv(&RecvWR{SGL: []SGE{sge, sge, sge}}); err != nil {
+		t.Errorf("PostRecv with 3 SGEs on max_recv_sge 3 = %v", err)
+	}
+	if err := qa.PostRecv(&RecvWR{SGL: []SGE{sge, sge, sge, sge}}); err == nil || !strings.Contains(err.Error(), "max_recv_sge") {
+		t.Errorf("PostRecv with 4 SGEs on max_recv_sge 3 = %v", err)
+	}
+}
