@@ -72,6 +72,12 @@ type simEP struct {
 var simEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func newSim(t testing.TB, seed uint64, imp impairment) *sim {
+	return newSimCQ(t, seed, imp, 1<<16)
+}
+
+// newSimCQ is newSim with CQs of the given depth (fuzz targets use small
+// ones to keep each execution cheap).
+func newSimCQ(t testing.TB, seed uint64, imp impairment, cqDepth int) *sim {
 	s := &sim{t: t, now: simEpoch, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), imp: imp, tx: map[uint64]int{}}
 	for i := range s.ep {
 		mrs := memreg.NewTable(memreg.Limits{})
@@ -79,8 +85,8 @@ func newSim(t testing.TB, seed uint64, imp impairment) *sim {
 		if err != nil {
 			t.Fatal(err)
 		}
-		scq, _ := cq.New(1 << 16)
-		rcq, _ := cq.New(1 << 16)
+		scq, _ := cq.New(cqDepth)
+		rcq, _ := cq.New(cqDepth)
 		s.ep[i] = &simEP{e: NewEngine(mrs), mrs: mrs, pd: pd, addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), scq: scq, rcq: rcq}
 	}
 	return s
