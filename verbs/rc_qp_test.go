@@ -4,7 +4,9 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/transport/rc"
 )
 
@@ -56,5 +58,54 @@ func TestSGELimitsApart(t *testing.T) {
 	}
 	if err := qa.PostRecv(&RecvWR{SGL: []SGE{sge, sge, sge, sge}}); err == nil || !strings.Contains(err.Error(), "max_recv_sge") {
 		t.Errorf("PostRecv with 4 SGEs on max_recv_sge 3 = %v", err)
+	}
+}
+
+// TestSendCQOverrunMovesQPToError: a send CQ too small for the
+// completions raises its CQ error event and the QP goes to ERR with a QP
+// fatal event, as on the receive side.
+func TestSendCQOverrunMovesQPToError(t *testing.T) {
+	a, b := openPair(t)
+	pda, _ := a.AllocPD()
+	pdb, _ := b.AllocPD()
+	sendCQ, _ := a.CreateCQ(1)
+	recvCQ, _ := a.CreateCQ(16)
+	cb, _ := b.CreateCQ(16)
+	qa, _ := pda.CreateQP(QPInitAttr{SendCQ: sendCQ, RecvCQ: recvCQ})
+	qb, _ := pdb.CreateQP(QPInitAttr{SendCQ: cb, RecvCQ: cb})
+	ga, _ := a.QueryGID(0)
+	gb, _ := b.QueryGID(0)
+	if err := qa.Connect(RemoteInfo{QPN: qb.Num(), GID: gb}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := qb.Connect(RemoteInfo{QPN: qa.Num(), GID: ga}, nil); err != nil {
+		t.Fatal(err)
+	}
+	mra, _ := pda.RegMR(make([]byte, 64), AccessLocalWrite)
+	mrb, _ := pdb.RegMR(make([]byte, 64), AccessLocalWrite|AccessRemoteWrite)
+	for i := 0; i < 3; i++ {
+		if err := qa.PostSend(&SendWR{ID: uint64(i), Opcode: WRRDMAWrite, Flags: SendSignaled, RemoteAddr: mrb.Addr(), RKey: mrb.RKey(),
+			SGL: []SGE{{Addr: mra.Addr(), Length: 8, LKey: mra.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case ev := <-sendCQ.Events():
+		if ev.Type != cq.EventCQErr {
+			t.Fatalf("CQ event %+v", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no CQ error event")
+	}
+	select {
+	case ev := <-a.AsyncEvents():
+		if ev.Type != EventQPFatal || ev.QPNum != qa.Num() {
+			t.Fatalf("async event %+v", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no QP fatal event")
+	}
+	if qa.State() != StateErr {
+		t.Fatalf("QP state %v, want ERR", qa.State())
 	}
 }

@@ -302,10 +302,10 @@ func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
 	}
 	e.pending = append(e.pending[:0], e.pending[i:]...)
 	out = e.tx
-	for i := range out {
-		e.txQP[i].Stats.TxPackets++
+	for j := range out {
+		e.txQP[j].Stats.TxPackets++
 		if e.OnPacket != nil {
-			e.OnPacket('T', &out[i])
+			e.OnPacket('T', &out[j])
 		}
 	}
 	e.Stats.TxPackets += uint64(len(out))

@@ -418,3 +418,23 @@ func TestResetForgetsSentPSNs(t *testing.T) {
 		t.Fatalf("after RESET: %d retransmits counted, maxSentPSN %d", qps[0].Stats.Retransmits, qps[0].maxSentPSN)
 	}
 }
+
+// TestRecvCQOverrunNotAcked: a SEND whose receive completion overruns the
+// CQ is not acknowledged (the requester must not see it as delivered);
+// the SEND before it keeps its ACK, and the QP goes to ERR.
+func TestRecvCQOverrunNotAcked(t *testing.T) {
+	s := newSimCQ(t, 1, impairment{}, 1)
+	qps := s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{20, 0}})
+	rmr, _ := s.reg(1, 4096)
+	for i := 0; i < 2; i++ {
+		if err := qps[1].PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{{Addr: rmr.Addr() + uint64(i)*64, Length: 64, LKey: rmr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: 20, AckReq: true}}, []byte("one"))
+	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: 21, AckReq: true}}, []byte("two"))
+	expectLines(t, "answers", s.drain(1), "ACKNOWLEDGE psn=20 ACK (credits unlimited)")
+	if qps[1].State() != qpstate.Err {
+		t.Fatalf("state %v", qps[1].State())
+	}
+}

@@ -180,6 +180,9 @@ func (qp *QP) respond(p *bth.Packet) {
 		qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "unsupported opcode "+info.Name)
 		return
 	}
+	if !qp.canSend() {
+		return // a receive CQ overrun moved the QP to ERR: no ACK
+	}
 	r.ePSN = bth.PSNAdd(r.ePSN, 1)
 	r.lastAckable, r.hasLastAckable = psn, true
 	if p.BTH.AckReq() {
