@@ -245,8 +245,10 @@ func (qp *QP) recvSend(p *bth.Packet) bool {
 				// the receive completes REM_INV_REQ_ERR and the QP goes
 				// to ERR. The region stays valid (memreg refuses to let a
 				// peer invalidate an ordinary MR). Earlier requests keep
-				// their ACK; this one gets none (rxe may still ACK it,
-				// which would tell the requester the invalidation worked).
+				// their ACK; this one gets none: rxe 6.1 ACKs it
+				// (docs/rxe-behaviour.md), which tells the requester the
+				// invalidation worked, and a QP in ERR sends nothing. The
+				// requester learns of the failure by its retry timeout.
 				qp.flushAck()
 				qp.cfg.RecvCQ.Push(cq.WC{WRID: r.cur.recvID, Status: cq.RemInvReqErr, Opcode: cq.OpRecv, QPNum: qp.num, SrcQP: qp.path.DestQPN})
 				r.cur = curMsg{recvSGL: r.cur.recvSGL}
