@@ -18,8 +18,7 @@ var invalidateCases = []*Case{
 			"either sends no NAK (a class J error: the receive completes with REM_INV_REQ_ERR and the QP moves to " +
 			"error; rxe does this and even ACKs the SEND) or NAKs invalid request (0x61) or remote access error (0x62), as some NICs do " +
 			"(IBTA §9.4.1.1 SEND with invalidate, §10.6 memory protection: remote invalidation)",
-		Bugs: map[string]string{"softroce": "the responder invalidates any MR a SEND_WITH_INVALIDATE names, ordinary ones included"},
-		Run:  runSendInvalidateOrdinaryMR,
+		Run: runSendInvalidateOrdinaryMR,
 	},
 }
 

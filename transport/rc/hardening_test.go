@@ -64,7 +64,7 @@ func (s *sim) progressOnce(i int) int {
 
 // TestRemoteInvalidateOfUserMRIsClassJ: a peer's SEND_ONLY_WITH_INVALIDATE
 // naming the rkey of an ordinary MR must not invalidate it. As rxe (class
-// J): no NAK goes out, the receive completes REM_INV_REQ_ERR, the QP moves
+// J): no NAK goes out (the SEND is ACKed), the receive completes REM_INV_REQ_ERR, the QP moves
 // to ERR; the MR stays writable through another QP.
 func TestRemoteInvalidateOfUserMRIsClassJ(t *testing.T) {
 	s := newSim(t, 1, impairment{})
@@ -81,7 +81,8 @@ func TestRemoteInvalidateOfUserMRIsClassJ(t *testing.T) {
 	inv := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnlyInv, PSN: 41, AckReq: true}, InvRKey: rmr.RKey()}
 	s.feed(1, qps[1], inv, []byte("hello"))
 	lines := s.drain(1)
-	expectLines(t, "answers to WRITE + SEND_WITH_INV(user MR)", lines, "ACKNOWLEDGE psn=40 ACK (credits unlimited)")
+	expectLines(t, "answers to WRITE + SEND_WITH_INV(user MR)", lines, "ACKNOWLEDGE psn=40 ACK (credits unlimited)",
+		"ACKNOWLEDGE psn=41 ACK (credits unlimited)")
 	wcs := make([]cq.WC, 4)
 	if n := s.ep[1].rcq.Poll(wcs); n != 1 || wcs[0].WRID != 5 || wcs[0].Status != cq.RemInvReqErr || wcs[0].Flags&cq.FlagWithInv != 0 {
 		t.Fatalf("receive completions %+v", wcs[:n])

@@ -244,11 +244,14 @@ func (qp *QP) recvSend(p *bth.Packet) bool {
 				// Class J, as rxe (RESPST_ERR_INVALIDATE_RKEY): no NAK,
 				// the receive completes REM_INV_REQ_ERR and the QP goes
 				// to ERR. The region stays valid (memreg refuses to let a
-				// peer invalidate an ordinary MR). Earlier requests keep
-				// their ACK; this one gets none: rxe 6.1 ACKs it
-				// (docs/rxe-behaviour.md), which tells the requester the
-				// invalidation worked, and a QP in ERR sends nothing. The
-				// requester learns of the failure by its retry timeout.
+				// peer invalidate an ordinary MR). The packet itself was
+				// received in order, so it is ACKed before the QP stops,
+				// as rxe 6.1 does (docs/rxe-behaviour.md §4.5): the error is
+				// the responder's, and a requester that got no ACK would
+				// only retry into a QP in ERR until its retry count ran out.
+				r.ePSN = bth.PSNAdd(r.ePSN, 1)
+				qp.resp.msn = bth.PSNAdd(qp.resp.msn, 1)
+				qp.ackPending, qp.ackPSN = true, psn
 				qp.flushAck()
 				qp.cfg.RecvCQ.Push(cq.WC{WRID: r.cur.recvID, Status: cq.RemInvReqErr, Opcode: cq.OpRecv, QPNum: qp.num, SrcQP: qp.path.DestQPN})
 				r.cur = curMsg{recvSGL: r.cur.recvSGL}
