@@ -61,6 +61,7 @@ type CQ struct {
 	notify chan struct{} // completion channel, capacity 1 (coalescing)
 	events chan Event    // async events, capacity 1 (only one CQ_ERR can happen)
 	wake   chan struct{} // wakes a Wait, capacity 1; the baton is passed on
+	onErr  func(Event)   // SetErrorHook's function, guarded by mu
 }
 
 // New creates a CQ that holds depth completions (ibv_create_cq's cqe).
@@ -128,11 +129,16 @@ func (c *CQ) PushSolicited(wc WC, solicited bool) bool {
 		c.overrun = true
 		fire := c.arm != armNone
 		c.arm = armNone
+		hook := c.onErr
 		c.mu.Unlock()
 		if first {
+			ev := Event{Type: EventCQErr, Err: ErrOverrun}
 			select {
-			case c.events <- Event{Type: EventCQErr, Err: ErrOverrun}:
+			case c.events <- ev:
 			default:
+			}
+			if hook != nil {
+				hook(ev)
 			}
 		}
 		if fire {
@@ -258,6 +264,20 @@ func (c *CQ) Notify() <-chan struct{} { return c.notify }
 // Events returns the channel of asynchronous events (EventCQErr). At most
 // one event is ever delivered per CQ; it stays buffered until received.
 func (c *CQ) Events() <-chan Event { return c.events }
+
+// SetErrorHook installs f, called once with the EventCQErr of the first
+// overrun, besides its delivery on Events. It lets the owner of many CQs
+// (a device) forward their errors to one place without a goroutine per CQ,
+// as ibv_get_async_event reports a CQ error with the CQ named. f runs on the
+// goroutine that pushed the rejected completion, possibly while that caller
+// holds its own locks: it must not block and must not call back into that
+// caller. A nil f removes the hook. A hook installed after the overrun is
+// not called for it.
+func (c *CQ) SetErrorHook(f func(Event)) {
+	c.mu.Lock()
+	c.onErr = f
+	c.mu.Unlock()
+}
 
 // Resize changes the depth (ibv_resize_cq), keeping the stored completions
 // in order. It fails if depth is out of range or smaller than the number of

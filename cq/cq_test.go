@@ -355,3 +355,39 @@ func BenchmarkPushPoll(b *testing.B) {
 		}
 	}
 }
+
+// TestErrorHook: the hook sees the first overrun exactly once, with the same
+// event Events delivers; later rejected pushes do not call it again, and a
+// removed hook is not called.
+func TestErrorHook(t *testing.T) {
+	c, _ := New(1)
+	var got []Event
+	c.SetErrorHook(func(ev Event) { got = append(got, ev) })
+	if !c.Push(WC{WRID: 1}) {
+		t.Fatal("first push rejected")
+	}
+	if len(got) != 0 {
+		t.Fatalf("hook called before any overrun: %+v", got)
+	}
+	for i := 0; i < 3; i++ {
+		if c.Push(WC{WRID: uint64(2 + i)}) {
+			t.Fatal("push into a full CQ accepted")
+		}
+	}
+	if len(got) != 1 || got[0].Type != EventCQErr || !errors.Is(got[0].Err, ErrOverrun) {
+		t.Fatalf("hook saw %+v, want one CQ_ERR", got)
+	}
+	if ev := <-c.Events(); ev != got[0] {
+		t.Fatalf("Events delivered %+v, the hook %+v", ev, got[0])
+	}
+
+	d, _ := New(1)
+	called := false
+	d.SetErrorHook(func(Event) { called = true })
+	d.SetErrorHook(nil)
+	d.Push(WC{})
+	d.Push(WC{})
+	if called {
+		t.Fatal("removed hook called")
+	}
+}

@@ -3,6 +3,7 @@ package verbs
 import (
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
@@ -37,11 +38,18 @@ type QP struct {
 	attr QPAttr
 
 	remotePort uint16
+	destroyed  atomic.Bool // set by Destroy under the device's mu
 }
 
 // CreateQP creates a QP in RESET (ibv_create_qp). Only RC is implemented;
-// zero capacities get defaults (128 WRs, 1 SGE).
+// zero capacities get defaults (128 WRs, 1 SGE). Both CQs must be live CQs
+// of the PD's device; at most max_qp QPs exist at once. A failed CreateQP
+// creates nothing.
 func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
+	d := pd.d
+	if err := d.unusable("create QP"); err != nil {
+		return nil, err
+	}
 	if init.Type != QPTypeRC {
 		return nil, fmt.Errorf("verbs: QP type %v is not implemented; softroce supports RC", init.Type)
 	}
@@ -59,6 +67,8 @@ func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
 		c.MaxRecvSGE = 1
 	}
 	switch {
+	case c.MaxSendWR < 0 || c.MaxRecvWR < 0 || c.MaxSendSGE < 0 || c.MaxRecvSGE < 0 || c.MaxInlineData < 0:
+		return nil, fmt.Errorf("verbs: negative QP capacity %+v", *c)
 	case c.MaxSendWR > MaxQPWR || c.MaxRecvWR > MaxQPWR:
 		return nil, fmt.Errorf("verbs: max_send_wr %d / max_recv_wr %d exceed the device limit max_qp_wr %d", c.MaxSendWR, c.MaxRecvWR, MaxQPWR)
 	case c.MaxSendSGE > MaxSGE || c.MaxRecvSGE > MaxSGE:
@@ -68,6 +78,24 @@ func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
 	case init.SendCQ == nil || init.RecvCQ == nil:
 		return nil, fmt.Errorf("verbs: CreateQP needs a send CQ and a receive CQ")
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if pd.dead {
+		return nil, fmt.Errorf("verbs: create QP: PD %d is deallocated", pd.pd.Handle())
+	}
+	for _, q := range [2]struct {
+		name string
+		cq   *CQ
+	}{{"send", init.SendCQ}, {"receive", init.RecvCQ}} {
+		if _, ok := d.cqs[q.cq]; !ok {
+			return nil, fmt.Errorf("verbs: create QP: the %s CQ is not a CQ of device %s (destroyed, or not made by its CreateCQ)", q.name, d.name)
+		}
+	}
+	if len(d.qps) >= d.maxQP {
+		return nil, fmt.Errorf("verbs: create QP: device %s already has max_qp %d QPs", d.name, d.maxQP)
+	}
+	// Everything that can fail has been checked: from here on the QP is
+	// created and accounted for.
 	q, err := pd.d.eng.CreateQP(rc.QPConfig{PD: pd.pd, SendCQ: init.SendCQ, RecvCQ: init.RecvCQ,
 		MaxSendWR: c.MaxSendWR, MaxRecvWR: c.MaxRecvWR, MaxSendSGE: c.MaxSendSGE, MaxRecvSGE: c.MaxRecvSGE, MaxInline: c.MaxInlineData})
 	if err != nil {
@@ -75,7 +103,11 @@ func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
 	}
 	qp := &QP{pd: pd, rc: q, init: init}
 	qp.attr.Cap = *c
-	pd.d.eng.SignalAllFor(q, init.SQSigAll)
+	d.eng.SignalAllFor(q, init.SQSigAll)
+	d.qps[q.Num()] = qp
+	pd.nQP++
+	d.cqs[init.SendCQ]++
+	d.cqs[init.RecvCQ]++
 	return qp, nil
 }
 
@@ -90,43 +122,32 @@ func (qp *QP) State() QPState { return qp.rc.State() }
 func (qp *QP) Transport() *rc.QP { return qp.rc }
 
 // Modify changes attributes and state (ibv_modify_qp). It validates the
-// transition and attribute mask exactly as libibverbs does and returns a
-// *qpstate.TransitionError naming the state, transition and attribute.
+// transition and attribute mask as libibverbs does, returning a
+// *qpstate.TransitionError naming the state, transition and attribute, then
+// the device's limits (sgid_index, path MTU against the port's active MTU,
+// max_rd_atomic and max_dest_rd_atomic, port number, pkey_index), returning
+// an error naming the attribute and the limit. Only then does it apply
+// anything: a failed Modify leaves the QP exactly as it was.
 func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	d := qp.pd.d
+	if err := qp.usable("modify QP"); err != nil {
+		return err
+	}
 	d.eng.Lock()
 	defer d.eng.Unlock()
-	cur := qp.rc.StateLocked()
-	next, err := qpstate.Modify(qp.init.Type, cur, mask, attr)
+	next, err := qp.validate(qp.rc.StateLocked(), attr, mask)
 	if err != nil {
 		return err
 	}
-	a := &qp.attr
-	if mask&qpstate.AttrAccessFlags != 0 {
-		a.AccessFlags = attr.AccessFlags
-	}
-	if mask&qpstate.AttrAV != 0 {
-		if int(attr.AV.SGIDIndex) >= len(d.gids) {
-			return fmt.Errorf("verbs: modify QP %d: sgid_index %d out of range (GID table has %d entries)", qp.Num(), attr.AV.SGIDIndex, len(d.gids))
-		}
-		a.AV = attr.AV
-	}
-	if mask&qpstate.AttrPathMTU != 0 {
-		if port := d.QueryPort().ActiveMTU; attr.PathMTU > port {
-			return fmt.Errorf("verbs: modify QP %d: path MTU %d exceeds the port's active MTU %d (link MTU %d)", qp.Num(), attr.PathMTU, port, d.link.MTU())
-		}
-		a.PathMTU = attr.PathMTU
-	}
-	if mask&qpstate.AttrMaxQPRDAtomic != 0 || mask&qpstate.AttrMaxDestRDAtomic != 0 {
-		if attr.MaxRDAtomic > MaxQPRDAtom || attr.MaxDestRDAtomic > MaxQPRDAtom {
-			return fmt.Errorf("verbs: modify QP %d: max_rd_atomic/max_dest_rd_atomic above the device limit %d", qp.Num(), MaxQPRDAtom)
-		}
-	}
+	a := qp.attr
 	copyIf := func(bit AttrMask, f func()) {
 		if mask&bit != 0 {
 			f()
 		}
 	}
+	copyIf(qpstate.AttrAccessFlags, func() { a.AccessFlags = attr.AccessFlags })
+	copyIf(qpstate.AttrAV, func() { a.AV = attr.AV })
+	copyIf(qpstate.AttrPathMTU, func() { a.PathMTU = attr.PathMTU })
 	copyIf(qpstate.AttrPKeyIndex, func() { a.PKeyIndex = attr.PKeyIndex })
 	copyIf(qpstate.AttrPort, func() { a.Port = attr.Port })
 	copyIf(qpstate.AttrTimeout, func() { a.Timeout = attr.Timeout })
@@ -139,9 +160,36 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	copyIf(qpstate.AttrMinRNRTimer, func() { a.MinRNRTimer = attr.MinRNRTimer })
 	copyIf(qpstate.AttrDestQPN, func() { a.DestQPN = attr.DestQPN })
 	a.State = next
+	qp.attr = a
 	qp.rc.SetPathLocked(qp.path())
 	qp.rc.SetStateLocked(next)
 	return nil
+}
+
+// validate checks a Modify from state cur without changing anything and
+// returns the state it leads to.
+func (qp *QP) validate(cur QPState, attr *QPAttr, mask AttrMask) (QPState, error) {
+	next, err := qpstate.Modify(qp.init.Type, cur, mask, attr)
+	if err != nil {
+		return cur, err
+	}
+	d := qp.pd.d
+	n := qp.Num()
+	switch {
+	case mask&qpstate.AttrAV != 0 && int(attr.AV.SGIDIndex) >= len(d.gids):
+		return cur, fmt.Errorf("verbs: modify QP %d: sgid_index %d out of range (GID table has %d entries)", n, attr.AV.SGIDIndex, len(d.gids))
+	case mask&qpstate.AttrPathMTU != 0 && attr.PathMTU > d.QueryPort().ActiveMTU:
+		return cur, fmt.Errorf("verbs: modify QP %d: path MTU %d exceeds the port's active MTU %d (link MTU %d)", n, attr.PathMTU, d.QueryPort().ActiveMTU, d.link.MTU())
+	case mask&qpstate.AttrMaxQPRDAtomic != 0 && int(attr.MaxRDAtomic) > MaxQPRDAtom:
+		return cur, fmt.Errorf("verbs: modify QP %d: max_rd_atomic %d above the device limit max_qp_rd_atom %d", n, attr.MaxRDAtomic, MaxQPRDAtom)
+	case mask&qpstate.AttrMaxDestRDAtomic != 0 && int(attr.MaxDestRDAtomic) > MaxQPRDAtom:
+		return cur, fmt.Errorf("verbs: modify QP %d: max_dest_rd_atomic %d above the device limit max_qp_init_rd_atom %d", n, attr.MaxDestRDAtomic, MaxQPRDAtom)
+	case mask&qpstate.AttrPort != 0 && attr.Port != 1:
+		return cur, fmt.Errorf("verbs: modify QP %d: port %d does not exist (the device has port 1 only)", n, attr.Port)
+	case mask&qpstate.AttrPKeyIndex != 0 && attr.PKeyIndex != 0:
+		return cur, fmt.Errorf("verbs: modify QP %d: pkey_index %d out of range (the P_Key table has 1 entry)", n, attr.PKeyIndex)
+	}
+	return next, nil
 }
 
 // path converts the verbs attributes into the transport's path.
@@ -178,14 +226,55 @@ func (qp *QP) Query() (QPAttr, QPInitAttr) {
 }
 
 // PostSend posts a send work request (ibv_post_send).
-func (qp *QP) PostSend(wr *SendWR) error { return qp.rc.PostSend(wr) }
+func (qp *QP) PostSend(wr *SendWR) error {
+	if err := qp.usable("post send"); err != nil {
+		return err
+	}
+	return qp.rc.PostSend(wr)
+}
 
 // PostRecv posts a receive work request (ibv_post_recv).
-func (qp *QP) PostRecv(wr *RecvWR) error { return qp.rc.PostRecv(wr) }
+func (qp *QP) PostRecv(wr *RecvWR) error {
+	if err := qp.usable("post recv"); err != nil {
+		return err
+	}
+	return qp.rc.PostRecv(wr)
+}
 
-// Destroy destroys the QP (ibv_destroy_qp).
+// usable is nil when verb op may run on the QP: the device works and the
+// QP is not destroyed.
+func (qp *QP) usable(op string) error {
+	if err := qp.pd.d.unusable(op); err != nil {
+		return err
+	}
+	if qp.destroyed.Load() {
+		return fmt.Errorf("verbs: %s: QP %d is destroyed", op, qp.Num())
+	}
+	return nil
+}
+
+// Destroy destroys the QP (ibv_destroy_qp): packets for it are dropped
+// and nothing more is sent for it from then on, its outstanding work
+// requests are not completed, and its PD and CQs are no longer counted as
+// used by it. It fails on a QP already destroyed and after Device.Close.
 func (qp *QP) Destroy() error {
-	return qp.pd.d.eng.DestroyQP(qp.rc)
+	d := qp.pd.d
+	if err := d.isClosed("destroy QP"); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	// The engine refuses a QP it no longer has (rc.ErrNoQP), so a second
+	// Destroy fails there and the counts below are released once.
+	if err := qp.pd.d.eng.DestroyQP(qp.rc); err != nil {
+		return fmt.Errorf("verbs: destroy QP %d: %w", qp.Num(), err)
+	}
+	qp.destroyed.Store(true)
+	delete(d.qps, qp.Num())
+	qp.pd.nQP--
+	d.cqs[qp.init.SendCQ]--
+	d.cqs[qp.init.RecvCQ]--
+	return nil
 }
 
 // RemoteInfo is what two sides exchange out of band to connect RC QPs,
@@ -218,11 +307,19 @@ type ConnectOptions struct {
 // Init moves a RESET QP to INIT with pkey index 0, port 1 and the given
 // remote access flags. Receives may be posted from INIT on.
 func (qp *QP) Init(access Access) error {
-	a := QPAttr{State: StateInit, Port: 1, AccessFlags: uint32(access)}
-	return qp.Modify(&a, qpstate.AttrState|qpstate.AttrPKeyIndex|qpstate.AttrPort|qpstate.AttrAccessFlags)
+	a := initAttr(access)
+	return qp.Modify(&a, initMask)
 }
 
-// Connect moves a RESET or INIT QP through RTR to RTS against remote.
+const initMask = qpstate.AttrState | qpstate.AttrPKeyIndex | qpstate.AttrPort | qpstate.AttrAccessFlags
+
+func initAttr(access Access) QPAttr {
+	return QPAttr{State: StateInit, Port: 1, AccessFlags: uint32(access)}
+}
+
+// Connect moves a RESET or INIT QP through RTR to RTS against remote. It
+// validates every step before taking the first, so attributes the device
+// refuses (a path MTU above the port's, say) fail it with the QP unchanged.
 func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 	if o == nil {
 		o = &ConnectOptions{}
@@ -241,23 +338,36 @@ func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 	if access == 0 {
 		access = AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
 	}
+	type step struct {
+		attr QPAttr
+		mask AttrMask
+	}
+	var steps []step
 	if qp.State() == StateReset {
-		if err := qp.Init(access); err != nil {
+		steps = append(steps, step{initAttr(access), initMask})
+	}
+	steps = append(steps,
+		step{QPAttr{State: StateRTR, PathMTU: mtu, DestQPN: remote.QPN, RQPSN: remote.PSN,
+			MaxDestRDAtomic: def(o.MaxRDAtomic, 16), MinRNRTimer: def(o.MinRNRTimer, 12),
+			AV: AddressVector{DGID: remote.GID, SGIDIndex: o.SGIDIndex, HopLimit: 64}},
+			qpstate.AttrState | qpstate.AttrAV | qpstate.AttrPathMTU | qpstate.AttrDestQPN | qpstate.AttrRQPSN |
+				qpstate.AttrMaxDestRDAtomic | qpstate.AttrMinRNRTimer},
+		step{QPAttr{State: StateRTS, SQPSN: o.SQPSN, Timeout: def(o.Timeout, 14), RetryCnt: def(o.RetryCnt, 7),
+			RNRRetry: def(o.RNRRetry, 7), MaxRDAtomic: def(o.MaxRDAtomic, 16)},
+			qpstate.AttrState | qpstate.AttrSQPSN | qpstate.AttrTimeout | qpstate.AttrRetryCnt |
+				qpstate.AttrRNRRetry | qpstate.AttrMaxQPRDAtomic})
+	s := qp.State()
+	for i := range steps {
+		next, err := qp.validate(s, &steps[i].attr, steps[i].mask)
+		if err != nil {
 			return err
 		}
+		s = next
 	}
-	a := QPAttr{State: StateRTR, PathMTU: mtu, DestQPN: remote.QPN, RQPSN: remote.PSN,
-		MaxDestRDAtomic: def(o.MaxRDAtomic, 16), MinRNRTimer: def(o.MinRNRTimer, 12),
-		AV: AddressVector{DGID: remote.GID, SGIDIndex: o.SGIDIndex, HopLimit: 64}}
-	if err := qp.Modify(&a, qpstate.AttrState|qpstate.AttrAV|qpstate.AttrPathMTU|qpstate.AttrDestQPN|qpstate.AttrRQPSN|
-		qpstate.AttrMaxDestRDAtomic|qpstate.AttrMinRNRTimer); err != nil {
-		return err
-	}
-	a = QPAttr{State: StateRTS, SQPSN: o.SQPSN, Timeout: def(o.Timeout, 14), RetryCnt: def(o.RetryCnt, 7),
-		RNRRetry: def(o.RNRRetry, 7), MaxRDAtomic: def(o.MaxRDAtomic, 16)}
-	if err := qp.Modify(&a, qpstate.AttrState|qpstate.AttrSQPSN|qpstate.AttrTimeout|qpstate.AttrRetryCnt|
-		qpstate.AttrRNRRetry|qpstate.AttrMaxQPRDAtomic); err != nil {
-		return err
+	for i := range steps {
+		if err := qp.Modify(&steps[i].attr, steps[i].mask); err != nil {
+			return err
+		}
 	}
 	if o.RemotePort != 0 {
 		qp.SetRemotePort(o.RemotePort)

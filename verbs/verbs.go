@@ -18,10 +18,12 @@
 package verbs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
@@ -103,6 +105,14 @@ const (
 	MaxMsgSize  = 1 << 31
 	VendorID    = 0x5052 // arbitrary, not a registered OUI
 	deviceName  = "softroce0"
+
+	// DefaultMaxQP and DefaultMaxCQ are max_qp and max_cq when Options
+	// leave them zero: how many QPs and CQs may exist at once.
+	DefaultMaxQP = 1 << 16
+	DefaultMaxCQ = 1 << 16
+
+	// asyncQueueLen is how many async events wait for AsyncEvents' reader.
+	asyncQueueLen = 64
 )
 
 // Options tune Open. The zero value (or nil) is fine.
@@ -111,38 +121,117 @@ type Options struct {
 	Name string
 	// Limits of the memory-region table.
 	Limits memreg.Limits
+	// MaxQP and MaxCQ bound the QPs and CQs alive at once (max_qp, max_cq
+	// in QueryDevice); 0 means DefaultMaxQP, DefaultMaxCQ.
+	MaxQP, MaxCQ int
 }
+
+// Error classes of the verbs; test with errors.Is.
+var (
+	// ErrClosed: the device was closed.
+	ErrClosed = errors.New("verbs: device closed")
+	// ErrDeviceFatal: the link failed (IBV_EVENT_DEVICE_FATAL was raised);
+	// the error also wraps the link's own error.
+	ErrDeviceFatal = errors.New("verbs: device fatal error")
+	// ErrBusy: a resource cannot be freed while others use it (PD.Dealloc
+	// with QPs or MRs, DestroyCQ with QPs), like EBUSY from libibverbs.
+	ErrBusy = memreg.ErrBusy
+)
+
+// deviceError is the error of a verb on a closed or failed device.
+type deviceError struct {
+	op    string // the verb; empty for Device.Err
+	dev   string
+	kind  error // ErrClosed or ErrDeviceFatal
+	cause error // the link's error, with ErrDeviceFatal
+}
+
+func (e *deviceError) Error() string {
+	s := "verbs: "
+	if e.op != "" {
+		s += e.op + ": "
+	}
+	if e.kind == ErrClosed {
+		return s + "device " + e.dev + " is closed"
+	}
+	return s + "device " + e.dev + " failed: link error: " + e.cause.Error()
+}
+
+func (e *deviceError) Unwrap() []error {
+	if e.cause != nil {
+		return []error{e.kind, e.cause}
+	}
+	return []error{e.kind}
+}
+
+// busyError is the error of freeing a resource still in use.
+type busyError struct{ msg string }
+
+func (e *busyError) Error() string        { return e.msg }
+func (e *busyError) Is(target error) bool { return target == ErrBusy }
 
 // Device is an open softroce device on one Link (ibv_context).
 type Device struct {
-	name   string
-	link   nic.Link
-	mrs    *memreg.Table
-	eng    *rc.Engine
-	drv    *rc.Driver
-	gids   []GIDEntry
-	events chan AsyncEvent
+	name         string
+	link         nic.Link
+	mrs          *memreg.Table
+	eng          *rc.Engine
+	drv          *rc.Driver
+	gids         []GIDEntry
+	maxQP, maxCQ int
 
-	mu     sync.Mutex
-	qps    map[uint32]*QP
-	closed bool
+	events        chan AsyncEvent
+	eventsDropped atomic.Uint64
+	closed        atomic.Bool
+
+	// mu guards the bookkeeping below and the PDs' QP counts. It is taken
+	// before the engine lock, never while holding it: the engine's hooks
+	// (async errors, CQ errors) run under the engine lock and use only the
+	// event channel and atomics.
+	mu  sync.Mutex
+	qps map[uint32]*QP
+	cqs map[*CQ]int // live CQs of this device: how many QP queues use each
 }
 
-// AsyncEvent is an asynchronous event (struct ibv_async_event).
+// AsyncEvent is an asynchronous event (struct ibv_async_event). The
+// element it concerns is QPNum for QP events, CQ for EventCQErr; a device
+// event names neither.
 type AsyncEvent struct {
 	Type   AsyncEventType
 	QPNum  uint32
+	CQ     *CQ
 	Reason string
 }
 
-// AsyncEventType is enum ibv_event_type (the subset softroce raises).
+// AsyncEventType is enum ibv_event_type, with its values; softroce raises
+// the types defined here.
 type AsyncEventType uint8
 
 const (
-	EventQPFatal AsyncEventType = 1 // IBV_EVENT_QP_FATAL: a QP entered ERR on a transport error
+	// EventCQErr (IBV_EVENT_CQ_ERR): a CQ overran; the CQ is in error and
+	// the QP whose completion it rejected moves to ERR.
+	EventCQErr AsyncEventType = AsyncEventType(cq.EventCQErr)
+	// EventQPFatal (IBV_EVENT_QP_FATAL): a QP entered ERR on a transport
+	// error; Reason says which.
+	EventQPFatal AsyncEventType = 1
+	// EventDeviceFatal (IBV_EVENT_DEVICE_FATAL): the link failed; every QP
+	// was moved to ERR and later verbs fail with ErrDeviceFatal.
+	EventDeviceFatal AsyncEventType = 8
 )
 
-func (t AsyncEventType) String() string { return "QP fatal error" }
+// String describes the event type in a few words, as ibv_event_type_str
+// does for the C enum.
+func (t AsyncEventType) String() string {
+	switch t {
+	case EventCQErr:
+		return "CQ error"
+	case EventQPFatal:
+		return "QP fatal error"
+	case EventDeviceFatal:
+		return "device fatal error"
+	}
+	return fmt.Sprintf("unknown event type %d", uint8(t))
+}
 
 // Open starts a device on link. The device owns the link: Close closes it.
 func Open(link nic.Link, opts *Options) (*Device, error) {
@@ -156,34 +245,77 @@ func Open(link nic.Link, opts *Options) (*Device, error) {
 	if name == "" {
 		name = deviceName
 	}
+	if opts.MaxQP < 0 || opts.MaxCQ < 0 {
+		return nil, fmt.Errorf("verbs: Options.MaxQP %d / MaxCQ %d must not be negative", opts.MaxQP, opts.MaxCQ)
+	}
 	if nic.IBMTU(link.MTU()) == 0 {
 		return nil, fmt.Errorf("verbs: link MTU %d is too small for RoCE (need at least 336 for a 256-byte IB MTU)", link.MTU())
 	}
 	mrs := memreg.NewTable(opts.Limits)
-	d := &Device{name: name, link: link, mrs: mrs, eng: rc.NewEngine(mrs), events: make(chan AsyncEvent, 64), qps: map[uint32]*QP{}}
+	d := &Device{name: name, link: link, mrs: mrs, eng: rc.NewEngine(mrs), events: make(chan AsyncEvent, asyncQueueLen),
+		maxQP: cmp.Or(opts.MaxQP, DefaultMaxQP), maxCQ: cmp.Or(opts.MaxCQ, DefaultMaxCQ), qps: map[uint32]*QP{}, cqs: map[*CQ]int{}}
 	for _, a := range link.Addrs() {
 		d.gids = append(d.gids, GIDEntry{GID: GIDFromAddr(a), Type: GIDTypeRoCEv2, Addr: a})
 	}
 	d.eng.OnAsyncError = func(qpn uint32, reason string) {
-		select {
-		case d.events <- AsyncEvent{Type: EventQPFatal, QPNum: qpn, Reason: reason}:
-		default: // a full event queue must never stall the transport
-		}
+		d.raise(AsyncEvent{Type: EventQPFatal, QPNum: qpn, Reason: reason})
 	}
-	d.drv = rc.NewDriver(d.eng, link)
+	d.drv = rc.NewDriverWith(d.eng, link, rc.DriverConfig{OnLinkError: func(err error) {
+		if d.closed.Load() {
+			return // an error from a link being closed is no news
+		}
+		d.raise(AsyncEvent{Type: EventDeviceFatal, Reason: "link failed: " + err.Error()})
+	}})
 	return d, nil
 }
 
-// Close destroys the device and closes its link.
+// raise queues an async event. It never blocks, because it runs under the
+// engine lock: a full queue drops the event and counts it.
+func (d *Device) raise(ev AsyncEvent) {
+	select {
+	case d.events <- ev:
+	default:
+		d.eventsDropped.Add(1)
+	}
+}
+
+// Close destroys the device: every QP moves to ERR, so its outstanding work
+// requests complete with WR_FLUSH_ERR on its CQs (where a waiter sees them),
+// then the driver stops and the link is closed. Verbs on the device and
+// its objects fail with ErrClosed afterwards; CQs can still be polled.
+// Closing a closed device does nothing.
 func (d *Device) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	if d.closed.Swap(true) {
 		return nil
 	}
-	d.closed = true
-	d.mu.Unlock()
+	d.drv.ErrorAllQPs()
 	return d.drv.Close()
+}
+
+// Err is nil while the device works. After a link failure it is an error
+// matching ErrDeviceFatal and the link's error; after Close, ErrClosed.
+func (d *Device) Err() error { return d.unusable("") }
+
+// unusable returns the error of verb op on a closed or failed device, nil
+// on a working one.
+func (d *Device) unusable(op string) error {
+	if d.closed.Load() {
+		return &deviceError{op: op, dev: d.name, kind: ErrClosed}
+	}
+	if err := d.drv.Err(); err != nil {
+		return &deviceError{op: op, dev: d.name, kind: ErrDeviceFatal, cause: err}
+	}
+	return nil
+}
+
+// isClosed returns ErrClosed's error for op after Close. Verbs that free
+// resources use it rather than unusable: after a device-fatal error they
+// must still work, so that a program can clean up.
+func (d *Device) isClosed(op string) error {
+	if d.closed.Load() {
+		return &deviceError{op: op, dev: d.name, kind: ErrClosed}
+	}
+	return nil
 }
 
 // Name is the device name.
@@ -195,8 +327,18 @@ func (d *Device) Link() nic.Link { return d.link }
 // Engine exposes the transport engine (statistics, tracing hooks).
 func (d *Device) Engine() *rc.Engine { return d.eng }
 
-// AsyncEvents delivers asynchronous events (ibv_get_async_event).
+// AsyncEvents delivers asynchronous events (ibv_get_async_event). It holds
+// up to 64 events; events raised while it is full are dropped and counted
+// by AsyncEventsDropped. The channel is never closed.
 func (d *Device) AsyncEvents() <-chan AsyncEvent { return d.events }
+
+// AsyncEventsDropped counts the async events dropped because AsyncEvents
+// was full.
+func (d *Device) AsyncEventsDropped() uint64 { return d.eventsDropped.Load() }
+
+// DriverStats returns the counters of the driver that runs the device on
+// its link (packets the link refused).
+func (d *Device) DriverStats() rc.DriverStats { return d.drv.Stats() }
 
 // DeviceAttr is the subset of struct ibv_device_attr that softroce fills.
 type DeviceAttr struct {
@@ -215,8 +357,8 @@ type DeviceAttr struct {
 // QueryDevice returns the device attributes (ibv_query_device).
 func (d *Device) QueryDevice() DeviceAttr {
 	lim := d.mrs.Limits()
-	return DeviceAttr{Name: d.name, VendorID: VendorID, MaxMRSize: lim.MaxMRSize, MaxQP: 1 << 16, MaxQPWR: MaxQPWR,
-		MaxSGE: MaxSGE, MaxCQ: 1 << 16, MaxCQE: MaxCQE, MaxMR: lim.MaxMR, MaxPD: lim.MaxPD, MaxQPRDAtom: MaxQPRDAtom,
+	return DeviceAttr{Name: d.name, VendorID: VendorID, MaxMRSize: lim.MaxMRSize, MaxQP: d.maxQP, MaxQPWR: MaxQPWR,
+		MaxSGE: MaxSGE, MaxCQ: d.maxCQ, MaxCQE: MaxCQE, MaxMR: lim.MaxMR, MaxPD: lim.MaxPD, MaxQPRDAtom: MaxQPRDAtom,
 		MaxQPInitRDAtom: MaxQPRDAtom, MaxMsgSize: MaxMsgSize, MaxInline: MaxInline, AtomicCap: "ATOMIC_HCA", PhysPortCnt: 1}
 }
 
@@ -226,13 +368,16 @@ type PortAttr struct {
 	MaxMTU    int    // bytes (IB MTU)
 	ActiveMTU int    // bytes: the largest IB MTU the link carries
 	GIDTblLen int
-	LinkMTU   int // the link's IP MTU
+	// PKeyTblLen is 1: the default partition (P_Key 0xFFFF) is the only
+	// one, so a QP's pkey_index must be 0.
+	PKeyTblLen int
+	LinkMTU    int // the link's IP MTU
 }
 
 // QueryPort returns port 1's attributes (ibv_query_port). The active MTU
 // follows rxe's rule: the largest IB MTU not above the link MTU minus 80.
 func (d *Device) QueryPort() PortAttr {
-	return PortAttr{State: "PORT_ACTIVE", MaxMTU: 4096, ActiveMTU: nic.IBMTU(d.link.MTU()), GIDTblLen: len(d.gids), LinkMTU: d.link.MTU()}
+	return PortAttr{State: "PORT_ACTIVE", MaxMTU: 4096, ActiveMTU: nic.IBMTU(d.link.MTU()), GIDTblLen: len(d.gids), PKeyTblLen: 1, LinkMTU: d.link.MTU()}
 }
 
 // GIDType is the RoCE version of a GID table entry.
@@ -281,10 +426,16 @@ func (d *Device) QueryGID(index int) (GID, error) {
 type PD struct {
 	d  *Device
 	pd *memreg.PD
+	// Guarded by d.mu.
+	nQP  int
+	dead bool
 }
 
 // AllocPD allocates a protection domain (ibv_alloc_pd).
 func (d *Device) AllocPD() (*PD, error) {
+	if err := d.unusable("alloc PD"); err != nil {
+		return nil, err
+	}
 	pd, err := d.mrs.AllocPD()
 	if err != nil {
 		return nil, err
@@ -292,29 +443,91 @@ func (d *Device) AllocPD() (*PD, error) {
 	return &PD{d: d, pd: pd}, nil
 }
 
-// Dealloc frees the PD; it fails while MRs or QPs still use it.
-func (pd *PD) Dealloc() error { return pd.d.mrs.DeallocPD(pd.pd) }
+// Dealloc frees the PD (ibv_dealloc_pd). It fails with an error matching
+// ErrBusy while QPs or MRs still use it, and changes nothing then.
+func (pd *PD) Dealloc() error {
+	d := pd.d
+	if err := d.isClosed("dealloc PD"); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if pd.dead {
+		return fmt.Errorf("verbs: dealloc PD %d: already deallocated", pd.pd.Handle())
+	}
+	if pd.nQP > 0 {
+		return &busyError{fmt.Sprintf("verbs: dealloc PD %d: %d QPs still use it (destroy them first)", pd.pd.Handle(), pd.nQP)}
+	}
+	if err := d.mrs.DeallocPD(pd.pd); err != nil {
+		return err
+	}
+	pd.dead = true
+	return nil
+}
 
 // RegMR registers buf for access (ibv_reg_mr). The MR's Addr is buf's
 // address, which peers use as the RDMA virtual address.
 func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
+	if err := pd.d.unusable("reg MR"); err != nil {
+		return nil, err
+	}
 	return pd.d.mrs.RegMR(pd.pd, buf, access)
 }
 
 // DeregMR deregisters mr (ibv_dereg_mr). In-flight remote accesses finish
 // first; later ones fail with a remote access error.
-func (d *Device) DeregMR(mr *MR) error { return d.mrs.DeregMR(mr) }
+func (d *Device) DeregMR(mr *MR) error {
+	if err := d.isClosed("dereg MR"); err != nil {
+		return err
+	}
+	return d.mrs.DeregMR(mr)
+}
 
-// CreateCQ creates a completion queue with room for depth completions.
-// A CQ overrun is reported on the CQ's own Events channel (IBV_EVENT_CQ_ERR)
-// and moves the QPs that could not complete into ERR.
+// CreateCQ creates a completion queue with room for depth completions
+// (ibv_create_cq). At most max_cq CQs exist at once. A CQ overrun is
+// reported on the CQ's own Events channel and on the device's AsyncEvents
+// (EventCQErr naming the CQ), and moves the QPs that could not complete
+// into ERR.
 func (d *Device) CreateCQ(depth int) (*CQ, error) {
+	if err := d.unusable("create CQ"); err != nil {
+		return nil, err
+	}
 	if depth > MaxCQE {
 		return nil, fmt.Errorf("verbs: CQ depth %d exceeds max_cqe %d", depth, MaxCQE)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.cqs) >= d.maxCQ {
+		return nil, fmt.Errorf("verbs: create CQ: device %s already has max_cq %d CQs", d.name, d.maxCQ)
 	}
 	c, err := cq.New(depth)
 	if err != nil {
 		return nil, err
 	}
+	c.SetErrorHook(func(ev cq.Event) {
+		d.raise(AsyncEvent{Type: EventCQErr, CQ: c, Reason: ev.Err.Error()})
+	})
+	d.cqs[c] = 0
 	return c, nil
+}
+
+// DestroyCQ destroys a CQ of this device (ibv_destroy_cq). It fails with
+// an error matching ErrBusy while a QP uses the CQ, and changes nothing
+// then. Completions still stored are discarded with it.
+func (d *Device) DestroyCQ(c *CQ) error {
+	if err := d.isClosed("destroy CQ"); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n, ok := d.cqs[c]
+	if !ok {
+		return fmt.Errorf("verbs: destroy CQ: not a CQ of device %s (destroyed already, or never created by it)", d.name)
+	}
+	if n > 0 {
+		return &busyError{fmt.Sprintf("verbs: destroy CQ: %d QP work queues still use it (destroy those QPs first)", n)}
+	}
+	c.SetErrorHook(nil)
+	delete(d.cqs, c)
+	return nil
 }

@@ -134,13 +134,23 @@ func TestCQOverrunMovesQPToError(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no CQ error event")
 	}
-	select {
-	case ev := <-b.AsyncEvents():
-		if ev.Type != EventQPFatal || ev.QPNum != qb.Num() {
-			t.Fatalf("async event %+v", ev)
+	// The device reports both: the CQ error naming the CQ, and the QP that
+	// could not complete going to ERR.
+	var sawCQErr, sawQPFatal bool
+	for !sawCQErr || !sawQPFatal {
+		select {
+		case ev := <-b.AsyncEvents():
+			switch {
+			case ev.Type == EventCQErr && ev.CQ == cb:
+				sawCQErr = true
+			case ev.Type == EventQPFatal && ev.QPNum == qb.Num():
+				sawQPFatal = true
+			default:
+				t.Fatalf("async event %+v", ev)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("async events: CQ error %v, QP fatal %v", sawCQErr, sawQPFatal)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no QP fatal event")
 	}
 	if qb.State() != StateErr {
 		t.Fatalf("QP state %v", qb.State())

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/qpstate"
 )
 
 // Driver runs an Engine on a nic.Link in real time with two goroutines
@@ -15,25 +17,56 @@ import (
 type Driver struct {
 	e    *Engine
 	link nic.Link
+	cfg  DriverConfig
 	wake chan struct{}
 	done chan struct{}
 	wg   sync.WaitGroup
 	smu  sync.Mutex // serialises Send on the link
 	once sync.Once
-	// Err is set if the link failed (other than by Close).
-	errMu sync.Mutex
-	err   error
+
+	fatal     atomic.Pointer[error] // the Recv error that stopped the receive loop
+	txDropped atomic.Uint64
+	lastTxErr atomic.Pointer[error]
+}
+
+// DriverConfig tunes NewDriverWith. The zero value is what NewDriver uses.
+type DriverConfig struct {
+	// OnLinkError, if set, is called once from the receive goroutine when
+	// the link's Recv failed with an error other than net.ErrClosed, after
+	// Err reports it and every QP has been moved to ERR. It may block
+	// briefly but must not call Close.
+	OnLinkError func(err error)
+}
+
+// DriverStats count what the driver could not hand to the link.
+type DriverStats struct {
+	// TxDropped is the number of packets the link refused (Send returned
+	// an error for them). To RC each is a lost packet that retransmission
+	// recovers, or that ends in a retry-exceeded completion.
+	TxDropped uint64
+	// LastTxErr is the error of the latest refused packet, nil if none.
+	LastTxErr error
 }
 
 // NewDriver starts running e on link.
-func NewDriver(e *Engine, link nic.Link) *Driver {
-	d := &Driver{e: e, link: link, wake: make(chan struct{}, 1), done: make(chan struct{})}
-	e.mu.Lock()
-	e.Wake = d.kick
-	e.mu.Unlock()
+func NewDriver(e *Engine, link nic.Link) *Driver { return NewDriverWith(e, link, DriverConfig{}) }
+
+// NewDriverWith starts running e on link with cfg.
+func NewDriverWith(e *Engine, link nic.Link, cfg DriverConfig) *Driver {
+	d := newDriver(e, link, cfg)
 	d.wg.Add(2)
 	go d.recvLoop()
 	go d.timerLoop()
+	return d
+}
+
+// newDriver wires d to e without starting its goroutines (tests drive
+// recvLoop and flush themselves).
+func newDriver(e *Engine, link nic.Link, cfg DriverConfig) *Driver {
+	d := &Driver{e: e, link: link, cfg: cfg, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	e.mu.Lock()
+	e.Wake = d.kick
+	e.mu.Unlock()
 	return d
 }
 
@@ -57,12 +90,40 @@ func (d *Driver) recvLoop() {
 		n, err := d.link.Recv(batch)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
-				d.setErr(err)
+				d.linkFailed(err)
 			}
 			return
 		}
 		d.e.Receive(time.Now(), batch[:n])
 		d.flush()
+	}
+}
+
+// linkFailed handles a link that can no longer receive: nothing will ever
+// acknowledge or answer the QPs again, so rather than letting each run out
+// its retries (or wait forever for a request) every QP moves to ERR now and
+// its work requests complete with WR_FLUSH_ERR, as a device-fatal error does
+// on an RDMA NIC.
+func (d *Driver) linkFailed(err error) {
+	d.fatal.Store(&err)
+	d.ErrorAllQPs()
+	if d.cfg.OnLinkError != nil {
+		d.cfg.OnLinkError(err)
+	}
+}
+
+// ErrorAllQPs moves every QP of the engine to ERR, as a modify-QP to ERR
+// would (IBTA §10.3.1: outstanding work requests complete with
+// WR_FLUSH_ERR); QPs already in ERR stay there. No QP-fatal async event is
+// raised: the caller reports the reason (device closed, link failed) once.
+func (d *Driver) ErrorAllQPs() {
+	e := d.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, qp := range e.qps {
+		if qp.state != qpstate.Err {
+			qp.setStateLocked(qpstate.Err)
+		}
 	}
 }
 
@@ -93,18 +154,7 @@ func (d *Driver) flush() {
 	defer d.smu.Unlock()
 	for {
 		out, more := d.e.Progress(time.Now())
-		if len(out) > 0 {
-			for sent := 0; sent < len(out); {
-				n, err := d.link.Send(out[sent:])
-				if err != nil {
-					// A failed send is a lost packet to RC: retransmission
-					// recovers it, so count it and go on.
-					d.setErr(err)
-					break
-				}
-				sent += n
-			}
-		}
+		d.send(out)
 		d.e.Release(out)
 		if !more {
 			return
@@ -112,17 +162,57 @@ func (d *Driver) flush() {
 	}
 }
 
-func (d *Driver) setErr(err error) {
-	d.errMu.Lock()
-	d.err = err
-	d.errMu.Unlock()
+// send hands out to the link. Link.Send reports how many packets went to
+// the wire before the one that failed: that one is counted as dropped and
+// skipped, and the rest of the batch still goes out, since they may be for
+// other, reachable peers. A lost packet is nothing new to RC:
+// retransmission recovers it.
+func (d *Driver) send(out []nic.Packet) {
+	for sent := 0; sent < len(out); {
+		n, err := d.link.Send(out[sent:])
+		n = min(max(n, 0), len(out)-sent)
+		sent += n
+		switch {
+		case err == nil && n == 0:
+			// Nothing taken and no reason given: do not spin on it.
+			d.dropped(uint64(len(out)-sent), errors.New("rc: link sent nothing and reported no error"))
+			return
+		case err == nil:
+		case errors.Is(err, net.ErrClosed):
+			// Every later packet would fail the same way.
+			d.dropped(uint64(len(out)-sent), err)
+			return
+		case sent < len(out):
+			d.dropped(1, err)
+			sent++
+		}
+	}
 }
 
-// Err returns the last link error, if any.
+func (d *Driver) dropped(n uint64, err error) {
+	if n == 0 {
+		return
+	}
+	d.txDropped.Add(n)
+	d.lastTxErr.Store(&err)
+}
+
+// Err returns the error that stopped the link's receive side (other than
+// Close), nil while it works. Once it is set every QP has been moved to ERR.
 func (d *Driver) Err() error {
-	d.errMu.Lock()
-	defer d.errMu.Unlock()
-	return d.err
+	if p := d.fatal.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Stats returns the driver's counters.
+func (d *Driver) Stats() DriverStats {
+	s := DriverStats{TxDropped: d.txDropped.Load()}
+	if p := d.lastTxErr.Load(); p != nil {
+		s.LastTxErr = *p
+	}
+	return s
 }
 
 // Close stops the driver and closes the link.

@@ -1,0 +1,174 @@
+package rc
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/memreg"
+	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/qpstate"
+)
+
+var (
+	errUnreachable = errors.New("fake: no route to host")
+	errBroken      = errors.New("fake: device removed")
+)
+
+// fakeLink refuses packets to one address, records the rest, and fails Recv
+// with recvErr.
+type fakeLink struct {
+	bad     netip.Addr
+	recvErr error
+
+	mu   sync.Mutex
+	sent map[netip.Addr]int
+}
+
+func (l *fakeLink) Send(pkts []nic.Packet) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range pkts {
+		a := pkts[i].Remote.Addr()
+		if a == l.bad {
+			// nic.Link's contract: n packets went out before the failing one.
+			return i, errUnreachable
+		}
+		l.sent[a]++
+	}
+	return len(pkts), nil
+}
+
+func (l *fakeLink) Recv([]nic.Packet) (int, error) { return 0, l.recvErr }
+func (l *fakeLink) BatchSize() int                 { return 4 }
+func (l *fakeLink) MTU() int                       { return 1500 }
+func (l *fakeLink) Addrs() []netip.Addr            { return []netip.Addr{netip.MustParseAddr("10.0.0.1")} }
+func (l *fakeLink) Stats() nic.Stats               { return nic.Stats{} }
+func (l *fakeLink) Close() error                   { return nil }
+
+type driverFixture struct {
+	e        *Engine
+	pd       *memreg.PD
+	scq, rcq *cq.CQ
+}
+
+func newDriverFixture(t *testing.T) *driverFixture {
+	mrs := memreg.NewTable(memreg.Limits{})
+	pd, err := mrs.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scq, _ := cq.New(64)
+	rcq, _ := cq.New(64)
+	return &driverFixture{e: NewEngine(mrs), pd: pd, scq: scq, rcq: rcq}
+}
+
+// rtsQP makes a QP in RTS that sends to remote.
+func (f *driverFixture) rtsQP(t *testing.T, remote string) *QP {
+	qp, err := f.e.CreateQP(QPConfig{PD: f.pd, SendCQ: f.scq, RecvCQ: f.rcq, MaxSendWR: 8, MaxRecvWR: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp.SetState(qpstate.Init)
+	qp.SetPath(Path{Remote: Remote(netip.MustParseAddr(remote)), DestQPN: 0x100, PMTU: 1024, Timeout: 14, RetryCnt: 7, RNRRetry: 7})
+	qp.SetState(qpstate.RTR)
+	qp.SetState(qpstate.RTS)
+	return qp
+}
+
+// TestSendErrorSkipsOnlyThatPacket: one batch holds packets for three
+// peers, the link refuses those to the middle one; the packets to the
+// other two still go out, and the refused ones are counted.
+func TestSendErrorSkipsOnlyThatPacket(t *testing.T) {
+	f := newDriverFixture(t)
+	link := &fakeLink{bad: netip.MustParseAddr("10.0.0.9"), recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
+	d := newDriver(f.e, link, DriverConfig{})
+	// Posting order is transmission order: B's packets, then the
+	// unreachable peer's, then C's, all in one batch.
+	for _, remote := range []string{"10.0.0.2", "10.0.0.9", "10.0.0.3"} {
+		qp := f.rtsQP(t, remote)
+		for i := 0; i < 2; i++ {
+			if err := qp.PostSend(&SendWR{ID: uint64(i), Opcode: WRSend, Flags: SendSignaled}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	d.flush()
+	for _, a := range []string{"10.0.0.2", "10.0.0.3"} {
+		if n := link.sent[netip.MustParseAddr(a)]; n != 2 {
+			t.Errorf("%s got %d packets, want 2", a, n)
+		}
+	}
+	st := d.Stats()
+	if st.TxDropped != 2 || !errors.Is(st.LastTxErr, errUnreachable) {
+		t.Fatalf("stats %+v, want 2 dropped with %v", st, errUnreachable)
+	}
+}
+
+// TestLinkFailureErrorsEveryQP: a Recv error other than net.ErrClosed is
+// kept in Err, every QP is in ERR with its work requests flushed, and only
+// then is OnLinkError told.
+func TestLinkFailureErrorsEveryQP(t *testing.T) {
+	f := newDriverFixture(t)
+	link := &fakeLink{recvErr: errBroken, sent: map[netip.Addr]int{}}
+	var qps []*QP
+	var seen error
+	var statesAtCallback []qpstate.State
+	d := newDriver(f.e, link, DriverConfig{OnLinkError: func(err error) {
+		seen = err
+		for _, qp := range qps {
+			statesAtCallback = append(statesAtCallback, qp.State())
+		}
+	}})
+	for _, remote := range []string{"10.0.0.2", "10.0.0.3"} {
+		qp := f.rtsQP(t, remote)
+		if err := qp.PostSend(&SendWR{ID: 1, Opcode: WRSend}); err != nil {
+			t.Fatal(err)
+		}
+		if err := qp.PostRecv(&RecvWR{ID: 2}); err != nil {
+			t.Fatal(err)
+		}
+		qps = append(qps, qp)
+	}
+	d.flush() // the SENDs are in flight when the link dies
+	d.wg.Add(1)
+	d.recvLoop()
+	if !errors.Is(d.Err(), errBroken) || !errors.Is(seen, errBroken) {
+		t.Fatalf("Err() = %v, OnLinkError saw %v; want %v", d.Err(), seen, errBroken)
+	}
+	for i, s := range statesAtCallback {
+		if s != qpstate.Err {
+			t.Errorf("QP %d was in %v when OnLinkError ran", i, s)
+		}
+	}
+	for _, c := range []*cq.CQ{f.scq, f.rcq} {
+		wcs := make([]cq.WC, 8)
+		n := c.Poll(wcs)
+		if n != 2 {
+			t.Fatalf("%d completions, want one flushed WR per QP", n)
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != cq.WRFlushErr {
+				t.Errorf("completion %+v, want WR_FLUSH_ERR", wc)
+			}
+		}
+	}
+}
+
+// TestLinkClosedIsNotAFailure: Recv's net.ErrClosed after Close is the
+// normal end: no error, the QPs keep their state.
+func TestLinkClosedIsNotAFailure(t *testing.T) {
+	f := newDriverFixture(t)
+	link := &fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
+	called := false
+	d := newDriver(f.e, link, DriverConfig{OnLinkError: func(error) { called = true }})
+	qp := f.rtsQP(t, "10.0.0.2")
+	d.wg.Add(1)
+	d.recvLoop()
+	if d.Err() != nil || called || qp.State() != qpstate.RTS {
+		t.Fatalf("Err() = %v, OnLinkError called %v, QP %v", d.Err(), called, qp.State())
+	}
+}
