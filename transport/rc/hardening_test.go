@@ -439,3 +439,24 @@ func TestRecvCQOverrunNotAcked(t *testing.T) {
 		t.Fatalf("state %v", qps[1].State())
 	}
 }
+
+// TestErrFlushesReceiveInProgress: a receive WQE that a multi-packet SEND
+// has taken (FIRST arrived, LAST not yet) is flushed with WR_FLUSH_ERR when
+// the QP enters ERR, before the WQEs still queued behind it.
+func TestErrFlushesReceiveInProgress(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{9, 0}})
+	rmr, _ := s.reg(1, 4096)
+	for id := uint64(1); id <= 2; id++ {
+		if err := qps[1].PostRecv(&RecvWR{ID: id, SGL: []SGE{{Addr: rmr.Addr(), Length: 1024, LKey: rmr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendFirst, PSN: 9}}, make([]byte, 256))
+	qps[1].SetState(qpstate.Err)
+	wcs := make([]cq.WC, 4)
+	n := s.ep[1].rcq.Poll(wcs)
+	if n != 2 || wcs[0].WRID != 1 || wcs[1].WRID != 2 || wcs[0].Status != cq.WRFlushErr || wcs[1].Status != cq.WRFlushErr {
+		t.Fatalf("receive completions %+v, want WR 1 then WR 2, both WR_FLUSH_ERR", wcs[:n])
+	}
+}

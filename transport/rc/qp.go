@@ -277,6 +277,12 @@ func (qp *QP) flush() {
 	}
 	qp.sqSendOff, qp.sqPkt = 0, 0
 	qp.rdOutstanding = 0
+	// A receive WQE that a multi-packet SEND (or WRITE with immediate) has
+	// already taken is the oldest outstanding one: it is flushed first.
+	if qp.resp.cur.hasRecv {
+		qp.cfg.RecvCQ.Push(cq.WC{WRID: qp.resp.cur.recvID, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
+		qp.resp.cur.hasRecv = false
+	}
 	for qp.rqCount > 0 {
 		r := &qp.rq[qp.rqHead]
 		qp.cfg.RecvCQ.Push(cq.WC{WRID: r.id, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
