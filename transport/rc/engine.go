@@ -191,10 +191,24 @@ func (e *Engine) unbuild() {
 
 // purge drops every packet qp built that Progress has not handed out: a QP
 // in ERR or destroyed sends nothing more.
+//
+// Acknowledgements already built are kept, and no longer counted as the
+// QP's: they acknowledge requests executed before the QP stopped, whose
+// completions the application may already have polled. Dropping them
+// would make the peer retry a message this side has completed until its
+// retry count runs out (a program that destroys its QP right after its
+// last receive completes, as ibv_rc_pingpong does). rxe likewise sends a
+// request's ACK before a destroy or modify can take effect. READ responses
+// (which read memory) and requests are dropped.
 func (e *Engine) purge(qp *QP) {
 	k := 0
 	for i := range e.tx {
 		if e.txQP[i] == qp {
+			if b := e.tx[i].Buf; len(b) > 0 && (bth.Opcode(b[0]) == bth.RCAck || bth.Opcode(b[0]) == bth.RCAtomicAck) {
+				e.tx[k], e.txQP[k] = e.tx[i], nil
+				k++
+				continue
+			}
 			e.free = append(e.free, e.tx[i].Buf)
 			continue
 		}
@@ -303,7 +317,9 @@ func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
 	e.pending = append(e.pending[:0], e.pending[i:]...)
 	out = e.tx
 	for j := range out {
-		e.txQP[j].Stats.TxPackets++
+		if q := e.txQP[j]; q != nil { // nil: an ACK kept after its QP stopped
+			q.Stats.TxPackets++
+		}
 		if e.OnPacket != nil {
 			e.OnPacket('T', &out[j])
 		}
