@@ -194,6 +194,8 @@ type soak struct {
 	graveMu sync.Mutex
 	grave   []grave
 
+	alloc0 uint64 // MemStats.TotalAlloc at the start
+
 	c struct {
 		qpsCreated, qpsDestroyed           atomic.Int64
 		pairs                              [nChurnKinds]atomic.Int64
@@ -365,6 +367,9 @@ func TestSoak(t *testing.T) {
 	})
 
 	start := time.Now()
+	var ms0 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	s.alloc0 = ms0.TotalAlloc
 	var ref, fin *measurement
 	warmT, endT := time.NewTimer(warm), time.NewTimer(dur)
 	tick := time.NewTicker(logEvery)
@@ -483,9 +488,10 @@ func (s *soak) progress(start time.Time) {
 	for i := range c.injected {
 		inj += c.injected[i].Load()
 	}
-	s.t.Logf("%6.1fs QPs created %d destroyed %d, long-lived messages %d, churn messages %d, flushed %d, injected %d, heap %d bytes (live at last GC %d), goroutines %d",
-		time.Since(start).Seconds(), c.qpsCreated.Load(), c.qpsDestroyed.Load(), c.longMsgs.Load(), c.churnMsgs.Load(),
-		c.flushed.Load(), inj, ms.HeapAlloc, live[0].Value.Uint64(), runtime.NumGoroutine())
+	el := time.Since(start).Seconds()
+	s.t.Logf("%6.1fs QPs created %d destroyed %d, long-lived messages %d, churn messages %d, flushed %d, injected %d, heap %d bytes (live at last GC %d, %.0f MB allocated a second), goroutines %d",
+		el, c.qpsCreated.Load(), c.qpsDestroyed.Load(), c.longMsgs.Load(), c.churnMsgs.Load(),
+		c.flushed.Load(), inj, ms.HeapAlloc, live[0].Value.Uint64(), float64(ms.TotalAlloc-s.alloc0)/el/1e6, runtime.NumGoroutine())
 }
 
 func (s *soak) summary(start time.Time, longs []*longPair) {
