@@ -723,7 +723,8 @@ func (s *soak) longIter(lp *longPair) bool {
 	if !ok {
 		return false
 	}
-	// RC completes send WRs in order (IBTA 10.8.5), receives too.
+	// An RC QP completes its send WRs in the order posted, and its
+	// receives too (IBTA §10.8).
 	for i, wc := range swcs {
 		if wc.Status != cq.Success || wc.WRID != wrs[i].ID || wc.Opcode != wantOp[i] || wc.QPNum != r.qp.Num() {
 			s.fail("%s: completion %d is %+v (status %v), want a successful %v for wr_id %#x", what, i, wc, wc.Status, wantOp[i], wrs[i].ID)
@@ -800,8 +801,8 @@ type grave struct {
 	what string
 	ends [2]*end
 	// tx is each QP's packet count when it was moved to ERR or destroyed,
-	// whichever came first: a QP in ERR sends nothing (IBTA 10.3.1.2:
-	// packets are neither sent nor accepted), a destroyed one neither.
+	// whichever came first: a QP in ERR neither sends nor accepts packets
+	// (IBTA §10.3), a destroyed one neither.
 	tx   [2]uint64
 	when [2]string
 }
@@ -1023,7 +1024,7 @@ func (s *soak) churnPost(what string, a, b *end, rng *rand.Rand, data *rand.ChaC
 	return len(wrs)
 }
 
-// churnErr: transfers in flight, then both QPs moved to ERR (IBTA 10.3.1:
+// churnErr: transfers in flight, then both QPs moved to ERR (IBTA §10.3:
 // outstanding WRs complete, with WR_FLUSH_ERR unless already done). Every
 // WR must complete exactly once, as a success or a flush; a WR posted in
 // ERR completes with a flush at once.
