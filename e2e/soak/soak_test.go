@@ -1251,3 +1251,82 @@ func (s *soak) garbage(rng *rand.Rand, sd *side, k int, p *nic.Packet, payload [
 		p.Buf[p.N-1-rng.IntN(4)] ^= byte(1 + rng.IntN(255))
 	}
 }
+
+// sendFirstOnly passes every packet but the MIDDLE and LAST packets of a
+// multi-packet SEND: the peer sees a SEND begin and never end.
+type sendFirstOnly struct {
+	nic.Link
+	out []nic.Packet
+}
+
+func (l *sendFirstOnly) Send(pkts []nic.Packet) (int, error) {
+	l.out = l.out[:0]
+	for _, p := range pkts {
+		if op := bth.BTH(p.Bytes()).Opcode(); op != bth.RCSendMiddle && op != bth.RCSendLast {
+			l.out = append(l.out, p)
+		}
+	}
+	if _, err := l.Link.Send(l.out); err != nil {
+		return 0, err
+	}
+	return len(pkts), nil
+}
+
+// TestERRFlushesReceiveInProgress is the deterministic form of a loss the
+// soak test finds: a receive WQE that a multi-packet SEND has started to
+// fill is still outstanding, so moving the QP to ERR must complete it with
+// WR_FLUSH_ERR like every other outstanding WR (IBTA §10.3).
+func TestERRFlushesReceiveInProgress(t *testing.T) {
+	la, lb := pipe.New(pipe.Config{})
+	da, err := verbs.Open(&sendFirstOnly{Link: la}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer da.Close()
+	db, err := verbs.Open(lb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	a, err := newEnd(da, 8192, 4, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newEnd(db, 8192, 4, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := connect(a, b, 1024, 14, 0x100, 0x200); err != nil {
+		t.Fatal(err)
+	}
+	for id := uint64(7); id <= 8; id++ {
+		if err := b.qp.PostRecv(&verbs.RecvWR{ID: id, SGL: b.sge(0, 4096)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.qp.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, SGL: a.sge(0, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until B has taken receive 7 for the SEND: its SEND_FIRST arrived.
+	for {
+		var rx uint64
+		b.locked(func() { rx = b.qp.Transport().Stats.RxPackets })
+		if rx > 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := b.qp.Modify(&verbs.QPAttr{State: verbs.StateErr}, qpstate.AttrState); err != nil {
+		t.Fatal(err)
+	}
+	// The flush happens in the transition: no packet or timer is needed.
+	wcs := make([]verbs.WC, 4)
+	n := b.cq.Poll(wcs)
+	var got []string
+	for _, wc := range wcs[:n] {
+		got = append(got, fmt.Sprintf("wr_id %d %v", wc.WRID, wc.Status))
+	}
+	if n != 2 || wcs[0].WRID != 7 || wcs[1].WRID != 8 || wcs[0].Status != cq.WRFlushErr || wcs[1].Status != cq.WRFlushErr {
+		t.Fatalf("after ERR the receive CQ holds [%s], want wr_id 7 and 8 flushed, in order", strings.Join(got, ", "))
+	}
+}
