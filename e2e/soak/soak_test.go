@@ -1257,17 +1257,18 @@ func (s *soak) garbage(rng *rand.Rand, sd *side, k int, p *nic.Packet, payload [
 type sendFirstOnly struct {
 	nic.Link
 	out []nic.Packet
+	idx []int // index in the caller's batch of each packet in out
 }
 
 func (l *sendFirstOnly) Send(pkts []nic.Packet) (int, error) {
-	l.out = l.out[:0]
-	for _, p := range pkts {
+	l.out, l.idx = l.out[:0], l.idx[:0]
+	for i, p := range pkts {
 		if op := bth.BTH(p.Bytes()).Opcode(); op != bth.RCSendMiddle && op != bth.RCSendLast {
-			l.out = append(l.out, p)
+			l.out, l.idx = append(l.out, p), append(l.idx, i)
 		}
 	}
-	if _, err := l.Link.Send(l.out); err != nil {
-		return 0, err
+	if n, err := l.Link.Send(l.out); err != nil {
+		return l.idx[n], err // nic.Link: the index of the packet that failed
 	}
 	return len(pkts), nil
 }
