@@ -807,18 +807,6 @@ type grave struct {
 	when [2]string
 }
 
-// cqDestroyer is ibv_destroy_cq, where the verbs package has it: without
-// it a CQ is garbage once unreferenced, with it the device accounts for
-// every CQ until it is destroyed.
-type cqDestroyer interface{ DestroyCQ(*verbs.CQ) error }
-
-func destroyCQ(e *end) error {
-	if d, ok := any(e.dev).(cqDestroyer); ok {
-		return d.DestroyCQ(e.cq)
-	}
-	return nil
-}
-
 func txPackets(e *end) uint64 {
 	var n uint64
 	e.locked(func() { n = e.qp.Transport().Stats.TxPackets })
@@ -1125,7 +1113,7 @@ func (s *soak) checkGrave(all bool) {
 				s.fail("%s: QP %#x sent %d packets after it was %s", g.what, e.qp.Num(), tx-g.tx[i], g.when[i])
 			}
 			// The CQ outlived its QP for this check; now it goes too.
-			if err := destroyCQ(e); err != nil {
+			if err := e.dev.DestroyCQ(e.cq); err != nil {
 				s.fail("%s: destroy the CQ of destroyed QP %#x: %v", g.what, e.qp.Num(), err)
 			}
 		}
