@@ -20,6 +20,7 @@ import (
 	"github.com/softroce/softroce/nic/afxdp"
 	"github.com/softroce/softroce/nic/impair"
 	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/transport/rc"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -144,7 +145,9 @@ func expectOK(t *testing.T, wc verbs.WC, what string, eps ...*endpoint) {
 	t.Helper()
 	if wc.Status.String() != "success" {
 		for i, ep := range eps {
-			t.Logf("endpoint %d: link %+v, engine %+v", i, ep.dev.Link().Stats(), ep.dev.Engine().Stats)
+			var st rc.EngineStats
+			ep.remote(func() { st = ep.dev.Engine().Stats }) // the driver updates them under the lock
+			t.Logf("endpoint %d: link %+v, engine %+v", i, ep.dev.Link().Stats(), st)
 		}
 		t.Fatalf("%s completed with %v", what, wc.Status)
 	}
