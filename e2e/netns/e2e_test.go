@@ -101,12 +101,21 @@ func (ep *endpoint) info(psn uint32) verbs.RemoteInfo {
 	return verbs.RemoteInfo{QPN: ep.qp.Num(), PSN: psn, GID: gid}
 }
 
-func connect(t *testing.T, a, b *endpoint, mtu int) {
+// connect joins a and b with the short local ACK timeout (2^12 * 4.096us,
+// about 17 ms) that keeps recovery from lost tail packets quick under
+// impairment.
+func connect(t *testing.T, a, b *endpoint, mtu int) { connectTimeout(t, a, b, mtu, 12) }
+
+// connectDirect is connect for paths that lose nothing: a longer timeout
+// (2^16 * 4.096us, about 268 ms, 2.1 s over the 7 retries) rides out a
+// first packet held back by neighbour discovery, or a stall of a loaded
+// machine, instead of ending in RETRY_EXC_ERR.
+func connectDirect(t *testing.T, a, b *endpoint, mtu int) { connectTimeout(t, a, b, mtu, 16) }
+
+func connectTimeout(t *testing.T, a, b *endpoint, mtu int, timeout uint8) {
 	t.Helper()
-	// A short local ACK timeout (2^12 * 4.096us, about 17ms) keeps
-	// recovery from lost tail packets quick under impairment.
-	oa := &verbs.ConnectOptions{PathMTU: mtu, SQPSN: 0x100, Timeout: 12}
-	ob := &verbs.ConnectOptions{PathMTU: mtu, SQPSN: 0x200, Timeout: 12}
+	oa := &verbs.ConnectOptions{PathMTU: mtu, SQPSN: 0x100, Timeout: timeout}
+	ob := &verbs.ConnectOptions{PathMTU: mtu, SQPSN: 0x200, Timeout: timeout}
 	if err := a.qp.Connect(b.info(0x200), oa); err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +255,7 @@ func TestDirect(t *testing.T) {
 		t.Run(fmt.Sprintf("%s-%s", p[0].name, p[1].name), func(t *testing.T) {
 			v := netnstest.Pair(t, netnstest.VethConfig{MTU: 9000})
 			a, b := newEndpoint(t, p[0].open(t, v.A)), newEndpoint(t, p[1].open(t, v.B))
-			connect(t, a, b, 4096)
+			connectDirect(t, a, b, 4096)
 			exercise(t, a, b, 256<<10, 10*time.Second)
 			exercise(t, b, a, 64<<10, 10*time.Second)
 		})
@@ -294,7 +303,7 @@ func TestDirectIPv6(t *testing.T) {
 			v := netnstest.Pair(t, netnstest.VethConfig{MTU: 9000,
 				AddrA: netip.MustParsePrefix("fd77::1/64"), AddrB: netip.MustParsePrefix("fd77::2/64")})
 			a, b := newEndpoint(t, p[0].open(t, v.A)), newEndpoint(t, p[1].open(t, v.B))
-			connect(t, a, b, 4096)
+			connectDirect(t, a, b, 4096)
 			exercise(t, a, b, 128<<10, 10*time.Second)
 			if st := b.dev.Link().Stats(); st.RxICRCUnverified != 0 || st.RxPackets == 0 {
 				t.Errorf("receiver over IPv6: %+v", st)
