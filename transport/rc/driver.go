@@ -219,6 +219,10 @@ func (d *Driver) Stats() DriverStats {
 func (d *Driver) Close() error {
 	var err error
 	d.once.Do(func() {
+		// What the engine has built still leaves first: ACKs for requests
+		// the QPs executed before Device.Close moved them to ERR, whose
+		// completions the application may already have seen.
+		d.flush()
 		close(d.done)
 		err = d.link.Close()
 		d.wg.Wait()

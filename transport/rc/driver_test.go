@@ -172,3 +172,23 @@ func TestLinkClosedIsNotAFailure(t *testing.T) {
 		t.Fatalf("Err() = %v, OnLinkError called %v, QP %v", d.Err(), called, qp.State())
 	}
 }
+
+// TestCloseSendsBuiltACKs: an ACK built for an executed request, kept when
+// its QP moved to ERR, leaves before Close closes the link.
+func TestCloseSendsBuiltACKs(t *testing.T) {
+	f := newDriverFixture(t)
+	link := &fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
+	d := newDriver(f.e, link, DriverConfig{})
+	qp := f.rtsQP(t, "10.0.0.2")
+	f.e.mu.Lock()
+	qp.ackPending, qp.ackPSN = true, 5
+	qp.sendAck() // built, not yet handed out
+	f.e.mu.Unlock()
+	d.ErrorAllQPs()
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := link.sent[netip.MustParseAddr("10.0.0.2")]; n != 1 {
+		t.Fatalf("%d packets left before the link closed, want the 1 ACK", n)
+	}
+}
