@@ -265,7 +265,7 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 				continue
 			}
 			if len(qp.resp.jobs) > 0 {
-				if !qp.resp.deferPacket(pk.Bytes()) {
+				if !qp.deferPacket(pk.Bytes()) {
 					qp.Stats.Dropped++
 				}
 				continue

@@ -468,3 +468,36 @@ func TestErrFlushesReceiveInProgress(t *testing.T) {
 		t.Fatalf("receive completions %+v, want WR 1 then WR 2, both WR_FLUSH_ERR", wcs[:n])
 	}
 }
+
+// backlogBuffers counts the packet buffers a QP's backlog holds.
+func backlogBuffers(qp *QP) int {
+	n := 0
+	for _, b := range qp.resp.backlog {
+		if b != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// TestBacklogHoldsBuffersOnlyWhileDeferred: a deferred request holds one
+// pool buffer, given back once it has run or the QP stops, so a QP that
+// once deferred does not keep a backlog's worth of packet buffers.
+func TestBacklogHoldsBuffersOnlyWhileDeferred(t *testing.T) {
+	s, qps := readThenStop(t)
+	if n := backlogBuffers(qps[1]); n != 1 {
+		t.Fatalf("%d buffers held for 1 deferred request", n)
+	}
+	lines := s.drain(1) // the rest of the READ, then the deferred WRITE's ACK
+	if len(lines) == 0 || !strings.HasPrefix(lines[len(lines)-1], "ACKNOWLEDGE psn=2055 ") {
+		t.Fatalf("deferred WRITE not answered last: %d packets, last %q", len(lines), lines[len(lines)-1])
+	}
+	if n := backlogBuffers(qps[1]); n != 0 || qps[1].resp.blN != 0 {
+		t.Fatalf("after the drain: %d buffers held, %d deferred", n, qps[1].resp.blN)
+	}
+	_, qps2 := readThenStop(t)
+	qps2[1].SetState(qpstate.Err)
+	if n := backlogBuffers(qps2[1]); n != 0 {
+		t.Fatalf("after ERR: %d buffers held", n)
+	}
+}

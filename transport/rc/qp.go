@@ -239,7 +239,7 @@ func (qp *QP) setStateLocked(s qpstate.State) {
 // responderToError keeps them).
 func (qp *QP) stopSending(purge bool) {
 	qp.resp.jobs = qp.resp.jobs[:0]
-	qp.resp.blHead, qp.resp.blN = 0, 0
+	qp.releaseBacklog()
 	qp.ackPending = false
 	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
 	qp.retrying = false

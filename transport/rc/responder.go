@@ -42,22 +42,39 @@ type responder struct {
 
 const backlogSlots = 64
 
-// defer copies a request packet into the backlog; false when full.
-func (r *responder) deferPacket(b []byte) bool {
+// deferPacket copies a request packet into the backlog; false when full.
+// A slot holds a buffer from the engine's packet pool only while it holds
+// a packet, so a QP that once deferred does not keep 64 packet buffers
+// (about 270 KiB) for the rest of its life.
+func (qp *QP) deferPacket(b []byte) bool {
+	r := &qp.resp
 	if r.backlog == nil {
 		r.backlog = make([][]byte, backlogSlots)
 		r.backlogLen = make([]int, backlogSlots)
-		for i := range r.backlog {
-			r.backlog[i] = make([]byte, MaxPacket+64)
-		}
 	}
-	if r.blN == backlogSlots || len(b) > len(r.backlog[0]) {
+	if r.blN == backlogSlots || len(b) > MaxPacket {
 		return false
 	}
 	i := (r.blHead + r.blN) % backlogSlots
+	if r.backlog[i] == nil {
+		r.backlog[i] = qp.e.getBuf()
+	}
 	r.backlogLen[i] = copy(r.backlog[i], b)
 	r.blN++
 	return true
+}
+
+// releaseBacklog empties the backlog and gives its buffers back to the
+// engine's pool.
+func (qp *QP) releaseBacklog() {
+	r := &qp.resp
+	for i, b := range r.backlog {
+		if b != nil {
+			qp.e.free = append(qp.e.free, b)
+			r.backlog[i] = nil
+		}
+	}
+	r.blHead, r.blN = 0, 0
 }
 
 // drainBacklog runs deferred requests until a READ queues responses again.
@@ -71,6 +88,9 @@ func (qp *QP) drainBacklog() {
 		if bth.Parse(&p, r.backlog[i][:r.backlogLen[i]]) == nil {
 			qp.respond(&p)
 		}
+		// respond copied what it keeps (payloads land in memory at once).
+		qp.e.free = append(qp.e.free, r.backlog[i])
+		r.backlog[i] = nil
 	}
 	if qp.ackPending {
 		qp.sendAck()
