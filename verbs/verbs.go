@@ -30,20 +30,21 @@ import (
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/rc"
+	"github.com/softroce/softroce/wr"
 )
 
 // Re-exported types, so a program needs only this package.
 type (
 	// SendWR is a send work request (struct ibv_send_wr).
-	SendWR = rc.SendWR
+	SendWR = wr.SendWR
 	// RecvWR is a receive work request (struct ibv_recv_wr).
-	RecvWR = rc.RecvWR
+	RecvWR = wr.RecvWR
 	// SGE is a scatter/gather element (struct ibv_sge).
-	SGE = rc.SGE
+	SGE = wr.SGE
 	// WROpcode is enum ibv_wr_opcode.
-	WROpcode = rc.WROpcode
+	WROpcode = wr.Opcode
 	// SendFlags are enum ibv_send_flags.
-	SendFlags = rc.SendFlags
+	SendFlags = wr.SendFlags
 	// WC is a work completion (struct ibv_wc).
 	WC = cq.WC
 	// CQ is a completion queue.
@@ -66,20 +67,20 @@ type (
 
 // Work request opcodes, flags, access flags and states, re-exported.
 const (
-	WRRDMAWrite         = rc.WRRDMAWrite
-	WRRDMAWriteWithImm  = rc.WRRDMAWriteWithImm
-	WRSend              = rc.WRSend
-	WRSendWithImm       = rc.WRSendWithImm
-	WRRDMARead          = rc.WRRDMARead
-	WRAtomicCmpAndSwp   = rc.WRAtomicCmpAndSwp
-	WRAtomicFetchAndAdd = rc.WRAtomicFetchAndAdd
-	WRSendWithInv       = rc.WRSendWithInv
-	WRAtomicWrite       = rc.WRAtomicWrite
+	WRRDMAWrite         = wr.RDMAWrite
+	WRRDMAWriteWithImm  = wr.RDMAWriteWithImm
+	WRSend              = wr.Send
+	WRSendWithImm       = wr.SendWithImm
+	WRRDMARead          = wr.RDMARead
+	WRAtomicCmpAndSwp   = wr.AtomicCmpAndSwp
+	WRAtomicFetchAndAdd = wr.AtomicFetchAndAdd
+	WRSendWithInv       = wr.SendWithInv
+	WRAtomicWrite       = wr.AtomicWrite
 
-	SendFence     = rc.SendFence
-	SendSignaled  = rc.SendSignaled
-	SendSolicited = rc.SendSolicited
-	SendInline    = rc.SendInline
+	SendFence     = wr.Fence
+	SendSignaled  = wr.Signaled
+	SendSolicited = wr.Solicited
+	SendInline    = wr.Inline
 
 	AccessLocalWrite   = memreg.AccessLocalWrite
 	AccessRemoteWrite  = memreg.AccessRemoteWrite

@@ -9,6 +9,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/wr"
 )
 
 // wire connects two engines back to back without copying: what one
@@ -57,7 +58,7 @@ func (w *wire) step() int {
 	return moved
 }
 
-func benchmarkOp(b *testing.B, nqp int, op WROpcode, size, pmtu int) {
+func benchmarkOp(b *testing.B, nqp int, op wr.Opcode, size, pmtu int) {
 	w := newWire(b)
 	const depth = 128
 	pairs := w.connect(b, nqp, pmtu, depth)
@@ -65,21 +66,21 @@ func benchmarkOp(b *testing.B, nqp int, op WROpcode, size, pmtu int) {
 	rbuf := make([]byte, size)
 	lmr, _ := w.ep[0].mrs.RegMR(w.ep[0].pd, lbuf, allAccess)
 	rmr, _ := w.ep[1].mrs.RegMR(w.ep[1].pd, rbuf, allAccess)
-	wr := SendWR{Opcode: op, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: uint32(size), LKey: lmr.LKey()}},
+	swr := wr.SendWR{Opcode: op, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: uint32(size), LKey: lmr.LKey()}},
 		RemoteAddr: rmr.Addr(), RKey: rmr.RKey()}
-	rwr := RecvWR{SGL: []SGE{{Addr: rmr.Addr(), Length: uint32(size), LKey: rmr.LKey()}}}
+	rwr := wr.RecvWR{SGL: []wr.SGE{{Addr: rmr.Addr(), Length: uint32(size), LKey: rmr.LKey()}}}
 	wcs := make([]cq.WC, 256)
 	posted, done := 0, 0
 	inflight := make([]int, nqp)
 	post := func() {
 		for q := range pairs {
 			for inflight[q] < depth/2 && posted < b.N {
-				if op.isSend() {
+				if op.IsSend() {
 					if err := pairs[q][1].PostRecv(&rwr); err != nil {
 						b.Fatal(err)
 					}
 				}
-				if err := pairs[q][0].PostSend(&wr); err != nil {
+				if err := pairs[q][0].PostSend(&swr); err != nil {
 					b.Fatal(err)
 				}
 				inflight[q]++
@@ -122,17 +123,17 @@ func benchmarkOp(b *testing.B, nqp int, op WROpcode, size, pmtu int) {
 
 func BenchmarkSend64(b *testing.B) {
 	for _, n := range []int{1, 16} {
-		b.Run(fmt.Sprintf("qps=%d", n), func(b *testing.B) { benchmarkOp(b, n, WRSend, 64, 4096) })
+		b.Run(fmt.Sprintf("qps=%d", n), func(b *testing.B) { benchmarkOp(b, n, wr.Send, 64, 4096) })
 	}
 }
 
 func BenchmarkWrite64K(b *testing.B) {
 	for _, n := range []int{1, 16} {
-		b.Run(fmt.Sprintf("qps=%d", n), func(b *testing.B) { benchmarkOp(b, n, WRRDMAWrite, 64<<10, 4096) })
+		b.Run(fmt.Sprintf("qps=%d", n), func(b *testing.B) { benchmarkOp(b, n, wr.RDMAWrite, 64<<10, 4096) })
 	}
 }
 
-func BenchmarkRead64K(b *testing.B) { benchmarkOp(b, 1, WRRDMARead, 64<<10, 4096) }
+func BenchmarkRead64K(b *testing.B) { benchmarkOp(b, 1, wr.RDMARead, 64<<10, 4096) }
 
 // TestSteadyStateNoAlloc: once buffers are warm, moving WRITE traffic
 // allocates nothing per packet.
@@ -142,11 +143,11 @@ func TestSteadyStateNoAlloc(t *testing.T) {
 	buf := make([]byte, 8192)
 	lmr, _ := w.ep[0].mrs.RegMR(w.ep[0].pd, buf, allAccess)
 	rmr, _ := w.ep[1].mrs.RegMR(w.ep[1].pd, make([]byte, 8192), allAccess)
-	wr := SendWR{Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 8192, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()}
+	swr := wr.SendWR{Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8192, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()}
 	wcs := make([]cq.WC, 8)
 	round := func() {
 		for i := 0; i < 4; i++ {
-			if err := pairs[0][0].PostSend(&wr); err != nil {
+			if err := pairs[0][0].PostSend(&swr); err != nil {
 				t.Fatal(err)
 			}
 		}

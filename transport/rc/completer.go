@@ -7,6 +7,7 @@ import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/wr"
 )
 
 // complete is the completer: it matches an ACK, NAK, READ response or
@@ -39,7 +40,7 @@ func (qp *QP) complete(p *bth.Packet) {
 		}
 		wop := w.wr.Opcode
 		switch {
-		case wop.isSend() || wop.isWrite():
+		case wop.IsSend() || wop.IsWrite():
 			// Any response at or beyond the last PSN acknowledges the
 			// message (coalesced and implicit ACKs); a NAK acknowledges
 			// everything before its PSN.
@@ -58,7 +59,7 @@ func (qp *QP) complete(p *bth.Packet) {
 				qp.progress(bth.PSNAdd(psn, 1))
 			}
 			return
-		case wop == WRRDMARead:
+		case wop == wr.RDMARead:
 			if op == bth.OpReadResponse && bth.PSNDiff(psn, w.firstPSN) >= 0 && bth.PSNDiff(psn, w.lastPSN) <= 0 {
 				qp.readResponse(w, p)
 				return
@@ -76,7 +77,7 @@ func (qp *QP) complete(p *bth.Packet) {
 		default: // atomics, ATOMIC_WRITE
 			if psn == w.firstPSN {
 				switch {
-				case op == bth.OpAtomicAck && wop.isAtomic():
+				case op == bth.OpAtomicAck && wop.IsAtomic():
 					orig := p.AtomicAckETH.Orig()
 					var b [8]byte
 					// The original value lands in the local buffer in host
@@ -89,7 +90,7 @@ func (qp *QP) complete(p *bth.Packet) {
 					}
 					qp.completeHead(cq.Success, orig)
 					continue
-				case op == bth.OpReadResponse && wop == WRAtomicWrite:
+				case op == bth.OpReadResponse && wop == wr.AtomicWrite:
 					qp.completeHead(cq.Success, 0)
 					continue
 				case isNAK:
@@ -239,12 +240,12 @@ func (qp *QP) goBackN() {
 	if w.state == wqeStarted {
 		k := bth.PSNDiff(qp.compPSN, w.firstPSN)
 		switch {
-		case k <= 0 || w.wr.Opcode.isAtomic() || w.wr.Opcode == WRAtomicWrite:
+		case k <= 0 || w.wr.Opcode.IsAtomic() || w.wr.Opcode == wr.AtomicWrite:
 			k = 0
 		case k >= w.npsn:
 			k = w.npsn - 1
 		}
-		if w.wr.Opcode == WRRDMARead {
+		if w.wr.Opcode == wr.RDMARead {
 			k = w.readDone / qp.path.PMTU
 		}
 		qp.sqPkt = k
@@ -278,7 +279,7 @@ func (qp *QP) completeHead(st cq.Status, orig uint64) {
 	if st == cq.Success {
 		qp.progress(bth.PSNAdd(w.lastPSN, 1))
 	}
-	if w.wr.Opcode.needsRDResource() && w.state == wqeStarted {
+	if needsRDResource(w.wr.Opcode) && w.state == wqeStarted {
 		qp.rdOutstanding--
 	}
 	ok := qp.pushSendWC(w, st, orig)

@@ -11,6 +11,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/wr"
 )
 
 var (
@@ -91,7 +92,7 @@ func TestSendErrorSkipsOnlyThatPacket(t *testing.T) {
 	for _, remote := range []string{"10.0.0.2", "10.0.0.9", "10.0.0.3"} {
 		qp := f.rtsQP(t, remote)
 		for i := 0; i < 2; i++ {
-			if err := qp.PostSend(&SendWR{ID: uint64(i), Opcode: WRSend, Flags: SendSignaled}); err != nil {
+			if err := qp.PostSend(&wr.SendWR{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -125,10 +126,10 @@ func TestLinkFailureErrorsEveryQP(t *testing.T) {
 	}})
 	for _, remote := range []string{"10.0.0.2", "10.0.0.3"} {
 		qp := f.rtsQP(t, remote)
-		if err := qp.PostSend(&SendWR{ID: 1, Opcode: WRSend}); err != nil {
+		if err := qp.PostSend(&wr.SendWR{ID: 1, Opcode: wr.Send}); err != nil {
 			t.Fatal(err)
 		}
-		if err := qp.PostRecv(&RecvWR{ID: 2}); err != nil {
+		if err := qp.PostRecv(&wr.RecvWR{ID: 2}); err != nil {
 			t.Fatal(err)
 		}
 		qps = append(qps, qp)

@@ -13,6 +13,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/wr"
 )
 
 // MaxPacket is the largest RoCE packet the engine builds: a 4096-byte
@@ -98,11 +99,11 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
 	qp := &QP{e: e, num: num, cfg: cfg, state: qpstate.Reset}
 	qp.sq = make([]sendWQE, cfg.MaxSendWR)
 	for i := range qp.sq {
-		qp.sq[i].sgl = make([]SGE, 0, cfg.MaxSendSGE)
+		qp.sq[i].sgl = make([]wr.SGE, 0, cfg.MaxSendSGE)
 	}
 	qp.rq = make([]recvWQE, cfg.MaxRecvWR)
 	for i := range qp.rq {
-		qp.rq[i].sgl = make([]SGE, 0, cfg.MaxRecvSGE)
+		qp.rq[i].sgl = make([]wr.SGE, 0, cfg.MaxRecvSGE)
 	}
 	qp.setPathLocked(Path{PMTU: 1024})
 	e.qps[num] = qp

@@ -11,6 +11,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/wr"
 )
 
 // FuzzResponder feeds arbitrary packets to a QP in RTS that has registered
@@ -37,7 +38,7 @@ func FuzzResponder(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		qps[1].PostRecv(&RecvWR{ID: 1, SGL: []SGE{{Addr: mr.Addr(), Length: 512, LKey: mr.LKey()}}})
+		qps[1].PostRecv(&wr.RecvWR{ID: 1, SGL: []wr.SGE{{Addr: mr.Addr(), Length: 512, LKey: mr.LKey()}}})
 		for _, p := range [][]byte{p1, p2} {
 			if len(p) >= bth.BTHLen {
 				// Aim at the QP and at the registered memory often enough
@@ -152,22 +153,22 @@ func FuzzCompleter(f *testing.F) {
 		}
 		before := append([]byte(nil), backing...)
 		a, k := mr.Addr(), mr.LKey()
-		sge := func(off, n int) SGE { return SGE{Addr: a + uint64(off), Length: uint32(n), LKey: k} }
+		sge := func(off, n int) wr.SGE { return wr.SGE{Addr: a + uint64(off), Length: uint32(n), LKey: k} }
 		// The only local bytes a response may change: READ and atomic SGEs.
 		writable := [][2]int{{1000, 1300}, {2000, 2400}, {3000, 3016}, {4000, 4256}}
-		wrs := []SendWR{
-			{Opcode: WRRDMAWrite, SGL: []SGE{sge(0, 600)}, RemoteAddr: 0x1000, RKey: 1},
-			{Opcode: WRRDMARead, SGL: []SGE{sge(1000, 300), sge(2000, 400)}, RemoteAddr: 0x2000, RKey: 1},
-			{Opcode: WRSend, SGL: []SGE{sge(0, 100)}},
-			{Opcode: WRAtomicFetchAndAdd, SGL: []SGE{sge(3000, 8)}, RemoteAddr: 0x3000, RKey: 1, CompareAdd: 1},
-			{Opcode: WRAtomicCmpAndSwp, SGL: []SGE{sge(3008, 8)}, RemoteAddr: 0x3008, RKey: 1, CompareAdd: 1, Swap: 2},
-			{Opcode: WRRDMARead, SGL: []SGE{sge(4000, 256)}, RemoteAddr: 0x4000, RKey: 1},
-			{Opcode: WRAtomicWrite, RemoteAddr: 0x5000, RKey: 1},
-			{Opcode: WRRDMAWrite, RemoteAddr: 0x6000, RKey: 1},
-			{Opcode: WRRDMARead, RemoteAddr: 0x7000, RKey: 1},
+		wrs := []wr.SendWR{
+			{Opcode: wr.RDMAWrite, SGL: []wr.SGE{sge(0, 600)}, RemoteAddr: 0x1000, RKey: 1},
+			{Opcode: wr.RDMARead, SGL: []wr.SGE{sge(1000, 300), sge(2000, 400)}, RemoteAddr: 0x2000, RKey: 1},
+			{Opcode: wr.Send, SGL: []wr.SGE{sge(0, 100)}},
+			{Opcode: wr.AtomicFetchAndAdd, SGL: []wr.SGE{sge(3000, 8)}, RemoteAddr: 0x3000, RKey: 1, CompareAdd: 1},
+			{Opcode: wr.AtomicCmpAndSwp, SGL: []wr.SGE{sge(3008, 8)}, RemoteAddr: 0x3008, RKey: 1, CompareAdd: 1, Swap: 2},
+			{Opcode: wr.RDMARead, SGL: []wr.SGE{sge(4000, 256)}, RemoteAddr: 0x4000, RKey: 1},
+			{Opcode: wr.AtomicWrite, RemoteAddr: 0x5000, RKey: 1},
+			{Opcode: wr.RDMAWrite, RemoteAddr: 0x6000, RKey: 1},
+			{Opcode: wr.RDMARead, RemoteAddr: 0x7000, RKey: 1},
 		}
 		for i := range wrs {
-			wrs[i].ID, wrs[i].Flags = uint64(i+1), SendSignaled
+			wrs[i].ID, wrs[i].Flags = uint64(i+1), wr.Signaled
 			if err := qp.PostSend(&wrs[i]); err != nil {
 				t.Fatal(err)
 			}

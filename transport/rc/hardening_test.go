@@ -14,6 +14,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/wr"
 )
 
 // feed hands one crafted packet to endpoint i's QP without running
@@ -72,12 +73,12 @@ func TestRemoteInvalidateOfUserMRIsClassJ(t *testing.T) {
 	rmr, rbuf := s.reg(1, 4096)
 	var fatal []string
 	s.ep[1].e.OnAsyncError = func(qpn uint32, reason string) { fatal = append(fatal, reason) }
-	if err := qps[1].PostRecv(&RecvWR{ID: 5, SGL: []SGE{{Addr: rmr.Addr(), Length: 64, LKey: rmr.LKey()}}}); err != nil {
+	if err := qps[1].PostRecv(&wr.RecvWR{ID: 5, SGL: []wr.SGE{{Addr: rmr.Addr(), Length: 64, LKey: rmr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
 	// A WRITE first, in the same batch: its ACK is owed and still goes out.
-	wr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 40, AckReq: true}, VA: rmr.Addr() + 100, RKey: rmr.RKey(), DMALen: 4}
-	s.feed(1, qps[1], wr, []byte{1, 2, 3, 4})
+	swr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 40, AckReq: true}, VA: rmr.Addr() + 100, RKey: rmr.RKey(), DMALen: 4}
+	s.feed(1, qps[1], swr, []byte{1, 2, 3, 4})
 	inv := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnlyInv, PSN: 41, AckReq: true}, InvRKey: rmr.RKey()}
 	s.feed(1, qps[1], inv, []byte("hello"))
 	lines := s.drain(1)
@@ -94,7 +95,7 @@ func TestRemoteInvalidateOfUserMRIsClassJ(t *testing.T) {
 	qps2 := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7})
 	lmr, lbuf := s.reg(0, 4096)
 	fill(lbuf, 11)
-	mustPost(t, qps2[0], &SendWR{ID: 9, Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 256, LKey: lmr.LKey()}},
+	mustPost(t, qps2[0], &wr.SendWR{ID: 9, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 256, LKey: lmr.LKey()}},
 		RemoteAddr: rmr.Addr() + 1024, RKey: rmr.RKey()})
 	if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success {
 		t.Fatalf("WRITE to the MR after the refused invalidate: %v", wc.Status)
@@ -116,8 +117,8 @@ func readThenStop(t *testing.T) (*sim, [2]*QP) {
 		t.Fatal("no READ responses")
 	}
 	// A WRITE with AckReq waits in the backlog behind the READ.
-	wr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 7 + 2048, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 4}
-	s.feed(1, qps[1], wr, []byte{1, 2, 3, 4})
+	swr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 7 + 2048, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 4}
+	s.feed(1, qps[1], swr, []byte{1, 2, 3, 4})
 	if qps[1].resp.blN != 1 || len(qps[1].resp.jobs) != 1 {
 		t.Fatalf("setup: backlog %d jobs %d", qps[1].resp.blN, len(qps[1].resp.jobs))
 	}
@@ -178,8 +179,8 @@ func TestErrStopsRequester(t *testing.T) {
 	qps := s.connect(qpOpts{pmtu: 256, timeout: 8, retry: 7})
 	lmr, _ := s.reg(0, 64<<10)
 	rmr, _ := s.reg(1, 64<<10)
-	mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 32 << 10, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-	mustPost(t, qps[0], &SendWR{ID: 2, Opcode: WRRDMARead, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 64, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 32 << 10, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMARead, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 64, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
 	if n := s.progressOnce(0); n == 0 {
 		t.Fatal("nothing sent")
 	}
@@ -249,10 +250,10 @@ func TestDestroyQPRemovesEveryTrace(t *testing.T) {
 	if err := e.DestroyQP(qp); !errors.Is(err, ErrNoQP) {
 		t.Fatalf("second DestroyQP = %v, want ErrNoQP", err)
 	}
-	if err := qp.PostSend(&SendWR{Opcode: WRSend}); !errors.Is(err, ErrState) {
+	if err := qp.PostSend(&wr.SendWR{Opcode: wr.Send}); !errors.Is(err, ErrState) {
 		t.Fatalf("PostSend after destroy = %v", err)
 	}
-	if err := qp.PostRecv(&RecvWR{}); !errors.Is(err, ErrState) {
+	if err := qp.PostRecv(&wr.RecvWR{}); !errors.Is(err, ErrState) {
 		t.Fatalf("PostRecv after destroy = %v", err)
 	}
 	// A state change after destroy does nothing (no flush, no schedule).
@@ -280,7 +281,7 @@ func TestStaleNAKKeepsCompPSN(t *testing.T) {
 			qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{100, 0}, timeout: 14, retry: 7, rnrRetry: 7})
 			lmr, _ := s.reg(0, 4096)
 			rmr, _ := s.reg(1, 4096)
-			mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 2048, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+			mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 2048, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
 			if lines := s.drain(0); len(lines) != 8 {
 				t.Fatalf("sent %q", lines)
 			}
@@ -336,7 +337,7 @@ func TestSendCQOverrun(t *testing.T) {
 	lmr, _ := s.reg(0, 4096)
 	rmr, _ := s.reg(1, 4096)
 	for i := 0; i < 3; i++ {
-		mustPost(t, qps[0], &SendWR{ID: uint64(i), Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+		mustPost(t, qps[0], &wr.SendWR{ID: uint64(i), Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
 	}
 	s.pump(nil, 100*time.Millisecond)
 	select {
@@ -361,8 +362,8 @@ func TestAtomicByteLen(t *testing.T) {
 	qps := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7})
 	lmr, _ := s.reg(0, 4096)
 	rmr, _ := s.reg(1, 4096)
-	mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRAtomicFetchAndAdd, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey(), CompareAdd: 1})
-	mustPost(t, qps[0], &SendWR{ID: 2, Opcode: WRAtomicCmpAndSwp, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr() + 8, Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey(), CompareAdd: 1, Swap: 5})
+	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey(), CompareAdd: 1})
+	mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.AtomicCmpAndSwp, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr() + 8, Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey(), CompareAdd: 1, Swap: 5})
 	for _, wc := range s.waitWC(s.ep[0].scq, 2, time.Second) {
 		if wc.Status != cq.Success || wc.ByteLen != 8 {
 			t.Errorf("%v completion: status %v byte_len %d, want 8", wc.Opcode, wc.Status, wc.ByteLen)
@@ -376,7 +377,7 @@ func TestSGELimitsSplit(t *testing.T) {
 	pd, _ := mrs.AllocPD()
 	c, _ := cq.New(16)
 	e := NewEngine(mrs)
-	sges := func(n int) []SGE { return make([]SGE, n) }
+	sges := func(n int) []wr.SGE { return make([]wr.SGE, n) }
 	for _, tc := range []struct{ send, recv int }{{1, 3}, {3, 1}} {
 		qp, err := e.CreateQP(QPConfig{PD: pd, SendCQ: c, RecvCQ: c, MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: tc.send, MaxRecvSGE: tc.recv})
 		if err != nil {
@@ -385,16 +386,16 @@ func TestSGELimitsSplit(t *testing.T) {
 		qp.SetState(qpstate.Init)
 		qp.SetState(qpstate.RTR)
 		qp.SetState(qpstate.RTS)
-		if err := qp.PostSend(&SendWR{Opcode: WRSend, SGL: sges(tc.send + 1)}); err == nil || !strings.Contains(err.Error(), "max_send_sge") {
+		if err := qp.PostSend(&wr.SendWR{Opcode: wr.Send, SGL: sges(tc.send + 1)}); err == nil || !strings.Contains(err.Error(), "max_send_sge") {
 			t.Errorf("send %d/recv %d: post send with %d SGEs = %v", tc.send, tc.recv, tc.send+1, err)
 		}
-		if err := qp.PostSend(&SendWR{Opcode: WRSend, SGL: sges(tc.send)}); err != nil {
+		if err := qp.PostSend(&wr.SendWR{Opcode: wr.Send, SGL: sges(tc.send)}); err != nil {
 			t.Errorf("send %d/recv %d: post send with %d SGEs = %v", tc.send, tc.recv, tc.send, err)
 		}
-		if err := qp.PostRecv(&RecvWR{SGL: sges(tc.recv + 1)}); err == nil || !strings.Contains(err.Error(), "max_recv_sge") {
+		if err := qp.PostRecv(&wr.RecvWR{SGL: sges(tc.recv + 1)}); err == nil || !strings.Contains(err.Error(), "max_recv_sge") {
 			t.Errorf("send %d/recv %d: post recv with %d SGEs = %v", tc.send, tc.recv, tc.recv+1, err)
 		}
-		if err := qp.PostRecv(&RecvWR{SGL: sges(tc.recv)}); err != nil {
+		if err := qp.PostRecv(&wr.RecvWR{SGL: sges(tc.recv)}); err != nil {
 			t.Errorf("send %d/recv %d: post recv with %d SGEs = %v", tc.send, tc.recv, tc.recv, err)
 		}
 	}
@@ -408,7 +409,7 @@ func TestResetForgetsSentPSNs(t *testing.T) {
 	qps := s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{5000, 0}, timeout: 14, retry: 7})
 	lmr, _ := s.reg(0, 4096)
 	rmr, _ := s.reg(1, 4096)
-	mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
 	s.waitWC(s.ep[0].scq, 1, time.Second)
 	for i, qp := range qps {
 		qp.SetState(qpstate.Reset)
@@ -419,7 +420,7 @@ func TestResetForgetsSentPSNs(t *testing.T) {
 		qp.SetState(qpstate.RTR)
 		qp.SetState(qpstate.RTS)
 	}
-	mustPost(t, qps[0], &SendWR{ID: 2, Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
 	if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success || wc.WRID != 2 {
 		t.Fatalf("completion %+v", wc)
 	}
@@ -436,7 +437,7 @@ func TestRecvCQOverrunNotAcked(t *testing.T) {
 	qps := s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{20, 0}})
 	rmr, _ := s.reg(1, 4096)
 	for i := 0; i < 2; i++ {
-		if err := qps[1].PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{{Addr: rmr.Addr() + uint64(i)*64, Length: 64, LKey: rmr.LKey()}}}); err != nil {
+		if err := qps[1].PostRecv(&wr.RecvWR{ID: uint64(i), SGL: []wr.SGE{{Addr: rmr.Addr() + uint64(i)*64, Length: 64, LKey: rmr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -456,7 +457,7 @@ func TestErrFlushesReceiveInProgress(t *testing.T) {
 	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{9, 0}})
 	rmr, _ := s.reg(1, 4096)
 	for id := uint64(1); id <= 2; id++ {
-		if err := qps[1].PostRecv(&RecvWR{ID: id, SGL: []SGE{{Addr: rmr.Addr(), Length: 1024, LKey: rmr.LKey()}}}); err != nil {
+		if err := qps[1].PostRecv(&wr.RecvWR{ID: id, SGL: []wr.SGE{{Addr: rmr.Addr(), Length: 1024, LKey: rmr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
+	"github.com/softroce/softroce/wr"
 )
 
 var (
@@ -23,7 +24,7 @@ var (
 // op is one work request of a random workload and what it must produce.
 type propOp struct {
 	side   int
-	wr     SendWR
+	wr     wr.SendWR
 	src    []byte // bytes that must arrive
 	dst    []byte // where they must arrive
 	recvID uint64
@@ -122,43 +123,43 @@ func runWorkload(t *testing.T, seed uint64) error {
 				propFill(local[:n], rng.Uint64())
 				propFill(remote[:n], rng.Uint64())
 				id := uint64(k + 1)
-				sgl := []SGE{{Addr: lmr.Addr(), Length: uint32(n), LKey: lmr.LKey()}}
+				sgl := []wr.SGE{{Addr: lmr.Addr(), Length: uint32(n), LKey: lmr.LKey()}}
 				if n > 8 && rng.IntN(3) == 0 { // split the local side into two SGEs
 					h := n / 3
-					sgl = []SGE{{Addr: lmr.Addr(), Length: uint32(h), LKey: lmr.LKey()}, {Addr: lmr.Addr() + uint64(h), Length: uint32(n - h), LKey: lmr.LKey()}}
+					sgl = []wr.SGE{{Addr: lmr.Addr(), Length: uint32(h), LKey: lmr.LKey()}, {Addr: lmr.Addr() + uint64(h), Length: uint32(n - h), LKey: lmr.LKey()}}
 				}
 				switch rng.IntN(6) {
 				case 0:
-					op.wr = SendWR{ID: id, Opcode: WRRDMAWrite, SGL: sgl, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()}
+					op.wr = wr.SendWR{ID: id, Opcode: wr.RDMAWrite, SGL: sgl, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()}
 					op.src, op.dst = local[:n], remote[:n]
 				case 1:
-					op.wr = SendWR{ID: id, Opcode: WRRDMAWriteWithImm, SGL: sgl, RemoteAddr: rmr.Addr(), RKey: rmr.RKey(), Imm: uint32(id)}
+					op.wr = wr.SendWR{ID: id, Opcode: wr.RDMAWriteWithImm, SGL: sgl, RemoteAddr: rmr.Addr(), RKey: rmr.RKey(), Imm: uint32(id)}
 					op.src, op.dst = local[:n], remote[:n]
 					op.recvID = id
 				case 2:
-					op.wr = SendWR{ID: id, Opcode: WRRDMARead, SGL: sgl, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()}
+					op.wr = wr.SendWR{ID: id, Opcode: wr.RDMARead, SGL: sgl, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()}
 					op.src, op.dst = remote[:n], local[:n]
 				case 3:
-					op.wr = SendWR{ID: id, Opcode: WRSendWithImm, SGL: sgl, Imm: uint32(id)}
+					op.wr = wr.SendWR{ID: id, Opcode: wr.SendWithImm, SGL: sgl, Imm: uint32(id)}
 					op.src, op.dst = local[:n], remote[:n]
 					op.recvID = id
 					// The receive buffer: the peer's region, posted up front.
 				case 4, 5:
 					add := uint64(rng.IntN(1000) + 1)
 					res, _ := s.reg(side, 8)
-					op.wr = SendWR{ID: id, Opcode: WRAtomicFetchAndAdd, SGL: []SGE{{Addr: res.Addr(), Length: 8, LKey: res.LKey()}},
+					op.wr = wr.SendWR{ID: id, Opcode: wr.AtomicFetchAndAdd, SGL: []wr.SGE{{Addr: res.Addr(), Length: 8, LKey: res.LKey()}},
 						RemoteAddr: pr.ctrMR[peer].Addr(), RKey: pr.ctrMR[peer].RKey(), CompareAdd: add}
 					op.add = add
 					op.dst = res.Buf()
 					pr.adds[peer] += add
 				}
-				op.wr.Flags = SendSignaled
+				op.wr.Flags = wr.Signaled
 				if op.recvID != 0 {
-					rsgl := []SGE{{Addr: rmr.Addr(), Length: uint32(max(n, 1)), LKey: rmr.LKey()}}
-					if op.wr.Opcode == WRRDMAWriteWithImm {
+					rsgl := []wr.SGE{{Addr: rmr.Addr(), Length: uint32(max(n, 1)), LKey: rmr.LKey()}}
+					if op.wr.Opcode == wr.RDMAWriteWithImm {
 						rsgl = nil
 					}
-					if err := pr.qps[peer].PostRecv(&RecvWR{ID: id, SGL: rsgl}); err != nil {
+					if err := pr.qps[peer].PostRecv(&wr.RecvWR{ID: id, SGL: rsgl}); err != nil {
 						return err
 					}
 				}

@@ -10,6 +10,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/wr"
 )
 
 // Defaults follow rxe where IBTA leaves a choice.
@@ -68,8 +69,8 @@ const (
 // sendWQE is a send-queue slot. Slots are preallocated so posting does not
 // allocate: SGL and inline data are copied into fixed storage.
 type sendWQE struct {
-	wr       SendWR
-	sgl      []SGE
+	wr       wr.SendWR
+	sgl      []wr.SGE
 	inline   []byte
 	isInline bool
 	length   int
@@ -83,7 +84,7 @@ type sendWQE struct {
 
 type recvWQE struct {
 	id  uint64
-	sgl []SGE
+	sgl []wr.SGE
 	len int
 }
 
@@ -341,7 +342,7 @@ func (qp *QP) responderToError(reason string) {
 // PostSend queues a send work request. It checks what can be checked at
 // post time (queue depth, SGE count, inline size, opcode); protection
 // problems with lkeys surface as completions, as with hardware.
-func (qp *QP) PostSend(wr *SendWR) error {
+func (qp *QP) PostSend(swr *wr.SendWR) error {
 	e := qp.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -356,40 +357,40 @@ func (qp *QP) PostSend(wr *SendWR) error {
 	if qp.sqCount == len(qp.sq) {
 		return fmt.Errorf("%w: send queue of QP %d holds %d WRs (max_send_wr)", ErrQueueFull, qp.num, len(qp.sq))
 	}
-	if len(wr.SGL) > qp.cfg.MaxSendSGE {
-		return fmt.Errorf("rc: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(wr.SGL), qp.num, qp.cfg.MaxSendSGE)
+	if len(swr.SGL) > qp.cfg.MaxSendSGE {
+		return fmt.Errorf("rc: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(swr.SGL), qp.num, qp.cfg.MaxSendSGE)
 	}
-	if _, ok := wrNames[wr.Opcode]; !ok {
-		return fmt.Errorf("rc: opcode %v is not supported on an RC QP", wr.Opcode)
+	if !swr.Opcode.Known() {
+		return fmt.Errorf("rc: opcode %v is not supported on an RC QP", swr.Opcode)
 	}
 	length := 0
-	for _, s := range wr.SGL {
+	for _, s := range swr.SGL {
 		length += int(s.Length)
 	}
 	switch {
-	case wr.Opcode.isAtomic():
-		if len(wr.SGL) != 1 || wr.SGL[0].Length != 8 {
-			return fmt.Errorf("rc: %v needs exactly one 8-byte SGE for the original value", wr.Opcode)
+	case swr.Opcode.IsAtomic():
+		if len(swr.SGL) != 1 || swr.SGL[0].Length != 8 {
+			return fmt.Errorf("rc: %v needs exactly one 8-byte SGE for the original value", swr.Opcode)
 		}
-		if wr.RemoteAddr&7 != 0 {
-			return fmt.Errorf("rc: %v remote address 0x%x is not 8-byte aligned", wr.Opcode, wr.RemoteAddr)
+		if swr.RemoteAddr&7 != 0 {
+			return fmt.Errorf("rc: %v remote address 0x%x is not 8-byte aligned", swr.Opcode, swr.RemoteAddr)
 		}
-	case wr.Opcode == WRAtomicWrite:
+	case swr.Opcode == wr.AtomicWrite:
 		length = 8
 	case length > 1<<31:
 		return fmt.Errorf("rc: message of %d bytes exceeds the 2 GiB RC limit", length)
 	}
 	w := &qp.sq[qp.sqTail]
-	w.wr = *wr
-	w.sgl = append(w.sgl[:0], wr.SGL...)
+	w.wr = *swr
+	w.sgl = append(w.sgl[:0], swr.SGL...)
 	w.wr.SGL = nil
 	w.isInline = false
-	if wr.Flags&SendInline != 0 && !wr.Opcode.isAtomic() && wr.Opcode != WRRDMARead && wr.Opcode != WRAtomicWrite {
+	if swr.Flags&wr.Inline != 0 && !swr.Opcode.IsAtomic() && swr.Opcode != wr.RDMARead && swr.Opcode != wr.AtomicWrite {
 		// Inline data is copied now, so the caller may reuse its buffer as
 		// soon as PostSend returns (ibv_post_send semantics). It comes from
 		// InlineData, or else from the SGL, read through the lkeys.
-		if wr.InlineData != nil {
-			length = len(wr.InlineData)
+		if swr.InlineData != nil {
+			length = len(swr.InlineData)
 		}
 		if length > qp.cfg.MaxInline {
 			return fmt.Errorf("rc: inline WR of %d bytes exceeds max_inline_data %d", length, qp.cfg.MaxInline)
@@ -398,8 +399,8 @@ func (qp *QP) PostSend(wr *SendWR) error {
 			w.inline = make([]byte, qp.cfg.MaxInline)
 		}
 		w.inline = w.inline[:length]
-		if wr.InlineData != nil {
-			copy(w.inline, wr.InlineData)
+		if swr.InlineData != nil {
+			copy(w.inline, swr.InlineData)
 		} else if err := gather(e.mrs, qp.cfg.PD, w.sgl, 0, w.inline); err != nil {
 			return fmt.Errorf("rc: inline data: %w", err)
 		}
@@ -420,7 +421,7 @@ func (qp *QP) PostSend(wr *SendWR) error {
 }
 
 // PostRecv queues a receive work request.
-func (qp *QP) PostRecv(wr *RecvWR) error {
+func (qp *QP) PostRecv(rwr *wr.RecvWR) error {
 	e := qp.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -433,14 +434,14 @@ func (qp *QP) PostRecv(wr *RecvWR) error {
 	if qp.rqCount == len(qp.rq) {
 		return fmt.Errorf("%w: receive queue of QP %d holds %d WRs (max_recv_wr)", ErrQueueFull, qp.num, len(qp.rq))
 	}
-	if len(wr.SGL) > qp.cfg.MaxRecvSGE {
-		return fmt.Errorf("rc: recv WR has %d SGEs, QP %d allows %d (max_recv_sge)", len(wr.SGL), qp.num, qp.cfg.MaxRecvSGE)
+	if len(rwr.SGL) > qp.cfg.MaxRecvSGE {
+		return fmt.Errorf("rc: recv WR has %d SGEs, QP %d allows %d (max_recv_sge)", len(rwr.SGL), qp.num, qp.cfg.MaxRecvSGE)
 	}
 	r := &qp.rq[(qp.rqHead+qp.rqCount)%len(qp.rq)]
-	r.id = wr.ID
-	r.sgl = append(r.sgl[:0], wr.SGL...)
+	r.id = rwr.ID
+	r.sgl = append(r.sgl[:0], rwr.SGL...)
 	r.len = 0
-	for _, s := range wr.SGL {
+	for _, s := range rwr.SGL {
 		r.len += int(s.Length)
 	}
 	qp.rqCount++
@@ -465,34 +466,34 @@ func (qp *QP) kick() {
 // (the CQ raises IBV_EVENT_CQ_ERR itself), which the caller must treat as
 // fatal for the QP, as the receive side does.
 func (qp *QP) pushSendWC(w *sendWQE, st cq.Status, orig uint64) bool {
-	if st == cq.Success && w.wr.Flags&SendSignaled == 0 && !qp.sigAll {
+	if st == cq.Success && w.wr.Flags&wr.Signaled == 0 && !qp.sigAll {
 		return true
 	}
 	wc := cq.WC{WRID: w.wr.ID, Status: st, Opcode: wcOpcode(w.wr.Opcode), QPNum: qp.num}
 	if st == cq.Success {
 		switch {
-		case w.wr.Opcode == WRRDMARead:
+		case w.wr.Opcode == wr.RDMARead:
 			wc.ByteLen = uint32(w.length)
-		case w.wr.Opcode.isAtomic():
+		case w.wr.Opcode.IsAtomic():
 			wc.ByteLen = 8 // the original value written to the local buffer
 		}
 	}
 	return qp.cfg.SendCQ.Push(wc)
 }
 
-func wcOpcode(o WROpcode) cq.Opcode {
+func wcOpcode(o wr.Opcode) cq.Opcode {
 	switch {
-	case o.isSend():
+	case o.IsSend():
 		return cq.OpSend
-	case o.isWrite():
+	case o.IsWrite():
 		return cq.OpRDMAWrite
-	case o == WRRDMARead:
+	case o == wr.RDMARead:
 		return cq.OpRDMARead
-	case o == WRAtomicCmpAndSwp:
+	case o == wr.AtomicCmpAndSwp:
 		return cq.OpCompSwap
-	case o == WRAtomicFetchAndAdd:
+	case o == wr.AtomicFetchAndAdd:
 		return cq.OpFetchAdd
-	case o == WRAtomicWrite:
+	case o == wr.AtomicWrite:
 		return cq.OpAtomicWrite
 	}
 	return cq.OpSend

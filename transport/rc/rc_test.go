@@ -11,6 +11,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/wr"
 )
 
 const allAccess = memreg.AccessLocalWrite | memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic
@@ -30,9 +31,9 @@ func fill(b []byte, seed byte) {
 	}
 }
 
-func mustPost(t testing.TB, qp *QP, wr *SendWR) {
+func mustPost(t testing.TB, qp *QP, swr *wr.SendWR) {
 	t.Helper()
-	if err := qp.PostSend(wr); err != nil {
+	if err := qp.PostSend(swr); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -61,23 +62,23 @@ func TestAllOperations(t *testing.T) {
 		rmr, remote := s.reg(1, 64<<10)
 		fill(local, 3)
 		// WRITE 10000 bytes, then READ them back elsewhere.
-		mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled,
-			SGL: []SGE{{Addr: lmr.Addr(), Length: 10000, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 8, RKey: rmr.RKey()})
-		mustPost(t, qps[0], &SendWR{ID: 2, Opcode: WRRDMARead, Flags: SendSignaled,
-			SGL:        []SGE{{Addr: lmr.Addr() + 20000, Length: 5000, LKey: lmr.LKey()}, {Addr: lmr.Addr() + 30000, Length: 5000, LKey: lmr.LKey()}},
+		mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+			SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 10000, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 8, RKey: rmr.RKey()})
+		mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMARead, Flags: wr.Signaled,
+			SGL:        []wr.SGE{{Addr: lmr.Addr() + 20000, Length: 5000, LKey: lmr.LKey()}, {Addr: lmr.Addr() + 30000, Length: 5000, LKey: lmr.LKey()}},
 			RemoteAddr: rmr.Addr() + 8, RKey: rmr.RKey()})
 		// Atomics on an 8-byte aligned word.
 		binary.LittleEndian.PutUint64(remote[40000:], 5)
-		mustPost(t, qps[0], &SendWR{ID: 3, Opcode: WRAtomicFetchAndAdd, Flags: SendSignaled,
-			SGL: []SGE{{Addr: lmr.Addr() + 40000, Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 40000, RKey: rmr.RKey(), CompareAdd: 10})
-		mustPost(t, qps[0], &SendWR{ID: 4, Opcode: WRAtomicCmpAndSwp, Flags: SendSignaled,
-			SGL: []SGE{{Addr: lmr.Addr() + 40008, Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 40000, RKey: rmr.RKey(), CompareAdd: 15, Swap: 99})
+		mustPost(t, qps[0], &wr.SendWR{ID: 3, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled,
+			SGL: []wr.SGE{{Addr: lmr.Addr() + 40000, Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 40000, RKey: rmr.RKey(), CompareAdd: 10})
+		mustPost(t, qps[0], &wr.SendWR{ID: 4, Opcode: wr.AtomicCmpAndSwp, Flags: wr.Signaled,
+			SGL: []wr.SGE{{Addr: lmr.Addr() + 40008, Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 40000, RKey: rmr.RKey(), CompareAdd: 15, Swap: 99})
 		// SEND with immediate into a posted receive.
-		if err := qps[1].PostRecv(&RecvWR{ID: 77, SGL: []SGE{{Addr: rmr.Addr() + 50000, Length: 8000, LKey: rmr.LKey()}}}); err != nil {
+		if err := qps[1].PostRecv(&wr.RecvWR{ID: 77, SGL: []wr.SGE{{Addr: rmr.Addr() + 50000, Length: 8000, LKey: rmr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
-		mustPost(t, qps[0], &SendWR{ID: 5, Opcode: WRSendWithImm, Flags: SendSignaled, Imm: 0xdeadbeef,
-			SGL: []SGE{{Addr: lmr.Addr() + 100, Length: 3001, LKey: lmr.LKey()}}})
+		mustPost(t, qps[0], &wr.SendWR{ID: 5, Opcode: wr.SendWithImm, Flags: wr.Signaled, Imm: 0xdeadbeef,
+			SGL: []wr.SGE{{Addr: lmr.Addr() + 100, Length: 3001, LKey: lmr.LKey()}}})
 		wcs := s.waitWC(s.ep[0].scq, 5, time.Second)
 		for i, wc := range wcs {
 			if wc.Status != cq.Success || wc.WRID != uint64(i+1) {
@@ -120,8 +121,8 @@ func TestSeqErrorOneNAK(t *testing.T) {
 	rmr, remote := s.reg(1, 4096)
 	fill(local, 9)
 	s.rules = []rule{{from: 0, opcode: -1, psn: 1002, nth: 1, action: "drop"}}
-	mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled,
-		SGL: []SGE{{Addr: lmr.Addr(), Length: 2048, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+		SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 2048, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
 	wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]
 	if wc.Status != cq.Success {
 		t.Fatalf("status %v", wc.Status)
@@ -181,13 +182,13 @@ func TestRNR(t *testing.T) {
 	qps := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7, rnrRetry: 7, minRNR: 14}) // 1.28 ms
 	lmr, _ := s.reg(0, 4096)
 	rmr, _ := s.reg(1, 4096)
-	mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
+	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
 	s.pump(nil, 500*time.Microsecond)
 	if qps[0].Stats.RNRNAKsRecv != 1 {
 		t.Fatalf("RNR NAKs received = %d, want 1\n%s", qps[0].Stats.RNRNAKsRecv, strings.Join(s.trace, "\n"))
 	}
 	t0 := s.now
-	if err := qps[1].PostRecv(&RecvWR{ID: 9, SGL: []SGE{{Addr: rmr.Addr(), Length: 4096, LKey: rmr.LKey()}}}); err != nil {
+	if err := qps[1].PostRecv(&wr.RecvWR{ID: 9, SGL: []wr.SGE{{Addr: rmr.Addr(), Length: 4096, LKey: rmr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
 	wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]
@@ -207,8 +208,8 @@ func TestRNRRetryExceeded(t *testing.T) {
 	s := newSim(t, 1, impairment{})
 	qps := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7, rnrRetry: 2, minRNR: 1})
 	lmr, _ := s.reg(0, 4096)
-	mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
-	mustPost(t, qps[0], &SendWR{ID: 2, Opcode: WRSend, SGL: []SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
+	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
+	mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.Send, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
 	wcs := s.waitWC(s.ep[0].scq, 2, time.Second)
 	if wcs[0].Status != cq.RNRRetryExcErr || wcs[1].Status != cq.WRFlushErr || wcs[1].WRID != 2 {
 		t.Fatalf("completions %+v", wcs)
@@ -226,17 +227,17 @@ func TestRNRRetryExceeded(t *testing.T) {
 func TestRemoteAccessError(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		wr   func(l, r *memreg.MR) SendWR
+		wr   func(l, r *memreg.MR) wr.SendWR
 		st   cq.Status
 	}{
-		{"bad rkey", func(l, r *memreg.MR) SendWR {
-			return SendWR{Opcode: WRRDMAWrite, SGL: []SGE{{Addr: l.Addr(), Length: 64, LKey: l.LKey()}}, RemoteAddr: r.Addr(), RKey: r.RKey() ^ 0x5500}
+		{"bad rkey", func(l, r *memreg.MR) wr.SendWR {
+			return wr.SendWR{Opcode: wr.RDMAWrite, SGL: []wr.SGE{{Addr: l.Addr(), Length: 64, LKey: l.LKey()}}, RemoteAddr: r.Addr(), RKey: r.RKey() ^ 0x5500}
 		}, cq.RemAccessErr},
-		{"out of bounds", func(l, r *memreg.MR) SendWR {
-			return SendWR{Opcode: WRRDMARead, SGL: []SGE{{Addr: l.Addr(), Length: 64, LKey: l.LKey()}}, RemoteAddr: r.Addr() + 4090, RKey: r.RKey()}
+		{"out of bounds", func(l, r *memreg.MR) wr.SendWR {
+			return wr.SendWR{Opcode: wr.RDMARead, SGL: []wr.SGE{{Addr: l.Addr(), Length: 64, LKey: l.LKey()}}, RemoteAddr: r.Addr() + 4090, RKey: r.RKey()}
 		}, cq.RemAccessErr},
-		{"misaligned atomic on the wire", func(l, r *memreg.MR) SendWR {
-			return SendWR{Opcode: WRAtomicFetchAndAdd, SGL: []SGE{{Addr: l.Addr(), Length: 8, LKey: l.LKey()}}, RemoteAddr: r.Addr() + 8, RKey: r.RKey() ^ 0xff}
+		{"misaligned atomic on the wire", func(l, r *memreg.MR) wr.SendWR {
+			return wr.SendWR{Opcode: wr.AtomicFetchAndAdd, SGL: []wr.SGE{{Addr: l.Addr(), Length: 8, LKey: l.LKey()}}, RemoteAddr: r.Addr() + 8, RKey: r.RKey() ^ 0xff}
 		}, cq.RemAccessErr},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -244,10 +245,10 @@ func TestRemoteAccessError(t *testing.T) {
 			qps := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7})
 			lmr, _ := s.reg(0, 4096)
 			rmr, _ := s.reg(1, 4096)
-			wr := tc.wr(lmr, rmr)
-			wr.ID, wr.Flags = 1, SendSignaled
-			mustPost(t, qps[0], &wr)
-			mustPost(t, qps[0], &SendWR{ID: 2, Opcode: WRSend, SGL: []SGE{{Addr: lmr.Addr(), Length: 1, LKey: lmr.LKey()}}})
+			swr := tc.wr(lmr, rmr)
+			swr.ID, swr.Flags = 1, wr.Signaled
+			mustPost(t, qps[0], &swr)
+			mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.Send, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 1, LKey: lmr.LKey()}}})
 			wcs := s.waitWC(s.ep[0].scq, 2, time.Second)
 			if wcs[0].Status != tc.st || wcs[1].Status != cq.WRFlushErr {
 				t.Fatalf("completions %v %v", wcs[0].Status, wcs[1].Status)
@@ -268,11 +269,11 @@ func TestAckLostTimeout(t *testing.T) {
 	qps := s.connect(qpOpts{pmtu: 1024, timeout: 10, retry: 3, psn: [2]uint32{0xffffff, 0}}) // 4.2 ms
 	lmr, _ := s.reg(0, 4096)
 	rmr, _ := s.reg(1, 4096)
-	if err := qps[1].PostRecv(&RecvWR{ID: 9, SGL: []SGE{{Addr: rmr.Addr(), Length: 4096, LKey: rmr.LKey()}}}); err != nil {
+	if err := qps[1].PostRecv(&wr.RecvWR{ID: 9, SGL: []wr.SGE{{Addr: rmr.Addr(), Length: 4096, LKey: rmr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
 	s.rules = []rule{{from: 1, opcode: int(bth.RCAck), psn: 0xffffff, nth: 1, action: "drop"}}
-	mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.Addr(), Length: 10, LKey: lmr.LKey()}}})
+	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 10, LKey: lmr.LKey()}}})
 	wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]
 	if wc.Status != cq.Success {
 		t.Fatalf("status %v", wc.Status)
@@ -293,7 +294,7 @@ func TestRetryExceeded(t *testing.T) {
 	s := newSim(t, 1, impairment{loss: 1})
 	qps := s.connect(qpOpts{pmtu: 1024, timeout: 8, retry: 2})
 	lmr, _ := s.reg(0, 4096)
-	mustPost(t, qps[0], &SendWR{ID: 1, Opcode: WRRDMAWrite, SGL: []SGE{{Addr: lmr.Addr(), Length: 10, LKey: lmr.LKey()}}, RemoteAddr: 0, RKey: 1})
+	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 10, LKey: lmr.LKey()}}, RemoteAddr: 0, RKey: 1})
 	wc := s.waitWC(s.ep[0].scq, 1, 10*time.Second)[0]
 	if wc.Status != cq.RetryExcErr {
 		t.Fatalf("status %v", wc.Status)

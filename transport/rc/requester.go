@@ -7,6 +7,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/wr"
 )
 
 // npackets is how many packets (and PSNs) a message of n bytes takes at
@@ -37,15 +38,15 @@ func (qp *QP) transmit(budget int) bool {
 			continue
 		}
 		if w.state == wqeQueued {
-			if w.wr.Opcode.needsRDResource() && qp.rdOutstanding >= qp.path.MaxRDAtomic {
+			if needsRDResource(w.wr.Opcode) && qp.rdOutstanding >= qp.path.MaxRDAtomic {
 				return true // resumes when a READ/atomic completes
 			}
-			if w.wr.Flags&SendFence != 0 && qp.rdOutstanding > 0 {
+			if w.wr.Flags&wr.Fence != 0 && qp.rdOutstanding > 0 {
 				return true // IBV_SEND_FENCE: wait for prior READ/atomics
 			}
 			w.firstPSN = qp.nextPSN
 			switch {
-			case w.wr.Opcode.isAtomic() || w.wr.Opcode == WRAtomicWrite:
+			case w.wr.Opcode.IsAtomic() || w.wr.Opcode == wr.AtomicWrite:
 				w.npsn = 1
 			default:
 				// A READ request takes as many PSNs as its responses
@@ -57,7 +58,7 @@ func (qp *QP) transmit(budget int) bool {
 			w.state = wqeStarted
 			w.readDone = 0
 			qp.sqPkt = 0
-			if w.wr.Opcode.needsRDResource() {
+			if needsRDResource(w.wr.Opcode) {
 				qp.rdOutstanding++
 			}
 		}
@@ -69,17 +70,17 @@ func (qp *QP) transmit(budget int) bool {
 			qp.Stats.Retransmits++
 		} else {
 			qp.maxSentPSN, qp.sentAny = psn, true
-			if w.wr.Opcode == WRRDMARead {
+			if w.wr.Opcode == wr.RDMARead {
 				qp.maxSentPSN = w.lastPSN
 			}
 		}
-		if w.wr.Opcode == WRRDMARead {
+		if w.wr.Opcode == wr.RDMARead {
 			w.reRead = qp.sqPkt
 		}
 		if !qp.buildRequest(w, psn) {
 			return true // the WQE failed locally; the QP is in ERR
 		}
-		if w.wr.Opcode == WRRDMARead || w.wr.Opcode.isAtomic() || w.wr.Opcode == WRAtomicWrite || qp.sqPkt+1 >= w.npsn {
+		if w.wr.Opcode == wr.RDMARead || w.wr.Opcode.IsAtomic() || w.wr.Opcode == wr.AtomicWrite || qp.sqPkt+1 >= w.npsn {
 			qp.sqSendOff++
 			qp.sqPkt = 0
 		} else {
@@ -101,22 +102,22 @@ func (qp *QP) buildRequest(w *sendWQE, psn uint32) bool {
 	op := w.wr.Opcode
 	var off, plen int
 	switch {
-	case op == WRRDMARead:
+	case op == wr.RDMARead:
 		// A go-back-N re-read asks only for what is missing (rxe req_retry).
 		off = k * pmtu
 		f.BTH.Opcode = bth.RCReadRequest
 		f.BTH.AckReq = true
 		f.VA, f.RKey, f.DMALen = w.wr.RemoteAddr+uint64(off), w.wr.RKey, uint32(w.length-off)
-	case op.isAtomic():
+	case op.IsAtomic():
 		f.BTH.Opcode = bth.RCCompareSwap
 		f.SwapAdd, f.Compare = w.wr.Swap, w.wr.CompareAdd
-		if op == WRAtomicFetchAndAdd {
+		if op == wr.AtomicFetchAndAdd {
 			f.BTH.Opcode = bth.RCFetchAdd
 			f.SwapAdd, f.Compare = w.wr.CompareAdd, 0
 		}
 		f.BTH.AckReq = true
 		f.VA, f.RKey = w.wr.RemoteAddr, w.wr.RKey
-	case op == WRAtomicWrite:
+	case op == wr.AtomicWrite:
 		f.BTH.Opcode = bth.RCAtomicWrite
 		f.BTH.AckReq = true
 		f.VA, f.RKey, f.DMALen = w.wr.RemoteAddr, w.wr.RKey, 8
@@ -127,8 +128,8 @@ func (qp *QP) buildRequest(w *sendWQE, psn uint32) bool {
 		first, last := k == 0, k == w.npsn-1
 		f.BTH.Opcode = segOpcode(op, first, last)
 		f.BTH.AckReq = last || k%ackReqEvery == ackReqEvery-1
-		f.BTH.SE = last && w.wr.Flags&SendSolicited != 0 && (op.isSend() || op == WRRDMAWriteWithImm)
-		if op.isWrite() && first {
+		f.BTH.SE = last && w.wr.Flags&wr.Solicited != 0 && (op.IsSend() || op == wr.RDMAWriteWithImm)
+		if op.IsWrite() && first {
 			f.VA, f.RKey, f.DMALen = w.wr.RemoteAddr, w.wr.RKey, uint32(w.length)
 		}
 		f.Imm = w.wr.Imm
@@ -139,7 +140,7 @@ func (qp *QP) buildRequest(w *sendWQE, psn uint32) bool {
 	hdr := f.BTH.Opcode.Info().HdrLen
 	var err error
 	switch {
-	case op == WRAtomicWrite:
+	case op == wr.AtomicWrite:
 		copy(buf[hdr:], w.wr.AtomicWrite[:])
 	case plen == 0:
 	case w.isInline:
@@ -164,18 +165,18 @@ func (qp *QP) buildRequest(w *sendWQE, psn uint32) bool {
 }
 
 // segOpcode picks the RC opcode for a SEND or WRITE segment.
-func segOpcode(op WROpcode, first, last bool) bth.Opcode {
+func segOpcode(op wr.Opcode, first, last bool) bth.Opcode {
 	only := first && last
 	switch op {
-	case WRSend:
+	case wr.Send:
 		return pick(only, first, last, bth.RCSendOnly, bth.RCSendFirst, bth.RCSendLast)
-	case WRSendWithImm:
+	case wr.SendWithImm:
 		return pick(only, first, last, bth.RCSendOnlyImm, bth.RCSendFirst, bth.RCSendLastImm)
-	case WRSendWithInv:
+	case wr.SendWithInv:
 		return pick(only, first, last, bth.RCSendOnlyInv, bth.RCSendFirst, bth.RCSendLastInv)
-	case WRRDMAWrite:
+	case wr.RDMAWrite:
 		return pick(only, first, last, bth.RCWriteOnly, bth.RCWriteFirst, bth.RCWriteLast)
-	case WRRDMAWriteWithImm:
+	case wr.RDMAWriteWithImm:
 		return pick(only, first, last, bth.RCWriteOnlyImm, bth.RCWriteFirst, bth.RCWriteLastImm)
 	}
 	panic("rc: segOpcode on " + op.String())
@@ -195,7 +196,7 @@ func pick(only, first, last bool, o, f, l bth.Opcode) bth.Opcode {
 }
 
 // gather copies len(dst) bytes starting at byte off of the SGL into dst.
-func gather(mrs *memreg.Table, pd *memreg.PD, sgl []SGE, off int, dst []byte) error {
+func gather(mrs *memreg.Table, pd *memreg.PD, sgl []wr.SGE, off int, dst []byte) error {
 	for _, s := range sgl {
 		if len(dst) == 0 {
 			return nil
@@ -219,7 +220,7 @@ func gather(mrs *memreg.Table, pd *memreg.PD, sgl []SGE, off int, dst []byte) er
 }
 
 // scatter copies src into the SGL starting at byte off.
-func scatter(mrs *memreg.Table, pd *memreg.PD, sgl []SGE, off int, src []byte) error {
+func scatter(mrs *memreg.Table, pd *memreg.PD, sgl []wr.SGE, off int, src []byte) error {
 	for _, s := range sgl {
 		if len(src) == 0 {
 			return nil
@@ -243,3 +244,9 @@ func scatter(mrs *memreg.Table, pd *memreg.PD, sgl []SGE, off int, src []byte) e
 }
 
 var errShortSGL = errors.New("rc: data longer than the scatter/gather list")
+
+// needsRDResource: operations limited by max_rd_atomic (IBTA §9.5: RDMA
+// READ and atomics; IBTA 1.5 adds ATOMIC_WRITE).
+func needsRDResource(o wr.Opcode) bool {
+	return o == wr.RDMARead || o.IsAtomic() || o == wr.AtomicWrite
+}

@@ -6,6 +6,7 @@ import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
+	"github.com/softroce/softroce/wr"
 )
 
 // responder is the receive side of an RC QP (IBTA §9.7.5.2; rxe_resp.c).
@@ -102,7 +103,7 @@ type curMsg struct {
 	active  bool
 	op      bth.Operation
 	recvID  uint64
-	recvSGL []SGE
+	recvSGL []wr.SGE
 	recvLen int
 	hasRecv bool
 	off     int

@@ -10,6 +10,7 @@ import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/wr"
 )
 
 // inject hands one crafted request to endpoint 1's QP and returns the
@@ -108,7 +109,7 @@ func TestResponderExactPackets(t *testing.T) {
 	// SEND with no receive posted: RNR NAK with min_rnr_timer, QP stays up.
 	send := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: 7, AckReq: true}}
 	expectLines(t, "SEND without a receive", s.inject(qp, send, []byte("hi")), "ACKNOWLEDGE psn=7 RNR NAK (timer 12 = 640µs) msn=6")
-	if err := qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{Addr: rmr.Addr() + 1024, Length: 64, LKey: rmr.LKey()}}}); err != nil {
+	if err := qp.PostRecv(&wr.RecvWR{ID: 1, SGL: []wr.SGE{{Addr: rmr.Addr() + 1024, Length: 64, LKey: rmr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
 	expectLines(t, "SEND after posting", s.inject(qp, send, []byte("hi")), "ACKNOWLEDGE psn=7 ACK (credits unlimited) msn=7")
@@ -165,9 +166,9 @@ func TestDuplicateAckSkipsReadPSN(t *testing.T) {
 	s := newSim(t, 1, impairment{})
 	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{30, 0}})
 	rmr, _ := s.reg(1, 4096)
-	wr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 30, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 8}
-	expectLines(t, "WRITE", s.inject(qps[1], wr, make([]byte, 8)), "ACKNOWLEDGE psn=30 ACK (credits unlimited) msn=1")
+	swr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 30, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 8}
+	expectLines(t, "WRITE", s.inject(qps[1], swr, make([]byte, 8)), "ACKNOWLEDGE psn=30 ACK (credits unlimited) msn=1")
 	rd := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCReadRequest, PSN: 31, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 8}
 	expectLines(t, "READ", s.inject(qps[1], rd, nil), "RDMA_READ_RESPONSE_ONLY psn=31 ACK (credits unlimited) msn=2 len=8")
-	expectLines(t, "duplicate WRITE", s.inject(qps[1], wr, make([]byte, 8)), "ACKNOWLEDGE psn=30 ACK (credits unlimited) msn=2")
+	expectLines(t, "duplicate WRITE", s.inject(qps[1], swr, make([]byte, 8)), "ACKNOWLEDGE psn=30 ACK (credits unlimited) msn=2")
 }
