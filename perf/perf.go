@@ -347,12 +347,9 @@ type LatResult struct {
 
 // retransmits sums the client QPs' retransmission counters.
 func (e *Endpoint) retransmits() uint64 {
-	eng := e.dev.Engine()
-	eng.Lock()
-	defer eng.Unlock()
 	var n uint64
 	for _, qp := range e.qps {
-		n += qp.Transport().Stats.Retransmits
+		n += qp.Stats().Retransmits
 	}
 	return n
 }

@@ -73,7 +73,7 @@ func TestFailedModifyChangesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			attr0, init0 := qp.Query()
-			path0 := qp.Transport().Path()
+			path0 := qp.rc.Path()
 			err := qp.Modify(&tc.attr, tc.mask)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Modify = %v, want an error about %s", err, tc.want)
@@ -82,7 +82,7 @@ func TestFailedModifyChangesNothing(t *testing.T) {
 			if !reflect.DeepEqual(attr0, attr1) || !reflect.DeepEqual(init0, init1) {
 				t.Errorf("failed Modify changed the QP:\nbefore %+v\nafter  %+v", attr0, attr1)
 			}
-			if path1 := qp.Transport().Path(); path1 != path0 {
+			if path1 := qp.rc.Path(); path1 != path0 {
 				t.Errorf("failed Modify changed the transport path:\nbefore %+v\nafter  %+v", path0, path1)
 			}
 			// The same attributes with the fault removed are accepted.

@@ -3,6 +3,7 @@ package verbs
 import (
 	"fmt"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 
 	"github.com/softroce/softroce/memreg"
@@ -35,8 +36,10 @@ type QP struct {
 	pd   *PD
 	rc   *rc.QP
 	init QPInitAttr
-	attr QPAttr
 
+	// mu guards attr and remotePort. It is taken before the engine lock.
+	mu         sync.Mutex
+	attr       QPAttr
 	remotePort uint16
 	destroyed  atomic.Bool // set by Destroy under the device's mu
 }
@@ -118,8 +121,12 @@ func (qp *QP) Num() uint32 { return qp.rc.Num() }
 // to ERR on its own after a fatal error).
 func (qp *QP) State() QPState { return qp.rc.State() }
 
-// Transport exposes the RC transport QP (statistics).
-func (qp *QP) Transport() *rc.QP { return qp.rc }
+// QPStats are a QP's transport counters, in the spirit of rxe's hw
+// counters.
+type QPStats = rc.QPStats
+
+// Stats returns a snapshot of the QP's counters.
+func (qp *QP) Stats() QPStats { return qp.rc.Stats() }
 
 // Modify changes attributes and state (ibv_modify_qp). It validates the
 // transition and attribute mask as libibverbs does, returning a
@@ -129,16 +136,26 @@ func (qp *QP) Transport() *rc.QP { return qp.rc }
 // an error naming the attribute and the limit. Only then does it apply
 // anything: a failed Modify leaves the QP exactly as it was.
 func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
-	d := qp.pd.d
 	if err := qp.usable("modify QP"); err != nil {
 		return err
 	}
-	d.eng.Lock()
-	defer d.eng.Unlock()
-	next, err := qp.validate(qp.rc.StateLocked(), attr, mask)
-	if err != nil {
-		return err
-	}
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	// Validated and applied under the engine lock: the transport may move
+	// the QP to ERR at any time.
+	return qp.rc.Modify(func(cur QPState) (rc.Path, QPState, error) {
+		next, err := qp.validate(cur, attr, mask)
+		if err != nil {
+			return rc.Path{}, cur, err
+		}
+		qp.apply(attr, mask, next)
+		return qp.path(), next, nil
+	})
+}
+
+// apply copies the attributes mask selects into qp.attr and sets the
+// state; the caller holds qp.mu.
+func (qp *QP) apply(attr *QPAttr, mask AttrMask, next QPState) {
 	a := qp.attr
 	copyIf := func(bit AttrMask, f func()) {
 		if mask&bit != 0 {
@@ -161,9 +178,6 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	copyIf(qpstate.AttrDestQPN, func() { a.DestQPN = attr.DestQPN })
 	a.State = next
 	qp.attr = a
-	qp.rc.SetPathLocked(qp.path())
-	qp.rc.SetStateLocked(next)
-	return nil
 }
 
 // validate checks a Modify from state cur without changing anything and
@@ -217,10 +231,10 @@ func (qp *QP) path() rc.Path {
 
 // Query returns the QP's attributes and creation attributes (ibv_query_qp).
 func (qp *QP) Query() (QPAttr, QPInitAttr) {
-	qp.pd.d.eng.Lock()
-	defer qp.pd.d.eng.Unlock()
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
 	a := qp.attr
-	a.State = qp.rc.StateLocked()
+	a.State = qp.rc.State()
 	a.CurState = a.State
 	return a, qp.init
 }
@@ -377,9 +391,8 @@ func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 
 // SetRemotePort sends to the peer on a UDP port other than 4791.
 func (qp *QP) SetRemotePort(port uint16) {
-	d := qp.pd.d
-	d.eng.Lock()
-	defer d.eng.Unlock()
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
 	qp.remotePort = port
-	qp.rc.SetPathLocked(qp.path())
+	qp.rc.SetPath(qp.path())
 }

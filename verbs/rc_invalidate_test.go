@@ -63,8 +63,7 @@ func TestRemoteInvalidateOfUserMR(t *testing.T) {
 	a, b := openPair(t)
 	var mu sync.Mutex
 	var fromB []string
-	b.Engine().Lock()
-	b.Engine().OnPacket = func(dir byte, p *nic.Packet) {
+	b.SetPacketTrace(func(dir byte, p *nic.Packet) {
 		var bp bth.Packet
 		if dir == 'T' && bth.Parse(&bp, p.Bytes()) == nil {
 			s := bp.BTH.Opcode().String()
@@ -75,8 +74,7 @@ func TestRemoteInvalidateOfUserMR(t *testing.T) {
 			fromB = append(fromB, s)
 			mu.Unlock()
 		}
-	}
-	b.Engine().Unlock()
+	})
 	pda, _ := a.AllocPD()
 	pdb, _ := b.AllocPD()
 	mra, _ := pda.RegMR(make([]byte, 4096), AccessLocalWrite)

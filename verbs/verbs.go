@@ -15,6 +15,10 @@
 //	n := cq.Poll(wcs)
 //
 // The device runs on two goroutines (receive, timers), never one per QP.
+// Work requests, SGEs, opcodes and send flags are package wr's, re-exported
+// here. The transport itself is not handed out: Device.Stats and QP.Stats
+// return snapshots of its counters, and Device.SetPacketTrace shows its
+// packets.
 package verbs
 
 import (
@@ -26,6 +30,7 @@ import (
 	"sync/atomic"
 
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/internal/devsync"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
@@ -325,8 +330,26 @@ func (d *Device) Name() string { return d.name }
 // Link is the device's link.
 func (d *Device) Link() nic.Link { return d.link }
 
-// Engine exposes the transport engine (statistics, tracing hooks).
-func (d *Device) Engine() *rc.Engine { return d.eng }
+// EngineStats count the packets the device's transport received and sent,
+// and those it dropped and why.
+type EngineStats = rc.EngineStats
+
+// Stats returns a snapshot of the transport's counters (QP.Stats has the
+// per-QP ones).
+func (d *Device) Stats() EngineStats { return d.eng.Stats() }
+
+// SetPacketTrace makes f see every packet the transport sends (dir 'T')
+// and receives (dir 'R'), parsed or not; nil stops tracing. f is called on
+// the device's goroutines with the transport locked: it must not block,
+// call verbs on the device, or keep p or its buffer after it returns.
+func (d *Device) SetPacketTrace(f func(dir byte, p *nic.Packet)) { d.eng.SetPacketTrace(f) }
+
+func init() {
+	// For the module's tests and tools that must order their memory
+	// accesses with the transport's; see package devsync for why this is
+	// not a method of Device.
+	devsync.Register(func(dev any, f func()) { dev.(*Device).eng.Sync(f) })
+}
 
 // AsyncEvents delivers asynchronous events (ibv_get_async_event). It holds
 // up to 64 events; events raised while it is full are dropped and counted

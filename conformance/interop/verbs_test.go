@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/conformance/agent"
+	"github.com/softroce/softroce/internal/devsync"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -89,7 +90,7 @@ func (p *pairing) post(t *testing.T, wr verbs.SendWR) verbs.WC {
 	defer cancel()
 	wcs := make([]verbs.WC, 1)
 	if _, err := p.cq.Wait(ctx, wcs); err != nil {
-		t.Fatalf("%v: no completion: %v (QP stats %+v)", wr.Opcode, err, p.qp.Transport().Stats)
+		t.Fatalf("%v: no completion: %v (QP stats %+v)", wr.Opcode, err, p.qp.Stats())
 	}
 	if wcs[0].Status != 0 || wcs[0].WRID != wr.ID {
 		t.Fatalf("%v: completion %+v", wr.Opcode, wcs[0])
@@ -120,10 +121,7 @@ func (p *pairing) agentPost(t *testing.T, ctx context.Context, wr agent.SendWR) 
 // between cross the kernel and the guest, where the race detector cannot
 // see an ordering, and the lock gives it one.
 func (p *pairing) mem(f func()) {
-	e := p.dev.Engine()
-	e.Lock()
-	defer e.Unlock()
-	f()
+	devsync.Run(p.dev, f)
 }
 
 // pattern is n bytes of a PRNG stream keyed by seed and n. Nothing

@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/softroce/softroce/transport/rc"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -227,7 +226,7 @@ type Result struct {
 	Checked string
 	// Stats are the transport counters of softroce's QPs at the end,
 	// summed (retransmissions, timeouts, NAKs: what explains a slow run).
-	Stats rc.QPStats
+	Stats verbs.QPStats
 }
 
 // Active reports whether the side with this configuration posts the

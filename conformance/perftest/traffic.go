@@ -10,7 +10,6 @@ import (
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/qpstate"
-	"github.com/softroce/softroce/transport/rc"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -136,15 +135,11 @@ func (s *session) setup() error {
 	return nil
 }
 
-// stats sums the QPs' transport counters, read under the engine lock (the
-// receive goroutine updates them).
-func (s *session) stats() rc.QPStats {
-	e := s.dev.Engine()
-	e.Lock()
-	defer e.Unlock()
-	var sum rc.QPStats
+// stats sums the QPs' transport counters.
+func (s *session) stats() verbs.QPStats {
+	var sum verbs.QPStats
 	for _, c := range s.qps {
-		st := c.qp.Transport().Stats
+		st := c.qp.Stats()
 		sum.TxPackets += st.TxPackets
 		sum.RxPackets += st.RxPackets
 		sum.Retransmits += st.Retransmits

@@ -137,7 +137,7 @@ func benchWrite(b *testing.B, be backend, nqp int) {
 	if testing.Verbose() {
 		b.Logf("link a %+v", la.Stats())
 		b.Logf("link b %+v", lb.Stats())
-		b.Logf("engine a %+v, b %+v", da.Engine().Stats, db.Engine().Stats)
+		b.Logf("engine a %+v, b %+v", da.Stats(), db.Stats())
 		for _, l := range []nic.Link{la, lb} {
 			if x, ok := l.(*afxdp.Link); ok {
 				st, _ := x.SocketStats()

@@ -15,12 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/devsync"
 	"github.com/softroce/softroce/internal/netnstest"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/afxdp"
 	"github.com/softroce/softroce/nic/impair"
 	"github.com/softroce/softroce/nic/udp"
-	"github.com/softroce/softroce/transport/rc"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -140,10 +140,7 @@ func (ep *endpoint) wait(t *testing.T, d time.Duration) verbs.WC {
 // registered memory. The packets in between cross the kernel, which the
 // race detector cannot see through; the lock gives it the ordering.
 func (ep *endpoint) remote(f func()) {
-	e := ep.dev.Engine()
-	e.Lock()
-	defer e.Unlock()
-	f()
+	devsync.Run(ep.dev, f)
 }
 
 func (ep *endpoint) sge(off, n int) []verbs.SGE {
@@ -154,9 +151,7 @@ func expectOK(t *testing.T, wc verbs.WC, what string, eps ...*endpoint) {
 	t.Helper()
 	if wc.Status.String() != "success" {
 		for i, ep := range eps {
-			var st rc.EngineStats
-			ep.remote(func() { st = ep.dev.Engine().Stats }) // the driver updates them under the lock
-			t.Logf("endpoint %d: link %+v, engine %+v", i, ep.dev.Link().Stats(), st)
+			t.Logf("endpoint %d: link %+v, engine %+v", i, ep.dev.Link().Stats(), ep.dev.Stats())
 		}
 		t.Fatalf("%s completed with %v", what, wc.Status)
 	}

@@ -30,6 +30,7 @@ import (
 
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/internal/devsync"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/impair"
 	"github.com/softroce/softroce/nic/pipe"
@@ -121,10 +122,7 @@ func (e *end) va(off int) uint64 { return e.mr.Addr() + uint64(off) }
 // while it touches registered memory: reading a buffer there orders the
 // read after every access the transport made (for the race detector too).
 func (e *end) locked(f func()) {
-	eng := e.dev.Engine()
-	eng.Lock()
-	defer eng.Unlock()
-	f()
+	devsync.Run(e.dev, f)
 }
 
 func connect(a, b *end, mtu int, timeout uint8, psnA, psnB uint32) error {
@@ -506,18 +504,11 @@ func (s *soak) summary(start time.Time, longs []*longPair) {
 	}
 	s.t.Logf("injected: %s", strings.Join(inj, ", "))
 	for i, sd := range s.sides {
-		e := sd.dev.Engine()
-		e.Lock()
-		st := e.Stats
-		e.Unlock()
+		st := sd.dev.Stats()
 		s.t.Logf("device %s: engine %+v; link %+v; impairment %+v", sd.name, st, s.pipes[i].Stats(), s.imp[i].Counters())
 	}
 	for _, lp := range longs {
-		st := lp.req.qp.Transport()
-		e := lp.req.dev.Engine()
-		e.Lock()
-		qs := st.Stats
-		e.Unlock()
+		qs := lp.req.qp.Stats()
 		s.t.Logf("long-lived pair %d (MTU %d): %d iterations; requester QP %#x %+v", lp.id, lp.mtu, lp.iters, lp.req.qp.Num(), qs)
 	}
 }
@@ -526,10 +517,7 @@ func (s *soak) summary(start time.Time, longs []*longPair) {
 // dropped where it should be.
 func (s *soak) checkDrops() {
 	for i, sd := range s.sides {
-		e := sd.dev.Engine()
-		e.Lock()
-		st := e.Stats
-		e.Unlock()
+		st := sd.dev.Stats()
 		// Packets for device i enter through pipe end 1-i.
 		ls := s.pipes[i].Stats()
 		if st.RxMalformed == 0 || st.RxUnknownQP == 0 || st.RxBadHeader == 0 || ls.RxICRCBad == 0 {
@@ -808,9 +796,7 @@ type grave struct {
 }
 
 func txPackets(e *end) uint64 {
-	var n uint64
-	e.locked(func() { n = e.qp.Transport().Stats.TxPackets })
-	return n
+	return e.qp.Stats().TxPackets
 }
 
 func (s *soak) churnLoop(w int, tokens <-chan time.Time) {
@@ -1314,9 +1300,7 @@ func TestERRFlushesReceiveInProgress(t *testing.T) {
 	}
 	// Wait until B has taken receive 7 for the SEND: its SEND_FIRST arrived.
 	for {
-		var rx uint64
-		b.locked(func() { rx = b.qp.Transport().Stats.RxPackets })
-		if rx > 0 {
+		if b.qp.Stats().RxPackets > 0 {
 			break
 		}
 		time.Sleep(time.Millisecond)

@@ -23,14 +23,14 @@ func (qp *QP) complete(p *bth.Packet) {
 	// A READ response or atomic ACK whose AETH is not an ACK is malformed
 	// (rxe moves the QP to ERR); treat it as a bad response.
 	if op != bth.OpAck && !syn.IsACK() {
-		qp.Stats.Dropped++
+		qp.stats.Dropped++
 		return
 	}
 	isNAK := op == bth.OpAck && !syn.IsACK()
 	// A response beyond every PSN we sent is a ghost (IBTA §9.7.6: outside
 	// the outstanding window): it acknowledges nothing.
 	if !qp.sentAny || bth.PSNDiff(psn, qp.maxSentPSN) > 0 {
-		qp.Stats.Dropped++
+		qp.stats.Dropped++
 		return
 	}
 	for qp.sqCount > 0 {
@@ -171,13 +171,13 @@ func (qp *QP) readResponse(w *sendWQE, p *bth.Packet) {
 // response older than its completer PSN: compPSN never moves backwards.
 func (qp *QP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
 	if bth.PSNDiff(psn, qp.compPSN) < 0 {
-		qp.Stats.Dropped++
+		qp.stats.Dropped++
 		return
 	}
 	qp.progress(psn) // everything before the NAKed PSN arrived
 	switch {
 	case syn.IsRNRNAK():
-		qp.Stats.RNRNAKsRecv++
+		qp.stats.RNRNAKsRecv++
 		if qp.path.RNRRetry != 7 {
 			if qp.rnrLeft == 0 {
 				qp.completeHead(cq.RNRRetryExcErr, 0)
@@ -190,7 +190,7 @@ func (qp *QP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
 		qp.retryDeadline = time.Time{}
 		qp.updateTimerSet()
 	case syn.Value() == bth.NAKPSNSeqError:
-		qp.Stats.SeqNAKsRecv++
+		qp.stats.SeqNAKsRecv++
 		qp.retry(w, "PSN sequence error NAK", false)
 	default:
 		st := cq.RemOpErr
@@ -307,7 +307,7 @@ func (qp *QP) checkTimers() {
 	}
 	if !qp.retryDeadline.IsZero() && !now.Before(qp.retryDeadline) {
 		qp.retryDeadline = time.Time{}
-		qp.Stats.Timeouts++
+		qp.stats.Timeouts++
 		if qp.outstanding() && qp.state == qpstate.RTS {
 			qp.retrying = false // a timeout always retries
 			qp.retry(&qp.sq[qp.sqHead], "local ACK timeout", false)

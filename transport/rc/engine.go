@@ -50,12 +50,11 @@ type Engine struct {
 	// Wake is called (under the engine lock, must not block) when posted
 	// work is waiting for Progress.
 	Wake func()
-	// OnPacket, if set, sees every packet sent (dir 'T', when Progress
-	// hands it out) and received (dir 'R') for tracing; it must not keep
-	// the buffer.
-	OnPacket func(dir byte, p *nic.Packet)
+	// onPacket, if set, sees every packet sent (dir 'T', when Progress
+	// hands it out) and received (dir 'R'): see SetPacketTrace.
+	onPacket func(dir byte, p *nic.Packet)
 
-	Stats EngineStats
+	stats EngineStats
 }
 
 // EngineStats count what the engine dropped and why.
@@ -148,15 +147,32 @@ func (e *Engine) QP(num uint32) *QP {
 	return e.qps[num]
 }
 
-// Lock and Unlock give callers (the verbs layer) atomic multi-step access,
-// e.g. a modify-QP that validates then applies.
-func (e *Engine) Lock()   { e.mu.Lock() }
-func (e *Engine) Unlock() { e.mu.Unlock() }
+// Stats returns a snapshot of the engine's counters.
+func (e *Engine) Stats() EngineStats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stats
+}
 
-// SetPathLocked and SetStateLocked are SetPath and SetState for callers
-// holding the engine lock.
-func (qp *QP) SetPathLocked(p Path)           { qp.setPathLocked(p) }
-func (qp *QP) SetStateLocked(s qpstate.State) { qp.setStateLocked(s) }
+// SetPacketTrace makes f see every packet the engine hands out (dir 'T')
+// and receives (dir 'R'); nil stops tracing. f runs on the driver's
+// goroutines under the engine lock: it must not block, call back into the
+// engine, or keep the packet or its buffer.
+func (e *Engine) SetPacketTrace(f func(dir byte, p *nic.Packet)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.onPacket = f
+}
+
+// Sync runs f under the engine lock, after everything the engine did before
+// and before anything it does next: for callers that must order their own
+// memory accesses (registered buffers the responder writes) with the
+// transport's. f must not call back into the engine.
+func (e *Engine) Sync(f func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	f()
+}
 
 func (e *Engine) getBuf() []byte {
 	if n := len(e.free); n > 0 {
@@ -236,45 +252,45 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 	var p bth.Packet
 	for i := range pkts {
 		pk := &pkts[i]
-		e.Stats.RxPackets++
-		if e.OnPacket != nil {
-			e.OnPacket('R', pk)
+		e.stats.RxPackets++
+		if e.onPacket != nil {
+			e.onPacket('R', pk)
 		}
 		if err := bth.Parse(&p, pk.Bytes()); err != nil {
-			e.Stats.RxMalformed++
+			e.stats.RxMalformed++
 			continue
 		}
 		// Silent drops, as rxe and IBTA §9.6 (header validation): TVer
 		// must be 0, P_Key the default partition (0xFFFF or 0x7FFF).
 		if p.BTH.TVer() != 0 || p.BTH.PKey()&0x7fff != 0x7fff || p.Info.Transport != bth.TransportRC {
-			e.Stats.RxBadHeader++
+			e.stats.RxBadHeader++
 			continue
 		}
 		qp := e.qps[p.BTH.DestQP()]
 		if qp == nil {
-			e.Stats.RxUnknownQP++
+			e.stats.RxUnknownQP++
 			continue
 		}
 		if qp.path.Remote.IsValid() && pk.Remote.Addr() != qp.path.Remote.Addr() {
-			e.Stats.RxWrongSource++
+			e.stats.RxWrongSource++
 			continue
 		}
-		qp.Stats.RxPackets++
+		qp.stats.RxPackets++
 		if p.Info.Request {
 			if qp.state != qpstate.RTR && qp.state != qpstate.RTS && qp.state != qpstate.SQD {
-				e.Stats.RxUnknownQP++
+				e.stats.RxUnknownQP++
 				continue
 			}
 			if len(qp.resp.jobs) > 0 {
 				if !qp.deferPacket(pk.Bytes()) {
-					qp.Stats.Dropped++
+					qp.stats.Dropped++
 				}
 				continue
 			}
 			qp.respond(&p)
 		} else {
 			if qp.state != qpstate.RTS && qp.state != qpstate.SQD {
-				e.Stats.RxUnknownQP++
+				e.stats.RxUnknownQP++
 				continue
 			}
 			qp.complete(&p)
@@ -319,13 +335,13 @@ func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
 	out = e.tx
 	for j := range out {
 		if q := e.txQP[j]; q != nil { // nil: an ACK kept after its QP stopped
-			q.Stats.TxPackets++
+			q.stats.TxPackets++
 		}
-		if e.OnPacket != nil {
-			e.OnPacket('T', &out[j])
+		if e.onPacket != nil {
+			e.onPacket('T', &out[j])
 		}
 	}
-	e.Stats.TxPackets += uint64(len(out))
+	e.stats.TxPackets += uint64(len(out))
 	clear(e.txQP)
 	e.tx, e.txQP = nil, e.txQP[:0]
 	return out, len(e.pending) > 0

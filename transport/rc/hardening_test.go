@@ -162,8 +162,8 @@ func TestErrKeepsBuiltACKs(t *testing.T) {
 	if len(lines) != 2 || !strings.HasPrefix(lines[0], "ACKNOWLEDGE psn=3 ") || !strings.HasPrefix(lines[1], "ATOMIC_ACKNOWLEDGE psn=4 ") {
 		t.Fatalf("packets after ERR: %q, want the ACK of PSN 3 and the atomic ACK of PSN 4", lines)
 	}
-	if qps[1].Stats.TxPackets != 0 {
-		t.Fatalf("kept ACKs counted on the stopped QP: %d", qps[1].Stats.TxPackets)
+	if qps[1].Stats().TxPackets != 0 {
+		t.Fatalf("kept ACKs counted on the stopped QP: %d", qps[1].Stats().TxPackets)
 	}
 	s.now = s.now.Add(time.Second)
 	if lines := s.drain(1); len(lines) != 0 {
@@ -186,10 +186,10 @@ func TestErrStopsRequester(t *testing.T) {
 	}
 	// Some packets of the WRITE are built and waiting (a second batch).
 	e := s.ep[0].e
-	e.Lock()
+	e.mu.Lock()
 	qps[0].transmit(len(e.tx) + 5)
 	built := len(e.tx)
-	e.Unlock()
+	e.mu.Unlock()
 	if built == 0 {
 		t.Fatal("setup: nothing built")
 	}
@@ -215,12 +215,12 @@ func TestDestroyQPRemovesEveryTrace(t *testing.T) {
 	e := s.ep[1].e
 	// Give it an armed timer and a pending ACK as well.
 	qp := qps[1]
-	e.Lock()
+	e.mu.Lock()
 	qp.retryDeadline = s.now.Add(time.Millisecond)
 	qp.updateTimerSet()
 	qp.ackPending, qp.ackPSN = true, 6
 	qp.sendAck() // built, not handed out
-	e.Unlock()
+	e.mu.Unlock()
 	if err := e.DestroyQP(qp); err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func TestDestroyQPRemovesEveryTrace(t *testing.T) {
 	if lines := s.drain(1); len(lines) != 1 || !strings.HasPrefix(lines[0], "ACKNOWLEDGE psn=6 ") {
 		t.Fatalf("packets after DestroyQP: %q, want only the ACK built before", lines)
 	}
-	e.Lock()
+	e.mu.Lock()
 	_, timed := e.timed[qp]
 	inPending := false
 	for _, p := range e.pending {
@@ -240,7 +240,7 @@ func TestDestroyQPRemovesEveryTrace(t *testing.T) {
 		inPending = inPending || p == qp
 	}
 	_, known := e.qps[qp.num]
-	e.Unlock()
+	e.mu.Unlock()
 	if timed || inPending || known || qp.resp.blN != 0 || len(qp.resp.jobs) != 0 {
 		t.Fatalf("traces left: timed %v pending/tx %v known %v backlog %d jobs %d", timed, inPending, known, qp.resp.blN, len(qp.resp.jobs))
 	}
@@ -424,8 +424,8 @@ func TestResetForgetsSentPSNs(t *testing.T) {
 	if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success || wc.WRID != 2 {
 		t.Fatalf("completion %+v", wc)
 	}
-	if qps[0].Stats.Retransmits != 0 || qps[0].maxSentPSN != 10 {
-		t.Fatalf("after RESET: %d retransmits counted, maxSentPSN %d", qps[0].Stats.Retransmits, qps[0].maxSentPSN)
+	if qps[0].Stats().Retransmits != 0 || qps[0].maxSentPSN != 10 {
+		t.Fatalf("after RESET: %d retransmits counted, maxSentPSN %d", qps[0].Stats().Retransmits, qps[0].maxSentPSN)
 	}
 }
 

@@ -127,7 +127,7 @@ type QP struct {
 	sigAll     bool
 	destroyed  bool
 
-	Stats QPStats
+	stats QPStats
 }
 
 // QPStats are per-QP counters, in the spirit of rxe's hw counters.
@@ -153,8 +153,31 @@ func (qp *QP) State() qpstate.State {
 	return qp.state
 }
 
-// StateLocked is State for callers holding the engine lock.
-func (qp *QP) StateLocked() qpstate.State { return qp.state }
+// Stats returns a snapshot of the QP's counters.
+func (qp *QP) Stats() QPStats {
+	qp.e.mu.Lock()
+	defer qp.e.mu.Unlock()
+	return qp.stats
+}
+
+// Modify is a modify-QP validated and applied in one step: it calls check
+// with the QP's current state under the engine lock and, unless check
+// returns an error, sets the path and moves to the state check returns
+// (as SetPath then SetState). Without it, a QP the transport moved to ERR
+// between a caller's validation and its apply would be modified from a
+// state it was not validated against. check must not call into the
+// engine.
+func (qp *QP) Modify(check func(cur qpstate.State) (Path, qpstate.State, error)) error {
+	qp.e.mu.Lock()
+	defer qp.e.mu.Unlock()
+	p, next, err := check(qp.state)
+	if err != nil {
+		return err
+	}
+	qp.setPathLocked(p)
+	qp.setStateLocked(next)
+	return nil
+}
 
 // Path returns the current path attributes.
 func (qp *QP) Path() Path { return qp.path }

@@ -168,8 +168,8 @@ func TestSeqErrorOneNAK(t *testing.T) {
 	if !found {
 		t.Fatalf("retransmission does not resume at PSN 1002:\n%s", strings.Join(s.trace, "\n"))
 	}
-	if qps[1].Stats.SeqNAKsSent != 1 || qps[0].Stats.SeqNAKsRecv != 1 {
-		t.Fatalf("NAK counters: sent %d recv %d", qps[1].Stats.SeqNAKsSent, qps[0].Stats.SeqNAKsRecv)
+	if qps[1].Stats().SeqNAKsSent != 1 || qps[0].Stats().SeqNAKsRecv != 1 {
+		t.Fatalf("NAK counters: sent %d recv %d", qps[1].Stats().SeqNAKsSent, qps[0].Stats().SeqNAKsRecv)
 	}
 }
 
@@ -184,8 +184,8 @@ func TestRNR(t *testing.T) {
 	rmr, _ := s.reg(1, 4096)
 	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
 	s.pump(nil, 500*time.Microsecond)
-	if qps[0].Stats.RNRNAKsRecv != 1 {
-		t.Fatalf("RNR NAKs received = %d, want 1\n%s", qps[0].Stats.RNRNAKsRecv, strings.Join(s.trace, "\n"))
+	if qps[0].Stats().RNRNAKsRecv != 1 {
+		t.Fatalf("RNR NAKs received = %d, want 1\n%s", qps[0].Stats().RNRNAKsRecv, strings.Join(s.trace, "\n"))
 	}
 	t0 := s.now
 	if err := qps[1].PostRecv(&wr.RecvWR{ID: 9, SGL: []wr.SGE{{Addr: rmr.Addr(), Length: 4096, LKey: rmr.LKey()}}}); err != nil {
@@ -217,8 +217,8 @@ func TestRNRRetryExceeded(t *testing.T) {
 	if qps[0].State() != qpstate.Err {
 		t.Fatalf("QP state %v, want ERR", qps[0].State())
 	}
-	if qps[0].Stats.RNRNAKsRecv != 3 {
-		t.Fatalf("RNR NAKs = %d, want 3", qps[0].Stats.RNRNAKsRecv)
+	if qps[0].Stats().RNRNAKsRecv != 3 {
+		t.Fatalf("RNR NAKs = %d, want 3", qps[0].Stats().RNRNAKsRecv)
 	}
 }
 
@@ -281,8 +281,8 @@ func TestAckLostTimeout(t *testing.T) {
 	if el := s.now.Sub(simEpoch); el < localAckTimeout(10) {
 		t.Fatalf("completed after %v, before the %v timeout", el, localAckTimeout(10))
 	}
-	if qps[0].Stats.Timeouts != 1 || qps[1].Stats.DupRequests != 1 {
-		t.Fatalf("timeouts %d dups %d\n%s", qps[0].Stats.Timeouts, qps[1].Stats.DupRequests, strings.Join(s.trace, "\n"))
+	if qps[0].Stats().Timeouts != 1 || qps[1].Stats().DupRequests != 1 {
+		t.Fatalf("timeouts %d dups %d\n%s", qps[0].Stats().Timeouts, qps[1].Stats().DupRequests, strings.Join(s.trace, "\n"))
 	}
 	if n := s.ep[1].rcq.Poll(make([]cq.WC, 4)); n != 1 {
 		t.Fatalf("%d receive completions, want exactly 1", n)
@@ -299,7 +299,7 @@ func TestRetryExceeded(t *testing.T) {
 	if wc.Status != cq.RetryExcErr {
 		t.Fatalf("status %v", wc.Status)
 	}
-	if qps[0].Stats.Timeouts != 3 {
-		t.Fatalf("timeouts = %d, want 3 (1 + retry_cnt 2)", qps[0].Stats.Timeouts)
+	if qps[0].Stats().Timeouts != 3 {
+		t.Fatalf("timeouts = %d, want 3 (1 + retry_cnt 2)", qps[0].Stats().Timeouts)
 	}
 }

@@ -67,7 +67,7 @@ func (qp *QP) transmit(budget int) bool {
 			return true // window full: an ACK reopens it
 		}
 		if bth.PSNDiff(psn, qp.maxSentPSN) <= 0 && qp.sentAny {
-			qp.Stats.Retransmits++
+			qp.stats.Retransmits++
 		} else {
 			qp.maxSentPSN, qp.sentAny = psn, true
 			if w.wr.Opcode == wr.RDMARead {

@@ -149,16 +149,16 @@ func (qp *QP) respond(p *bth.Packet) {
 	if d > 0 {
 		// Out of sequence: exactly one NAK per gap, carrying the expected
 		// PSN; later packets of the gap are dropped silently (rxe check_psn).
-		qp.Stats.OutOfSeqRequests++
+		qp.stats.OutOfSeqRequests++
 		if !r.nakSent {
 			r.nakSent = true
-			qp.Stats.SeqNAKsSent++
+			qp.stats.SeqNAKsSent++
 			qp.sendNAK(bth.SyndromePSNSeqError, r.ePSN)
 		}
 		return
 	}
 	if d < 0 {
-		qp.Stats.DupRequests++
+		qp.stats.DupRequests++
 		qp.duplicate(p)
 		return
 	}
@@ -217,7 +217,7 @@ func (qp *QP) respond(p *bth.Packet) {
 func (qp *QP) takeRecv(psn uint32) bool {
 	r := &qp.resp
 	if qp.rqCount == 0 {
-		qp.Stats.RNRNAKsSent++
+		qp.stats.RNRNAKsSent++
 		qp.sendNAK(bth.RNRNAK(qp.path.MinRNRTimer), psn)
 		return false
 	}
@@ -477,7 +477,7 @@ func (qp *QP) duplicate(p *bth.Packet) {
 			qp.kick()
 			return
 		}
-		qp.Stats.Dropped++ // no resource: silently dropped (class D)
+		qp.stats.Dropped++ // no resource: silently dropped (class D)
 	default:
 		for i := range r.resources {
 			res := &r.resources[i]
@@ -488,7 +488,7 @@ func (qp *QP) duplicate(p *bth.Packet) {
 				return
 			}
 		}
-		qp.Stats.Dropped++
+		qp.stats.Dropped++
 	}
 }
 
