@@ -1,8 +1,6 @@
 package bth
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -12,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/gopacket/gopacket/pcapgo"
+
+	"github.com/softroce/softroce/internal/golden"
 )
 
 // The known-answer captures recorded from kernel rdma_rxe and the fields
@@ -155,26 +155,9 @@ func katFrames(t *testing.T, path string) [][]byte {
 
 func katGolden(t *testing.T, path string) (fields []string, rows [][]string) {
 	t.Helper()
-	data, err := os.ReadFile(path)
+	fields, rows, err := golden.Read(path)
 	if err != nil {
-		t.Fatalf("golden fields missing from the repository: %v", err)
-	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		line := sc.Text()
-		if f, ok := strings.CutPrefix(line, "# fields: "); ok {
-			fields = strings.Split(f, "|")
-		} else if line != "" && !strings.HasPrefix(line, "#") {
-			rows = append(rows, strings.Split(line, "|"))
-		}
-	}
-	if len(fields) < 2 || fields[0] != "frame.number" || len(rows) == 0 {
-		t.Fatalf("%s: malformed golden file", path)
-	}
-	for i, r := range rows {
-		if len(r) != len(fields) {
-			t.Fatalf("%s row %d: %d columns, want %d", path, i+1, len(r), len(fields))
-		}
+		t.Fatal(err)
 	}
 	return fields, rows
 }

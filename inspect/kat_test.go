@@ -1,14 +1,13 @@
 package inspect
 
 import (
-	"bufio"
-	"bytes"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/softroce/softroce/internal/golden"
 )
 
 // The known-answer captures recorded from kernel rdma_rxe, with the
@@ -20,29 +19,11 @@ const katDir = "../icrc/testdata/rxe"
 
 var katCaptures = []string{"rxe-ipv4.pcap", "rxe-ipv6.pcap"}
 
-// readGolden returns the field names and the rows of a .tshark golden
-// file: two comment lines (tshark version, "# fields: a|b|..."), then one
-// '|'-separated line per frame.
 func readGolden(t *testing.T, path string) (fields []string, rows [][]string) {
 	t.Helper()
-	data, err := os.ReadFile(path)
+	fields, rows, err := golden.Read(path)
 	if err != nil {
-		t.Fatalf("golden fields missing from the repository: %v", err)
-	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		line := sc.Text()
-		if f, ok := strings.CutPrefix(line, "# fields: "); ok {
-			fields = strings.Split(f, "|")
-			continue
-		}
-		if strings.HasPrefix(line, "#") || line == "" {
-			continue
-		}
-		rows = append(rows, strings.Split(line, "|"))
-	}
-	if len(fields) == 0 || len(rows) == 0 {
-		t.Fatalf("%s: no fields line or no rows", path)
+		t.Fatal(err)
 	}
 	return fields, rows
 }
