@@ -47,6 +47,9 @@ type Engine struct {
 	// OnAsyncError is called (under the engine lock) when a QP enters ERR
 	// because of a transport error, like IBV_EVENT_QP_FATAL.
 	OnAsyncError func(qpn uint32, reason string)
+	// OnLastWQE is called (under the engine lock) when a QP created on an
+	// SRQ enters ERR, like IBV_EVENT_QP_LAST_WQE_REACHED.
+	OnLastWQE func(qpn uint32)
 	// Wake is called (under the engine lock, must not block) when posted
 	// work is waiting for Progress.
 	Wake func()
@@ -54,7 +57,8 @@ type Engine struct {
 	// hands it out) and received (dir 'R'): see SetPacketTrace.
 	onPacket func(dir byte, p *nic.Packet)
 
-	stats EngineStats
+	stats   EngineStats
+	srqNext uint32 // number of the last SRQ created
 }
 
 // EngineStats count what the engine dropped and why.
@@ -76,8 +80,13 @@ func NewEngine(mrs *memreg.Table) *Engine {
 // CreateQP makes an RC QP in RESET with a random 24-bit QP number (never
 // 0 or 1, which IBTA reserves for SMI and GSI).
 func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
-	if cfg.MaxSendWR < 1 || cfg.MaxRecvWR < 1 {
-		return nil, fmt.Errorf("rc: max_send_wr and max_recv_wr must be at least 1 (got %d, %d)", cfg.MaxSendWR, cfg.MaxRecvWR)
+	if cfg.SRQ != nil {
+		cfg.MaxRecvWR, cfg.MaxRecvSGE = 0, 0 // the SRQ's WQEs are used
+	} else if cfg.MaxRecvWR < 1 {
+		return nil, fmt.Errorf("rc: max_recv_wr must be at least 1 (got %d)", cfg.MaxRecvWR)
+	}
+	if cfg.MaxSendWR < 1 {
+		return nil, fmt.Errorf("rc: max_send_wr must be at least 1 (got %d)", cfg.MaxSendWR)
 	}
 	cfg.MaxSendSGE = max(cfg.MaxSendSGE, 1)
 	cfg.MaxRecvSGE = max(cfg.MaxRecvSGE, 1)
@@ -86,6 +95,9 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if s := cfg.SRQ; s != nil && (s.e != e || s.destroyed) {
+		return nil, fmt.Errorf("%w: create QP on SRQ %d", ErrNoSRQ, s.num)
+	}
 	var num uint32
 	for {
 		var b [4]byte
@@ -100,9 +112,10 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
 	for i := range qp.sq {
 		qp.sq[i].sgl = make([]wr.SGE, 0, cfg.MaxSendSGE)
 	}
-	qp.rq = make([]recvWQE, cfg.MaxRecvWR)
-	for i := range qp.rq {
-		qp.rq[i].sgl = make([]wr.SGE, 0, cfg.MaxRecvSGE)
+	if cfg.SRQ != nil {
+		cfg.SRQ.nQP++
+	} else {
+		qp.rq = newRecvRing(cfg.MaxRecvWR, cfg.MaxRecvSGE)
 	}
 	qp.setPathLocked(Path{PMTU: 1024})
 	e.qps[num] = qp
@@ -126,6 +139,9 @@ func (e *Engine) DestroyQP(qp *QP) error {
 		return ErrNoQP
 	}
 	delete(e.qps, qp.num)
+	if qp.cfg.SRQ != nil {
+		qp.cfg.SRQ.nQP--
+	}
 	qp.destroyed = true
 	qp.state = qpstate.Reset
 	qp.stopSending(true)

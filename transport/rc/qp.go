@@ -33,6 +33,9 @@ type QPConfig struct {
 	MaxSendSGE int // SGEs per send WR (max_send_sge; 0 means 1)
 	MaxRecvSGE int // SGEs per receive WR (max_recv_sge; 0 means 1)
 	MaxInline  int
+	// SRQ, if set, is where the QP takes its receive WQEs from; MaxRecvWR
+	// and MaxRecvSGE are then ignored and PostRecv is refused.
+	SRQ *SRQ
 }
 
 // Path holds the attributes set by modify-QP to RTR and RTS.
@@ -114,9 +117,8 @@ type QP struct {
 	maxSentPSN                uint32 // highest PSN sent (a READ: its last response PSN); beyond it, responses are ghosts
 	sentAny                   bool
 
-	// receive queue ring
-	rq              []recvWQE
-	rqHead, rqCount int
+	// receive queue ring (unused with an SRQ)
+	rq recvRing
 
 	resp responder
 
@@ -253,6 +255,19 @@ func (qp *QP) setStateLocked(s qpstate.State) {
 			qp.stopSending(true)
 		}
 		qp.flush()
+		if prev != qpstate.Err {
+			qp.lastWQE()
+		}
+	}
+}
+
+// lastWQE reports, once per entry into ERR, that a QP on an SRQ will take
+// no more WQEs from it (IBTA §10.2.9, the Last WQE Reached affiliated
+// event, IBV_EVENT_QP_LAST_WQE_REACHED): the WQE it held, if any, has
+// just been flushed.
+func (qp *QP) lastWQE() {
+	if qp.cfg.SRQ != nil && qp.e.OnLastWQE != nil {
+		qp.e.OnLastWQE(qp.num)
 	}
 }
 
@@ -281,7 +296,7 @@ func (qp *QP) canSend() bool {
 
 func (qp *QP) reset() {
 	qp.sqHead, qp.sqTail, qp.sqSendOff, qp.sqCount, qp.sqPkt = 0, 0, 0, 0, 0
-	qp.rqHead, qp.rqCount = 0, 0
+	qp.rq.reset()
 	qp.rdOutstanding = 0
 	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
 	qp.retrying, qp.sentAny, qp.maxSentPSN = false, false, 0
@@ -307,11 +322,11 @@ func (qp *QP) flush() {
 		qp.cfg.RecvCQ.Push(cq.WC{WRID: qp.resp.cur.recvID, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
 		qp.resp.cur.hasRecv = false
 	}
-	for qp.rqCount > 0 {
-		r := &qp.rq[qp.rqHead]
+	// The WQEs of an SRQ belong to the SRQ, not to the QP: they stay for
+	// its other QPs (IBTA §10.2.9).
+	for qp.rq.count > 0 {
+		r := qp.rq.pop()
 		qp.cfg.RecvCQ.Push(cq.WC{WRID: r.id, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
-		qp.rqHead = (qp.rqHead + 1) % len(qp.rq)
-		qp.rqCount--
 	}
 	qp.resp.cur = curMsg{recvSGL: qp.resp.cur.recvSGL}
 	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
@@ -343,6 +358,7 @@ func (qp *QP) toError(reason string) {
 	if qp.e.OnAsyncError != nil {
 		qp.e.OnAsyncError(qp.num, reason)
 	}
+	qp.lastWQE()
 }
 
 // responderToError is toError for an error the responder detects while
@@ -360,6 +376,7 @@ func (qp *QP) responderToError(reason string) {
 	if qp.e.OnAsyncError != nil {
 		qp.e.OnAsyncError(qp.num, reason)
 	}
+	qp.lastWQE()
 }
 
 // PostSend queues a send work request. It checks what can be checked at
@@ -451,23 +468,19 @@ func (qp *QP) PostRecv(rwr *wr.RecvWR) error {
 	if qp.destroyed {
 		return fmt.Errorf("%w: post recv on destroyed QP %d", ErrState, qp.num)
 	}
+	if qp.cfg.SRQ != nil {
+		return fmt.Errorf("%w: QP %d takes its receives from SRQ %d: post them to the SRQ", ErrState, qp.num, qp.cfg.SRQ.num)
+	}
 	if qp.state == qpstate.Reset {
 		return fmt.Errorf("%w: post recv on QP %d in RESET", ErrState, qp.num)
 	}
-	if qp.rqCount == len(qp.rq) {
-		return fmt.Errorf("%w: receive queue of QP %d holds %d WRs (max_recv_wr)", ErrQueueFull, qp.num, len(qp.rq))
+	if qp.rq.full() {
+		return fmt.Errorf("%w: receive queue of QP %d holds %d WRs (max_recv_wr)", ErrQueueFull, qp.num, len(qp.rq.wqes))
 	}
 	if len(rwr.SGL) > qp.cfg.MaxRecvSGE {
 		return fmt.Errorf("rc: recv WR has %d SGEs, QP %d allows %d (max_recv_sge)", len(rwr.SGL), qp.num, qp.cfg.MaxRecvSGE)
 	}
-	r := &qp.rq[(qp.rqHead+qp.rqCount)%len(qp.rq)]
-	r.id = rwr.ID
-	r.sgl = append(r.sgl[:0], rwr.SGL...)
-	r.len = 0
-	for _, s := range rwr.SGL {
-		r.len += int(s.Length)
-	}
-	qp.rqCount++
+	qp.rq.push(rwr)
 	if qp.state == qpstate.Err {
 		qp.flush()
 	}

@@ -212,20 +212,24 @@ func (qp *QP) respond(p *bth.Packet) {
 	}
 }
 
-// takeRecv moves the oldest receive WQE into the current message, or
-// sends an RNR NAK when none is posted (IBTA §9.7.5.2.8).
+// takeRecv moves the oldest receive WQE (of the QP's receive queue or of
+// its SRQ) into the current message, or sends an RNR NAK when none is
+// posted (IBTA §9.7.5.2.8; the same with an empty SRQ, as rxe does).
 func (qp *QP) takeRecv(psn uint32) bool {
 	r := &qp.resp
-	if qp.rqCount == 0 {
+	var rw *recvWQE
+	if s := qp.cfg.SRQ; s != nil {
+		rw = s.take()
+	} else if qp.rq.count > 0 {
+		rw = qp.rq.pop()
+	}
+	if rw == nil {
 		qp.stats.RNRNAKsSent++
 		qp.sendNAK(bth.RNRNAK(qp.path.MinRNRTimer), psn)
 		return false
 	}
-	rw := &qp.rq[qp.rqHead]
 	r.cur.recvID, r.cur.recvLen, r.cur.hasRecv = rw.id, rw.len, true
 	r.cur.recvSGL = append(r.cur.recvSGL[:0], rw.sgl...)
-	qp.rqHead = (qp.rqHead + 1) % len(qp.rq)
-	qp.rqCount--
 	return true
 }
 

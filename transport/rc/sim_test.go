@@ -100,6 +100,7 @@ type qpOpts struct {
 	minRNR          uint8
 	maxRD           int
 	depth           int
+	srq             [2]*SRQ // the SRQ each side's QP is created on (nil: its own receive queue)
 }
 
 // connect makes an RC QP on each endpoint and brings both to RTS.
@@ -115,7 +116,7 @@ func (s *sim) connect(o qpOpts) [2]*QP {
 	}
 	var qps [2]*QP
 	for i, ep := range s.ep {
-		qp, err := ep.e.CreateQP(QPConfig{PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: o.depth, MaxRecvWR: o.depth, MaxSendSGE: 4, MaxRecvSGE: 4, MaxInline: 256})
+		qp, err := ep.e.CreateQP(QPConfig{PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: o.depth, MaxRecvWR: o.depth, MaxSendSGE: 4, MaxRecvSGE: 4, MaxInline: 256, SRQ: o.srq[i]})
 		if err != nil {
 			s.t.Fatal(err)
 		}
