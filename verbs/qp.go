@@ -29,6 +29,10 @@ type QPInitAttr struct {
 	Cap    QPCap
 	// SQSigAll makes every send WR generate a completion.
 	SQSigAll bool
+	// SRQ, if set, is the shared receive queue the QP takes its receive
+	// WQEs from (it must be of the same PD); Cap.MaxRecvWR and MaxRecvSGE
+	// are then ignored and QP.PostRecv is refused.
+	SRQ *SRQ
 }
 
 // QP is a queue pair.
@@ -94,13 +98,20 @@ func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
 			return nil, fmt.Errorf("verbs: create QP: the %s CQ is not a CQ of device %s (destroyed, or not made by its CreateCQ)", q.name, d.name)
 		}
 	}
+	if s := init.SRQ; s != nil && (s.pd != pd || s.destroyed.Load()) {
+		return nil, fmt.Errorf("verbs: create QP: SRQ %d is destroyed or not of this PD", s.Num())
+	}
 	if len(d.qps) >= d.maxQP {
 		return nil, fmt.Errorf("verbs: create QP: device %s already has max_qp %d QPs", d.name, d.maxQP)
 	}
 	// Everything that can fail has been checked: from here on the QP is
 	// created and accounted for.
-	q, err := pd.d.eng.CreateQP(rc.QPConfig{PD: pd.pd, SendCQ: init.SendCQ, RecvCQ: init.RecvCQ,
-		MaxSendWR: c.MaxSendWR, MaxRecvWR: c.MaxRecvWR, MaxSendSGE: c.MaxSendSGE, MaxRecvSGE: c.MaxRecvSGE, MaxInline: c.MaxInlineData})
+	cfg := rc.QPConfig{PD: pd.pd, SendCQ: init.SendCQ, RecvCQ: init.RecvCQ,
+		MaxSendWR: c.MaxSendWR, MaxRecvWR: c.MaxRecvWR, MaxSendSGE: c.MaxSendSGE, MaxRecvSGE: c.MaxRecvSGE, MaxInline: c.MaxInlineData}
+	if init.SRQ != nil {
+		cfg.SRQ = init.SRQ.rc
+	}
+	q, err := pd.d.eng.CreateQP(cfg)
 	if err != nil {
 		return nil, err
 	}

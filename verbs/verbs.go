@@ -140,7 +140,8 @@ var (
 	// the error also wraps the link's own error.
 	ErrDeviceFatal = errors.New("verbs: device fatal error")
 	// ErrBusy: a resource cannot be freed while others use it (PD.Dealloc
-	// with QPs or MRs, DestroyCQ with QPs), like EBUSY from libibverbs.
+	// with QPs, SRQs or MRs, DestroyCQ with QPs, SRQ.Destroy with QPs),
+	// like EBUSY from libibverbs.
 	ErrBusy = memreg.ErrBusy
 )
 
@@ -194,18 +195,20 @@ type Device struct {
 	// before the engine lock, never while holding it: the engine's hooks
 	// (async errors, CQ errors) run under the engine lock and use only the
 	// event channel and atomics.
-	mu  sync.Mutex
-	qps map[uint32]*QP
-	cqs map[*CQ]int // live CQs of this device: how many QP queues use each
+	mu   sync.Mutex
+	qps  map[uint32]*QP
+	cqs  map[*CQ]int // live CQs of this device: how many QP queues use each
+	nSRQ int
 }
 
 // AsyncEvent is an asynchronous event (struct ibv_async_event). The
-// element it concerns is QPNum for QP events, CQ for EventCQErr; a device
-// event names neither.
+// element it concerns is QPNum for QP events, CQ for EventCQErr, SRQ for
+// EventSRQLimitReached; a device event names none.
 type AsyncEvent struct {
 	Type   AsyncEventType
 	QPNum  uint32
 	CQ     *CQ
+	SRQ    *SRQ
 	Reason string
 }
 
@@ -223,6 +226,12 @@ const (
 	// EventDeviceFatal (IBV_EVENT_DEVICE_FATAL): the link failed; every QP
 	// was moved to ERR and later verbs fail with ErrDeviceFatal.
 	EventDeviceFatal AsyncEventType = 8
+	// EventSRQLimitReached (IBV_EVENT_SRQ_LIMIT_REACHED): fewer WQEs than
+	// the armed limit are left on the SRQ; the limit is now disarmed.
+	EventSRQLimitReached AsyncEventType = 15
+	// EventQPLastWQEReached (IBV_EVENT_QP_LAST_WQE_REACHED): a QP created
+	// on an SRQ entered ERR and takes no more WQEs from it.
+	EventQPLastWQEReached AsyncEventType = 16
 )
 
 // String describes the event type in a few words, as ibv_event_type_str
@@ -235,6 +244,10 @@ func (t AsyncEventType) String() string {
 		return "QP fatal error"
 	case EventDeviceFatal:
 		return "device fatal error"
+	case EventSRQLimitReached:
+		return "SRQ limit reached"
+	case EventQPLastWQEReached:
+		return "last WQE reached"
 	}
 	return fmt.Sprintf("unknown event type %d", uint8(t))
 }
@@ -265,6 +278,9 @@ func Open(link nic.Link, opts *Options) (*Device, error) {
 	}
 	d.eng.OnAsyncError = func(qpn uint32, reason string) {
 		d.raise(AsyncEvent{Type: EventQPFatal, QPNum: qpn, Reason: reason})
+	}
+	d.eng.OnLastWQE = func(qpn uint32) {
+		d.raise(AsyncEvent{Type: EventQPLastWQEReached, QPNum: qpn})
 	}
 	d.drv = rc.NewDriverWith(d.eng, link, rc.DriverConfig{OnLinkError: func(err error) {
 		if d.closed.Load() {
@@ -376,6 +392,7 @@ type DeviceAttr struct {
 	MaxInline                    int
 	AtomicCap                    string // "ATOMIC_HCA": atomic with respect to other RDMA atomics
 	PhysPortCnt                  int
+	MaxSRQ, MaxSRQWR, MaxSRQSGE  int
 }
 
 // QueryDevice returns the device attributes (ibv_query_device).
@@ -383,7 +400,8 @@ func (d *Device) QueryDevice() DeviceAttr {
 	lim := d.mrs.Limits()
 	return DeviceAttr{Name: d.name, VendorID: VendorID, MaxMRSize: lim.MaxMRSize, MaxQP: d.maxQP, MaxQPWR: MaxQPWR,
 		MaxSGE: MaxSGE, MaxCQ: d.maxCQ, MaxCQE: MaxCQE, MaxMR: lim.MaxMR, MaxPD: lim.MaxPD, MaxQPRDAtom: MaxQPRDAtom,
-		MaxQPInitRDAtom: MaxQPRDAtom, MaxMsgSize: MaxMsgSize, MaxInline: MaxInline, AtomicCap: "ATOMIC_HCA", PhysPortCnt: 1}
+		MaxQPInitRDAtom: MaxQPRDAtom, MaxMsgSize: MaxMsgSize, MaxInline: MaxInline, AtomicCap: "ATOMIC_HCA", PhysPortCnt: 1,
+		MaxSRQ: MaxSRQ, MaxSRQWR: MaxSRQWR, MaxSRQSGE: MaxSRQSGE}
 }
 
 // PortAttr is the subset of struct ibv_port_attr that matters on RoCE.
@@ -451,8 +469,8 @@ type PD struct {
 	d  *Device
 	pd *memreg.PD
 	// Guarded by d.mu.
-	nQP  int
-	dead bool
+	nQP, nSRQ int
+	dead      bool
 }
 
 // AllocPD allocates a protection domain (ibv_alloc_pd).
@@ -468,7 +486,7 @@ func (d *Device) AllocPD() (*PD, error) {
 }
 
 // Dealloc frees the PD (ibv_dealloc_pd). It fails with an error matching
-// ErrBusy while QPs or MRs still use it, and changes nothing then.
+// ErrBusy while QPs, SRQs or MRs still use it, and changes nothing then.
 func (pd *PD) Dealloc() error {
 	d := pd.d
 	if err := d.isClosed("dealloc PD"); err != nil {
@@ -481,6 +499,9 @@ func (pd *PD) Dealloc() error {
 	}
 	if pd.nQP > 0 {
 		return &busyError{fmt.Sprintf("verbs: dealloc PD %d: %d QPs still use it (destroy them first)", pd.pd.Handle(), pd.nQP)}
+	}
+	if pd.nSRQ > 0 {
+		return &busyError{fmt.Sprintf("verbs: dealloc PD %d: %d SRQs still use it (destroy them first)", pd.pd.Handle(), pd.nSRQ)}
 	}
 	if err := d.mrs.DeallocPD(pd.pd); err != nil {
 		return err
