@@ -1,0 +1,157 @@
+package interop
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/conformance/agent"
+	"github.com/softroce/softroce/internal/devsync"
+	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/verbs"
+)
+
+// TestSRQResponderAgainstRxe: softroce is the responder with two RC QPs on
+// one SRQ, kernel rxe the requester sending SENDs of several sizes on
+// both connections. Every receive takes the SRQ's next WQE whichever QP it
+// arrives on (wr_id in posting order, byte_len, qp_num of the QP it came
+// in on), every byte lands, the limit event comes once, an empty SRQ
+// draws RNR NAKs that rxe retries through, and a QP moved to ERR reports
+// its last WQE.
+func TestSRQResponderAgainstRxe(t *testing.T) {
+	needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	ag, err := agent.Launch(ctx, vm, 7100+rand.IntN(800))
+	must(err)
+	t.Cleanup(func() { ag.Close() })
+	must(ag.Open(ctx, "rxe0"))
+	apd, err := ag.AllocPD(ctx)
+	must(err)
+	amr, err := ag.RegMR(ctx, apd, bufLen, agent.AccessAll)
+	must(err)
+	acq, err := ag.CreateCQ(ctx, 256)
+	must(err)
+	agid, err := ag.GID(ctx, 1)
+	must(err)
+
+	dev := hostDevice(t)
+	pd, err := dev.AllocPD()
+	must(err)
+	buf := make([]byte, bufLen)
+	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
+	must(err)
+	cq, err := dev.CreateCQ(256)
+	must(err)
+	const nWQE, wqeLen = 12, 80000
+	srq, err := pd.CreateSRQ(verbs.SRQInitAttr{MaxWR: 16, MaxSGE: 1})
+	must(err)
+	sgid, err := dev.QueryGID(0)
+	must(err)
+	const mtu = 1024
+	var aqp [2]agent.QP
+	var qp [2]*verbs.QP
+	for k := range 2 {
+		aqp[k], err = ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 64, RecvWR: 64})
+		must(err)
+		must(ag.ModifyToInit(ctx, aqp[k], agent.AccessAll))
+		qp[k], err = pd.CreateQP(verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: 16}, SRQ: srq})
+		must(err)
+		apsn, spsn := uint32(0xfffff0+k), uint32(rand.IntN(1<<24))
+		must(ag.ModifyToRTR(ctx, aqp[k], agent.RTRAttr{DestQPN: qp[k].Num(), RecvPSN: spsn, DestGID: sgid, MTU: mtu, MaxDestRdAtom: 16}))
+		must(ag.ModifyToRTS(ctx, aqp[k], agent.RTSAttr{SendPSN: apsn, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
+		must(qp[k].Connect(verbs.RemoteInfo{QPN: aqp[k].QPN, PSN: apsn, GID: agid}, &verbs.ConnectOptions{PathMTU: mtu, SQPSN: spsn, MinRNRTimer: 1}))
+	}
+	for i := range nWQE {
+		must(srq.PostRecv(&verbs.RecvWR{ID: uint64(5000 + i), SGL: []verbs.SGE{{Addr: mr.Addr() + uint64(i*wqeLen), Length: wqeLen, LKey: mr.LKey()}}}))
+	}
+	must(srq.Modify(3))
+
+	mem := func(f func()) { devsync.Run(dev, f) }
+	sizes := []int{0, 1, 1023, 1024, 4097, 70000}
+	wrID := uint64(0)
+	for i := range nWQE {
+		k, n := i%2, sizes[i/2]
+		data := pattern(n, byte(i))
+		must(ag.WriteMem(ctx, amr, 0, data))
+		wrID++
+		must(ag.PostSend(ctx, aqp[k], agent.SendWR{WRID: wrID, Op: agent.OpSend, MR: amr, Off: 0, Len: n}))
+		wc, err := ag.Poll(ctx, acq, 20*time.Second)
+		if err != nil || wc == nil || wc.Status != agent.WCSuccess || wc.WRID != wrID || wc.QPN != aqp[k].QPN {
+			t.Fatalf("rxe SEND %d (%d bytes on QP %d): completion %+v (%v)", i, n, aqp[k].QPN, wc, err)
+		}
+		wcs := make([]verbs.WC, 1)
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err = cq.Wait(wctx, wcs)
+		wcancel()
+		w := wcs[0]
+		if err != nil || w.Status != 0 || w.WRID != uint64(5000+i) || int(w.ByteLen) != n || w.QPNum != qp[k].Num() || w.SrcQP != aqp[k].QPN {
+			t.Fatalf("softroce receive %d: %+v (%v), want wr_id %d, %d bytes, qp_num %d", i, w, err, 5000+i, n, qp[k].Num())
+		}
+		var same bool
+		mem(func() { same = bytes.Equal(buf[i*wqeLen:i*wqeLen+n], data) })
+		if !same {
+			t.Fatalf("receive %d: %d bytes differ in the SRQ's buffer", i, n)
+		}
+	}
+	// 12 posted, limit 3: raised once, at the tenth receive.
+	limits := 0
+	for done := false; !done; {
+		select {
+		case ev := <-dev.AsyncEvents():
+			if ev.Type != verbs.EventSRQLimitReached || ev.SRQ != srq {
+				t.Fatalf("async event %+v", ev)
+			}
+			limits++
+		default:
+			done = true
+		}
+	}
+	if limits != 1 || srq.Query().Limit != 0 {
+		t.Fatalf("%d SRQ limit events (limit now %d), want 1 and disarmed", limits, srq.Query().Limit)
+	}
+
+	// The SRQ is empty: rxe's SEND draws RNR NAKs until a WQE is posted.
+	data := pattern(3000, 77)
+	must(ag.WriteMem(ctx, amr, 0, data))
+	wrID++
+	must(ag.PostSend(ctx, aqp[1], agent.SendWR{WRID: wrID, Op: agent.OpSend, MR: amr, Off: 0, Len: len(data)}))
+	for qp[1].Stats().RNRNAKsSent == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("no RNR NAK sent with the SRQ empty")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	must(srq.PostRecv(&verbs.RecvWR{ID: 6000, SGL: []verbs.SGE{{Addr: mr.Addr(), Length: wqeLen, LKey: mr.LKey()}}}))
+	if wc, err := ag.Poll(ctx, acq, 20*time.Second); err != nil || wc == nil || wc.Status != agent.WCSuccess || wc.WRID != wrID {
+		t.Fatalf("rxe SEND after RNR: completion %+v (%v)", wc, err)
+	}
+	wcs := make([]verbs.WC, 1)
+	if _, err := cq.Wait(ctx, wcs); err != nil || wcs[0].WRID != 6000 || wcs[0].ByteLen != 3000 || wcs[0].QPNum != qp[1].Num() {
+		t.Fatalf("softroce receive after RNR: %+v (%v)", wcs[0], err)
+	}
+	var same bool
+	mem(func() { same = bytes.Equal(buf[:3000], data) })
+	if !same {
+		t.Fatal("receive after RNR: data differs")
+	}
+
+	must(qp[0].Modify(&verbs.QPAttr{State: verbs.StateErr}, qpstate.AttrState))
+	select {
+	case ev := <-dev.AsyncEvents():
+		if ev.Type != verbs.EventQPLastWQEReached || ev.QPNum != qp[0].Num() {
+			t.Fatalf("async event %+v, want last WQE reached for QP %d", ev, qp[0].Num())
+		}
+	case <-ctx.Done():
+		t.Fatal("no last WQE reached event")
+	}
+}
