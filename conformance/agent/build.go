@@ -19,13 +19,13 @@
 // destroyed when it disconnects. A request is one line: a command word and
 // key=value arguments (numbers decimal or 0x hex). Each request gets one
 // reply line, "ok" followed by key=value results, or "err <message>". Object
-// ids (pd, mr, cq, qp) are small integers the agent assigns.
+// ids (pd, mr, cq, srq, qp) are small integers the agent assigns.
 //
 //	open dev=rxe0                                  -> ok dev=rxe0
 //	pd                                             -> ok pd=ID
 //	mr pd= len= access=                            -> ok mr=ID addr= lkey= rkey=
 //	cq cqe=                                        -> ok cq=ID
-//	qp pd= scq= rcq= [sq= rq= inline=]             -> ok qp=ID qpn=
+//	qp pd= scq= rcq= [sq= rq= inline= srq=]        -> ok qp=ID qpn=
 //	gid idx=                                       -> ok gid=<32 hex digits>
 //	init qp= access=                               -> ok
 //	rtr qp= dqpn= rpsn= dgid= mtu= rd_atomic= min_rnr= sgid= hop= tc=  -> ok
@@ -35,6 +35,11 @@
 //	send qp= wr= op=send|send_imm|write|write_imm|read|cas|faa mr= off= len=
 //	     raddr= rkey= imm= compare= swap= add= signaled= fence= solicited= inline=  -> ok
 //	recv qp= wr= mr= off= len=                     -> ok
+//	srq pd= wr= limit=                             -> ok srq=ID srqn= max_wr=
+//	srecv srq= wr= mr= off= len=                   -> ok
+//	srqlimit srq= limit=                           -> ok
+//	srqquery srq=                                  -> ok max_wr= max_sge= limit=
+//	event timeout=MS                               -> ok none | ok type= qp=ID qpn= srq=ID str=<text>
 //	poll cq= timeout=MS                            -> ok none | ok wr= status= opcode= len= imm=
 //	                                                  qpn= src_qp= wc_flags= vendor_err= str=<text>
 //	mem mr= off= len=                              -> ok hex=<bytes>

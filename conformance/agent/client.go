@@ -255,6 +255,8 @@ func (c *Client) CreateCQ(ctx context.Context, cqe int) (CQ, error) {
 type QPCap struct {
 	SendWR, RecvWR int
 	MaxInline      int
+	// SRQ, if not 0, is the SRQ the QP takes its receives from.
+	SRQ SRQ
 }
 
 // CreateQP creates an RC queue pair (one SGE per work request).
@@ -268,6 +270,9 @@ func (c *Client) CreateQP(ctx context.Context, pd PD, send, recv CQ, cp QPCap) (
 	}
 	if cp.MaxInline > 0 {
 		args = append(args, kv("inline", cp.MaxInline))
+	}
+	if cp.SRQ != 0 {
+		args = append(args, kv("srq", int(cp.SRQ)))
 	}
 	r, err := c.Do(ctx, "qp", args...)
 	if err != nil {
@@ -575,4 +580,87 @@ func (c *Client) Fill(ctx context.Context, mr MR, off, n int, v byte) error {
 func (c *Client) DestroyAll(ctx context.Context) error {
 	_, err := c.Do(ctx, "destroy")
 	return err
+}
+
+// SRQ is the agent's id of a shared receive queue (0: none).
+type SRQ int
+
+// CreateSRQ creates a shared receive queue of maxWR WQEs with one SGE each,
+// with the limit armed at limit (0: not armed). It returns the agent's id
+// and the SRQ number.
+func (c *Client) CreateSRQ(ctx context.Context, pd PD, maxWR, limit int) (SRQ, uint32, error) {
+	r, err := c.Do(ctx, "srq", kv("pd", int(pd)), kv("wr", maxWR), kv("limit", limit))
+	if err != nil {
+		return 0, 0, err
+	}
+	id, err := r.Uint("srq")
+	if err != nil {
+		return 0, 0, err
+	}
+	n, err := r.Uint("srqn")
+	return SRQ(id), uint32(n), err
+}
+
+// PostSRQRecv posts one receive work request (a single SGE; length 0 and
+// the zero MR post one without any) on srq (ibv_post_srq_recv).
+func (c *Client) PostSRQRecv(ctx context.Context, srq SRQ, wrID uint64, mr MR, off, length int) error {
+	_, err := c.Do(ctx, "srecv", kv("srq", int(srq)), kv("wr", wrID), kv("mr", mr.ID), kv("off", off), kv("len", length))
+	return err
+}
+
+// SetSRQLimit arms srq's limit (ibv_modify_srq with IBV_SRQ_LIMIT).
+func (c *Client) SetSRQLimit(ctx context.Context, srq SRQ, limit int) error {
+	_, err := c.Do(ctx, "srqlimit", kv("srq", int(srq)), kv("limit", limit))
+	return err
+}
+
+// QuerySRQ returns srq's max_wr, max_sge and armed limit (ibv_query_srq).
+func (c *Client) QuerySRQ(ctx context.Context, srq SRQ) (maxWR, maxSGE, limit int, err error) {
+	r, err := c.Do(ctx, "srqquery", kv("srq", int(srq)))
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	var v [3]uint64
+	for i, k := range []string{"max_wr", "max_sge", "limit"} {
+		if v[i], err = r.Uint(k); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	return int(v[0]), int(v[1]), int(v[2]), nil
+}
+
+// Async event types (enum ibv_event_type) the harness looks for.
+const (
+	EventQPFatal          = 1
+	EventSRQLimitReached  = 15
+	EventQPLastWQEReached = 16
+)
+
+// AsyncEvent is one event from ibv_get_async_event. QP and SRQ are the
+// agent's ids of the element it names (0: none or not one of the agent's).
+type AsyncEvent struct {
+	Type int
+	QP   int
+	QPN  uint32
+	SRQ  SRQ
+	Str  string // ibv_event_type_str
+}
+
+// AsyncEvent waits up to timeout for one async event of the device; nil,
+// nil when none came.
+func (c *Client) AsyncEvent(ctx context.Context, timeout time.Duration) (*AsyncEvent, error) {
+	r, err := c.Do(ctx, "event", kv("timeout", timeout.Milliseconds()))
+	if err != nil {
+		return nil, err
+	}
+	if _, none := r["none"]; none {
+		return nil, nil
+	}
+	var v [4]uint64
+	for i, k := range []string{"type", "qp", "qpn", "srq"} {
+		if v[i], err = r.Uint(k); err != nil {
+			return nil, err
+		}
+	}
+	return &AsyncEvent{Type: int(v[0]), QP: int(v[1]), QPN: uint32(v[2]), SRQ: SRQ(v[3]), Str: r["str"]}, nil
 }

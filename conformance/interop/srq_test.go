@@ -155,3 +155,138 @@ func TestSRQResponderAgainstRxe(t *testing.T) {
 		t.Fatal("no last WQE reached event")
 	}
 }
+
+// TestSRQRequesterAgainstRxe: the other role. Two rxe RC QPs share one
+// rxe SRQ; softroce sends SENDs of several sizes on both connections. rxe
+// hands out its SRQ's WQEs in posting order across the two QPs, every byte
+// lands, rxe's limit event comes once, its RNR NAKs on an empty SRQ are
+// retried through.
+func TestSRQRequesterAgainstRxe(t *testing.T) {
+	needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	ag, err := agent.Launch(ctx, vm, 7100+rand.IntN(800))
+	must(err)
+	t.Cleanup(func() { ag.Close() })
+	must(ag.Open(ctx, "rxe0"))
+	apd, err := ag.AllocPD(ctx)
+	must(err)
+	amr, err := ag.RegMR(ctx, apd, bufLen, agent.AccessAll)
+	must(err)
+	acq, err := ag.CreateCQ(ctx, 256)
+	must(err)
+	asrq, _, err := ag.CreateSRQ(ctx, apd, 16, 0)
+	must(err)
+	agid, err := ag.GID(ctx, 1)
+	must(err)
+
+	dev := hostDevice(t)
+	pd, err := dev.AllocPD()
+	must(err)
+	buf := make([]byte, bufLen)
+	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
+	must(err)
+	cq, err := dev.CreateCQ(256)
+	must(err)
+	sgid, err := dev.QueryGID(0)
+	must(err)
+	const mtu, nWQE, wqeLen = 4096, 12, 80000
+	var aqp [2]agent.QP
+	var qp [2]*verbs.QP
+	for k := range 2 {
+		aqp[k], err = ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 16, SRQ: asrq})
+		must(err)
+		must(ag.ModifyToInit(ctx, aqp[k], agent.AccessAll))
+		qp[k], err = pd.CreateQP(verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 1}})
+		must(err)
+		apsn, spsn := uint32(rand.IntN(1<<24)), uint32(0xfffffa+k)
+		must(ag.ModifyToRTR(ctx, aqp[k], agent.RTRAttr{DestQPN: qp[k].Num(), RecvPSN: spsn, DestGID: sgid, MTU: mtu, MaxDestRdAtom: 16, MinRNRTimer: 1}))
+		must(ag.ModifyToRTS(ctx, aqp[k], agent.RTSAttr{SendPSN: apsn, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
+		must(qp[k].Connect(verbs.RemoteInfo{QPN: aqp[k].QPN, PSN: apsn, GID: agid}, &verbs.ConnectOptions{PathMTU: mtu, SQPSN: spsn}))
+	}
+	for i := range nWQE {
+		must(ag.PostSRQRecv(ctx, asrq, uint64(7000+i), amr, i*wqeLen, wqeLen))
+	}
+	must(ag.SetSRQLimit(ctx, asrq, 3))
+
+	sizes := []int{0, 1, 4095, 4096, 4097, 70000}
+	for i := range nWQE {
+		k, n := i%2, sizes[i/2]
+		data := pattern(n, byte(i)+40)
+		devsync.Run(dev, func() { copy(buf, data) })
+		if err := qp[k].PostSend(&verbs.SendWR{ID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+			SGL: []verbs.SGE{{Addr: mr.Addr(), Length: uint32(n), LKey: mr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+		wcs := make([]verbs.WC, 1)
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err = cq.Wait(wctx, wcs)
+		wcancel()
+		if err != nil || wcs[0].Status != 0 || wcs[0].WRID != uint64(i) {
+			t.Fatalf("softroce SEND %d: %+v (%v)", i, wcs[0], err)
+		}
+		wc, err := ag.Poll(ctx, acq, 20*time.Second)
+		if err != nil || wc == nil || wc.Status != agent.WCSuccess || wc.Opcode != agent.WCRecv || wc.WRID != uint64(7000+i) ||
+			int(wc.ByteLen) != n || wc.QPN != aqp[k].QPN { // src_qp: rxe fills it for UD only
+			t.Fatalf("rxe receive %d: %+v (%v), want wr_id %d, %d bytes, qp_num %d", i, wc, err, 7000+i, n, aqp[k].QPN)
+		}
+		got, err := ag.ReadMem(ctx, amr, i*wqeLen, n)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("rxe receive %d: %d bytes differ in its SRQ's buffer (%v)", i, n, err)
+		}
+	}
+	ev, err := ag.AsyncEvent(ctx, 5*time.Second)
+	if err != nil || ev == nil || ev.Type != agent.EventSRQLimitReached || ev.SRQ != asrq {
+		t.Fatalf("rxe async event %+v (%v), want SRQ limit reached", ev, err)
+	}
+	if ev, err := ag.AsyncEvent(ctx, 200*time.Millisecond); err != nil || ev != nil {
+		t.Fatalf("second rxe async event %+v (%v)", ev, err)
+	}
+	if _, _, limit, err := ag.QuerySRQ(ctx, asrq); err != nil || limit != 0 {
+		t.Fatalf("rxe SRQ limit after the event: %d (%v), want 0", limit, err)
+	}
+
+	// rxe's SRQ is empty: it answers RNR NAK, softroce retries.
+	data := pattern(5000, 9)
+	devsync.Run(dev, func() { copy(buf, data) })
+	must(qp[1].PostSend(&verbs.SendWR{ID: 100, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, SGL: []verbs.SGE{{Addr: mr.Addr(), Length: 5000, LKey: mr.LKey()}}}))
+	for qp[1].Stats().RNRNAKsRecv == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("no RNR NAK from rxe with its SRQ empty")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	must(ag.PostSRQRecv(ctx, asrq, 7100, amr, 0, wqeLen))
+	wcs := make([]verbs.WC, 1)
+	if _, err := cq.Wait(ctx, wcs); err != nil || wcs[0].Status != 0 || wcs[0].WRID != 100 {
+		t.Fatalf("softroce SEND after RNR: %+v (%v)", wcs[0], err)
+	}
+	wc, err := ag.Poll(ctx, acq, 20*time.Second)
+	if err != nil || wc == nil || wc.Status != agent.WCSuccess || wc.WRID != 7100 || wc.ByteLen != 5000 || wc.QPN != aqp[1].QPN {
+		t.Fatalf("rxe receive after RNR: %+v (%v)", wc, err)
+	}
+	if got, err := ag.ReadMem(ctx, amr, 0, 5000); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("rxe receive after RNR: data differs (%v)", err)
+	}
+
+	// rxe of the guest's kernel (6.1) raises no last WQE reached when a QP
+	// on an SRQ is moved to ERR; any event it does raise must be that one,
+	// for that QP.
+	must(ag.SetState(ctx, aqp[0], "ERR"))
+	ev, err = ag.AsyncEvent(ctx, 2*time.Second)
+	switch {
+	case err != nil:
+		t.Fatal(err)
+	case ev == nil:
+		t.Log("rxe raised no last WQE reached event for a QP on an SRQ moved to ERR")
+	case ev.Type != agent.EventQPLastWQEReached || ev.QPN != aqp[0].QPN:
+		t.Fatalf("rxe async event %+v, want last WQE reached for QP %d", ev, aqp[0].QPN)
+	}
+}

@@ -3,8 +3,9 @@
  * inside the rdma_rxe guest. It listens on a TCP port and executes one
  * verbs operation per request line, so the harness can script a kernel
  * rxe endpoint step by step: open the device, allocate a PD, register
- * memory, create CQs and RC QPs, walk a QP through INIT/RTR/RTS, post work
- * requests, poll completions and read or write registered memory.
+ * memory, create CQs, SRQs and RC QPs, walk a QP through INIT/RTR/RTS, post
+ * work requests, poll completions and async events, and read or write
+ * registered memory.
  *
  * Protocol (one client at a time; everything is freed when it
  * disconnects). A request is a command word followed by key=value
@@ -53,6 +54,7 @@ static struct ibv_pd *pds[MAXOBJ];
 static struct mr mrs[MAXOBJ];
 static struct cq cqs[MAXOBJ];
 static struct ibv_qp *qps[MAXOBJ];
+static struct ibv_srq *srqs[MAXOBJ];
 
 static FILE *out;
 
@@ -122,6 +124,7 @@ static int slot_pd(void) { for (int i = 1; i < MAXOBJ; i++) if (!pds[i]) return 
 static int slot_mr(void) { for (int i = 1; i < MAXOBJ; i++) if (!mrs[i].mr) return i; return -1; }
 static int slot_cq(void) { for (int i = 1; i < MAXOBJ; i++) if (!cqs[i].cq) return i; return -1; }
 static int slot_qp(void) { for (int i = 1; i < MAXOBJ; i++) if (!qps[i]) return i; return -1; }
+static int slot_srq(void) { for (int i = 1; i < MAXOBJ; i++) if (!srqs[i]) return i; return -1; }
 
 static int hexval(int c)
 {
@@ -149,6 +152,10 @@ static void destroy_all(void)
 	for (int i = 0; i < MAXOBJ; i++) {
 		if (qps[i]) ibv_destroy_qp(qps[i]);
 		qps[i] = NULL;
+	}
+	for (int i = 0; i < MAXOBJ; i++) {
+		if (srqs[i]) ibv_destroy_srq(srqs[i]);
+		srqs[i] = NULL;
 	}
 	for (int i = 0; i < MAXOBJ; i++) {
 		if (mrs[i].mr) { ibv_dereg_mr(mrs[i].mr); free(mrs[i].buf); }
@@ -253,6 +260,8 @@ static void cmd_qp(void)
 	OPT("sq", sq, 64);
 	OPT("rq", rq, 64);
 	OPT("inline", inl, 0);
+	OPT("srq", srq_id, 0);
+	if (srq_id && (srq_id >= MAXOBJ || !srqs[srq_id])) { reply("err no such srq %" PRIu64, srq_id); return; }
 	int i = slot_qp();
 	if (i < 0) { reply("err too many QPs"); return; }
 	struct ibv_qp_init_attr a = {
@@ -261,6 +270,7 @@ static void cmd_qp(void)
 		.cap = { .max_send_wr = (uint32_t)sq, .max_recv_wr = (uint32_t)rq,
 			 .max_send_sge = 1, .max_recv_sge = 1, .max_inline_data = (uint32_t)inl },
 		.qp_type = IBV_QPT_RC,
+		.srq = srq_id ? srqs[srq_id] : NULL,
 	};
 	qps[i] = ibv_create_qp(pds[pd_id], &a);
 	if (!qps[i]) { reply("err ibv_create_qp: %s", strerror(errno)); return; }
@@ -471,6 +481,97 @@ static void cmd_recv(void)
 	reply("ok");
 }
 
+static void cmd_srq(void)
+{
+	NEEDCTX();
+	OBJ("pd", pds, , pd);
+	OPT("wr", max_wr, 64);
+	OPT("limit", limit, 0);
+	int i = slot_srq();
+	if (i < 0) { reply("err too many SRQs"); return; }
+	struct ibv_srq_init_attr a = { .attr = { .max_wr = (uint32_t)max_wr, .max_sge = 1, .srq_limit = (uint32_t)limit } };
+	srqs[i] = ibv_create_srq(pds[pd_id], &a);
+	if (!srqs[i]) { reply("err ibv_create_srq: %s", strerror(errno)); return; }
+	uint32_t num = 0;
+	ibv_get_srq_num(srqs[i], &num);
+	reply("ok srq=%d srqn=0x%x max_wr=%u", i, num, a.attr.max_wr);
+}
+
+static void cmd_srecv(void)
+{
+	OBJ("srq", srqs, , srq);
+	NUM("wr", wr_id);
+	struct ibv_sge sge;
+	struct ibv_recv_wr w = { .wr_id = wr_id, .sg_list = &sge }, *bad;
+	if (local(&sge, &w.num_sge))
+		return;
+	int rc = ibv_post_srq_recv(srqs[srq_id], &w, &bad);
+	if (rc) { reply("err ibv_post_srq_recv: %s", strerror(rc)); return; }
+	reply("ok");
+}
+
+static void cmd_srqlimit(void)
+{
+	OBJ("srq", srqs, , srq);
+	NUM("limit", limit);
+	struct ibv_srq_attr a = { .srq_limit = (uint32_t)limit };
+	int rc = ibv_modify_srq(srqs[srq_id], &a, IBV_SRQ_LIMIT);
+	if (rc) { reply("err ibv_modify_srq: %s", strerror(rc)); return; }
+	reply("ok");
+}
+
+static void cmd_srqquery(void)
+{
+	OBJ("srq", srqs, , srq);
+	struct ibv_srq_attr a;
+	int rc = ibv_query_srq(srqs[srq_id], &a);
+	if (rc) { reply("err ibv_query_srq: %s", strerror(rc)); return; }
+	reply("ok max_wr=%u max_sge=%u limit=%u", a.max_wr, a.max_sge, a.srq_limit);
+}
+
+static int64_t now_ms(void);
+
+/* cmd_event waits up to timeout ms for one async event. The element it
+ * names is given as the agent's QP or SRQ id and the QP number. */
+static void cmd_event(void)
+{
+	NEEDCTX();
+	OPT("timeout", timeout, 1000);
+	struct pollfd p = { .fd = ctx->async_fd, .events = POLLIN };
+	int rc = poll(&p, 1, (int)timeout);
+	if (rc < 0) { reply("err poll: %s", strerror(errno)); return; }
+	if (rc == 0) { reply("ok none"); return; }
+	struct ibv_async_event ev;
+	if (ibv_get_async_event(ctx, &ev)) { reply("err ibv_get_async_event: %s", strerror(errno)); return; }
+	int qp = 0, srq = 0;
+	uint32_t qpn = 0;
+	switch (ev.event_type) {
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		for (int i = 1; i < MAXOBJ; i++)
+			if (srqs[i] == ev.element.srq) srq = i;
+		break;
+	case IBV_EVENT_CQ_ERR:
+	case IBV_EVENT_DEVICE_FATAL:
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+	case IBV_EVENT_WQ_FATAL:
+		break;
+	default:
+		qpn = ev.element.qp->qp_num;
+		for (int i = 1; i < MAXOBJ; i++)
+			if (qps[i] == ev.element.qp) qp = i;
+	}
+	int type = ev.event_type;
+	ibv_ack_async_event(&ev);
+	reply("ok type=%d qp=%d qpn=0x%x srq=%d str=%s", type, qp, qpn, srq, ibv_event_type_str(type));
+}
+
 static int64_t now_ms(void)
 {
 	struct timespec ts;
@@ -603,6 +704,11 @@ static void serve(int fd)
 		else if (strcmp(cmd, "query") == 0) cmd_query();
 		else if (strcmp(cmd, "send") == 0) cmd_send();
 		else if (strcmp(cmd, "recv") == 0) cmd_recv();
+		else if (strcmp(cmd, "srq") == 0) cmd_srq();
+		else if (strcmp(cmd, "srecv") == 0) cmd_srecv();
+		else if (strcmp(cmd, "srqlimit") == 0) cmd_srqlimit();
+		else if (strcmp(cmd, "srqquery") == 0) cmd_srqquery();
+		else if (strcmp(cmd, "event") == 0) cmd_event();
 		else if (strcmp(cmd, "poll") == 0) cmd_poll();
 		else if (strcmp(cmd, "mem") == 0) cmd_mem();
 		else if (strcmp(cmd, "memw") == 0) cmd_memw();
