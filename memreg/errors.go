@@ -68,6 +68,15 @@ const (
 	// a peer may not invalidate (one made by RegMR).
 	ReasonNotRemoteInvalidatable = "region kind may not be invalidated remotely"
 	reasonMissingPerm            = "missing permission "
+	// ReasonMWNotBound: the key is a window's, but the window is not bound
+	// (never bound, unbound by a zero-length bind, or invalidated).
+	ReasonMWNotBound = "memory window is not bound"
+	// ReasonMWWrongQP: a type 2 window used through another QP than the
+	// one it is bound to (type 2B, IBTA vol. 1 §10.6.7.2).
+	ReasonMWWrongQP = "type 2 memory window bound to another QP"
+	// ReasonMWType1Invalidate: LOCAL_INV named a type 1 window, which only
+	// a zero-length bind unbinds.
+	ReasonMWType1Invalidate = "type 1 memory window cannot be invalidated"
 )
 
 // AccessError is a failed access check: which key, which range, why, and

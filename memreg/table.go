@@ -24,12 +24,13 @@
 //
 // # Memory windows
 //
-// The table is keyed by slot, not by MR, so memory windows (type 1 and 2)
-// fit as a second kind of slot entry sharing the key space. Invalidate (a
-// local invalidate) works on keys; RemoteInvalidate (SEND with invalidate)
-// works only on the kinds IBTA lets a peer invalidate, type 2 windows and
-// fast-registered regions (MRKind). Neither exists yet, so today a peer can
-// invalidate nothing. Windows themselves are not implemented yet.
+// The table is keyed by slot, not by MR: memory windows (type 1 and 2,
+// IBTA vol. 1 §10.6.7.2) are a second kind of slot entry sharing the key
+// space, so an R_Key names either a region or a window (see mw.go).
+// Invalidate (a local invalidate) works on keys; RemoteInvalidate (SEND
+// with invalidate) works only on what IBTA lets a peer invalidate: type 2
+// windows (fast-registered regions do not exist yet), never an ordinary
+// region or a type 1 window.
 package memreg
 
 import (
@@ -46,8 +47,9 @@ const (
 	DefaultMaxMR     = 1 << 16
 	DefaultMaxMRSize = 1 << 40
 	DefaultMaxPD     = 1 << 16
-	// MaxMRLimit is the largest MaxMR a Table supports: the key has 24
-	// index bits.
+	DefaultMaxMW     = 1 << 16
+	// MaxMRLimit is the largest MaxMR (and MaxMR+MaxMW) a Table
+	// supports: the key has 24 index bits.
 	MaxMRLimit = 1 << 24
 )
 
@@ -56,6 +58,7 @@ type Limits struct {
 	MaxMR     int    // memory regions registered at once (at most MaxMRLimit)
 	MaxMRSize uint64 // bytes in one region
 	MaxPD     int    // protection domains allocated at once
+	MaxMW     int    // memory windows allocated at once
 }
 
 // Table is the registry of PDs and MRs of one device.
@@ -67,6 +70,7 @@ type Table struct {
 	slots  []slot
 	free   []uint32 // free slot indices
 	nMR    int
+	nMW    int
 	nPD    int
 	nextPD uint32
 }
@@ -79,6 +83,7 @@ const reuseAfter = 256
 // to make sure the next registration uses another key byte.
 type slot struct {
 	mr      *MR
+	mw      *MW // a window instead of a region (at most one of mr, mw)
 	lastKey uint32
 }
 
@@ -97,6 +102,10 @@ func NewTable(lim Limits) *Table {
 	if lim.MaxPD <= 0 {
 		lim.MaxPD = DefaultMaxPD
 	}
+	if lim.MaxMW <= 0 {
+		lim.MaxMW = DefaultMaxMW
+	}
+	lim.MaxMW = min(lim.MaxMW, MaxMRLimit-lim.MaxMR)
 	return &Table{lim: lim, perm: newFeistel24()}
 }
 
@@ -109,6 +118,7 @@ type PD struct {
 	t      *Table
 	handle uint32
 	nMR    int  // guarded by t.mu
+	nMW    int  // guarded by t.mu
 	alive  bool // guarded by t.mu
 }
 
@@ -141,6 +151,9 @@ func (t *Table) DeallocPD(pd *PD) error {
 	if pd.nMR > 0 {
 		return fmt.Errorf("memreg: dealloc PD %d: %w: %d memory regions still registered", pd.handle, ErrBusy, pd.nMR)
 	}
+	if pd.nMW > 0 {
+		return fmt.Errorf("memreg: dealloc PD %d: %w: %d memory windows still allocated", pd.handle, ErrBusy, pd.nMW)
+	}
 	pd.alive = false
 	t.nPD--
 	return nil
@@ -156,14 +169,14 @@ const (
 )
 
 // MRKind is how a region came to be. It decides whether a peer may
-// invalidate it with a SEND with invalidate (IBTA vol. 1 §10.6, remote invalidation: only
-// type 2 memory windows and fast-registered regions; an ordinary region is
-// never remotely invalidated, as rxe_invalidate_mr refuses user MRs).
+// invalidate it with a SEND with invalidate (IBTA vol. 1 §10.6, remote
+// invalidation: only type 2 memory windows, see mw.go, and fast-registered
+// regions; an ordinary region is never remotely invalidated, as
+// rxe_invalidate_mr refuses user MRs).
 type MRKind uint8
 
 // Region kinds. Only MRKindUser exists today; a fast-registration (FRMR)
-// kind and type 2 windows will be added beside it and allowed by
-// remoteInvalidatable.
+// kind will be added beside it and allowed by remoteInvalidatable.
 const (
 	MRKindUser MRKind = iota // RegMR (ibv_reg_mr)
 )
@@ -187,6 +200,7 @@ type MR struct {
 	kind MRKind // fixed for the MR's life
 
 	registered bool // guarded by t.mu: false once DeregMR detached it
+	nMW        int  // guarded by t.mu: windows bound to the region
 
 	mu      sync.RWMutex // read: accesses in flight; write: rereg, dereg, invalidate
 	key     uint32
@@ -256,20 +270,7 @@ func (t *Table) RegMR(pd *PD, buf []byte, access Access) (*MR, error) {
 	if t.nMR >= t.lim.MaxMR {
 		return nil, fmt.Errorf("memreg: reg MR: %w", &LimitError{Limit: "number of MRs", Max: uint64(t.lim.MaxMR)})
 	}
-	var idx uint32
-	// Like rxe's cyclic index allocation, delay the reuse of freed slots:
-	// grow until reuseAfter slots are free (or the limit is reached), then
-	// take a random free one. A stale key then almost always meets an empty
-	// slot, and never the key byte it had.
-	if n := len(t.free); n > 0 && (n >= reuseAfter || len(t.slots) >= t.lim.MaxMR) {
-		i := mrand.IntN(n)
-		idx = t.free[i]
-		t.free[i] = t.free[n-1]
-		t.free = t.free[:n-1]
-	} else {
-		idx = uint32(len(t.slots))
-		t.slots = append(t.slots, slot{})
-	}
+	idx := t.allocSlot()
 	s := &t.slots[idx]
 	key := t.perm.encode(idx)<<8 | newKeyByte(s.lastKey)
 	mr := &MR{t: t, idx: idx, registered: true, key: key, buf: buf, addr: vaOf(buf, access),
@@ -280,14 +281,41 @@ func (t *Table) RegMR(pd *PD, buf []byte, access Access) (*MR, error) {
 	return mr, nil
 }
 
+// allocSlot takes a free slot index; t.mu is held for writing and the
+// caller has checked its MR or MW limit, so the slots never outgrow
+// MaxMR+MaxMW.
+func (t *Table) allocSlot() uint32 {
+	// Like rxe's cyclic index allocation, delay the reuse of freed slots:
+	// grow until reuseAfter slots are free (or the limit is reached), then
+	// take a random free one. A stale key then almost always meets an empty
+	// slot, and never the key byte it had.
+	if n := len(t.free); n > 0 && (n >= reuseAfter || len(t.slots) >= t.lim.MaxMR+t.lim.MaxMW) {
+		i := mrand.IntN(n)
+		idx := t.free[i]
+		t.free[i] = t.free[n-1]
+		t.free = t.free[:n-1]
+		return idx
+	}
+	t.slots = append(t.slots, slot{})
+	return uint32(len(t.slots) - 1)
+}
+
 // ReregMR re-registers mr (ibv_rereg_mr with translation and access
 // changed): it waits for accesses in flight, gives the region a new key byte
 // (so the old L_Key/R_Key become stale), and points it at buf with the new
 // access rights. A nil buf keeps the current buffer. It also revalidates a
-// region that Invalidate invalidated. On error the region is unchanged.
+// region that Invalidate invalidated. It fails with ErrBusy while windows
+// are bound to the region (their ranges and rights were checked against
+// it). On error the region is unchanged.
 func (t *Table) ReregMR(mr *MR, buf []byte, access Access) error {
 	if mr == nil || mr.t != t {
 		return fmt.Errorf("memreg: rereg MR: %w: MR of another table", ErrInvalidArgument)
+	}
+	// The table's read lock keeps binds out (they take it for writing).
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if mr.nMW > 0 {
+		return fmt.Errorf("memreg: rereg MR: %w: %d memory windows bound", ErrBusy, mr.nMW)
 	}
 	mr.mu.Lock()
 	defer mr.mu.Unlock()
@@ -308,7 +336,9 @@ func (t *Table) ReregMR(mr *MR, buf []byte, access Access) error {
 
 // DeregMR deregisters mr (ibv_dereg_mr). It waits for accesses in flight;
 // afterwards every access with its key fails and the buffer is the caller's
-// again.
+// again. While windows are bound to the region it fails with ErrBusy and
+// changes nothing (IBTA vol. 1 §10.6.7.2.6; rxe_dereg_mr refuses too, with
+// EINVAL: ErrBusy says better why).
 func (t *Table) DeregMR(mr *MR) error {
 	if mr == nil || mr.t != t {
 		return fmt.Errorf("memreg: dereg MR: %w: MR of another table", ErrInvalidArgument)
@@ -321,6 +351,11 @@ func (t *Table) DeregMR(mr *MR) error {
 	if !mr.registered {
 		t.mu.Unlock()
 		return fmt.Errorf("memreg: dereg MR: %w", ErrNotRegistered)
+	}
+	if mr.nMW > 0 {
+		n := mr.nMW
+		t.mu.Unlock()
+		return fmt.Errorf("memreg: dereg MR: %w: %d memory windows bound", ErrBusy, n)
 	}
 	mr.registered = false
 	t.slots[mr.idx].mr = nil
