@@ -126,6 +126,27 @@ func (t *Table) BindMW(mw *MW, pd *PD, qpn uint32, b Bind) (uint32, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.bindLocked(mw, pd, qpn, b)
+}
+
+// BindMWKey is BindMW for the window whose current R_Key is mwKey, as a
+// BIND_MW work request names it. An unknown key fails with
+// ErrInvalidArgument.
+func (t *Table) BindMWKey(mwKey uint32, pd *PD, qpn uint32, b Bind) (uint32, error) {
+	if pd == nil || pd.t != t {
+		return 0, fmt.Errorf("memreg: bind MW: %w: PD of another table", ErrInvalidArgument)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	idx := t.perm.decode(mwKey >> 8)
+	if uint64(idx) >= uint64(len(t.slots)) || t.slots[idx].mw == nil || t.slots[idx].mw.key != mwKey {
+		return 0, fmt.Errorf("memreg: bind MW %#08x: %w: no such window", mwKey, ErrInvalidArgument)
+	}
+	return t.bindLocked(t.slots[idx].mw, pd, qpn, b)
+}
+
+// bindLocked is BindMW with t.mu held for writing.
+func (t *Table) bindLocked(mw *MW, pd *PD, qpn uint32, b Bind) (uint32, error) {
 	bad := func(format string, a ...any) (uint32, error) {
 		return 0, fmt.Errorf("memreg: bind %v MW %#08x: %w: "+format, append([]any{mw.typ, mw.key, ErrInvalidArgument}, a...)...)
 	}

@@ -342,3 +342,19 @@ func TestMWConcurrentInvalidate(t *testing.T) {
 		t.Errorf("window access allocates %v times", n)
 	}
 }
+
+// A BIND_MW work request names the window by its current key.
+func TestMWBindByKey(t *testing.T) {
+	w := newMWWorld(t, fullMR)
+	mw, _ := w.tab.AllocMW(w.pd, MWType2)
+	k0 := mw.RKey()
+	b := Bind{MRKey: w.mr.LKey(), Addr: w.va, Length: 8, Access: AccessRemoteRead, RKey: k0&^0xFF | (k0+3)&0xFF}
+	for _, k := range []uint32{k0 ^ 1, w.mr.RKey(), 0xFFFFFF00} {
+		if _, err := w.tab.BindMWKey(k, w.pd, qpA, b); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("key %#x: %v", k, err)
+		}
+	}
+	if k, err := w.tab.BindMWKey(k0, w.pd, qpA, b); err != nil || k != b.RKey || mw.RKey() != b.RKey {
+		t.Fatalf("bind by key: %#x %v", k, err)
+	}
+}

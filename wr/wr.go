@@ -21,13 +21,15 @@ const (
 	RDMARead          Opcode = 4
 	AtomicCmpAndSwp   Opcode = 5
 	AtomicFetchAndAdd Opcode = 6
+	LocalInv          Opcode = 7 // executed locally: invalidates InvRKey
+	BindMW            Opcode = 8 // executed locally: binds a type 2 window (Bind)
 	SendWithInv       Opcode = 9
 	AtomicWrite       Opcode = 15
 )
 
 var opNames = map[Opcode]string{RDMAWrite: "RDMA_WRITE", RDMAWriteWithImm: "RDMA_WRITE_WITH_IMM",
 	Send: "SEND", SendWithImm: "SEND_WITH_IMM", RDMARead: "RDMA_READ", AtomicCmpAndSwp: "ATOMIC_CMP_AND_SWP",
-	AtomicFetchAndAdd: "ATOMIC_FETCH_AND_ADD", SendWithInv: "SEND_WITH_INV", AtomicWrite: "ATOMIC_WRITE"}
+	AtomicFetchAndAdd: "ATOMIC_FETCH_AND_ADD", LocalInv: "LOCAL_INV", BindMW: "BIND_MW", SendWithInv: "SEND_WITH_INV", AtomicWrite: "ATOMIC_WRITE"}
 
 // String is the opcode's ibv_wr_opcode name without the IBV_WR_ prefix.
 func (o Opcode) String() string {
@@ -49,6 +51,22 @@ func (o Opcode) IsWrite() bool { return o == RDMAWrite || o == RDMAWriteWithImm 
 // IsAtomic: the 8-byte read-modify-write atomics (CMP_AND_SWP,
 // FETCH_AND_ADD), which return the original value; not ATOMIC_WRITE.
 func (o Opcode) IsAtomic() bool { return o == AtomicCmpAndSwp || o == AtomicFetchAndAdd }
+
+// IsLocal: LOCAL_INV and BIND_MW, which the requester executes itself, in
+// order with the rest of the send queue, sending nothing.
+func (o Opcode) IsLocal() bool { return o == LocalInv || o == BindMW }
+
+// MWBind is the bind_mw part of a BIND_MW work request (struct ibv_send_wr
+// bind_mw with its struct ibv_mw_bind_info). The window and the region are
+// named by their keys, as the key table finds them.
+type MWBind struct {
+	MWKey  uint32 // the window's current R_Key (names the window)
+	RKey   uint32 // its new R_Key: same upper 24 bits, new low 8 bits
+	MRKey  uint32 // L_Key of the region to bind it to
+	Addr   uint64
+	Length uint64
+	Access uint32 // ibv_access_flags: REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC
+}
 
 // SGE is one scatter/gather element (struct ibv_sge).
 type SGE struct {
@@ -74,7 +92,7 @@ type SendWR struct {
 	SGL        []SGE
 	Flags      SendFlags
 	Imm        uint32 // immediate data, as sent on the wire (big-endian value)
-	InvRKey    uint32 // SEND_WITH_INV
+	InvRKey    uint32 // SEND_WITH_INV, LOCAL_INV (ibv_send_wr invalidate_rkey)
 	RemoteAddr uint64 // RDMA and atomics
 	RKey       uint32
 	CompareAdd uint64 // CMP_AND_SWP: compare; FETCH_AND_ADD: add
@@ -83,6 +101,8 @@ type SendWR struct {
 	InlineData []byte
 	// AtomicWrite is the 8-byte value of an ATOMIC_WRITE (IBTA 1.5).
 	AtomicWrite [8]byte
+	// Bind is the window binding of a BIND_MW.
+	Bind MWBind
 }
 
 // RecvWR is a receive work request (struct ibv_recv_wr).

@@ -17,8 +17,13 @@ func TestOpcodeClasses(t *testing.T) {
 		{AtomicCmpAndSwp, "ATOMIC_CMP_AND_SWP", true, false, false, true},
 		{AtomicFetchAndAdd, "ATOMIC_FETCH_AND_ADD", true, false, false, true},
 		{AtomicWrite, "ATOMIC_WRITE", true, false, false, false},
-		{Opcode(7), "WROpcode(7)", false, false, false, false},
+		{LocalInv, "LOCAL_INV", true, false, false, false},
+		{BindMW, "BIND_MW", true, false, false, false},
+		{Opcode(10), "WROpcode(10)", false, false, false, false},
 	} {
+		if tc.o.IsLocal() != (tc.o == LocalInv || tc.o == BindMW) {
+			t.Errorf("%v: IsLocal = %v", tc.o, tc.o.IsLocal())
+		}
 		if got := tc.o.String(); got != tc.name {
 			t.Errorf("Opcode(%d).String() = %q, want %q", uint8(tc.o), got, tc.name)
 		}
@@ -26,5 +31,12 @@ func TestOpcodeClasses(t *testing.T) {
 			t.Errorf("%v: Known/IsSend/IsWrite/IsAtomic = %v/%v/%v/%v, want %v/%v/%v/%v", tc.o,
 				tc.o.Known(), tc.o.IsSend(), tc.o.IsWrite(), tc.o.IsAtomic(), tc.known, tc.send, tc.write, tc.atomicRMW)
 		}
+	}
+}
+
+// The opcodes are the values of enum ibv_wr_opcode (libibverbs verbs.h).
+func TestOpcodeValues(t *testing.T) {
+	if LocalInv != 7 || BindMW != 8 || SendWithInv != 9 {
+		t.Fatalf("LOCAL_INV %d BIND_MW %d SEND_WITH_INV %d", LocalInv, BindMW, SendWithInv)
 	}
 }

@@ -295,6 +295,9 @@ func (qp *QP) completeHead(st cq.Status, orig uint64) {
 		qp.retryDeadline = time.Time{}
 		qp.updateTimerSet()
 	}
+	if st == cq.Success {
+		qp.drainLocal() // local work requests it was holding back
+	}
 	qp.kick()
 }
 

@@ -81,8 +81,10 @@ type sendWQE struct {
 	firstPSN uint32
 	lastPSN  uint32
 	npsn     int
-	readDone int // READ: bytes of response received in order
-	reRead   int // READ: response index the latest (re-)issued request starts at
+	readDone int       // READ: bytes of response received in order
+	reRead   int       // READ: response index the latest (re-)issued request starts at
+	localSt  cq.Status // LOCAL_INV, BIND_MW: the status of its execution
+	localErr string    // and why it failed
 }
 
 type recvWQE struct {
@@ -425,7 +427,10 @@ func (qp *QP) PostSend(swr *wr.SendWR) error {
 	w.sgl = append(w.sgl[:0], swr.SGL...)
 	w.wr.SGL = nil
 	w.isInline = false
-	if swr.Flags&wr.Inline != 0 && !swr.Opcode.IsAtomic() && swr.Opcode != wr.RDMARead && swr.Opcode != wr.AtomicWrite {
+	if swr.Opcode.IsLocal() {
+		length = 0
+	}
+	if swr.Flags&wr.Inline != 0 && !swr.Opcode.IsAtomic() && swr.Opcode != wr.RDMARead && swr.Opcode != wr.AtomicWrite && !swr.Opcode.IsLocal() {
 		// Inline data is copied now, so the caller may reuse its buffer as
 		// soon as PostSend returns (ibv_post_send semantics). It comes from
 		// InlineData, or else from the SGL, read through the lkeys.
@@ -531,6 +536,10 @@ func wcOpcode(o wr.Opcode) cq.Opcode {
 		return cq.OpFetchAdd
 	case o == wr.AtomicWrite:
 		return cq.OpAtomicWrite
+	case o == wr.BindMW:
+		return cq.OpBindMW
+	case o == wr.LocalInv:
+		return cq.OpLocalInv
 	}
 	return cq.OpSend
 }

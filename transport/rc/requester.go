@@ -37,6 +37,26 @@ func (qp *QP) transmit(budget int) bool {
 			qp.sqSendOff++
 			continue
 		}
+		if w.wr.Opcode.IsLocal() {
+			if w.state == wqeQueued {
+				if w.wr.Flags&wr.Fence != 0 && qp.rdOutstanding > 0 {
+					return true // IBV_SEND_FENCE: wait for prior READ/atomics
+				}
+				qp.execLocal(w)
+			}
+			switch {
+			case qp.sqSendOff == 0:
+				qp.drainLocal() // nothing before it: complete it now
+				if qp.state != qpstate.RTS {
+					return true
+				}
+			case w.localSt != cq.Success:
+				return true // completes in error once it is the oldest
+			default:
+				qp.sqSendOff++
+			}
+			continue
+		}
 		if w.state == wqeQueued {
 			if needsRDResource(w.wr.Opcode) && qp.rdOutstanding >= qp.path.MaxRDAtomic {
 				return true // resumes when a READ/atomic completes

@@ -265,7 +265,7 @@ func (qp *QP) recvSend(p *bth.Packet) bool {
 		}
 		if info.Inv {
 			rkey := p.IETH.RKey()
-			if err := qp.e.mrs.RemoteInvalidate(qp.cfg.PD, rkey); err != nil {
+			if err := qp.remote().Invalidate(rkey); err != nil {
 				// Class J, as rxe (RESPST_ERR_INVALIDATE_RKEY): no NAK,
 				// the receive completes REM_INV_REQ_ERR and the QP goes
 				// to ERR. The region stays valid (memreg refuses to let a
@@ -307,7 +307,7 @@ func (qp *QP) recvWrite(p *bth.Packet) bool {
 			return false
 		}
 		va, rkey := p.RETH.VA(), p.RETH.RKey()
-		if err := qp.e.mrs.CheckRemote(qp.cfg.PD, rkey, va, uint64(length), memreg.AccessRemoteWrite); err != nil {
+		if err := qp.remote().Check(rkey, va, uint64(length), memreg.AccessRemoteWrite); err != nil {
 			qp.accessError(psn, err)
 			return false
 		}
@@ -325,7 +325,7 @@ func (qp *QP) recvWrite(p *bth.Packet) bool {
 		return false
 	}
 	if plen > 0 {
-		if err := qp.e.mrs.RemoteWrite(qp.cfg.PD, r.cur.rkey, r.cur.va, p.Payload); err != nil {
+		if err := qp.remote().Write(r.cur.rkey, r.cur.va, p.Payload); err != nil {
 			qp.accessError(psn, err)
 			return false
 		}
@@ -357,7 +357,7 @@ func (qp *QP) recvRead(p *bth.Packet) {
 		return
 	}
 	va, rkey := p.RETH.VA(), p.RETH.RKey()
-	if err := qp.e.mrs.CheckRemote(qp.cfg.PD, rkey, va, uint64(length), memreg.AccessRemoteRead); err != nil {
+	if err := qp.remote().Check(rkey, va, uint64(length), memreg.AccessRemoteRead); err != nil {
 		qp.accessError(psn, err)
 		return
 	}
@@ -387,7 +387,7 @@ func (qp *QP) recvAtomic(p *bth.Packet) {
 	r := &qp.resp
 	psn := p.BTH.PSN()
 	info := p.Info
-	mrs, pd := qp.e.mrs, qp.cfg.PD
+	mrs := qp.remote()
 	var orig uint64
 	var err error
 	res := rdResource{op: info.Op, firstPSN: psn, lastPSN: psn}
@@ -402,7 +402,7 @@ func (qp *QP) recvAtomic(p *bth.Packet) {
 		if info.Op == bth.OpFetchAdd {
 			aop = memreg.AtomicFetchAdd
 		}
-		orig, err = mrs.RemoteAtomic(pd, a.RKey(), a.VA(), aop, a.SwapAdd(), a.Compare())
+		orig, err = mrs.Atomic(a.RKey(), a.VA(), aop, a.SwapAdd(), a.Compare())
 		res.va, res.rkey, res.orig = a.VA(), a.RKey(), orig
 	case bth.OpAtomicWrite:
 		if qp.path.Access&memreg.AccessRemoteWrite == 0 {
@@ -411,12 +411,12 @@ func (qp *QP) recvAtomic(p *bth.Packet) {
 		}
 		var v [8]byte
 		copy(v[:], p.Payload)
-		err = mrs.RemoteAtomicWrite(pd, p.RETH.RKey(), p.RETH.VA(), v)
+		err = mrs.AtomicWrite(p.RETH.RKey(), p.RETH.VA(), v)
 	case bth.OpFlush:
 		// Memory here is ordinary Go memory: global visibility is given
 		// once the write has been executed, so a FLUSH only checks access.
 		if p.FETH.Selectivity() == 0 {
-			err = mrs.CheckRemote(pd, p.RETH.RKey(), p.RETH.VA(), uint64(p.RETH.DMALen()), memreg.AccessFlushGlobal)
+			err = mrs.Check(p.RETH.RKey(), p.RETH.VA(), uint64(p.RETH.DMALen()), memreg.AccessFlushGlobal)
 		}
 	}
 	if err != nil {
@@ -532,7 +532,7 @@ func (r *responder) transmit(qp *QP, budget int) bool {
 		nb := bth.WriteHeaders(buf, &f, plen)
 		if plen > 0 {
 			hdr := op.Info().HdrLen
-			if err := e.mrs.RemoteRead(qp.cfg.PD, res.rkey, res.va+uint64(off), buf[hdr:hdr+plen]); err != nil {
+			if err := qp.remote().Read(res.rkey, res.va+uint64(off), buf[hdr:hdr+plen]); err != nil {
 				e.unbuild()
 				r.jobs = r.jobs[:0]
 				qp.accessError(j.psn, err)

@@ -1,0 +1,60 @@
+package rc
+
+import (
+	"github.com/softroce/softroce/bth"
+	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/memreg"
+	"github.com/softroce/softroce/wr"
+)
+
+// remote is the QP's view of the key table for a peer's requests: its PD
+// and its number, so type 2 windows bound to another QP are refused.
+func (qp *QP) remote() memreg.Remote { return qp.e.mrs.Remote(qp.cfg.PD, qp.num) }
+
+// execLocal executes a LOCAL_INV or BIND_MW work request when the
+// requester reaches it, in send-queue order; it takes no PSN. The status
+// is kept in the WQE until the WQE is the oldest, when it completes
+// (rxe_do_local_ops: MW_BIND_ERR for a failed bind, LOC_QP_OP_ERR for a
+// failed invalidate, and the QP goes to ERR).
+func (qp *QP) execLocal(w *sendWQE) {
+	w.firstPSN, w.npsn = qp.nextPSN, 0
+	w.lastPSN = bth.PSNAdd(w.firstPSN, -1)
+	w.state = wqeStarted
+	w.localSt = cq.Success
+	switch w.wr.Opcode {
+	case wr.LocalInv:
+		if err := qp.e.mrs.Invalidate(qp.cfg.PD, w.wr.InvRKey); err != nil {
+			w.localSt, w.localErr = cq.LocQPOpErr, err.Error()
+		}
+	case wr.BindMW:
+		b := w.wr.Bind
+		_, err := qp.e.mrs.BindMWKey(b.MWKey, qp.cfg.PD, qp.num, memreg.Bind{MRKey: b.MRKey, Addr: b.Addr,
+			Length: b.Length, Access: memreg.Access(b.Access), RKey: b.RKey})
+		if err != nil {
+			w.localSt, w.localErr = cq.MWBindErr, err.Error()
+		}
+	}
+}
+
+// drainLocal completes the executed local work requests at the head of the
+// send queue, now that everything before them has completed.
+func (qp *QP) drainLocal() {
+	for qp.sqCount > 0 {
+		w := &qp.sq[qp.sqHead]
+		if !w.wr.Opcode.IsLocal() || w.state != wqeStarted {
+			return
+		}
+		st, why := w.localSt, w.localErr
+		ok := qp.pushSendWC(w, st, 0)
+		w.state = wqeDone
+		qp.retireHead()
+		switch {
+		case !ok:
+			qp.toError("send CQ overrun")
+			return
+		case st != cq.Success:
+			qp.toError(w.wr.Opcode.String() + ": " + why)
+			return
+		}
+	}
+}
