@@ -81,6 +81,8 @@ const (
 	WRAtomicFetchAndAdd = wr.AtomicFetchAndAdd
 	WRSendWithInv       = wr.SendWithInv
 	WRAtomicWrite       = wr.AtomicWrite
+	WRLocalInv          = wr.LocalInv // invalidate InvRKey (a type 2 window or an MR)
+	WRBindMW            = wr.BindMW   // bind a type 2 window (Bind, see MW.BindWR)
 
 	SendFence     = wr.Fence
 	SendSignaled  = wr.Signaled
@@ -91,6 +93,7 @@ const (
 	AccessRemoteWrite  = memreg.AccessRemoteWrite
 	AccessRemoteRead   = memreg.AccessRemoteRead
 	AccessRemoteAtomic = memreg.AccessRemoteAtomic
+	AccessMWBind       = memreg.AccessMWBind
 
 	StateReset = qpstate.Reset
 	StateInit  = qpstate.Init
@@ -393,7 +396,19 @@ type DeviceAttr struct {
 	AtomicCap                    string // "ATOMIC_HCA": atomic with respect to other RDMA atomics
 	PhysPortCnt                  int
 	MaxSRQ, MaxSRQWR, MaxSRQSGE  int
+	MaxMW                        int
+	DeviceCapFlags               DeviceCapFlags
 }
+
+// DeviceCapFlags are enum ibv_device_cap_flags.
+type DeviceCapFlags uint32
+
+// Device capabilities softroce reports.
+const (
+	DeviceMemWindow        DeviceCapFlags = 1 << 17 // IBV_DEVICE_MEM_WINDOW: type 1 windows
+	DeviceMemWindowType2B  DeviceCapFlags = 1 << 24 // IBV_DEVICE_MEM_WINDOW_TYPE_2B
+	deviceCapFlagsSoftroce                = DeviceMemWindow | DeviceMemWindowType2B
+)
 
 // QueryDevice returns the device attributes (ibv_query_device).
 func (d *Device) QueryDevice() DeviceAttr {
@@ -401,7 +416,7 @@ func (d *Device) QueryDevice() DeviceAttr {
 	return DeviceAttr{Name: d.name, VendorID: VendorID, MaxMRSize: lim.MaxMRSize, MaxQP: d.maxQP, MaxQPWR: MaxQPWR,
 		MaxSGE: MaxSGE, MaxCQ: d.maxCQ, MaxCQE: MaxCQE, MaxMR: lim.MaxMR, MaxPD: lim.MaxPD, MaxQPRDAtom: MaxQPRDAtom,
 		MaxQPInitRDAtom: MaxQPRDAtom, MaxMsgSize: MaxMsgSize, MaxInline: MaxInline, AtomicCap: "ATOMIC_HCA", PhysPortCnt: 1,
-		MaxSRQ: MaxSRQ, MaxSRQWR: MaxSRQWR, MaxSRQSGE: MaxSRQSGE}
+		MaxSRQ: MaxSRQ, MaxSRQWR: MaxSRQWR, MaxSRQSGE: MaxSRQSGE, MaxMW: lim.MaxMW, DeviceCapFlags: deviceCapFlagsSoftroce}
 }
 
 // PortAttr is the subset of struct ibv_port_attr that matters on RoCE.
@@ -519,7 +534,8 @@ func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	return pd.d.mrs.RegMR(pd.pd, buf, access)
 }
 
-// DeregMR deregisters mr (ibv_dereg_mr). In-flight remote accesses finish
+// DeregMR deregisters mr (ibv_dereg_mr). It fails with ErrBusy while
+// memory windows are bound to mr. In-flight remote accesses finish
 // first; later ones fail with a remote access error.
 func (d *Device) DeregMR(mr *MR) error {
 	if err := d.isClosed("dereg MR"); err != nil {

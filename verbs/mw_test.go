@@ -1,0 +1,129 @@
+package verbs
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/softroce/softroce/cq"
+)
+
+func TestQueryDeviceMW(t *testing.T) {
+	a, _ := openPair(t)
+	at := a.QueryDevice()
+	if at.MaxMW <= 0 || at.DeviceCapFlags&DeviceMemWindow == 0 || at.DeviceCapFlags&DeviceMemWindowType2B == 0 {
+		t.Fatalf("max_mw %d caps %#x", at.MaxMW, at.DeviceCapFlags)
+	}
+	if DeviceMemWindow != 0x20000 || DeviceMemWindowType2B != 0x1000000 || IncRKey(0x123456ff) != 0x12345600 {
+		t.Fatal("ibv constants")
+	}
+}
+
+// Windows over a nic/pipe link: a type 1 window bound with MW.Bind and a
+// type 2 one bound with a BIND_MW work request; the peer WRITEs and READs
+// through their rkeys (every byte checked), then invalidates the type 2
+// window with a SEND_WITH_INV and is refused afterwards.
+func TestMWOverPipe(t *testing.T) {
+	a, b := openPair(t)
+	pda, _ := a.AllocPD()
+	pdb, _ := b.AllocPD()
+	bufa := make([]byte, 16384)
+	mra, _ := pda.RegMR(bufa, AccessLocalWrite)
+	bufb := make([]byte, 16384)
+	// The region itself grants no remote rights: only the windows do.
+	mrb, err := pdb.RegMR(bufb, AccessLocalWrite|AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := connectPair(t, a, b, pda, pdb, &ConnectOptions{Timeout: 8, RetryCnt: 2})
+
+	post := func(w SendWR) cq.WC {
+		t.Helper()
+		w.Flags |= SendSignaled
+		if err := p.qa.PostSend(&w); err != nil {
+			t.Fatal(err)
+		}
+		return waitOne(t, p.ca, w.Opcode.String())
+	}
+	for i := range bufa[:8192] {
+		bufa[i] = byte(i*13 + i>>8 + 1)
+	}
+	check := func(name string, rkey uint32, roff int) {
+		t.Helper()
+		if wc := post(SendWR{ID: 1, Opcode: WRRDMAWrite, RemoteAddr: mrb.Addr() + uint64(roff), RKey: rkey,
+			SGL: []SGE{{Addr: mra.Addr(), Length: 4000, LKey: mra.LKey()}}}); wc.Status != cq.Success {
+			t.Fatalf("%s: WRITE %v", name, wc.Status)
+		}
+		if !bytes.Equal(bufb[roff:roff+4000], bufa[:4000]) {
+			t.Fatalf("%s: WRITE data differs", name)
+		}
+		if wc := post(SendWR{ID: 2, Opcode: WRRDMARead, RemoteAddr: mrb.Addr() + uint64(roff), RKey: rkey,
+			SGL: []SGE{{Addr: mra.Addr() + 8192, Length: 4000, LKey: mra.LKey()}}}); wc.Status != cq.Success || wc.ByteLen != 4000 {
+			t.Fatalf("%s: READ %+v", name, wc)
+		}
+		if !bytes.Equal(bufa[8192:12192], bufa[:4000]) {
+			t.Fatalf("%s: READ data differs", name)
+		}
+		clear(bufa[8192:12192])
+	}
+
+	// Type 1.
+	mw1, err := pdb.AllocMW(MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k0 := mw1.RKey()
+	if _, err := mw1.Bind(p.qb, mrb, mrb.Addr(), 8192, AccessRemoteRead|AccessRemoteWrite|AccessLocalWrite); err == nil || mw1.RKey() != k0 {
+		t.Fatalf("bind with LOCAL_WRITE in a window: %v, key %#x -> %#x", err, k0, mw1.RKey())
+	}
+	k1, err := mw1.Bind(p.qb, mrb, mrb.Addr(), 8192, AccessRemoteRead|AccessRemoteWrite)
+	if err != nil || k1 == k0 || mw1.RKey() != k1 {
+		t.Fatalf("type 1 bind: %#x %v", k1, err)
+	}
+	check("type 1", k1, 100)
+	if err := b.DeregMR(mrb); !errors.Is(err, ErrBusy) {
+		t.Fatalf("dereg with a window bound: %v", err)
+	}
+	if _, err := mw1.Bind(p.qb, nil, 0, 0, 0); err != nil {
+		t.Fatalf("unbind: %v", err)
+	}
+
+	// Type 2.
+	mw2, _ := pdb.AllocMW(MWType2)
+	if _, err := mw2.Bind(p.qb, mrb, mrb.Addr(), 8, AccessRemoteRead); err == nil {
+		t.Fatal("MW.Bind accepted a type 2 window")
+	}
+	k2 := IncRKey(mw2.RKey())
+	bw := mw2.BindWR(9, SendSignaled, mrb, mrb.Addr()+4096, 8192, AccessRemoteRead|AccessRemoteWrite, k2)
+	if err := p.qb.PostSend(&bw); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitOne(t, p.cb, "bind"); wc.Status != cq.Success || wc.Opcode != cq.OpBindMW || wc.WRID != 9 || mw2.RKey() != k2 {
+		t.Fatalf("bind completion %+v, key %#x", wc, mw2.RKey())
+	}
+	check("type 2", k2, 4096+200)
+
+	if err := p.qb.PostRecv(&RecvWR{ID: 7, SGL: []SGE{{Addr: mrb.Addr() + 12800, Length: 64, LKey: mrb.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := post(SendWR{ID: 3, Opcode: WRSendWithInv, InvRKey: k2, SGL: []SGE{{Addr: mra.Addr(), Length: 33, LKey: mra.LKey()}}}); wc.Status != cq.Success {
+		t.Fatalf("SEND_WITH_INV %v", wc.Status)
+	}
+	if wc := waitOne(t, p.cb, "receive"); wc.Status != cq.Success || wc.Flags&cq.FlagWithInv == 0 || wc.InvalidatedRKey != k2 || wc.ByteLen != 33 ||
+		!bytes.Equal(bufb[12800:12833], bufa[:33]) {
+		t.Fatalf("receive %+v", wc)
+	}
+	if wc := post(SendWR{ID: 4, Opcode: WRRDMARead, RemoteAddr: mrb.Addr() + 4096, RKey: k2,
+		SGL: []SGE{{Addr: mra.Addr(), Length: 8, LKey: mra.LKey()}}}); wc.Status != cq.RemAccessErr {
+		t.Fatalf("READ after invalidation: %v", wc.Status)
+	}
+	if err := mw1.Dealloc(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mw2.Dealloc(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.DeregMR(mrb); err != nil {
+		t.Fatal(err)
+	}
+}
