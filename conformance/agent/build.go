@@ -32,7 +32,7 @@
 //	rts qp= spsn= timeout= retry= rnr_retry= rd_atomic=                -> ok
 //	state qp= to=ERR|RESET|SQD                     -> ok
 //	query qp=                                      -> ok state= sq_psn= rq_psn= mtu= dqpn= ...
-//	send qp= wr= op=send|send_imm|write|write_imm|read|cas|faa mr= off= len=
+//	send qp= wr= op=send|send_imm|send_inv|write|write_imm|read|cas|faa mr= off= len=
 //	     raddr= rkey= imm= compare= swap= add= signaled= fence= solicited= inline=  -> ok
 //	recv qp= wr= mr= off= len=                     -> ok
 //	srq pd= wr= limit=                             -> ok srq=ID srqn= max_wr=

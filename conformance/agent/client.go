@@ -431,6 +431,8 @@ const (
 	OpRead     Op = "read"
 	OpCmpSwap  Op = "cas"
 	OpFetchAdd Op = "faa"
+	// OpSendInv is SEND_WITH_INV; RKey is the key the peer invalidates.
+	OpSendInv Op = "send_inv"
 )
 
 // SendWR is one send work request with a single local SGE (MR, Off, Len;

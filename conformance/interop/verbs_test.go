@@ -22,6 +22,7 @@ type pairing struct {
 	acq  agent.CQ
 	amr  agent.MR
 	dev  *verbs.Device
+	pd   *verbs.PD
 	qp   *verbs.QP
 	cq   *verbs.CQ
 	mr   *verbs.MR
@@ -62,6 +63,7 @@ func connectPair(t *testing.T, ctx context.Context, mtu int) *pairing {
 	p.dev = hostDevice(t)
 	spd, err := p.dev.AllocPD()
 	must(err)
+	p.pd = spd
 	p.buf = make([]byte, bufLen)
 	p.mr, err = spd.RegMR(p.buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead|verbs.AccessRemoteAtomic)
 	must(err)

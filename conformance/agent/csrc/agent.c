@@ -447,11 +447,16 @@ static void cmd_send(void)
 	else if (strcmp(op, "read") == 0) w.opcode = IBV_WR_RDMA_READ;
 	else if (strcmp(op, "cas") == 0) w.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
 	else if (strcmp(op, "faa") == 0) w.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+	else if (strcmp(op, "send_inv") == 0) w.opcode = IBV_WR_SEND_WITH_INV;
 	else { reply("err unknown op %s", op); return; }
 	/* imm_data is carried in network byte order: the protocol's imm is
 	 * the value of the ImmDt field read big-endian off the wire, both
 	 * here and in poll replies. */
 	w.imm_data = htonl((uint32_t)imm);
+	/* SEND_WITH_INV: rkey is the key the peer is to invalidate (the
+	 * invalidate_rkey union member shares imm_data's place). */
+	if (w.opcode == IBV_WR_SEND_WITH_INV)
+		w.invalidate_rkey = (uint32_t)rkey;
 	if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
 		w.wr.atomic.remote_addr = raddr;
 		w.wr.atomic.rkey = (uint32_t)rkey;

@@ -1,0 +1,117 @@
+package interop
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/conformance/agent"
+	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/verbs"
+)
+
+// TestMWAgainstRxe: kernel rxe as the requester through softroce's memory
+// windows. rxe WRITEs and READs through a type 1 window (bound with
+// MW.Bind) and a type 2 window (bound by a BIND_MW work request on the
+// connected QP), every byte checked on both sides; then rxe's SEND_WITH_INV
+// invalidates the type 2 window, softroce's receive completes WITH_INV
+// with its rkey, and rxe's next READ through it fails REM_ACCESS_ERR.
+func TestMWAgainstRxe(t *testing.T) {
+	needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := connectPair(t, ctx, 1024)
+	const n, winOff, winLen = 20000, 64 << 10, 128 << 10
+	wbuf := make([]byte, 256<<10)
+	// The region grants no remote right itself: only the windows do.
+	wmr, err := p.pd.RegMR(wbuf, verbs.AccessLocalWrite|verbs.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	winAddr := wmr.Addr() + winOff
+
+	through := func(name string, rkey uint32, seed byte) {
+		t.Helper()
+		data := pattern(n, seed)
+		if err := p.ag.WriteMem(ctx, p.amr, 0, data); err != nil {
+			t.Fatal(err)
+		}
+		p.agentPost(t, ctx, agent.SendWR{Op: agent.OpWrite, Off: 0, Len: n, RemoteAddr: winAddr + 100, RKey: rkey})
+		var same, untouched bool
+		p.mem(func() {
+			same = bytes.Equal(wbuf[winOff+100:winOff+100+n], data)
+			untouched = wbuf[winOff+99] == 0 && wbuf[winOff+100+n] == 0
+		})
+		if !same || !untouched {
+			t.Fatalf("%s: rxe WRITE through the window: data differs (%v) or spilled (%v)", name, !same, !untouched)
+		}
+		back := pattern(n, seed+1)
+		p.mem(func() { copy(wbuf[winOff+40000:], back) })
+		p.agentPost(t, ctx, agent.SendWR{Op: agent.OpRead, Off: bufLen / 2, Len: n, RemoteAddr: winAddr + 40000, RKey: rkey})
+		got, err := p.ag.ReadMem(ctx, p.amr, bufLen/2, n)
+		if err != nil || !bytes.Equal(got, back) {
+			t.Fatalf("%s: rxe READ through the window: data differs (%v)", name, err)
+		}
+		p.mem(func() { clear(wbuf) })
+	}
+
+	mw1, err := p.pd.AllocMW(verbs.MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k1, err := mw1.Bind(p.qp, wmr, winAddr, winLen, verbs.AccessRemoteRead|verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	through("type 1", k1, 11)
+	if _, err := mw1.Bind(p.qp, nil, 0, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	mw2, err := p.pd.AllocMW(verbs.MWType2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2 := verbs.IncRKey(mw2.RKey())
+	p.wrID++
+	bw := mw2.BindWR(p.wrID, verbs.SendSignaled, wmr, winAddr, winLen, verbs.AccessRemoteRead|verbs.AccessRemoteWrite, k2)
+	if err := p.qp.PostSend(&bw); err != nil {
+		t.Fatal(err)
+	}
+	wcs := make([]verbs.WC, 1)
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if _, err := p.cq.Wait(wctx, wcs); err != nil || wcs[0].Status != 0 || wcs[0].Opcode != cq.OpBindMW || mw2.RKey() != k2 {
+		t.Fatalf("BIND_MW completion %+v (%v)", wcs[0], err)
+	}
+	through("type 2", k2, 22)
+
+	// SEND_WITH_INV from rxe names the type 2 window.
+	if err := p.qp.PostRecv(&verbs.RecvWR{ID: 4242, SGL: []verbs.SGE{{Addr: p.mr.Addr(), Length: 4096, LKey: p.mr.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	msg := pattern(777, 33)
+	if err := p.ag.WriteMem(ctx, p.amr, 0, msg); err != nil {
+		t.Fatal(err)
+	}
+	p.agentPost(t, ctx, agent.SendWR{Op: agent.OpSendInv, Off: 0, Len: len(msg), RKey: k2})
+	if _, err := p.cq.Wait(wctx, wcs); err != nil || wcs[0].WRID != 4242 || wcs[0].Status != 0 || wcs[0].Flags&cq.FlagWithInv == 0 ||
+		wcs[0].InvalidatedRKey != k2 || wcs[0].ByteLen != uint32(len(msg)) {
+		t.Fatalf("softroce receive of SEND_WITH_INV %+v (%v)", wcs[0], err)
+	}
+	var same bool
+	p.mem(func() { same = bytes.Equal(p.buf[:len(msg)], msg) })
+	if !same {
+		t.Fatal("SEND_WITH_INV data differs")
+	}
+	// The invalidated window refuses rxe's READ.
+	p.wrID++
+	if err := p.ag.PostSend(ctx, p.aqp, agent.SendWR{WRID: p.wrID, Op: agent.OpRead, MR: p.amr, Off: 0, Len: 64, RemoteAddr: winAddr, RKey: k2}); err != nil {
+		t.Fatal(err)
+	}
+	wc, err := p.ag.Poll(ctx, p.acq, 20*time.Second)
+	if err != nil || wc == nil || wc.Status != agent.WCRemAccessErr {
+		t.Fatalf("rxe READ through the invalidated window: %+v (%v), want REM_ACCESS_ERR", wc, err)
+	}
+}
