@@ -40,6 +40,10 @@
 //	srqlimit srq= limit=                           -> ok
 //	srqquery srq=                                  -> ok max_wr= max_sge= limit=
 //	event timeout=MS                               -> ok none | ok type= qp=ID qpn= srq=ID str=<text>
+//	mw pd= type=1|2                                -> ok mw=ID rkey=
+//	bindmw qp= wr= mw= mr= off= len= access= signaled=  -> ok rkey=<new rkey>
+//	     (type 1: ibv_bind_mw; type 2: a BIND_MW work request, new rkey ibv_inc_rkey(old))
+//	localinv qp= wr= rkey= signaled=               -> ok
 //	poll cq= timeout=MS                            -> ok none | ok wr= status= opcode= len= imm=
 //	                                                  qpn= src_qp= wc_flags= vendor_err= str=<text>
 //	mem mr= off= len=                              -> ok hex=<bytes>

@@ -212,8 +212,50 @@ const (
 	AccessRemoteWrite  Access = 2
 	AccessRemoteRead   Access = 4
 	AccessRemoteAtomic Access = 8
+	AccessMWBind       Access = 16
 	AccessAll                 = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
 )
+
+// MW is a memory window in the agent.
+type MW struct {
+	ID   int
+	RKey uint32 // the current rkey (as of the last bind through the client)
+}
+
+// AllocMW allocates a window of type 1 or 2 (ibv_alloc_mw).
+func (c *Client) AllocMW(ctx context.Context, pd PD, typ int) (MW, error) {
+	r, err := c.Do(ctx, "mw", kv("pd", int(pd)), kv("type", typ))
+	if err != nil {
+		return MW{}, err
+	}
+	id, err := r.Uint("mw")
+	if err != nil {
+		return MW{}, err
+	}
+	k, err := r.Uint("rkey")
+	return MW{ID: int(id), RKey: uint32(k)}, err
+}
+
+// BindMW binds mw over [off, off+length) of mr with access on qp: with
+// ibv_bind_mw for a type 1 window, with a BIND_MW work request for a type
+// 2 one. It returns the window's new rkey; the bind completes (wrID) on
+// qp's send CQ when signaled.
+func (c *Client) BindMW(ctx context.Context, qp QP, wrID uint64, mw *MW, mr MR, off, length int, access Access, signaled bool) error {
+	r, err := c.Do(ctx, "bindmw", kv("qp", qp.ID), kv("wr", wrID), kv("mw", mw.ID), kv("mr", mr.ID), kv("off", off),
+		kv("len", length), kv("access", uint32(access)), kv("signaled", b2i(signaled)))
+	if err != nil {
+		return err
+	}
+	k, err := r.Uint("rkey")
+	mw.RKey = uint32(k)
+	return err
+}
+
+// LocalInv posts a LOCAL_INV of rkey on qp.
+func (c *Client) LocalInv(ctx context.Context, qp QP, wrID uint64, rkey uint32, signaled bool) error {
+	_, err := c.Do(ctx, "localinv", kv("qp", qp.ID), kv("wr", wrID), hexv("rkey", uint64(rkey)), kv("signaled", b2i(signaled)))
+	return err
+}
 
 // AllocPD allocates a protection domain.
 func (c *Client) AllocPD(ctx context.Context) (PD, error) {

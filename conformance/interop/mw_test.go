@@ -115,3 +115,98 @@ func TestMWAgainstRxe(t *testing.T) {
 		t.Fatalf("rxe READ through the invalidated window: %+v (%v), want REM_ACCESS_ERR", wc, err)
 	}
 }
+
+// TestRxeMWFromSoftroce: the other role, softroce as the requester through
+// rxe's windows: a type 1 window bound with ibv_bind_mw and a type 2 one
+// bound by a BIND_MW work request, softroce WRITEs and READs through them
+// (every byte checked), then its SEND_WITH_INV invalidates the type 2
+// window: rxe's receive succeeds and softroce's next READ through the
+// window completes REM_ACCESS_ERR.
+func TestRxeMWFromSoftroce(t *testing.T) {
+	needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := connectPair(t, ctx, 4096)
+	const n, winOff, winLen = 30000, 64 << 10, 128 << 10
+	wmr, err := p.ag.RegMR(ctx, p.apd, 256<<10, agent.AccessLocalWrite|agent.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	winAddr := wmr.Addr + winOff
+	bind := func(typ int) agent.MW {
+		t.Helper()
+		mw, err := p.ag.AllocMW(ctx, p.apd, typ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := mw.RKey
+		p.wrID++
+		if err := p.ag.BindMW(ctx, p.aqp, p.wrID, &mw, wmr, winOff, winLen, agent.AccessRemoteRead|agent.AccessRemoteWrite, true); err != nil {
+			t.Fatal(err)
+		}
+		wc, err := p.ag.Poll(ctx, p.acq, 20*time.Second)
+		if err != nil || wc == nil || wc.Status != 0 || wc.WRID != p.wrID || wc.Opcode != 5 /* IBV_WC_BIND_MW */ || mw.RKey == old {
+			t.Fatalf("rxe bind of a type %d window: %+v (%v), rkey %#x -> %#x", typ, wc, err, old, mw.RKey)
+		}
+		return mw
+	}
+	through := func(name string, rkey uint32, seed byte) {
+		t.Helper()
+		data := pattern(n, seed)
+		p.mem(func() { copy(p.buf, data) })
+		p.post(t, verbs.SendWR{Opcode: verbs.WRRDMAWrite, SGL: []verbs.SGE{{Addr: p.mr.Addr(), Length: n, LKey: p.mr.LKey()}},
+			RemoteAddr: winAddr + 100, RKey: rkey})
+		got, err := p.ag.ReadMem(ctx, wmr, winOff+99, n+2)
+		if err != nil || !bytes.Equal(got[1:n+1], data) || got[0] != 0 || got[n+1] != 0 {
+			t.Fatalf("%s: WRITE through rxe's window: data differs or spilled (%v)", name, err)
+		}
+		back := pattern(n, seed+1)
+		if err := p.ag.WriteMem(ctx, wmr, winOff+50000, back); err != nil {
+			t.Fatal(err)
+		}
+		wc := p.post(t, verbs.SendWR{Opcode: verbs.WRRDMARead, SGL: []verbs.SGE{{Addr: p.mr.Addr() + bufLen/2, Length: n, LKey: p.mr.LKey()}},
+			RemoteAddr: winAddr + 50000, RKey: rkey})
+		var same bool
+		p.mem(func() { same = bytes.Equal(p.buf[bufLen/2:bufLen/2+n], back) })
+		if wc.ByteLen != n || !same {
+			t.Fatalf("%s: READ through rxe's window: data differs", name)
+		}
+		if err := p.ag.Fill(ctx, wmr, 0, 256<<10, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mw1 := bind(1)
+	through("type 1", mw1.RKey, 41)
+	mw2 := bind(2)
+	through("type 2", mw2.RKey, 52)
+
+	if err := p.ag.PostRecv(ctx, p.aqp, 777, p.amr, 0, 4096); err != nil {
+		t.Fatal(err)
+	}
+	msg := pattern(500, 61)
+	p.mem(func() { copy(p.buf, msg) })
+	p.post(t, verbs.SendWR{Opcode: verbs.WRSendWithInv, InvRKey: mw2.RKey, SGL: []verbs.SGE{{Addr: p.mr.Addr(), Length: uint32(len(msg)), LKey: p.mr.LKey()}}})
+	wc, err := p.ag.Poll(ctx, p.acq, 20*time.Second)
+	// What proves the invalidation is the READ below. rxe's completion
+	// flags and invalidated_rkey are only logged: through this agent they
+	// do not read as libibverbs' IBV_WC_WITH_INV and the IETH rkey.
+	if err != nil || wc == nil || wc.Status != 0 || wc.WRID != 777 || wc.ByteLen != uint32(len(msg)) {
+		t.Fatalf("rxe receive of SEND_WITH_INV: %+v (%v), rkey %#x", wc, err, mw2.RKey)
+	}
+	t.Logf("rxe receive of SEND_WITH_INV of %#x: wc_flags %#x, imm/invalidated_rkey field %#x", mw2.RKey, wc.Flags, wc.Imm)
+	got, err := p.ag.ReadMem(ctx, p.amr, 0, len(msg))
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("SEND_WITH_INV data differs in rxe (%v)", err)
+	}
+	p.wrID++
+	if err := p.qp.PostSend(&verbs.SendWR{ID: p.wrID, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+		SGL: []verbs.SGE{{Addr: p.mr.Addr(), Length: 64, LKey: p.mr.LKey()}}, RemoteAddr: winAddr, RKey: mw2.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	wcs := make([]verbs.WC, 1)
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	if _, err := p.cq.Wait(wctx, wcs); err != nil || wcs[0].Status != cq.RemAccessErr {
+		t.Fatalf("READ through rxe's invalidated window: %+v (%v), want REM_ACCESS_ERR", wcs[0], err)
+	}
+}

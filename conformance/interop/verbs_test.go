@@ -18,6 +18,7 @@ import (
 // agent) and softroce on the host, each with a registered 1 MiB buffer.
 type pairing struct {
 	ag   *agent.Client
+	apd  agent.PD
 	aqp  agent.QP
 	acq  agent.CQ
 	amr  agent.MR
@@ -50,6 +51,7 @@ func connectPair(t *testing.T, ctx context.Context, mtu int) *pairing {
 	must(ag.Open(ctx, "rxe0"))
 	pd, err := ag.AllocPD(ctx)
 	must(err)
+	p.apd = pd
 	p.amr, err = ag.RegMR(ctx, pd, bufLen, agent.AccessAll)
 	must(err)
 	p.acq, err = ag.CreateCQ(ctx, 256)

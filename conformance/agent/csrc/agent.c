@@ -55,6 +55,7 @@ static struct mr mrs[MAXOBJ];
 static struct cq cqs[MAXOBJ];
 static struct ibv_qp *qps[MAXOBJ];
 static struct ibv_srq *srqs[MAXOBJ];
+static struct ibv_mw *mws[MAXOBJ];
 
 static FILE *out;
 
@@ -125,6 +126,7 @@ static int slot_mr(void) { for (int i = 1; i < MAXOBJ; i++) if (!mrs[i].mr) retu
 static int slot_cq(void) { for (int i = 1; i < MAXOBJ; i++) if (!cqs[i].cq) return i; return -1; }
 static int slot_qp(void) { for (int i = 1; i < MAXOBJ; i++) if (!qps[i]) return i; return -1; }
 static int slot_srq(void) { for (int i = 1; i < MAXOBJ; i++) if (!srqs[i]) return i; return -1; }
+static int slot_mw(void) { for (int i = 1; i < MAXOBJ; i++) if (!mws[i]) return i; return -1; }
 
 static int hexval(int c)
 {
@@ -149,6 +151,11 @@ static int unhex(const char *s, uint8_t *b, size_t n)
 
 static void destroy_all(void)
 {
+	/* Windows first: a region with windows bound cannot be deregistered. */
+	for (int i = 0; i < MAXOBJ; i++) {
+		if (mws[i]) ibv_dealloc_mw(mws[i]);
+		mws[i] = NULL;
+	}
 	for (int i = 0; i < MAXOBJ; i++) {
 		if (qps[i]) ibv_destroy_qp(qps[i]);
 		qps[i] = NULL;
@@ -473,6 +480,71 @@ static void cmd_send(void)
 	reply("ok");
 }
 
+/* mw pd= type=1|2: allocate a memory window. */
+static void cmd_mw(void)
+{
+	NEEDCTX();
+	OBJ("pd", pds, , pd);
+	NUM("type", type);
+	int i = slot_mw();
+	if (i < 0) { reply("err too many MWs"); return; }
+	if (type != 1 && type != 2) { reply("err bad type"); return; }
+	mws[i] = ibv_alloc_mw(pds[pd_id], type == 1 ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2);
+	if (!mws[i]) { reply("err ibv_alloc_mw: %s", strerror(errno)); return; }
+	reply("ok mw=%d rkey=0x%x", i, mws[i]->rkey);
+}
+
+/* bindmw qp= wr= mw= mr= off= len= access= signaled=: bind a window over
+ * [off, off+len) of mr, with ibv_bind_mw for a type 1 window and a
+ * BIND_MW work request (new rkey: ibv_inc_rkey of the current one) for a
+ * type 2 window. Replies with the window's new rkey. */
+static void cmd_bindmw(void)
+{
+	OBJ("qp", qps, , qp);
+	NUM("wr", wr_id);
+	OBJ("mw", mws, , mw);
+	OBJ("mr", mrs, .mr, mr);
+	NUM("off", off);
+	NUM("len", len);
+	NUM("access", access);
+	OPT("signaled", signaled, 1);
+	struct ibv_mw *m = mws[mw_id];
+	struct ibv_mw_bind_info bi = { .mr = mrs[mr_id].mr, .addr = (uint64_t)(uintptr_t)mrs[mr_id].buf + off,
+				       .length = len, .mw_access_flags = (unsigned int)access };
+	int rc;
+	if (m->type == IBV_MW_TYPE_1) {
+		struct ibv_mw_bind b = { .wr_id = wr_id, .send_flags = signaled ? IBV_SEND_SIGNALED : 0, .bind_info = bi };
+		rc = ibv_bind_mw(qps[qp_id], m, &b);
+		if (rc) { reply("err ibv_bind_mw: %s", strerror(rc)); return; }
+		reply("ok rkey=0x%x", m->rkey);
+		return;
+	}
+	struct ibv_send_wr w = { .wr_id = wr_id, .opcode = IBV_WR_BIND_MW,
+				 .send_flags = signaled ? IBV_SEND_SIGNALED : 0 }, *bad;
+	w.bind_mw.mw = m;
+	w.bind_mw.rkey = ibv_inc_rkey(m->rkey);
+	w.bind_mw.bind_info = bi;
+	rc = ibv_post_send(qps[qp_id], &w, &bad);
+	if (rc) { reply("err ibv_post_send: %s", strerror(rc)); return; }
+	m->rkey = w.bind_mw.rkey;
+	reply("ok rkey=0x%x", m->rkey);
+}
+
+/* localinv qp= wr= rkey= signaled=: post a LOCAL_INV work request. */
+static void cmd_localinv(void)
+{
+	OBJ("qp", qps, , qp);
+	NUM("wr", wr_id);
+	NUM("rkey", rkey);
+	OPT("signaled", signaled, 1);
+	struct ibv_send_wr w = { .wr_id = wr_id, .opcode = IBV_WR_LOCAL_INV,
+				 .send_flags = signaled ? IBV_SEND_SIGNALED : 0 }, *bad;
+	w.invalidate_rkey = (uint32_t)rkey;
+	int rc = ibv_post_send(qps[qp_id], &w, &bad);
+	if (rc) { reply("err ibv_post_send: %s", strerror(rc)); return; }
+	reply("ok");
+}
+
 static void cmd_recv(void)
 {
 	OBJ("qp", qps, , qp);
@@ -714,6 +786,9 @@ static void serve(int fd)
 		else if (strcmp(cmd, "srqlimit") == 0) cmd_srqlimit();
 		else if (strcmp(cmd, "srqquery") == 0) cmd_srqquery();
 		else if (strcmp(cmd, "event") == 0) cmd_event();
+		else if (strcmp(cmd, "mw") == 0) cmd_mw();
+		else if (strcmp(cmd, "bindmw") == 0) cmd_bindmw();
+		else if (strcmp(cmd, "localinv") == 0) cmd_localinv();
 		else if (strcmp(cmd, "poll") == 0) cmd_poll();
 		else if (strcmp(cmd, "mem") == 0) cmd_mem();
 		else if (strcmp(cmd, "memw") == 0) cmd_memw();
