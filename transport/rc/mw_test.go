@@ -217,3 +217,40 @@ func TestLocalInvRegion(t *testing.T) {
 		t.Fatal("region still valid after LOCAL_INV")
 	}
 }
+
+// A SEND with invalidate arriving on another QP than the one the type 2
+// window is bound to, or naming a type 1 window, is refused (class J: the
+// receive completes REM_INV_REQ_ERR, the QP goes to ERR) and the window
+// stays usable on its own QP.
+func TestMWSendWithInvalidateRefused(t *testing.T) {
+	for _, tc := range []string{"other QP", "type 1"} {
+		t.Run(tc, func(t *testing.T) {
+			m := newMWSim(t)
+			b := m.s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7, rnrRetry: 7})
+			k := m.bind(t, m.qps[1], 0, 4096, 0x31)
+			if tc == "type 1" {
+				ep := m.s.ep[1]
+				mw1, _ := ep.mrs.AllocMW(ep.pd, memreg.MWType1)
+				var err error
+				if k, err = ep.mrs.BindMW(mw1, ep.pd, b[1].Num(), memreg.Bind{MRKey: m.rmr.LKey(), Addr: m.rmr.Addr(), Length: 4096, Access: memreg.Access(rw)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := b[1].PostRecv(&wr.RecvWR{ID: 9, SGL: []wr.SGE{{Addr: m.rmr.Addr() + 6000, Length: 64, LKey: m.rmr.LKey()}}}); err != nil {
+				t.Fatal(err)
+			}
+			mustPost(t, b[0], &wr.SendWR{ID: 3, Opcode: wr.SendWithInv, Flags: wr.Signaled, InvRKey: k,
+				SGL: []wr.SGE{{Addr: m.lmr.Addr(), Length: 8, LKey: m.lmr.LKey()}}})
+			if rc := m.s.waitWC(m.s.ep[1].rcq, 1, time.Second)[0]; rc.Status != cq.RemInvReqErr || rc.WRID != 9 || rc.Flags&cq.FlagWithInv != 0 {
+				t.Fatalf("receive completion %+v", rc)
+			}
+			if b[1].State() != qpstate.Err {
+				t.Fatalf("state %v", b[1].State())
+			}
+			m.s.waitWC(m.s.ep[0].scq, 1, time.Second) // the SEND itself (ACKed, as rxe)
+			if st := m.op(t, m.qps[0], wr.RDMARead, 0, 8, m.rmr.Addr(), k); st != cq.Success {
+				t.Fatalf("window after the refused invalidate: %v", st)
+			}
+		})
+	}
+}
