@@ -210,3 +210,90 @@ func TestRxeMWFromSoftroce(t *testing.T) {
 		t.Fatalf("READ through rxe's invalidated window: %+v (%v), want REM_ACCESS_ERR", wcs[0], err)
 	}
 }
+
+// TestMWLocalInvAgainstRxe: LOCAL_INV of a type 2 window, in each role. rxe
+// invalidates its window and softroce's next READ through it completes
+// REM_ACCESS_ERR; softroce invalidates its window and rxe's next READ
+// completes REM_ACCESS_ERR.
+func TestMWLocalInvAgainstRxe(t *testing.T) {
+	needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	t.Run("rxe-window", func(t *testing.T) {
+		p := connectPair(t, ctx, 1024)
+		wmr, err := p.ag.RegMR(ctx, p.apd, 64<<10, agent.AccessLocalWrite|agent.AccessMWBind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mw, err := p.ag.AllocMW(ctx, p.apd, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.wrID++
+		if err := p.ag.BindMW(ctx, p.aqp, p.wrID, &mw, wmr, 0, 64<<10, agent.AccessRemoteRead, false); err != nil {
+			t.Fatal(err)
+		}
+		data := pattern(5000, 71)
+		if err := p.ag.WriteMem(ctx, wmr, 0, data); err != nil {
+			t.Fatal(err)
+		}
+		p.post(t, verbs.SendWR{Opcode: verbs.WRRDMARead, SGL: []verbs.SGE{{Addr: p.mr.Addr(), Length: 5000, LKey: p.mr.LKey()}},
+			RemoteAddr: wmr.Addr, RKey: mw.RKey})
+		var same bool
+		p.mem(func() { same = bytes.Equal(p.buf[:5000], data) })
+		if !same {
+			t.Fatal("READ through rxe's window: data differs")
+		}
+		p.wrID++
+		if err := p.ag.LocalInv(ctx, p.aqp, p.wrID, mw.RKey, true); err != nil {
+			t.Fatal(err)
+		}
+		wc, err := p.ag.Poll(ctx, p.acq, 20*time.Second)
+		if err != nil || wc == nil || wc.Status != 0 || wc.Opcode != 6 /* IBV_WC_LOCAL_INV */ {
+			t.Fatalf("rxe LOCAL_INV completion %+v (%v)", wc, err)
+		}
+		p.wrID++
+		if err := p.qp.PostSend(&verbs.SendWR{ID: p.wrID, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+			SGL: []verbs.SGE{{Addr: p.mr.Addr(), Length: 64, LKey: p.mr.LKey()}}, RemoteAddr: wmr.Addr, RKey: mw.RKey}); err != nil {
+			t.Fatal(err)
+		}
+		wcs := make([]verbs.WC, 1)
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer wcancel()
+		if _, err := p.cq.Wait(wctx, wcs); err != nil || wcs[0].Status != cq.RemAccessErr {
+			t.Fatalf("READ after rxe's LOCAL_INV: %+v (%v), want REM_ACCESS_ERR", wcs[0], err)
+		}
+	})
+	t.Run("softroce-window", func(t *testing.T) {
+		p := connectPair(t, ctx, 1024)
+		wbuf := make([]byte, 64<<10)
+		wmr, err := p.pd.RegMR(wbuf, verbs.AccessLocalWrite|verbs.AccessMWBind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mw, err := p.pd.AllocMW(verbs.MWType2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bw := mw.BindWR(0, 0, wmr, wmr.Addr(), 64<<10, verbs.AccessRemoteRead, verbs.IncRKey(mw.RKey()))
+		if wc := p.post(t, bw); wc.Opcode != cq.OpBindMW {
+			t.Fatalf("bind completion %+v", wc)
+		}
+		data := pattern(5000, 72)
+		p.mem(func() { copy(wbuf, data) })
+		p.agentPost(t, ctx, agent.SendWR{Op: agent.OpRead, Off: 0, Len: 5000, RemoteAddr: wmr.Addr(), RKey: mw.RKey()})
+		got, err := p.ag.ReadMem(ctx, p.amr, 0, 5000)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("rxe READ through softroce's window: data differs (%v)", err)
+		}
+		p.post(t, verbs.SendWR{Opcode: verbs.WRLocalInv, InvRKey: mw.RKey()})
+		p.wrID++
+		if err := p.ag.PostSend(ctx, p.aqp, agent.SendWR{WRID: p.wrID, Op: agent.OpRead, MR: p.amr, Off: 0, Len: 64, RemoteAddr: wmr.Addr(), RKey: mw.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+		wc, err := p.ag.Poll(ctx, p.acq, 20*time.Second)
+		if err != nil || wc == nil || wc.Status != agent.WCRemAccessErr {
+			t.Fatalf("rxe READ after softroce's LOCAL_INV: %+v (%v), want REM_ACCESS_ERR", wc, err)
+		}
+	})
+}
