@@ -308,7 +308,7 @@ func TestMWBindRules(t *testing.T) {
 func TestMWConcurrentInvalidate(t *testing.T) {
 	w := newMWWorld(t, fullMR)
 	mw, _ := w.tab.AllocMW(w.pd, MWType2)
-	src := make([]byte, 64)
+	src := make([]byte, 32)
 	dst := make([]byte, 64)
 	acc := w.tab.Remote(w.pd, qpA)
 	for round := range 50 {
@@ -317,11 +317,14 @@ func TestMWConcurrentInvalidate(t *testing.T) {
 			t.Fatal(err)
 		}
 		var wg sync.WaitGroup
-		for range 4 {
+		for g := range 4 {
 			wg.Go(func() {
+				// Each its own bytes: the copies of different goroutines
+				// must not race with one another, only with the invalidate.
+				own := make([]byte, 32)
 				for range 20 {
-					acc.Write(k, w.va, src)
-					acc.Read(k, w.va+64, dst)
+					acc.Write(k, w.va+uint64(g)*32, src)
+					acc.Read(k, w.va+128+uint64(g)*32, own)
 				}
 			})
 		}
