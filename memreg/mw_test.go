@@ -303,13 +303,12 @@ func TestMWBindRules(t *testing.T) {
 	}
 }
 
-// An invalidation through the window waits for copies in flight through it,
-// and a window access never allocates. Run with -race.
+// An invalidation through the window waits for copies in flight through it.
+// Run with -race.
 func TestMWConcurrentInvalidate(t *testing.T) {
 	w := newMWWorld(t, fullMR)
 	mw, _ := w.tab.AllocMW(w.pd, MWType2)
 	src := make([]byte, 32)
-	dst := make([]byte, 64)
 	acc := w.tab.Remote(w.pd, qpA)
 	for round := range 50 {
 		k := mw.RKey()&^0xFF | uint32(round)&0xFF
@@ -336,8 +335,22 @@ func TestMWConcurrentInvalidate(t *testing.T) {
 		}
 		wg.Wait()
 	}
+}
+
+// TestMWAccessNoAlloc: an access through a window never allocates.
+func TestMWAccessNoAlloc(t *testing.T) {
+	w := newMWWorld(t, fullMR)
+	mw, _ := w.tab.AllocMW(w.pd, MWType2)
+	src := make([]byte, 32)
+	dst := make([]byte, 64)
+	acc := w.tab.Remote(w.pd, qpA)
 	k := mw.RKey()&^0xFF | 0xEE
-	w.tab.BindMW(mw, w.pd, qpA, Bind{MRKey: w.mr.LKey(), Addr: w.va, Length: 256, Access: AccessRemoteRead | AccessRemoteWrite, RKey: k})
+	if _, err := w.tab.BindMW(mw, w.pd, qpA, Bind{MRKey: w.mr.LKey(), Addr: w.va, Length: 256, Access: AccessRemoteRead | AccessRemoteWrite, RKey: k}); err != nil {
+		t.Fatal(err)
+	}
+	if err := acc.Write(k, w.va, src); err != nil {
+		t.Fatal(err)
+	}
 	if n := testing.AllocsPerRun(100, func() {
 		acc.Write(k, w.va, src)
 		acc.Read(k, w.va, dst)
