@@ -30,16 +30,7 @@ func TestSRQResponderAgainstRxe(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ag, err := agent.Launch(ctx, vm, 7100+rand.IntN(800))
-	must(err)
-	t.Cleanup(func() { ag.Close() })
-	must(ag.Open(ctx, "rxe0"))
-	apd, err := ag.AllocPD(ctx)
-	must(err)
-	amr, err := ag.RegMR(ctx, apd, bufLen, agent.AccessAll)
-	must(err)
-	acq, err := ag.CreateCQ(ctx, 256)
-	must(err)
+	ag, apd, amr, acq := rxeSide(t, ctx)
 	agid, err := ag.GID(ctx, 1)
 	must(err)
 
@@ -171,16 +162,7 @@ func TestSRQRequesterAgainstRxe(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ag, err := agent.Launch(ctx, vm, 7100+rand.IntN(800))
-	must(err)
-	t.Cleanup(func() { ag.Close() })
-	must(ag.Open(ctx, "rxe0"))
-	apd, err := ag.AllocPD(ctx)
-	must(err)
-	amr, err := ag.RegMR(ctx, apd, bufLen, agent.AccessAll)
-	must(err)
-	acq, err := ag.CreateCQ(ctx, 256)
-	must(err)
+	ag, apd, amr, acq := rxeSide(t, ctx)
 	asrq, _, err := ag.CreateSRQ(ctx, apd, 16, 0)
 	must(err)
 	agid, err := ag.GID(ctx, 1)
@@ -289,4 +271,31 @@ func TestSRQRequesterAgainstRxe(t *testing.T) {
 	case ev.Type != agent.EventQPLastWQEReached || ev.QPN != aqp[0].QPN:
 		t.Fatalf("rxe async event %+v, want last WQE reached for QP %d", ev, aqp[0].QPN)
 	}
+}
+
+// rxeSide starts a verbs agent on the guest's rxe0 with a PD, a buffer of
+// bufLen bytes registered with every access right, and a 256-entry CQ.
+func rxeSide(t *testing.T, ctx context.Context) (*agent.Client, agent.PD, agent.MR, agent.CQ) {
+	t.Helper()
+	ag, err := agent.Launch(ctx, vm, 7100+rand.IntN(800))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ag.Close() })
+	if err := ag.Open(ctx, "rxe0"); err != nil {
+		t.Fatal(err)
+	}
+	apd, err := ag.AllocPD(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	amr, err := ag.RegMR(ctx, apd, bufLen, agent.AccessAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acq, err := ag.CreateCQ(ctx, 256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ag, apd, amr, acq
 }
