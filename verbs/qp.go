@@ -106,7 +106,7 @@ func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
 	}
 	// Everything that can fail has been checked: from here on the QP is
 	// created and accounted for.
-	cfg := rc.QPConfig{PD: pd.pd, SendCQ: init.SendCQ, RecvCQ: init.RecvCQ,
+	cfg := rc.QPConfig{Type: init.Type, PD: pd.pd, SendCQ: init.SendCQ, RecvCQ: init.RecvCQ,
 		MaxSendWR: c.MaxSendWR, MaxRecvWR: c.MaxRecvWR, MaxSendSGE: c.MaxSendSGE, MaxRecvSGE: c.MaxRecvSGE, MaxInline: c.MaxInlineData}
 	if init.SRQ != nil {
 		cfg.SRQ = init.SRQ.rc

@@ -80,6 +80,11 @@ func NewEngine(mrs *memreg.Table) *Engine {
 // CreateQP makes an RC QP in RESET with a random 24-bit QP number (never
 // 0 or 1, which IBTA reserves for SMI and GSI).
 func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
+	switch cfg.Type {
+	case qpstate.RC:
+	default:
+		return nil, fmt.Errorf("rc: QP type %v is not implemented", cfg.Type)
+	}
 	if cfg.SRQ != nil {
 		cfg.MaxRecvWR, cfg.MaxRecvSGE = 0, 0 // the SRQ's WQEs are used
 	} else if cfg.MaxRecvWR < 1 {
@@ -253,6 +258,9 @@ func (e *Engine) purge(qp *QP) {
 	e.tx, e.txQP = e.tx[:k], e.txQP[:k]
 }
 
+// transportOf maps a QP's service to the opcode transport it accepts.
+var transportOf = [...]bth.Transport{qpstate.RC: bth.TransportRC, qpstate.UC: bth.TransportUC, qpstate.UD: bth.TransportUD}
+
 // srcPort is the UDP source port for a QP: fixed per QP so a flow stays on
 // one ECMP path, in the range rxe uses (0xC000 | 14-bit hash of the QPN).
 func srcPort(qpn uint32) uint16 {
@@ -278,13 +286,19 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 		}
 		// Silent drops, as rxe and IBTA §9.6 (header validation): TVer
 		// must be 0, P_Key the default partition (0xFFFF or 0x7FFF).
-		if p.BTH.TVer() != 0 || p.BTH.PKey()&0x7fff != 0x7fff || p.Info.Transport != bth.TransportRC {
+		if p.BTH.TVer() != 0 || p.BTH.PKey()&0x7fff != 0x7fff {
 			e.stats.RxBadHeader++
 			continue
 		}
 		qp := e.qps[p.BTH.DestQP()]
 		if qp == nil {
 			e.stats.RxUnknownQP++
+			continue
+		}
+		// A packet of another service than the QP's is silently dropped
+		// (IBTA §9.6.1.5.1: the opcode must match the QP's transport).
+		if p.Info.Transport != transportOf[qp.cfg.Type] {
+			e.stats.RxBadHeader++
 			continue
 		}
 		if qp.path.Remote.IsValid() && pk.Remote.Addr() != qp.path.Remote.Addr() {

@@ -25,6 +25,10 @@ const (
 
 // QPConfig is fixed at creation.
 type QPConfig struct {
+	// Type is the transport service: qpstate.RC (the zero value), UC or UD.
+	// The engine hosts all three; what differs per service is the
+	// requester's, responder's and completer's rules.
+	Type       qpstate.Type
 	PD         *memreg.PD
 	SendCQ     *cq.CQ
 	RecvCQ     *cq.CQ
