@@ -7,7 +7,10 @@
 // imports the transports.
 package wr
 
-import "fmt"
+import (
+	"fmt"
+	"net/netip"
+)
 
 // Opcode is a send work request's operation (enum ibv_wr_opcode; the
 // values are the C enum's).
@@ -103,6 +106,25 @@ type SendWR struct {
 	AtomicWrite [8]byte
 	// Bind is the window binding of a BIND_MW.
 	Bind MWBind
+
+	// UD only (ibv_send_wr wr.ud): the destination's address handle, QP
+	// number and Q_Key. A RemoteQKey with the high-order bit set means the
+	// QP's own Q_Key (IBTA §10.2.5; how QP1 and rdma_cm's UD QPs send).
+	AH         *AH
+	RemoteQPN  uint32
+	RemoteQKey uint32
+}
+
+// AH is an address handle's address vector on RoCEv2 (struct ibv_ah_attr
+// with its GRH): where a UD work request goes. verbs.PD.CreateAH makes
+// and checks one; the transport reads it when it builds the packets.
+type AH struct {
+	Remote       netip.Addr // destination IP (the DGID; IPv4-mapped GIDs unmapped)
+	Local        netip.Addr // source IP (the SGID of sgid_index); zero: the link's default
+	FlowLabel    uint32     // 20 bits; picks the UDP source port like rxe
+	HopLimit     uint8
+	TrafficClass uint8
+	SL           uint8
 }
 
 // RecvWR is a receive work request (struct ibv_recv_wr).
