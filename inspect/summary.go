@@ -23,6 +23,7 @@ type Summary struct {
 	NAKs          map[string]int `json:"naks,omitempty"`
 	RNRNAKs       int            `json:"rnr_naks"`
 	Opcodes       map[string]int `json:"opcodes"`
+	CM            map[string]int `json:"cm,omitempty"` // CM MADs by message
 	Connections   []*Connection  `json:"connections"`
 }
 
@@ -152,6 +153,12 @@ func (z *Summarizer) Add(r *Record) {
 		return
 	}
 	s.Opcodes[r.OpcodeName]++
+	if r.CM != nil {
+		if s.CM == nil {
+			s.CM = map[string]int{}
+		}
+		s.CM[r.CM.Message]++
+	}
 	k := flowKey{r.Transport, r.Src, r.Dst, r.DestQP}
 	f := z.flows[k]
 	if f == nil {
