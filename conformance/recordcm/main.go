@@ -23,7 +23,13 @@
 //     when rping is killed, the REJ reason 4 (timeout) its CM sends as it
 //     destroys the half-open connection;
 //   - the guest's rping client connecting again (port 7177), answered by a
-//     host REJ reason 28 (consumer defined) with private data.
+//     host REJ reason 28 (consumer defined) with private data;
+//   - service ID resolution with udaddy (RDMA_PS_UDP:7174): a host
+//     SIDR_REQ to udaddy -b answered SIDR_REP (the recorder checks, with
+//     the codec's offsets, that it echoes the request ID and service ID
+//     and carries Q_Key 0x01234567), a SIDR_REQ for a port nobody listens
+//     on, and the guest's udaddy -s resolving the host, answered by a host
+//     SIDR_REP, after which udaddy sends its datagram to the QP named.
 //
 // Frames from the guest (10.88.0.2) were built by the kernel's CM and
 // rxe; frames from the host (10.88.0.1) by package bth/mad.
@@ -94,7 +100,10 @@ const (
 	portSilent  = 7176
 	portRejects = 7177
 
+	udaddyPort = 7174 // udaddy's fixed port, in RDMA_PS_UDP
+
 	hostQPN     = 0x000abc
+	hostUDQPN   = 0x000abd
 	hostPSN     = 0x123456
 	hostGUID    = 0x0200000000000001
 	hostCMAPort = 40000
@@ -359,7 +368,116 @@ func exchanges(ctx context.Context, vm *rxevm.VM, peer *cases.Peer) ([]string, e
 	out, werr = cli.Wait(wctx)
 	wcancel()
 	notes = append(notes, fmt.Sprintf("rping -c to port %d, rejected with reason 28 (exit: %s): %s", portRejects, errLine(werr), oneLine(out)))
+
+	more, err := sidr(ctx, vm, c)
+	return append(notes, more...), err
+}
+
+// sidr records service ID resolution with udaddy (RDMA_PS_UDP, port
+// 7174, the only one udaddy uses): a host SIDR_REQ to a listening udaddy
+// answered SIDR_REP, one to a port nobody listens on, and the guest's
+// udaddy client resolving the host, answered by a host SIDR_REP.
+func sidr(ctx context.Context, vm *rxevm.VM, c *cm) ([]string, error) {
+	var notes []string
+	sreq := func(reqID uint32, port uint16) mad.MAD {
+		m := mad.MAD(c.buf).Init(mad.AttrSIDRREQ, uint64(2)<<32|uint64(reqID))
+		q := m.SIDRREQ()
+		q.SetRequestID(reqID)
+		q.SetPKey(0xffff)
+		q.SetServiceID(mad.RDMACMServiceID(mad.PortSpaceUDP, port))
+		q.CMAHeader().Encode(netip.AddrPortFrom(vm.HostAddr(), hostCMAPort), vm.GuestAddr())
+		return m
+	}
+	// 5. SIDR_REQ to a listening udaddy server.
+	srv, err := vm.Start(ctx, fmt.Sprintf("udaddy -b %s -C 1", vm.GuestAddr()))
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Kill()
+	var rep mad.MAD
+	reqID := uint32(commBase + 0x300)
+	for try := 0; ; try++ {
+		time.Sleep(2 * time.Second)
+		if err := c.send(sreq(reqID, udaddyPort)); err != nil {
+			return nil, err
+		}
+		m, err := c.next(10*time.Second, attr(mad.AttrSIDRREP))
+		if err != nil {
+			return nil, fmt.Errorf("SIDR_REQ to udaddy: %w", err)
+		}
+		if m.SIDRREP().Status() == mad.SIDRSuccess {
+			rep = m
+			break
+		}
+		if try == 5 {
+			return nil, fmt.Errorf("SIDR_REQ to udaddy: status %d", m.SIDRREP().Status())
+		}
+		reqID++
+	}
+	// The kernel's answer, read with the codec's offsets, must echo the
+	// request and carry rdma_cm's UD Q_Key.
+	p := rep.SIDRREP()
+	if p.RequestID() != reqID || p.ServiceID() != mad.RDMACMServiceID(mad.PortSpaceUDP, udaddyPort) || p.QKey() != mad.RDMAUDPQKey || p.QPN() == 0 {
+		return nil, fmt.Errorf("SIDR_REP: request ID %#x service %v Q_Key %#x QPN %#x", p.RequestID(), p.ServiceID(), p.QKey(), p.QPN())
+	}
+	notes = append(notes, fmt.Sprintf("SIDR_REQ to udaddy (%v): SIDR_REP status 0, QPN 0x%06x, Q_Key 0x%08x", p.ServiceID(), p.QPN(), p.QKey()))
+	srv.Kill()
+
+	// 6. SIDR_REQ for a port nobody listens on.
+	if err := c.send(sreq(commBase+0x400, udaddyPort+1)); err != nil {
+		return nil, err
+	}
+	m, err := c.next(10*time.Second, attr(mad.AttrSIDRREP))
+	if err != nil {
+		return nil, fmt.Errorf("SIDR_REQ to port %d: %w", udaddyPort+1, err)
+	}
+	notes = append(notes, fmt.Sprintf("SIDR_REQ to port %d: SIDR_REP status %d (%s)", udaddyPort+1, m.SIDRREP().Status(), mad.SIDRStatusName(m.SIDRREP().Status())))
+
+	// 7. The guest's udaddy client resolving the host, answered by the host.
+	cli, err := vm.Start(ctx, fmt.Sprintf("udaddy -s %s -C 1", vm.HostAddr()))
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Kill()
+	greq, err := c.next(20*time.Second, attr(mad.AttrSIDRREQ))
+	if err != nil {
+		return nil, fmt.Errorf("udaddy -s: %w", err)
+	}
+	q := greq.SIDRREQ()
+	h, err := mad.ParseCMAHeader(q.PrivateData())
+	if err != nil || q.ServiceID() != mad.RDMACMServiceID(mad.PortSpaceUDP, udaddyPort) || h.SrcAddr() != vm.GuestAddr() || h.DstAddr() != vm.HostAddr() {
+		return nil, fmt.Errorf("the guest's SIDR_REQ: service %v cma_hdr %v (%v > %v)", q.ServiceID(), err, h.SrcAddr(), h.DstAddr())
+	}
+	m = mad.MAD(c.buf).Init(mad.AttrSIDRREP, greq.TID())
+	r := m.SIDRREP()
+	r.SetRequestID(q.RequestID())
+	r.SetStatus(mad.SIDRSuccess)
+	r.SetQPN(hostUDQPN)
+	r.SetServiceID(q.ServiceID())
+	r.SetQKey(mad.RDMAUDPQKey)
+	if err := c.send(m); err != nil {
+		return nil, err
+	}
+	// udaddy now sends its datagram to the QP the SIDR_REP named.
+	data := peerData(c, hostUDQPN, 10*time.Second)
+	cli.Kill()
+	notes = append(notes, fmt.Sprintf("udaddy -s %v, answered SIDR_REP QPN 0x%06x: %d UD datagrams to that QP followed", vm.HostAddr(), hostUDQPN, data))
 	return notes, nil
+}
+
+// peerData counts the UD packets to qpn that arrive within d.
+func peerData(c *cm, qpn uint32, d time.Duration) int {
+	n := 0
+	c.conv.PeerQPN = qpn
+	c.conv.Collect(d, func(p *cases.Pkt) bool {
+		if p.ParseErr == nil && p.P.BTH.DestQP() == qpn {
+			n++
+			return true
+		}
+		return false
+	})
+	c.conv.PeerQPN = mad.GSIQPN
+	return n
 }
 
 func errLine(err error) string {
@@ -472,7 +590,7 @@ them; it needs neither the VM nor tshark.
 
 | file | contents |
 |---|---|
-| %s | IB CM MADs on QP1 over RoCEv2/IPv4 (10.88.0.1 host, 10.88.0.2 rxe guest) |
+| %s | IB CM MADs on QP1 (and one UD datagram) over RoCEv2/IPv4 (10.88.0.1 host, 10.88.0.2 rxe guest) |
 | rxe-cm.tshark | the golden decoder fields: `+"`tshark -T fields`"+` output for each frame (%s) |
 
 Frames from the guest were built by the kernel's CM and rxe; frames from
@@ -482,11 +600,15 @@ DREQ and the guest's DREP; a host REQ to port %d where nobody listens,
 answered REJ; the guest's rping client to host port %d, never answered (its
 REQ, the CM's retransmissions of it, and the REJ reason 4 its CM sends when
 rping is killed); the guest's rping client to host port %d, answered by a
-host REJ reason 28 with private data.
+host REJ reason 28 with private data; then service ID resolution with
+udaddy (RDMA_PS_UDP:%d): a host SIDR_REQ to udaddy -b answered SIDR_REP, a
+SIDR_REQ for port %d where nobody listens, and the guest's udaddy -s
+resolving the host, answered by a host SIDR_REP naming QP 0x%06x, followed
+by udaddy's datagram to that QP (Q_Key 0x01234567).
 
 What the programs reported:
 
-`, release, name, tshark, portAccept, portNoOne, portSilent, portRejects)
+`, release, name, tshark, portAccept, portNoOne, portSilent, portRejects, udaddyPort, udaddyPort+1, hostUDQPN)
 	for _, n := range notes {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
