@@ -15,7 +15,9 @@
 //   - a full exchange with the guest's CM: rping -s listens on port 7174,
 //     the host sends a REQ (RDMA_PS_TCP:7174, with a cma_hdr), the guest
 //     answers REP, the host sends RTU, then DREQ, and the guest answers
-//     DREP;
+//     DREP; then the same REQ twice in a row to rping -s on port 7178 (the
+//     kernel answers the duplicate with an MRA when it arrives before the
+//     accept, then REP) and a host REJ of that REP;
 //   - a REQ for a port nobody listens on (7175): the guest's CM answers
 //     REJ reason 8 (invalid service ID);
 //   - the guest's rping client connecting to the host (port 7176) where
@@ -99,6 +101,7 @@ const (
 	portNoOne   = 7175
 	portSilent  = 7176
 	portRejects = 7177
+	portDup     = 7178
 
 	udaddyPort = 7174 // udaddy's fixed port, in RDMA_PS_UDP
 
@@ -315,6 +318,14 @@ func exchanges(ctx context.Context, vm *rxevm.VM, peer *cases.Peer) ([]string, e
 	wcancel()
 	notes = append(notes, fmt.Sprintf("rping -s on port %d (exit: %s): %s", portAccept, errLine(werr), oneLine(out)))
 
+	// 1b. A duplicate REQ right behind the first, before the server has
+	// accepted, then a REJ of the REP.
+	more, err := duplicate(ctx, vm, c)
+	if err != nil {
+		return nil, err
+	}
+	notes = append(notes, more)
+
 	// 2. REQ for a port nobody listens on.
 	if err := c.send(c.req(vm, commBase+0x100, portNoOne)); err != nil {
 		return nil, err
@@ -369,8 +380,70 @@ func exchanges(ctx context.Context, vm *rxevm.VM, peer *cases.Peer) ([]string, e
 	wcancel()
 	notes = append(notes, fmt.Sprintf("rping -c to port %d, rejected with reason 28 (exit: %s): %s", portRejects, errLine(werr), oneLine(out)))
 
-	more, err := sidr(ctx, vm, c)
-	return append(notes, more...), err
+	resolved, err := sidr(ctx, vm, c)
+	return append(notes, resolved...), err
+}
+
+// duplicate sends a REQ twice in a row to a listening rping server: the
+// kernel's CM answers a duplicate that arrives before the consumer's
+// accept with an MRA (rdma_cm asks for one only after a duplicate), then
+// REP. The host then rejects the REP.
+func duplicate(ctx context.Context, vm *rxevm.VM, c *cm) (string, error) {
+	srv, err := vm.Start(ctx, fmt.Sprintf("rping -s -v -a %s -p %d -C 1", vm.GuestAddr(), portDup))
+	if err != nil {
+		return "", err
+	}
+	defer srv.Kill()
+	commID := uint32(commBase + 0x500)
+	var rep mad.MAD
+	mras := 0
+	var mra mad.MAD
+	for try := 0; ; try++ {
+		time.Sleep(2 * time.Second)
+		req := c.req(vm, commID, portDup)
+		if err := c.send(req); err != nil {
+			return "", err
+		}
+		if err := c.send(req); err != nil {
+			return "", err
+		}
+		m, err := c.next(10*time.Second, func(m mad.MAD) bool {
+			if m.AttrID() == mad.AttrMRA {
+				mras++
+				mra = mad.MAD(bytes.Clone(m))
+				return false
+			}
+			return m.AttrID() == mad.AttrREP || m.AttrID() == mad.AttrREJ
+		})
+		if err != nil {
+			return "", fmt.Errorf("duplicate REQ to port %d: %w", portDup, err)
+		}
+		if m.AttrID() == mad.AttrREP {
+			rep = m
+			break
+		}
+		if try == 5 {
+			return "", fmt.Errorf("duplicate REQ to port %d: REJ reason %v", portDup, m.REJ().Reason())
+		}
+		commID++
+	}
+	m := mad.MAD(c.buf).Init(mad.AttrREJ, rep.TID())
+	r := m.REJ()
+	r.SetLocalCommID(commID)
+	r.SetRemoteCommID(rep.REP().LocalCommID())
+	r.SetMsgRejected(mad.RejectedREP)
+	r.SetReason(mad.RejConsumerDefined)
+	if err := c.send(m); err != nil {
+		return "", err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	out, werr := srv.Wait(wctx)
+	cancel()
+	note := fmt.Sprintf("the same REQ twice to rping -s on port %d: %d MRA", portDup, mras)
+	if mra != nil {
+		note += fmt.Sprintf(" (message MRAed %d, service timeout %d)", mra.MRA().MsgMRAed(), mra.MRA().ServiceTimeout())
+	}
+	return note + fmt.Sprintf(", then REP; the host's REJ of the REP ended rping (exit: %s): %s", errLine(werr), oneLine(out)), nil
 }
 
 // sidr records service ID resolution with udaddy (RDMA_PS_UDP, port
@@ -596,7 +669,9 @@ them; it needs neither the VM nor tshark.
 Frames from the guest were built by the kernel's CM and rxe; frames from
 the host by package bth/mad (UD SEND_ONLY to QP1, Q_Key 0x80010000). In
 order: a host REQ to rping -s on port %d answered REP, the host's RTU,
-DREQ and the guest's DREP; a host REQ to port %d where nobody listens,
+DREQ and the guest's DREP; the same REQ twice to rping -s on port %d
+(an MRA if the duplicate beat the accept, then REP) and a host REJ of the
+REP; a host REQ to port %d where nobody listens,
 answered REJ; the guest's rping client to host port %d, never answered (its
 REQ, the CM's retransmissions of it, and the REJ reason 4 its CM sends when
 rping is killed); the guest's rping client to host port %d, answered by a
@@ -608,7 +683,7 @@ by udaddy's datagram to that QP (Q_Key 0x01234567).
 
 What the programs reported:
 
-`, release, name, tshark, portAccept, portNoOne, portSilent, portRejects, udaddyPort, udaddyPort+1, hostUDQPN)
+`, release, name, tshark, portAccept, portDup, portNoOne, portSilent, portRejects, udaddyPort, udaddyPort+1, hostUDQPN)
 	for _, n := range notes {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
