@@ -659,7 +659,9 @@ guest kernel %s) by:
 
 (root, qemu and tshark; the guest image is built on first use). The program
 overwrites every file here, this README included. inspect/cm_tshark_test.go reads
-them; it needs neither the VM nor tshark.
+them; it needs neither the VM nor tshark. After re-recording,
+`+"`SOFTROCE_UPDATE_GOLDEN=1 go test -run TestCMTextGolden ./inspect`"+` rewrites
+inspect/testdata/rxe-cm.txt, the capture as softroce inspect -v shows it.
 
 | file | contents |
 |---|---|
