@@ -245,3 +245,73 @@ func TestCMTextGolden(t *testing.T) {
 		}
 	}
 }
+
+// TestCMExchanges follows the exchanges of the project's rxe CM capture
+// from REQ (SIDR_REQ) to what they came to.
+func TestCMExchanges(t *testing.T) {
+	recs, err := Records(cmCapture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := NewSummarizer("")
+	for i := range recs {
+		z.Add(&recs[i])
+	}
+	s := z.Summary()
+	want := []struct{ service, messages, state string }{
+		{"RDMA_PS_TCP:7174", "REQ <REP RTU DREQ <DREP", "disconnected"},
+		{"RDMA_PS_TCP:7178", "REQ x2 <MRA <REP REJ", "rejected: 28 (consumer defined)"},
+		{"RDMA_PS_TCP:7175", "REQ <REJ", "rejected: 8 (invalid service ID)"},
+		{"RDMA_PS_TCP:7176", "REQ x3 REJ", "rejected: 4 (timeout)"},
+		{"RDMA_PS_TCP:7177", "REQ <REJ", "rejected: 28 (consumer defined)"},
+		{"RDMA_PS_UDP:7174", "SIDR_REQ <SIDR_REP", "resolved"},
+		{"RDMA_PS_UDP:7175", "SIDR_REQ <SIDR_REP", "SIDR status 1 (service ID not supported)"},
+		{"RDMA_PS_UDP:7174", "SIDR_REQ <SIDR_REP", "resolved"},
+	}
+	if len(s.CMConns) != len(want) || s.CMUnmatched != 0 {
+		t.Fatalf("%d exchanges (%d MADs unmatched), want %d", len(s.CMConns), s.CMUnmatched, len(want))
+	}
+	for i, w := range want {
+		c := s.CMConns[i]
+		if c.Service != w.service || c.messageList() != w.messages || c.State != w.state {
+			t.Errorf("exchange %d: %s %q %q, want %s %q %q", i+1, c.Service, c.messageList(), c.State, w.service, w.messages, w.state)
+		}
+	}
+	if c := s.CMConns[0]; c.PassiveID == nil || c.PassiveQPN == nil || *c.ActiveQPN != 0xabc || c.Retransmissions != 0 {
+		t.Errorf("first exchange %+v", c)
+	}
+	if c := s.CMConns[3]; c.Retransmissions != 2 || c.Active.String() != "10.88.0.2" {
+		t.Errorf("unanswered REQ: %d sent again, active %v", c.Retransmissions, c.Active)
+	}
+	if c := s.CMConns[7]; c.QKey == nil || *c.QKey != mad.RDMAUDPQKey || *c.PassiveQPN != 0xabd {
+		t.Errorf("SIDR resolution %+v", c)
+	}
+}
+
+// TestCMExchangesBounded: a flood of REQs from forged comm IDs tracks at
+// most maxCMConns exchanges and counts the rest; a DREQ of no REQ seen is
+// counted as unmatched.
+func TestCMExchangesBounded(t *testing.T) {
+	z := NewSummarizer("")
+	m := testREQ()
+	r := cmFrame(t, v4a, v4b, mad.QP1QKey, 1, m)
+	for i := range maxCMConns + 500 {
+		id := uint32(i + 1)
+		r.CM.LocalCommID = &id
+		z.Add(&r)
+	}
+	d := mad.MAD(make([]byte, mad.Len)).Init(mad.AttrDREQ, 1)
+	d.DREQ().SetLocalCommID(0x77777777)
+	d.DREQ().SetRemoteCommID(0x88888888)
+	dr := cmFrame(t, v4a, v4b, mad.QP1QKey, 1, d)
+	z.Add(&dr)
+	s := z.Summary()
+	if len(s.CMConns) != maxCMConns || s.CMUntracked != 500 || s.CMUnmatched != 1 {
+		t.Errorf("%d tracked, %d untracked, %d unmatched", len(s.CMConns), s.CMUntracked, s.CMUnmatched)
+	}
+	var b bytes.Buffer
+	if err := WriteSummary(&b, &s); err != nil || !strings.Contains(b.String(), "and 500 more exchanges not tracked") || !strings.Contains(b.String(), "... 950 more exchanges (listed by --json)") ||
+		!strings.Contains(b.String(), "1 MADs matched no REQ or SIDR_REQ") {
+		t.Errorf("summary: %v\n%s", err, b.String()[:min(b.Len(), 400)])
+	}
+}

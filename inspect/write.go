@@ -186,6 +186,7 @@ func WriteSummary(w io.Writer, s *Summary) error {
 	if len(s.CM) > 0 {
 		fmt.Fprintf(&b, "   CM MADs: %s\n", counts(s.CM))
 	}
+	writeCMConns(&b, s)
 	for i, c := range s.Connections {
 		qpa := "?"
 		if c.QPA != nil {
