@@ -380,3 +380,59 @@ func TestUCGapAgainstRxe(t *testing.T) {
 		}
 	})
 }
+
+// TestUCBadRKeyAgainstRxe: a UC WRITE with a bad R_Key is dropped
+// silently in both roles. The responder stays in RTS, answers nothing,
+// and places the next message.
+func TestUCBadRKeyAgainstRxe(t *testing.T) {
+	needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := connectUC(t, ctx, 1024, &dropLink{})
+	t.Run("rxe-responder", func(t *testing.T) {
+		mustOK(t, p.ag.Fill(ctx, p.amr, 0, 8192, 0))
+		mustOK(t, p.ag.PostRecv(ctx, p.aqp, 50, p.amr, 0, 0))
+		p.mem(func() { copy(p.buf, pattern(3000, 4)) })
+		p.post(t, verbs.SendWR{Opcode: verbs.WRRDMAWrite, SGL: []verbs.SGE{{Addr: p.mr.Addr(), Length: 3000, LKey: p.mr.LKey()}},
+			RemoteAddr: p.amr.Addr, RKey: p.amr.RKey ^ 0x80})
+		p.post(t, verbs.SendWR{Opcode: verbs.WRRDMAWriteWithImm, Imm: 9, SGL: []verbs.SGE{{Addr: p.mr.Addr(), Length: 100, LKey: p.mr.LKey()}},
+			RemoteAddr: p.amr.Addr + 4096, RKey: p.amr.RKey})
+		wc := p.agentRecv(t, ctx, 10*time.Second)
+		if wc == nil || wc.Status != 0 || wc.WRID != 50 || wc.Imm != 9 {
+			t.Fatalf("rxe receive %+v", wc)
+		}
+		got, err := p.ag.ReadMem(ctx, p.amr, 0, 3000)
+		mustOK(t, err)
+		if !bytes.Equal(got, make([]byte, 3000)) {
+			t.Fatal("the WRITE with a bad R_Key changed rxe's memory")
+		}
+		a, err := p.ag.Query(ctx, p.aqp)
+		mustOK(t, err)
+		if a.State != "RTS" {
+			t.Fatalf("rxe UC QP in %s after a bad R_Key", a.State)
+		}
+		if n := p.qp.Stats().RxPackets; n != 0 {
+			t.Fatalf("rxe answered %d packets", n)
+		}
+	})
+	t.Run("softroce-responder", func(t *testing.T) {
+		tx := p.qp.Stats().TxPackets
+		mustOK(t, p.qp.PostRecv(&verbs.RecvWR{ID: 60}))
+		mustOK(t, p.ag.WriteMem(ctx, p.amr, 0, pattern(3000, 6)))
+		p.mem(func() { clear(p.buf[:8192]) })
+		p.agentPost(t, ctx, agent.SendWR{Op: agent.OpWrite, Off: 0, Len: 3000, RemoteAddr: p.mr.Addr(), RKey: p.mr.RKey() ^ 0x80})
+		p.agentPost(t, ctx, agent.SendWR{Op: agent.OpWriteImm, Off: 0, Len: 100, RemoteAddr: p.mr.Addr() + 4096, RKey: p.mr.RKey(), Imm: 10})
+		wc := p.wait(t, p.rcq)
+		if wc.Status != 0 || wc.WRID != 60 || wc.ImmData != 10 {
+			t.Fatalf("softroce receive %+v", wc)
+		}
+		var untouched bool
+		p.mem(func() { untouched = bytes.Equal(p.buf[:3000], make([]byte, 3000)) })
+		if !untouched {
+			t.Fatal("the WRITE with a bad R_Key changed softroce's memory")
+		}
+		if st := p.qp.Stats(); st.TxPackets != tx || st.Dropped == 0 || p.qp.State() != verbs.StateRTS {
+			t.Fatalf("softroce UC responder after a bad R_Key: state %v, stats %+v", p.qp.State(), st)
+		}
+	})
+}
