@@ -77,8 +77,8 @@ func NewEngine(mrs *memreg.Table) *Engine {
 	return &Engine{mrs: mrs, qps: map[uint32]*QP{}, timed: map[*QP]struct{}{}, MaxBatch: 64}
 }
 
-// CreateQP makes an RC QP in RESET with a random 24-bit QP number (never
-// 0 or 1, which IBTA reserves for SMI and GSI).
+// CreateQP makes an RC or UC QP (cfg.Type) in RESET with a random 24-bit
+// QP number (never 0 or 1, which IBTA reserves for SMI and GSI).
 func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
 	switch cfg.Type {
 	case qpstate.RC, qpstate.UC:
