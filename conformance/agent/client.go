@@ -299,21 +299,12 @@ type QPCap struct {
 	MaxInline      int
 	// SRQ, if not 0, is the SRQ the QP takes its receives from.
 	SRQ SRQ
-	// Type is the QP's service ("" is RC).
-	Type QPType
+	// UC makes a UC QP instead of an RC one.
+	UC bool
 }
 
-// QPType is a QP's transport service, as the agent names it.
-type QPType string
-
-// QP types the agent creates.
-const (
-	QPTypeRC QPType = "rc"
-	QPTypeUC QPType = "uc"
-)
-
-// CreateQP creates a queue pair (RC unless cp.Type says otherwise; one SGE
-// per work request).
+// CreateQP creates an RC (or, with cp.UC, a UC) queue pair, one SGE per
+// work request.
 func (c *Client) CreateQP(ctx context.Context, pd PD, send, recv CQ, cp QPCap) (QP, error) {
 	args := []string{kv("pd", int(pd)), kv("scq", int(send)), kv("rcq", int(recv))}
 	if cp.SendWR > 0 {
@@ -328,8 +319,8 @@ func (c *Client) CreateQP(ctx context.Context, pd PD, send, recv CQ, cp QPCap) (
 	if cp.SRQ != 0 {
 		args = append(args, kv("srq", int(cp.SRQ)))
 	}
-	if cp.Type != "" {
-		args = append(args, "type="+string(cp.Type))
+	if cp.UC {
+		args = append(args, "type=uc")
 	}
 	r, err := c.Do(ctx, "qp", args...)
 	if err != nil {
