@@ -27,7 +27,7 @@ func (qp *QP) ucSent() {
 	qp.completeHead(cq.Success, 0)
 }
 
-// respondUC handles one request packet of a UC QP (IBTA §9.8.3; rxe's UC
+// respondUC handles one request packet of a UC QP (IBTA §9.8; rxe's UC
 // paths of check_psn, check_op_seq, check_op_valid and the class D and E
 // errors). Nothing is ever sent back.
 func (qp *QP) respondUC(p *bth.Packet) {

@@ -22,7 +22,7 @@ import (
 // CheckPost says whether a UC QP may post a send work request with
 // opcode op: UC carries SEND and RDMA WRITE, with or without immediate,
 // and the local BIND_MW and LOCAL_INV; it has no RDMA READ, atomics,
-// ATOMIC_WRITE or SEND with invalidate (IBTA §9.8.1, table 41).
+// ATOMIC_WRITE or SEND with invalidate (IBTA §9.8, table 41).
 func CheckPost(op wr.Opcode) error {
 	switch op {
 	case wr.Send, wr.SendWithImm, wr.RDMAWrite, wr.RDMAWriteWithImm, wr.BindMW, wr.LocalInv:
@@ -98,7 +98,7 @@ type Verdict struct {
 // expects, the message it has open, and whether it is dropping the rest
 // of a message. The zero value expects PSN 0 with no message open.
 //
-// The rules (IBTA §9.8.3; rxe check_psn and check_op_seq for UC):
+// The rules (IBTA §9.8; rxe check_psn and check_op_seq for UC):
 //   - A FIRST or ONLY packet always starts a new message, whatever its PSN:
 //     it resynchronises after a gap, and it abandons a message left open
 //     (its LAST was lost).
