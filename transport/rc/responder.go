@@ -239,6 +239,15 @@ type respFail struct {
 	syn  bth.Syndrome
 	st   cq.Status
 	why  string
+	err  error // the memory access error, formatted only when needed
+}
+
+// reason says why, for the async error event of a QP that goes to ERR.
+func (f *respFail) reason() string {
+	if f.err != nil {
+		return f.err.Error()
+	}
+	return f.why
 }
 
 // rcFail answers a failed SEND or WRITE packet as RC does: an RNR NAK
@@ -249,16 +258,16 @@ func (qp *QP) rcFail(psn uint32, f respFail) {
 		qp.sendNAK(bth.RNRNAK(qp.path.MinRNRTimer), psn)
 		return
 	}
-	qp.responderError(f.syn, psn, f.st, f.why)
+	qp.responderError(f.syn, psn, f.st, f.reason())
 }
 
 // accessFail classifies a failed memory access as memreg reports it:
 // remote access error (0x62) or invalid request (0x61).
 func accessFail(err error) respFail {
 	if errors.Is(err, memreg.ErrInvalidRequest) {
-		return respFail{failRequest, bth.SyndromeInvalidRequest, cq.RemInvReqErr, err.Error()}
+		return respFail{kind: failRequest, syn: bth.SyndromeInvalidRequest, st: cq.RemInvReqErr, err: err}
 	}
-	return respFail{failAccess, bth.SyndromeRemoteAccessError, cq.RemAccessErr, err.Error()}
+	return respFail{kind: failAccess, syn: bth.SyndromeRemoteAccessError, st: cq.RemAccessErr, err: err}
 }
 
 // takeRecvWQE moves the oldest receive WQE (of the QP's receive queue or
@@ -300,11 +309,11 @@ func (qp *QP) sendData(p *bth.Packet) respFail {
 		// The SEND is longer than the posted buffer: the responder
 		// reports a local length error and NAKs invalid request (IBTA
 		// C9-102); rxe sends 0x63 here, a known deviation.
-		return respFail{failRequest, bth.SyndromeInvalidRequest, cq.LocLenErr, "SEND longer than the receive buffer"}
+		return respFail{kind: failRequest, syn: bth.SyndromeInvalidRequest, st: cq.LocLenErr, why: "SEND longer than the receive buffer"}
 	}
 	if len(p.Payload) > 0 {
 		if err := scatter(qp.e.mrs, qp.cfg.PD, r.cur.recvSGL, r.cur.off, p.Payload); err != nil {
-			return respFail{failLocal, bth.SyndromeRemoteOpError, cq.LocProtErr, "receive buffer: " + err.Error()}
+			return respFail{kind: failLocal, syn: bth.SyndromeRemoteOpError, st: cq.LocProtErr, why: "receive buffer: " + err.Error()}
 		}
 	}
 	r.cur.off += len(p.Payload)
@@ -369,11 +378,11 @@ func (qp *QP) writeData(p *bth.Packet) respFail {
 	info := p.Info
 	if info.Pos == bth.PosFirst || info.Pos == bth.PosOnly {
 		if qp.path.Access&memreg.AccessRemoteWrite == 0 {
-			return respFail{failRequest, bth.SyndromeInvalidRequest, cq.RemInvReqErr, "QP does not allow remote write"}
+			return respFail{kind: failRequest, syn: bth.SyndromeInvalidRequest, st: cq.RemInvReqErr, why: "QP does not allow remote write"}
 		}
 		length := p.RETH.DMALen()
 		if length > 1<<31 {
-			return respFail{failRequest, bth.SyndromeInvalidRequest, cq.RemInvReqErr, "RETH length above 2^31"}
+			return respFail{kind: failRequest, syn: bth.SyndromeInvalidRequest, st: cq.RemInvReqErr, why: "RETH length above 2^31"}
 		}
 		va, rkey := p.RETH.VA(), p.RETH.RKey()
 		if err := qp.remote().Check(rkey, va, uint64(length), memreg.AccessRemoteWrite); err != nil {
@@ -386,7 +395,7 @@ func (qp *QP) writeData(p *bth.Packet) respFail {
 	plen := len(p.Payload)
 	last := info.Pos == bth.PosLast || info.Pos == bth.PosOnly
 	if plen > r.cur.remain || last && plen != r.cur.remain {
-		return respFail{failRequest, bth.SyndromeInvalidRequest, cq.RemInvReqErr, "WRITE payload does not match the RETH length"}
+		return respFail{kind: failRequest, syn: bth.SyndromeInvalidRequest, st: cq.RemInvReqErr, why: "WRITE payload does not match the RETH length"}
 	}
 	// WRITE with immediate consumes a receive WQE; check before touching
 	// memory so an RNR NAK leaves nothing half done.

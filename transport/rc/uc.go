@@ -103,7 +103,7 @@ func (qp *QP) ucFail(f respFail) {
 	switch {
 	case f.kind == failLocal:
 		qp.ucCompleteHeld(f.st)
-		qp.responderToError("responder: " + f.why)
+		qp.responderToError("responder: " + f.reason())
 		return
 	case qp.cfg.SRQ != nil && f.kind == failAccess:
 		qp.ucCompleteHeld(cq.RemAccessErr)

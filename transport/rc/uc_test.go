@@ -652,3 +652,26 @@ func runUCWorkload(t *testing.T, seed uint64) error {
 	}
 	return nil
 }
+
+// TestUCBadKeyAllocs: a flood of UC WRITEs with a bad R_Key (which UC
+// drops without moving the QP to ERR, so it can go on forever) costs at
+// most the key table's error value per packet: nothing is formatted.
+func TestUCBadKeyAllocs(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	qps := s.connect(qpOpts{typ: qpstate.UC, pmtu: 256})
+	rmr, _ := s.reg(1, 4096)
+	f := bth.Fields{BTH: bth.BTHFields{Opcode: uc.Opcode(bth.RCWriteOnly), PKey: 0xffff, DestQP: qps[1].Num()}, VA: rmr.Addr(), RKey: rmr.RKey() ^ 0x80, DMALen: 2}
+	buf := make([]byte, bth.Len(f.BTH.Opcode, 2))
+	n, err := bth.Build(buf, &f, []byte("xx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pk := []nic.Packet{{Buf: buf, N: n, Remote: Remote(s.ep[0].addr)}}
+	if a := testing.AllocsPerRun(100, func() { s.ep[1].e.Receive(s.now, pk) }); a > 1 {
+		t.Logf("%.1f", a)
+		t.Fatalf("%.1f allocations per dropped UC packet, want at most 1", a)
+	}
+	if st := qps[1].Stats(); st.Dropped < 100 || qps[1].State() != qpstate.RTS {
+		t.Fatalf("state %v, stats %+v", qps[1].State(), st)
+	}
+}
