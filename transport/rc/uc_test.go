@@ -9,6 +9,7 @@ import (
 
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/uc"
@@ -673,5 +674,48 @@ func TestUCBadKeyAllocs(t *testing.T) {
 	}
 	if st := qps[1].Stats(); st.Dropped < 100 || qps[1].State() != qpstate.RTS {
 		t.Fatalf("state %v, stats %+v", qps[1].State(), st)
+	}
+}
+
+// TestUCMemoryWindow: a type 2 window bound by a BIND_MW work request on
+// a UC QP takes UC WRITEs through its key; after LOCAL_INV, a WRITE
+// through the old key is dropped silently.
+func TestUCMemoryWindow(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	qps := s.connect(qpOpts{typ: qpstate.UC, pmtu: 1024})
+	lmr, local := s.reg(0, 8192)
+	fill(local, 3)
+	ep := s.ep[1]
+	rem := make([]byte, 8192)
+	rmr, err := ep.mrs.RegMR(ep.pd, rem, allAccess|memreg.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := ep.mrs.AllocMW(ep.pd, memreg.MWType2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := mw.RKey()&^0xFF | 0x33
+	mustPost(t, qps[1], &wr.SendWR{ID: 1, Opcode: wr.BindMW, Flags: wr.Signaled, Bind: wr.MWBind{MWKey: mw.RKey(), RKey: k,
+		MRKey: rmr.LKey(), Addr: rmr.Addr() + 1024, Length: 3000, Access: uint32(memreg.AccessRemoteWrite)}})
+	if wc := s.waitWC(ep.scq, 1, time.Second)[0]; wc.Status != cq.Success || wc.Opcode != cq.OpBindMW {
+		t.Fatalf("bind on a UC QP: %+v", wc)
+	}
+	write := func(n uint32) {
+		mustPost(t, qps[0], &wr.SendWR{Opcode: wr.RDMAWrite, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: n, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 1024, RKey: k})
+		s.pump(nil, time.Second)
+	}
+	write(3000)
+	if !bytes.Equal(rem[1024:4024], local[:3000]) {
+		t.Fatal("WRITE through the window not placed")
+	}
+	mustPost(t, qps[1], &wr.SendWR{ID: 2, Opcode: wr.LocalInv, Flags: wr.Signaled, InvRKey: k})
+	if wc := s.waitWC(ep.scq, 1, time.Second)[0]; wc.Status != cq.Success || wc.Opcode != cq.OpLocalInv {
+		t.Fatalf("LOCAL_INV on a UC QP: %+v", wc)
+	}
+	clear(rem)
+	write(100)
+	if !bytes.Equal(rem, make([]byte, len(rem))) || qps[1].State() != qpstate.RTS {
+		t.Fatalf("WRITE through an invalidated window: placed or QP %v", qps[1].State())
 	}
 }
