@@ -5,11 +5,11 @@ import (
 	"testing"
 )
 
-// TestCreateQPType: a UC QP travels as type=uc, RC as nothing (the
-// agent's default).
+// TestCreateQPType: a QP type other than RC travels as type=, RC as
+// nothing (the agent's default).
 func TestCreateQPType(t *testing.T) {
 	c, reqs := fakeAgent(t, map[string]string{"qp": "ok qp=2 qpn=0x12"})
-	if _, err := c.CreateQP(context.Background(), 1, 1, 1, QPCap{UC: true}); err != nil {
+	if _, err := c.CreateQP(context.Background(), 1, 1, 1, QPCap{Type: QPTypeUC}); err != nil {
 		t.Fatal(err)
 	}
 	if got := <-reqs; got != "qp pd=1 scq=1 rcq=1 type=uc" {

@@ -122,7 +122,7 @@ func connectUC(t *testing.T, ctx context.Context, mtu int, link *dropLink) *ucPa
 	must(err)
 	p.arcq, err = ag.CreateCQ(ctx, 256)
 	must(err)
-	p.aqp, err = ag.CreateQP(ctx, apd, p.ascq, p.arcq, agent.QPCap{SendWR: 64, RecvWR: 64, UC: true})
+	p.aqp, err = ag.CreateQP(ctx, apd, p.ascq, p.arcq, agent.QPCap{SendWR: 64, RecvWR: 64, Type: agent.QPTypeUC})
 	must(err)
 	must(ag.ModifyToInit(ctx, p.aqp, agent.AccessAll))
 	agid, err := ag.GID(ctx, 1)
