@@ -26,13 +26,15 @@
 //	pd                                             -> ok pd=ID
 //	mr pd= len= access=                            -> ok mr=ID addr= lkey= rkey=
 //	cq cqe=                                        -> ok cq=ID
-//	qp pd= scq= rcq= [sq= rq= inline= srq= type=rc|ud]  -> ok qp=ID qpn=
+//	qp pd= scq= rcq= [sq= rq= inline= srq= type=rc|uc|ud] -> ok qp=ID qpn=
 //	gid idx=                                       -> ok gid=<32 hex digits>
 //	init qp= access= [qkey=]                       -> ok (a UD QP takes qkey, not access)
 //	rtr qp= dqpn= rpsn= dgid= mtu= rd_atomic= min_rnr= sgid= hop= tc=  -> ok
 //	rts qp= spsn= timeout= retry= rnr_retry= rd_atomic=                -> ok
 //	udrtr qp= | udrts qp= spsn=                    -> ok (UD: no path attributes)
 //	ah pd= dgid= sgid= hop= tc= sl= fl=            -> ok ah=ID
+//	    (a UC QP's rtr and rts apply only UC's attributes; rd_atomic,
+//	    min_rnr, timeout and the retries are ignored)
 //	state qp= to=ERR|RESET|SQD                     -> ok
 //	query qp=                                      -> ok state= sq_psn= rq_psn= mtu= dqpn= ... qkey=
 //	send qp= wr= op=send|send_imm|send_inv|write|write_imm|read|cas|faa mr= off= len=

@@ -66,7 +66,7 @@ func TestUDAgainstRxe(t *testing.T) {
 		}
 	}
 	ag, apd, amr, acq := rxeSide(t, ctx)
-	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 64, RecvWR: 64, UD: true})
+	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 64, RecvWR: 64, Type: agent.QPTypeUD})
 	must(err)
 	must(ag.ReadyUD(ctx, aqp, udQKey, 0x123))
 	if a, err := ag.Query(ctx, aqp); err != nil || a.QKey != udQKey || a.State != "RTS" {
@@ -275,7 +275,7 @@ func TestGSIAgainstRxe(t *testing.T) {
 		}
 	}
 	ag, apd, amr, acq := rxeSide(t, ctx)
-	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 16, RecvWR: 16, UD: true})
+	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 16, RecvWR: 16, Type: agent.QPTypeUD})
 	must(err)
 	must(ag.ReadyUD(ctx, aqp, udQKey, 0))
 	agid, err := ag.GID(ctx, 1)
@@ -329,7 +329,7 @@ func TestGSIAgainstRxe(t *testing.T) {
 	// QP1 to rxe's UD QPs: source QP 1 and Q_Key 0x80010000 in the DETH
 	// whatever the work request says, so rxe's QP with Q_Key udQKey drops
 	// it and one with 0x80010000 takes it.
-	gqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 16, RecvWR: 16, UD: true})
+	gqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 16, RecvWR: 16, Type: agent.QPTypeUD})
 	must(err)
 	must(ag.ReadyUD(ctx, gqp, verbs.GSIQKey, 0))
 	copy(buf, mad)
@@ -365,7 +365,7 @@ func TestUDSRQAgainstRxe(t *testing.T) {
 	ag, apd, amr, acq := rxeSide(t, ctx)
 	asrq, _, err := ag.CreateSRQ(ctx, apd, 16, 0)
 	must(err)
-	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 16, UD: true, SRQ: asrq})
+	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 16, Type: agent.QPTypeUD, SRQ: asrq})
 	must(err)
 	must(ag.ReadyUD(ctx, aqp, udQKey, 0))
 	agid, err := ag.GID(ctx, 1)

@@ -83,14 +83,14 @@ func NewEngine(mrs *memreg.Table) *Engine {
 	return &Engine{mrs: mrs, qps: map[uint32]*QP{}, timed: map[*QP]struct{}{}, MaxBatch: 64}
 }
 
-// CreateQP makes a QP in RESET with a random 24-bit QP number (never
+// CreateQP makes a QP (RC, UC or UD: cfg.Type) in RESET with a random 24-bit QP number (never
 // 0 or 1, which IBTA reserves for SMI and GSI).
 func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) { return e.createQP(cfg, 0) }
 
 // createQP makes a QP numbered num, or with a random number if num is 0.
 func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
 	switch cfg.Type {
-	case qpstate.RC, qpstate.UD:
+	case qpstate.RC, qpstate.UC, qpstate.UD:
 	default:
 		return nil, fmt.Errorf("rc: QP type %v is not implemented", cfg.Type)
 	}
@@ -329,6 +329,10 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 		if p.Info.Request {
 			if qp.state != qpstate.RTR && qp.state != qpstate.RTS && qp.state != qpstate.SQD {
 				e.stats.RxUnknownQP++
+				continue
+			}
+			if qp.isUC() {
+				qp.respondUC(&p)
 				continue
 			}
 			if len(qp.resp.jobs) > 0 {
