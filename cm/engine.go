@@ -903,3 +903,12 @@ func (e *engine) fire(now time.Time, c *conn) {
 		e.touchTimer(c)
 	}
 }
+
+// forget drops a communication without answering the peer, whose
+// retransmission will find it gone (the kernel does this when it cannot
+// take a REQ in).
+func (e *engine) forget(c *conn) {
+	e.mu.Lock()
+	e.free(c)
+	e.mu.Unlock()
+}
