@@ -119,3 +119,26 @@ func (qp *QP) ReadyUD(qkey, sqPSN uint32) error {
 	}
 	return nil
 }
+
+// CreateGSI creates the device's QP1, the General Services Interface QP
+// that management datagrams (the connection manager's MADs) use, and
+// brings it to RTS: a UD QP numbered 1 with Q_Key GSIQKey (0x80010000),
+// which accepts only datagrams carrying that Q_Key. A device has at most
+// one: a second CreateGSI fails with an error matching ErrBusy until QP1
+// is destroyed. MADs are sent to RemoteQPN 1 with RemoteQKey GSIQKey and
+// received into buffers of GRHLen + 256 bytes; the sender's address is in
+// the GRH. Zero capacities get CreateQP's defaults.
+func (d *Device) CreateGSI(pd *PD, sendCQ, recvCQ *CQ, c QPCap) (*QP, error) {
+	if pd == nil || pd.d != d {
+		return nil, fmt.Errorf("verbs: create GSI QP: the PD is not of device %s", d.name)
+	}
+	qp, err := pd.createQP(QPInitAttr{Type: QPTypeUD, SendCQ: sendCQ, RecvCQ: recvCQ, Cap: c}, true)
+	if err != nil {
+		return nil, err
+	}
+	if err := qp.ReadyUD(GSIQKey, 0); err != nil {
+		qp.Destroy()
+		return nil, err
+	}
+	return qp, nil
+}

@@ -186,3 +186,79 @@ func TestUDModifyRules(t *testing.T) {
 		t.Fatalf("a message above the MTU sent %d packets", got-before)
 	}
 }
+
+// TestGSIOverPipe: each device's QP1 exchanges a 256-byte MAD with the
+// other's (RemoteQPN 1, Q_Key 0x80010000) into a 296-byte buffer; QP1 is
+// unique per device, drops datagrams with another Q_Key, and can be made
+// again once destroyed.
+func TestGSIOverPipe(t *testing.T) {
+	a, b := openPair(t)
+	var sides [2]*udSide
+	for i, d := range []*Device{a, b} {
+		s := &udSide{d: d, buf: make([]byte, 4096)}
+		s.pd, _ = d.AllocPD()
+		s.cq, _ = d.CreateCQ(64)
+		s.mr, _ = s.pd.RegMR(s.buf, AccessLocalWrite)
+		var err error
+		if s.qp, err = d.CreateGSI(s.pd, s.cq, s.cq, QPCap{}); err != nil {
+			t.Fatal(err)
+		}
+		if s.qp.Num() != 1 || s.qp.State() != StateRTS {
+			t.Fatalf("GSI QP %d in %v", s.qp.Num(), s.qp.State())
+		}
+		if at, _ := s.qp.Query(); at.QKey != GSIQKey {
+			t.Fatalf("GSI Q_Key %#x", at.QKey)
+		}
+		sides[i] = s
+	}
+	if _, err := a.CreateGSI(sides[0].pd, sides[0].cq, sides[0].cq, QPCap{}); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second CreateGSI: %v", err)
+	}
+	if _, err := a.CreateGSI(sides[1].pd, sides[0].cq, sides[0].cq, QPCap{}); err == nil {
+		t.Fatal("CreateGSI with another device's PD accepted")
+	}
+	ga, _ := a.QueryGID(0)
+	gb, _ := b.QueryGID(0)
+	ah, _ := sides[0].pd.CreateAH(AHAttr{DGID: gb})
+	for i := range 256 {
+		sides[0].buf[i] = byte(i)
+	}
+	rb := sides[1]
+	for k := range 2 {
+		if err := rb.qp.PostRecv(&RecvWR{ID: uint64(k), SGL: []SGE{{Addr: rb.mr.Addr() + 1024 + uint64(k)*512, Length: GRHLen + 256, LKey: rb.mr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mad := func(qkey uint32) *SendWR {
+		return &SendWR{ID: 5, Opcode: WRSend, Flags: SendSignaled, SGL: []SGE{{Addr: sides[0].mr.Addr(), Length: 256, LKey: sides[0].mr.LKey()}},
+			AH: ah.AV(), RemoteQPN: 1, RemoteQKey: qkey}
+	}
+	// A datagram to QP1 with another Q_Key is dropped; then a MAD.
+	for _, qk := range []uint32{0x1234, GSIQKey} {
+		if err := sides[0].qp.PostSend(mad(qk)); err != nil {
+			t.Fatal(err)
+		}
+		if wc := waitOne(t, sides[0].cq, "send"); wc.Status != cq.Success {
+			t.Fatalf("send %+v", wc)
+		}
+	}
+	wc := waitOne(t, rb.cq, "receive")
+	if wc.WRID != 0 || wc.ByteLen != GRHLen+256 || wc.SrcQP != 1 || wc.QPNum != 1 || wc.Flags != cq.FlagGRH {
+		t.Fatalf("MAD receive %+v", wc)
+	}
+	if st := b.Stats(); st.RxBadQKey != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	var got []byte
+	devsync.Run(b, func() { got = append(got, rb.buf[1024:1024+GRHLen+256]...) })
+	src := ga.Addr().As4()
+	if !bytes.Equal(got[32:36], src[:]) || !bytes.Equal(got[GRHLen:], sides[0].buf[:256]) {
+		t.Fatalf("MAD buffer %x", got[:64])
+	}
+	if err := sides[0].qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if q, err := a.CreateGSI(sides[0].pd, sides[0].cq, sides[0].cq, QPCap{}); err != nil || q.Num() != 1 {
+		t.Fatalf("CreateGSI after destroy: %v", err)
+	}
+}
