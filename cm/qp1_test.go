@@ -1,0 +1,101 @@
+package cm
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/pipe"
+	"github.com/softroce/softroce/verbs"
+)
+
+func openQP1Side(t *testing.T, link nic.Link) *side {
+	t.Helper()
+	dev, err := verbs.Open(link, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(dev, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &side{dev: dev, cm: c, buf: make([]byte, 4096)}
+	s.pd, _ = dev.AllocPD()
+	s.cq, _ = dev.CreateCQ(64)
+	s.mr, _ = s.pd.RegMR(s.buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead)
+	t.Cleanup(func() { c.Close(); dev.Close() })
+	return s
+}
+
+// TestQP1Loopback runs the whole stack: two devices on an in-process pipe,
+// each CM on its device's QP1 (UD SENDs with a GRH), an RC connection made
+// by Dial and Accept, a SEND across it, a UD resolution, a refused port
+// and a disconnect.
+func TestQP1Loopback(t *testing.T) {
+	la, lb := pipe.New(pipe.Config{})
+	a, b := openQP1Side(t, la), openQP1Side(t, lb)
+	ctx := ctxT(t)
+	l, err := b.cm.Listen(PortSpaceTCP, 7174)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bqp := b.newQP(t)
+	if err := bqp.Init(verbs.AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	if err := bqp.PostRecv(&verbs.RecvWR{ID: 7, SGL: []verbs.SGE{{Addr: b.mr.Addr(), Length: 64, LKey: b.mr.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var kb *Conn
+	go func() {
+		req, err := l.Next(ctx)
+		if err != nil {
+			done <- err
+			return
+		}
+		kb, err = req.Accept(ctx, bqp, nil)
+		done <- err
+	}()
+	aqp := a.newQP(t)
+	ka, err := a.cm.Dial(ctx, b.cm.Local(), PortSpaceTCP, 7174, aqp, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	copy(a.buf, "over QP1")
+	if err := aqp.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+		SGL: []verbs.SGE{{Addr: a.mr.Addr(), Length: 8, LKey: a.mr.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	wc := make([]verbs.WC, 1)
+	if _, err := b.cq.Wait(ctx, wc); err != nil || wc[0].Status != cq.Success || !bytes.Equal(b.buf[:8], []byte("over QP1")) {
+		t.Fatalf("receive: %v %+v", err, wc[0])
+	}
+	// SIDR over QP1.
+	lu, _ := b.cm.Listen(PortSpaceUDP, 7174)
+	go func() {
+		if req, err := lu.Next(ctx); err == nil {
+			req.AcceptUD(0x99, 0, nil)
+		}
+	}()
+	r, err := a.cm.ResolveUD(ctx, b.cm.Local(), 7174, nil)
+	if err != nil || r.QPN != 0x99 || r.QKey != UDPQKey {
+		t.Fatalf("resolve UD: %v %+v", err, r)
+	}
+	// Nobody on another port: REJ 8 back through QP1.
+	if _, err := a.cm.Dial(ctx, b.cm.Local(), PortSpaceTCP, 1, a.newQP(t), nil); !errors.Is(err, ErrNoListener) {
+		t.Fatalf("dial to a closed port: %v", err)
+	}
+	if err := ka.Disconnect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-kb.Done()
+	if s := b.cm.Stats(); s.Malformed != 0 || s.Unmatched != 0 || s.SendErrors != 0 {
+		t.Errorf("passive CM stats %+v", s)
+	}
+}
