@@ -494,7 +494,9 @@ func (c *CM) Dial(ctx context.Context, remote netip.Addr, ps PortSpace, port uin
 			c.kick()
 			return k, nil
 		case evRejReceived:
-			k.qpError()
+			// The QP was not touched yet: it stays in INIT, and a Dial
+			// may be tried again with it (librdmacm leaves a user's QP
+			// alone on a REJ too).
 			rerr := &RejectError{Reason: ev.m.reason, PrivateData: ev.m.private}
 			return nil, fmt.Errorf("cm: dial %v port %d: %w", remote, port, rerr)
 		case evReqError:

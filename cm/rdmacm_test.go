@@ -206,12 +206,26 @@ func TestDialAcceptSendDisconnect(t *testing.T) {
 
 func TestDialNoListener(t *testing.T) {
 	a, b := sides(t, nil)
-	_, err := a.cm.Dial(ctxT(t), b.cm.Local(), PortSpaceTCP, 9, a.newQP(t), nil)
+	qp := a.newQP(t)
+	_, err := a.cm.Dial(ctxT(t), b.cm.Local(), PortSpaceTCP, 9, qp, nil)
 	var rej *RejectError
 	if !errors.Is(err, ErrNoListener) || !errors.As(err, &rej) || rej.Reason != 8 {
 		t.Fatalf("err %v, want REJ 8", err)
 	}
 	t.Log(err)
+	// The QP is left in INIT: the same QP dials again once someone listens.
+	if qp.State() != verbs.StateInit {
+		t.Fatalf("QP %v after a REJ", qp.State())
+	}
+	l, _ := b.cm.Listen(PortSpaceTCP, 9)
+	go func() {
+		if req, err := l.Next(ctxT(t)); err == nil {
+			req.Accept(ctxT(t), b.newQP(t), nil)
+		}
+	}()
+	if _, err := a.cm.Dial(ctxT(t), b.cm.Local(), PortSpaceTCP, 9, qp, nil); err != nil {
+		t.Fatalf("second dial: %v", err)
+	}
 }
 
 func TestDialRejectedWithPrivateData(t *testing.T) {

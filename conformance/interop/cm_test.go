@@ -1,0 +1,217 @@
+package interop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/cm"
+	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/verbs"
+)
+
+// ucmatose's defaults (librdmacm/examples/cmatose.c): port 7471, one
+// connection, 10 messages of 100 bytes each way. The server sends first;
+// the client answers once it has received all of them; the server
+// disconnects.
+const (
+	ucmatosePort  = 7471
+	ucmatoseCount = 10
+	ucmatoseSize  = 100
+)
+
+// cmPeer is the softroce side of an rdma_cm test: a CM on the host
+// device's QP1 and an RC QP with ucmatose's queue sizes.
+type cmPeer struct {
+	dev *verbs.Device
+	cm  *cm.CM
+	pd  *verbs.PD
+	scq *verbs.CQ
+	rcq *verbs.CQ
+	mr  *verbs.MR
+	buf []byte
+	qp  *verbs.QP
+}
+
+func newCMPeer(t *testing.T) *cmPeer {
+	t.Helper()
+	p := &cmPeer{dev: hostDevice(t), buf: make([]byte, 2*ucmatoseSize)}
+	var err error
+	if p.cm, err = cm.Open(p.dev, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.cm.Close() })
+	p.pd, _ = p.dev.AllocPD()
+	p.scq, _ = p.dev.CreateCQ(ucmatoseCount)
+	p.rcq, _ = p.dev.CreateCQ(ucmatoseCount)
+	p.mr, _ = p.pd.RegMR(p.buf, verbs.AccessLocalWrite)
+	if p.qp, err = p.pd.CreateQP(verbs.QPInitAttr{SendCQ: p.scq, RecvCQ: p.rcq, SQSigAll: true,
+		Cap: verbs.QPCap{MaxSendWR: ucmatoseCount, MaxRecvWR: ucmatoseCount}}); err != nil {
+		t.Fatal(err)
+	}
+	// ucmatose posts its receives before it connects or accepts; so do we
+	// (a QP takes receives from INIT on).
+	if err := p.qp.Init(0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range ucmatoseCount {
+		if err := p.qp.PostRecv(&verbs.RecvWR{ID: uint64(100 + i), SGL: []verbs.SGE{{Addr: p.mr.Addr() + ucmatoseSize,
+			Length: ucmatoseSize, LKey: p.mr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+func (p *cmPeer) sendAll() error {
+	for i := range ucmatoseCount {
+		if err := p.qp.PostSend(&verbs.SendWR{ID: uint64(i), Opcode: verbs.WRSend,
+			SGL: []verbs.SGE{{Addr: p.mr.Addr(), Length: ucmatoseSize, LKey: p.mr.LKey()}}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wait takes n completions from c, all of which must succeed.
+func wait(ctx context.Context, c *verbs.CQ, n int, what string) error {
+	wcs := make([]verbs.WC, n)
+	for got := 0; got < n; {
+		k, err := c.Wait(ctx, wcs[got:])
+		if err != nil {
+			return fmt.Errorf("%s: %d of %d completions: %w", what, got, n, err)
+		}
+		for _, wc := range wcs[got : got+k] {
+			if wc.Status != cq.Success {
+				return fmt.Errorf("%s: completion %d: %v", what, got, wc.Status)
+			}
+		}
+		got += k
+	}
+	return nil
+}
+
+// captureTap records the test's traffic on the VM's tap, kept under the
+// temporary directory when the test fails.
+func captureTap(t *testing.T, name string) {
+	t.Helper()
+	path := filepath.Join(os.TempDir(), "softroce-"+name+".pcap")
+	f, err := os.Create(path)
+	if err != nil {
+		return
+	}
+	c, err := vm.CaptureTap(f)
+	if err != nil {
+		f.Close()
+		return
+	}
+	t.Cleanup(func() {
+		c.Stop()
+		f.Close()
+		if t.Failed() {
+			t.Logf("tap capture: %s", path)
+		} else {
+			os.Remove(path)
+		}
+	})
+}
+
+// TestUcmatoseAgainstRxe runs ucmatose on the rxe guest against a softroce
+// peer built on package cm, both roles: the guest's kernel CM (IB CM over
+// rxe's QP1, rdma_cm on top) connects, exchanges 10 SENDs each way and
+// disconnects with the softroce CM.
+func TestUcmatoseAgainstRxe(t *testing.T) {
+	needVM(t)
+	t.Run("softroce-server", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+		defer cancel()
+		captureTap(t, "ucmatose-server")
+		p := newCMPeer(t)
+		l, err := p.cm.Listen(cm.PortSpaceTCP, ucmatosePort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proc, err := vm.Start(ctx, fmt.Sprintf("timeout 120 ucmatose -s %s", vm.HostAddr()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		guest := func() string { out, _ := proc.Wait(ctx); return out }
+		req, err := l.Next(ctx)
+		if err != nil {
+			t.Fatalf("no connection request: %v\nguest:\n%s", err, guest())
+		}
+		t.Logf("request from %v port %d, QPN %d, %+v", req.Remote, req.RemotePort, req.RemoteQPN, req.Param)
+		k, err := req.Accept(ctx, p.qp, nil)
+		if err != nil {
+			t.Fatalf("accept: %v\nguest:\n%s", err, guest())
+		}
+		if err := p.sendAll(); err != nil {
+			t.Fatal(err)
+		}
+		if err := wait(ctx, p.scq, ucmatoseCount, "sends"); err != nil {
+			t.Fatalf("%v\nguest:\n%s", err, guest())
+		}
+		if err := wait(ctx, p.rcq, ucmatoseCount, "receives"); err != nil {
+			t.Fatalf("%v\nguest:\n%s", err, guest())
+		}
+		if err := k.Disconnect(ctx); err != nil {
+			t.Fatalf("disconnect: %v\nguest:\n%s", err, guest())
+		}
+		out, err := proc.Wait(ctx)
+		if err != nil || !strings.Contains(out, "data transfers complete") || !strings.Contains(out, "return status 0") {
+			t.Fatalf("ucmatose client: %v\n%s", err, out)
+		}
+		t.Logf("guest: %s; CM %+v", lastLines(out, 3), p.cm.Stats())
+	})
+	t.Run("softroce-client", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+		defer cancel()
+		captureTap(t, "ucmatose-client")
+		p := newCMPeer(t)
+		proc, err := vm.Start(ctx, "timeout 120 ucmatose")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		guest := func() string { out, _ := proc.Wait(ctx); return out }
+		// The server listens once it has started: until then its CM
+		// answers REJ 8, which is quick, so retry on that alone.
+		var k *cm.Conn
+		for {
+			k, err = p.cm.Dial(ctx, vm.GuestAddr(), cm.PortSpaceTCP, ucmatosePort, p.qp,
+				&cm.ConnParam{ResponderResources: 1, InitiatorDepth: 1, RetryCount: 5, RNRRetryCount: 7})
+			if !errors.Is(err, cm.ErrNoListener) || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("dial: %v\nguest:\n%s", err, guest())
+		}
+		if err := wait(ctx, p.rcq, ucmatoseCount, "receives"); err != nil {
+			t.Fatalf("%v\nguest:\n%s", err, guest())
+		}
+		if err := p.sendAll(); err != nil {
+			t.Fatal(err)
+		}
+		if err := wait(ctx, p.scq, ucmatoseCount, "sends"); err != nil {
+			t.Fatalf("%v\nguest:\n%s", err, guest())
+		}
+		select {
+		case <-k.Done():
+		case <-ctx.Done():
+			t.Fatalf("the server never disconnected\nguest:\n%s", guest())
+		}
+		out, err := proc.Wait(ctx)
+		if err != nil || !strings.Contains(out, "data transfers complete") || !strings.Contains(out, "return status 0") {
+			t.Fatalf("ucmatose server: %v\n%s", err, out)
+		}
+		t.Logf("guest: %s; CM %+v", lastLines(out, 3), p.cm.Stats())
+	})
+}
