@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -211,6 +212,183 @@ func TestUcmatoseAgainstRxe(t *testing.T) {
 		out, err := proc.Wait(ctx)
 		if err != nil || !strings.Contains(out, "data transfers complete") || !strings.Contains(out, "return status 0") {
 			t.Fatalf("ucmatose server: %v\n%s", err, out)
+		}
+		t.Logf("guest: %s; CM %+v", lastLines(out, 3), p.cm.Stats())
+	})
+}
+
+// udaddy's defaults (librdmacm/examples/udaddy.c): port 7174 of
+// RDMA_PS_UDP, 10 datagrams of 100 bytes each way, SEND_WITH_IMM carrying
+// the sender's QPN so the server can answer without a SIDR of its own.
+const (
+	udaddyPort  = 7174
+	udaddyCount = 10
+	udaddySize  = 100
+)
+
+type udPeer struct {
+	cm  *cm.CM
+	pd  *verbs.PD
+	cq  *verbs.CQ
+	mr  *verbs.MR
+	buf []byte
+	qp  *verbs.QP
+}
+
+func newUDPeer(t *testing.T) *udPeer {
+	t.Helper()
+	dev := hostDevice(t)
+	p := &udPeer{buf: make([]byte, udaddyCount*(verbs.GRHLen+udaddySize)+udaddySize)}
+	var err error
+	if p.cm, err = cm.Open(dev, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.cm.Close() })
+	p.pd, _ = dev.AllocPD()
+	p.cq, _ = dev.CreateCQ(2 * udaddyCount)
+	p.mr, _ = p.pd.RegMR(p.buf, verbs.AccessLocalWrite)
+	if p.qp, err = p.pd.CreateQP(verbs.QPInitAttr{Type: verbs.QPTypeUD, SendCQ: p.cq, RecvCQ: p.cq,
+		Cap: verbs.QPCap{MaxSendWR: udaddyCount, MaxRecvWR: udaddyCount}}); err != nil {
+		t.Fatal(err)
+	}
+	// rdma_cm gives the UD QPs of RDMA_PS_UDP the Q_Key 0x01234567.
+	if err := p.qp.ReadyUD(cm.UDPQKey, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range udaddyCount {
+		off := uint64(i * (verbs.GRHLen + udaddySize))
+		if err := p.qp.PostRecv(&verbs.RecvWR{ID: uint64(100 + i), SGL: []verbs.SGE{{Addr: p.mr.Addr() + off,
+			Length: verbs.GRHLen + udaddySize, LKey: p.mr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+// send sends udaddy's 10 datagrams to qpn at addr.
+func (p *udPeer) send(addr verbs.GID, qpn, qkey uint32) error {
+	ah, err := p.pd.CreateAH(verbs.AHAttr{DGID: addr, HopLimit: 64})
+	if err != nil {
+		return err
+	}
+	defer ah.Destroy()
+	src := p.mr.Addr() + uint64(udaddyCount*(verbs.GRHLen+udaddySize))
+	for i := range udaddyCount {
+		if err := p.qp.PostSend(&verbs.SendWR{ID: uint64(i), Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled,
+			Imm: p.qp.Num(), SGL: []verbs.SGE{{Addr: src, Length: udaddySize, LKey: p.mr.LKey()}},
+			AH: ah.AV(), RemoteQPN: qpn, RemoteQKey: qkey}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recv takes n completions, which must succeed, and returns the receives.
+func (p *udPeer) recv(ctx context.Context, n int) ([]verbs.WC, error) {
+	var recvs []verbs.WC
+	wcs := make([]verbs.WC, n)
+	for got := 0; got < n; {
+		k, err := p.cq.Wait(ctx, wcs[:n-got])
+		if err != nil {
+			return nil, fmt.Errorf("%d of %d completions: %w", got, n, err)
+		}
+		for _, wc := range wcs[:k] {
+			if wc.Status != cq.Success {
+				return nil, fmt.Errorf("completion %d: %v", got, wc.Status)
+			}
+			if wc.WRID >= 100 {
+				recvs = append(recvs, wc)
+			}
+		}
+		got += k
+	}
+	return recvs, nil
+}
+
+// TestUdaddyAgainstRxe runs udaddy on the rxe guest against a softroce
+// peer built on package cm, both roles: the client resolves the server's
+// UD QP with SIDR (the kernel's SIDR_REQ/SIDR_REP over QP1, Q_Key
+// 0x01234567) and the two exchange 10 datagrams each way.
+func TestUdaddyAgainstRxe(t *testing.T) {
+	needVM(t)
+	t.Run("softroce-server", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+		defer cancel()
+		captureTap(t, "udaddy-server")
+		p := newUDPeer(t)
+		l, err := p.cm.Listen(cm.PortSpaceUDP, udaddyPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proc, err := vm.Start(ctx, fmt.Sprintf("timeout 120 udaddy -s %s", vm.HostAddr()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		guest := func() string { out, _ := proc.Wait(ctx); return out }
+		req, err := l.Next(ctx)
+		if err != nil || !req.UD() {
+			t.Fatalf("no UD request (%v)\nguest:\n%s", err, guest())
+		}
+		if err := req.AcceptUD(p.qp.Num(), 0, nil); err != nil {
+			t.Fatal(err)
+		}
+		recvs, err := p.recv(ctx, udaddyCount)
+		if err != nil {
+			t.Fatalf("receives: %v\nguest:\n%s", err, guest())
+		}
+		// Reply to the address in the GRH and the QPN in the immediate.
+		wc := recvs[0]
+		src := p.buf[int(wc.WRID-100)*(verbs.GRHLen+udaddySize):]
+		from := verbs.GIDFromAddr(netip.AddrFrom4([4]byte(src[32:36])))
+		if err := p.send(from, wc.ImmData, cm.UDPQKey); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.recv(ctx, udaddyCount); err != nil {
+			t.Fatalf("sends: %v\nguest:\n%s", err, guest())
+		}
+		out, err := proc.Wait(ctx)
+		if err != nil || !strings.Contains(out, "data transfers complete") || !strings.Contains(out, "return status 0") {
+			t.Fatalf("udaddy client: %v\n%s", err, out)
+		}
+		t.Logf("guest: %s; CM %+v", lastLines(out, 3), p.cm.Stats())
+	})
+	t.Run("softroce-client", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+		defer cancel()
+		captureTap(t, "udaddy-client")
+		p := newUDPeer(t)
+		proc, err := vm.Start(ctx, "timeout 120 udaddy")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		guest := func() string { out, _ := proc.Wait(ctx); return out }
+		var r *cm.UDRemote
+		for {
+			r, err = p.cm.ResolveUD(ctx, vm.GuestAddr(), udaddyPort, nil)
+			if !errors.Is(err, cm.ErrNoListener) || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("resolve: %v\nguest:\n%s", err, guest())
+		}
+		t.Logf("resolved: QPN %d Q_Key %#x", r.QPN, r.QKey)
+		if r.QKey != cm.UDPQKey {
+			t.Errorf("Q_Key %#x, want %#x", r.QKey, cm.UDPQKey)
+		}
+		if err := p.send(verbs.GIDFromAddr(r.Addr), r.QPN, r.QKey); err != nil {
+			t.Fatal(err)
+		}
+		// Our 10 send completions and the server's 10 replies.
+		if recvs, err := p.recv(ctx, 2*udaddyCount); err != nil || len(recvs) != udaddyCount {
+			t.Fatalf("exchange: %v (%d receives)\nguest:\n%s", err, len(recvs), guest())
+		}
+		out, err := proc.Wait(ctx)
+		if err != nil || !strings.Contains(out, "data transfers complete") || !strings.Contains(out, "return status 0") {
+			t.Fatalf("udaddy server: %v\n%s", err, out)
 		}
 		t.Logf("guest: %s; CM %+v", lastLines(out, 3), p.cm.Stats())
 	})
