@@ -214,3 +214,129 @@ func TestFuzzSeedsReachStates(t *testing.T) {
 		t.Fatalf("seeds never made the engine send %v (sent %#x)", want, sent)
 	}
 }
+
+// FuzzCMExchange runs a whole exchange between two engines (a dials, b
+// accepts, both disconnect once established) through a network the fuzzer
+// controls: each input byte decides the fate of the next MAD in flight
+// (deliver, lose, duplicate, corrupt one byte, or let time run to the next
+// timer first). Whatever it does, both engines' tables stay consistent,
+// every communication ends once time runs out, and when no MAD was
+// corrupted the two ends agree on QPNs and PSNs.
+func FuzzCMExchange(f *testing.F) {
+	f.Add([]byte{})
+	f.Add([]byte{4, 0, 0, 0, 0, 0})          // lose the REQ
+	f.Add([]byte{0, 4, 0, 0, 0, 0, 0})       // lose the REP
+	f.Add([]byte{0, 0, 4, 7, 0, 0, 0})       // lose the RTU
+	f.Add([]byte{5, 5, 5, 5, 5, 5, 5, 5})    // duplicate everything
+	f.Add([]byte{7, 7, 7, 7, 7, 7, 7, 7, 7}) // let timers run between messages
+	f.Add([]byte{6, 30, 1, 0, 6, 40, 9, 0})  // corrupt
+	f.Fuzz(func(t *testing.T, data []byte) {
+		nw := newMemNet()
+		a := nw.add("10.0.0.1:4791", Config{MaxHalfOpen: fuzzCap})
+		b := nw.add("10.0.0.2:4791", Config{MaxHalfOpen: fuzzCap})
+		b.e.listen(svc, nil)
+		now := t0
+		corrupted := false
+		var ac, bc *conn
+		a.on = func(n *node, ev *event) {
+			if ev.typ == evRepReceived {
+				ac = ev.c
+				n.e.rtu(now, ev.c, nil)
+				n.e.disconnect(now, ev.c, nil)
+			}
+		}
+		b.on = func(n *node, ev *event) {
+			switch ev.typ {
+			case evReqReceived:
+				n.e.accept(now, ev.c, &repParams{qpn: 0x22, psn: 0x123456, respRes: ev.c.respRes, initDepth: ev.c.initDepth})
+			case evEstablished:
+				bc = ev.c
+			case evDreqReceived:
+				n.e.disconnect(now, ev.c, nil)
+			}
+		}
+		a.e.connect(now, testReq(b))
+		for len(nw.queue) > 0 || len(data) > 0 {
+			if len(nw.queue) == 0 {
+				// Nothing in flight: let the next timer fire.
+				d := earliest(a, b)
+				if d.IsZero() {
+					break
+				}
+				now = d
+				a.e.Tick(now)
+				b.e.Tick(now)
+				continue
+			}
+			p := nw.queue[0]
+			nw.queue = nw.queue[1:]
+			act := byte(0)
+			if len(data) > 0 {
+				act, data = data[0]%8, data[1:]
+			}
+			dst := nw.nodes[p.to.Addr]
+			switch act {
+			case 4:
+				continue
+			case 5:
+				dst.e.Receive(now, p.from, p.b)
+			case 6:
+				if len(data) >= 2 {
+					p.b[int(data[0])%len(p.b)] ^= data[1] | 1
+					data = data[2:]
+					corrupted = true
+				}
+			case 7:
+				if d := earliest(a, b); !d.IsZero() {
+					now = d
+					a.e.Tick(now)
+					b.e.Tick(now)
+				}
+			}
+			dst.e.Receive(now, p.from, p.b)
+			for _, n := range []*node{a, b} {
+				if err := n.e.check(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if !corrupted && ac != nil && bc != nil {
+			if ac.remoteQPN != 0x22 || bc.remoteQPN != 0x11 || ac.sqPSN != bc.rqPSN || bc.sqPSN != ac.rqPSN ||
+				ac.remoteID != bc.localID || bc.remoteID != ac.localID {
+				t.Fatalf("the ends disagree: active %+v passive %+v", ac, bc)
+			}
+		}
+		for i := 0; i < 400; i++ {
+			d := earliest(a, b)
+			if d.IsZero() {
+				break
+			}
+			now = d
+			a.e.Tick(now)
+			b.e.Tick(now)
+			nw.deliver(now)
+		}
+		// The IB CM has no keepalive: a side whose every DREQ was lost
+		// stays established. Nothing else may be left.
+		for _, n := range []*node{a, b} {
+			for _, c := range n.e.ids {
+				if c.state != StateEstablished {
+					t.Fatalf("%v: communication %#x left in %v", n.addr, c.localID, c.state)
+				}
+			}
+			if s := n.e.Stats(); s.HalfOpen != 0 {
+				t.Fatalf("%v: left %+v", n.addr, s)
+			}
+		}
+	})
+}
+
+func earliest(nodes ...*node) time.Time {
+	var d time.Time
+	for _, n := range nodes {
+		if t := n.e.NextDeadline(); !t.IsZero() && (d.IsZero() || t.Before(d)) {
+			d = t
+		}
+	}
+	return d
+}
