@@ -566,3 +566,31 @@ func TestSIDR(t *testing.T) {
 		t.Fatal("no SIDR timeout")
 	}
 }
+
+// TestREQFieldsAsTheKernelWrites checks the REQ against what rdma_cm on
+// RoCE sends: permissive LIDs and a routed path for hop limit 64, P_Key
+// 0xFFFF, CM response timeouts 20 and 15 retries, the local ACK timeout
+// ack_timeout(15, 16) = 17, RC transport.
+func TestREQFieldsAsTheKernelWrites(t *testing.T) {
+	nw, a, b := pair(t)
+	p := testReq(b)
+	p.localGID = gid(netip.MustParseAddr("10.0.0.1"))
+	p.remoteGID = gid(netip.MustParseAddr("10.0.0.2"))
+	a.e.connect(t0, p)
+	r := mad.MAD(nw.queue[0].b).REQ()
+	pp := r.Primary()
+	switch {
+	case r.ServiceID() != svc || r.LocalCAGUID() != a.e.cfg.GUID || r.LocalQPN() != 0x11 || r.StartingPSN() != 0xabcdef:
+		t.Errorf("ids: %v %#x %#x %#x", r.ServiceID(), r.LocalCAGUID(), r.LocalQPN(), r.StartingPSN())
+	case r.RemoteCMResponseTimeout() != 20 || r.LocalCMResponseTimeout() != 20 || r.MaxCMRetries() != 15:
+		t.Errorf("CM timeouts %d %d retries %d", r.RemoteCMResponseTimeout(), r.LocalCMResponseTimeout(), r.MaxCMRetries())
+	case r.TransportType() != 0 || r.PKey() != 0xFFFF || r.PathMTU() != 3 || r.RetryCount() != 7 || r.RNRRetryCount() != 6:
+		t.Errorf("transport %d pkey %#x mtu %d retry %d rnr %d", r.TransportType(), r.PKey(), r.PathMTU(), r.RetryCount(), r.RNRRetryCount())
+	case r.ResponderResources() != 4 || r.InitiatorDepth() != 2:
+		t.Errorf("resources %d depth %d", r.ResponderResources(), r.InitiatorDepth())
+	case pp.LocalLID() != 0xFFFF || pp.RemoteLID() != 0xFFFF || pp.SubnetLocal() || pp.HopLimit() != 64 || pp.LocalAckTimeout() != 17:
+		t.Errorf("path: LIDs %#x %#x subnet local %v hop %d ack timeout %d", pp.LocalLID(), pp.RemoteLID(), pp.SubnetLocal(), pp.HopLimit(), pp.LocalAckTimeout())
+	case pp.LocalGID() != netip.MustParseAddr("::ffff:10.0.0.1") || pp.RemoteGID() != netip.MustParseAddr("::ffff:10.0.0.2"):
+		t.Errorf("GIDs %v %v", pp.LocalGID(), pp.RemoteGID())
+	}
+}

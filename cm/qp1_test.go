@@ -99,3 +99,23 @@ func TestQP1Loopback(t *testing.T) {
 		t.Errorf("passive CM stats %+v", s)
 	}
 }
+
+func TestGRHSource(t *testing.T) {
+	// IPv4 as rxe writes it: 20 zero bytes, then the IPv4 header.
+	g := make([]byte, verbs.GRHLen)
+	g[20] = 0x45
+	copy(g[32:36], []byte{10, 88, 0, 2})
+	if a, ok := grhSource(g); !ok || a.String() != "10.88.0.2" {
+		t.Fatalf("IPv4 GRH: %v %v", a, ok)
+	}
+	// IPv6: the GRH is the IPv6 header, source at byte 8.
+	g6 := make([]byte, verbs.GRHLen)
+	g6[0] = 0x60
+	copy(g6[8:24], []byte{0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1})
+	if a, ok := grhSource(g6); !ok || a.String() != "fd00::1" {
+		t.Fatalf("IPv6 GRH: %v %v", a, ok)
+	}
+	if _, ok := grhSource(make([]byte, verbs.GRHLen)); ok {
+		t.Fatal("an all-zero GRH names a source")
+	}
+}

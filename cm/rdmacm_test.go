@@ -141,13 +141,13 @@ func TestDialAcceptSendDisconnect(t *testing.T) {
 			return
 		}
 		// Receives may be posted once the QP is in INIT; Accept moves it.
-		k, err := req.Accept(ctx, bqp, &ConnParam{ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7,
+		k, err := req.Accept(ctx, bqp, &ConnParam{ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 6,
 			PrivateData: []byte("accepted")})
 		ch <- res{k, req, err}
 	}()
 	aqp := a.newQP(t)
 	ka, err := a.cm.Dial(ctx, b.cm.Local(), PortSpaceTCP, 7471, aqp, &ConnParam{ResponderResources: 1, InitiatorDepth: 1,
-		RetryCount: 7, RNRRetryCount: 7, PrivateData: []byte("hi there")})
+		RetryCount: 5, RNRRetryCount: 3, PrivateData: []byte("hi there")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,6 +171,11 @@ func TestDialAcceptSendDisconnect(t *testing.T) {
 	if attrA.DestQPN != bqp.Num() || attrB.DestQPN != aqp.Num() || attrA.SQPSN != attrB.RQPSN || attrB.SQPSN != attrA.RQPSN {
 		t.Errorf("QP attrs: A dest %d sq %#x rq %#x, B dest %d sq %#x rq %#x", attrA.DestQPN, attrA.SQPSN, attrA.RQPSN,
 			attrB.DestQPN, attrB.SQPSN, attrB.RQPSN)
+	}
+	// Each side's RNR retry count is the one its peer sent; the transport
+	// retry count is the active side's for both.
+	if attrA.RetryCnt != 5 || attrB.RetryCnt != 5 || attrA.RNRRetry != 6 || attrB.RNRRetry != 3 {
+		t.Errorf("retry %d %d, RNR retry %d %d", attrA.RetryCnt, attrB.RetryCnt, attrA.RNRRetry, attrB.RNRRetry)
 	}
 	if attrA.Timeout != 17 || attrB.Timeout != 17 || attrA.MaxRDAtomic != 1 || attrB.MaxDestRDAtomic != 1 || attrA.MinRNRTimer != 0 {
 		t.Errorf("timeouts %d %d rd %d %d rnr timer %d", attrA.Timeout, attrB.Timeout, attrA.MaxRDAtomic, attrB.MaxDestRDAtomic, attrA.MinRNRTimer)
