@@ -3,11 +3,13 @@ package cm
 import (
 	"bytes"
 	"errors"
+	"net/netip"
 	"testing"
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/pipe"
+	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -117,5 +119,43 @@ func TestGRHSource(t *testing.T) {
 	}
 	if _, ok := grhSource(make([]byte, verbs.GRHLen)); ok {
 		t.Fatal("an all-zero GRH names a source")
+	}
+}
+
+// TestUDPLoopback connects two devices over kernel UDP sockets on
+// 127.91.0.1 and 127.91.0.2, port 4791: the CM's MADs and the RC traffic
+// cross real sockets, and replies go to the GRH's IPv4 source.
+func TestUDPLoopback(t *testing.T) {
+	var links [2]nic.Link
+	for i, a := range []string{"127.91.0.1", "127.91.0.2"} {
+		l, err := udp.Open(udp.Config{Addr: netip.MustParseAddr(a), MTU: 1500})
+		if err != nil {
+			t.Fatalf("UDP socket on %s:4791: %v", a, err)
+		}
+		links[i] = l
+	}
+	a, b := openQP1Side(t, links[0]), openQP1Side(t, links[1])
+	ctx := ctxT(t)
+	l, err := b.cm.Listen(PortSpaceTCP, 18515)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		req, err := l.Next(ctx)
+		if err == nil {
+			_, err = req.Accept(ctx, b.newQP(t), nil)
+		}
+		done <- err
+	}()
+	k, err := a.cm.Dial(ctx, netip.MustParseAddr("127.91.0.2"), PortSpaceTCP, 18515, a.newQP(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Disconnect(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
