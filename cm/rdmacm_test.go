@@ -93,9 +93,15 @@ var fastCM = &Options{Config: Config{ResponseTimeout: 8, PacketLifeTime: 1, MaxR
 
 func sides(t *testing.T, opts *Options) (a, b *side) {
 	t.Helper()
+	return sides2(t, opts, opts)
+}
+
+// sides2 gives each side its own options.
+func sides2(t *testing.T, optsA, optsB *Options) (a, b *side) {
+	t.Helper()
 	la, lb := pipe.New(pipe.Config{})
 	ta, tb := chanMADPair(netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"))
-	open := func(link nic.Link, tx *chanMAD) *side {
+	open := func(link nic.Link, tx *chanMAD, opts *Options) *side {
 		dev, err := verbs.Open(link, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -111,7 +117,7 @@ func sides(t *testing.T, opts *Options) (a, b *side) {
 		t.Cleanup(func() { c.Close(); dev.Close() })
 		return s
 	}
-	return open(la, ta), open(lb, tb)
+	return open(la, ta, optsA), open(lb, tb, optsB)
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -265,7 +271,7 @@ func TestDialUnreachable(t *testing.T) {
 }
 
 func TestDisconnectWithoutDREP(t *testing.T) {
-	a, b := sides(t, fastCM)
+	a, b := sides(t, nil)
 	l, _ := b.cm.Listen(PortSpaceTCP, 7000)
 	ctx := ctxT(t)
 	go func() {
@@ -278,8 +284,13 @@ func TestDisconnectWithoutDREP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The peer's CM goes silent: the DREQ is never answered.
+	// The peer's CM goes silent: the DREQ is never answered. Its timer
+	// is shortened to 1 ms and 2 retries, so the test does not wait the
+	// 16 x 4.6 s rdma_cm would.
 	a.tx.setDrop(func([]byte) bool { return true })
+	a.cm.e.mu.Lock()
+	k.c.timeout, k.c.maxRetries = time.Millisecond, 2
+	a.cm.e.mu.Unlock()
 	if err := k.Disconnect(ctx); !errors.Is(err, ErrDisconnectTimeout) {
 		t.Fatalf("err %v", err)
 	} else {
@@ -313,7 +324,10 @@ func TestResolveUD(t *testing.T) {
 }
 
 func TestAcceptAfterExpiry(t *testing.T) {
-	a, b := sides(t, fastCM)
+	// rdma_cm's timers on the dialing side, a 200 ms accept timeout on
+	// the listening side: the REJ of the expiry comes long before the
+	// first REQ retransmission.
+	a, b := sides2(t, nil, fastCM)
 	l, _ := b.cm.Listen(PortSpaceTCP, 7000)
 	ctx := ctxT(t)
 	_, err := a.cm.Dial(ctx, b.cm.Local(), PortSpaceTCP, 7000, a.newQP(t), nil)
