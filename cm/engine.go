@@ -32,34 +32,34 @@ type Transport interface {
 // MADSize is the size of every CM MAD.
 const MADSize = 256
 
-// State is the IB CM state of one communication (IBTA vol. 1 §12.9, the
+// cmState is the IB CM state of one communication (IBTA vol. 1 §12.9, the
 // states the kernel's ib_cm_state names).
-type State uint8
+type cmState uint8
 
 // CM states.
 const (
-	StateIdle State = iota
-	StateReqSent
-	StateReqRcvd
-	StateMRAReqSent
-	StateMRAReqRcvd
-	StateRepSent
-	StateRepRcvd
-	StateMRARepSent
-	StateMRARepRcvd
-	StateEstablished
-	StateDreqSent
-	StateDreqRcvd
-	StateTimewait
-	StateSIDRReqSent
-	StateSIDRReqRcvd
+	stIdle cmState = iota
+	stReqSent
+	stReqRcvd
+	stMRAReqSent
+	stMRAReqRcvd
+	stRepSent
+	stRepRcvd
+	stMRARepSent
+	stMRARepRcvd
+	stEstablished
+	stDreqSent
+	stDreqRcvd
+	stTimewait
+	stSIDRReqSent
+	stSIDRReqRcvd
 )
 
 var stateNames = [...]string{"IDLE", "REQ_SENT", "REQ_RCVD", "MRA_REQ_SENT", "MRA_REQ_RCVD", "REP_SENT",
 	"REP_RCVD", "MRA_REP_SENT", "MRA_REP_RCVD", "ESTABLISHED", "DREQ_SENT", "DREQ_RCVD", "TIMEWAIT",
 	"SIDR_REQ_SENT", "SIDR_REQ_RCVD"}
 
-func (s State) String() string {
+func (s cmState) String() string {
 	if int(s) < len(stateNames) {
 		return stateNames[s]
 	}
@@ -68,9 +68,9 @@ func (s State) String() string {
 
 // halfOpen says whether a passive communication in state s holds a
 // half-open slot: a REQ (or SIDR_REQ) was taken in and no RTU has closed it.
-func (s State) halfOpen() bool {
+func (s cmState) halfOpen() bool {
 	switch s {
-	case StateReqRcvd, StateMRAReqSent, StateRepSent, StateMRARepRcvd, StateSIDRReqRcvd:
+	case stReqRcvd, stMRAReqSent, stRepSent, stMRARepRcvd, stSIDRReqRcvd:
 		return true
 	}
 	return false
@@ -249,7 +249,7 @@ type retx struct {
 // conn is one communication (the kernel's cm_id_private).
 type conn struct {
 	e       *engine
-	state   State
+	state   cmState
 	passive bool
 	dead    bool
 
@@ -423,7 +423,7 @@ func (e *engine) acquire(local, remote uint32) *conn {
 	return c
 }
 
-func (e *engine) setState(c *conn, s State) {
+func (e *engine) setState(c *conn, s cmState) {
 	if c.passive {
 		was, is := c.state.halfOpen(), s.halfOpen()
 		if was && !is {
@@ -468,7 +468,7 @@ func (e *engine) free(c *conn) {
 	if c.dead {
 		return
 	}
-	e.setState(c, StateIdle)
+	e.setState(c, stIdle)
 	e.removeRemote(c)
 	if c.inSIDR {
 		delete(e.sidr, sidrKey{c.remoteID, c.peer.Addr.Addr()})
@@ -487,7 +487,7 @@ func (e *engine) free(c *conn) {
 
 func (e *engine) enterTimewait(now time.Time, c *conn) {
 	e.removeRemote(c)
-	e.setState(c, StateTimewait)
+	e.setState(c, stTimewait)
 	c.rt.on = false
 	c.waitAt = now.Add(cmTime(c.avTimeout))
 	e.touchTimer(c)
@@ -643,7 +643,7 @@ func (e *engine) connect(now time.Time, p *reqParams) (*conn, error) {
 		hopLimit: p.hopLimit, localAckTimeout: ackTimeout(e.cfg.AckDelay, e.cfg.PacketLifeTime),
 		private: p.private}
 	m.flowControl = p.flowControl
-	e.setState(c, StateReqSent)
+	e.setState(c, stReqSent)
 	e.sendRetx(now, c, &m, c.timeout, c.maxRetries)
 	return c, nil
 }
@@ -664,7 +664,7 @@ func (e *engine) accept(now time.Time, c *conn, p *repParams) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if c.dead || (c.state != StateReqRcvd && c.state != StateMRAReqSent) {
+	if c.dead || (c.state != stReqRcvd && c.state != stMRAReqSent) {
 		return fmt.Errorf("%w (accept in %v)", errState, c.state)
 	}
 	c.localQPN = p.qpn & 0xFFFFFF
@@ -675,7 +675,7 @@ func (e *engine) accept(now time.Time, c *conn, p *repParams) error {
 		srq: p.srq, caGUID: e.cfg.GUID, private: p.private}
 	m.flowControl = p.flowControl
 	c.waitAt = time.Time{}
-	e.setState(c, StateRepSent)
+	e.setState(c, stRepSent)
 	e.sendRetx(now, c, &m, c.timeout, c.maxRetries)
 	return nil
 }
@@ -687,11 +687,11 @@ func (e *engine) rtu(now time.Time, c *conn, private []byte) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if c.dead || (c.state != StateRepRcvd && c.state != StateMRARepSent) {
+	if c.dead || (c.state != stRepRcvd && c.state != stMRARepSent) {
 		return fmt.Errorf("%w (RTU in %v)", errState, c.state)
 	}
 	c.private = copyPrivate(private)
-	e.setState(c, StateEstablished)
+	e.setState(c, stEstablished)
 	e.sendMsg(c.peer, &msg{attr: attrRTU, tid: c.tid, localID: c.localID, remoteID: c.remoteID, private: private})
 	return nil
 }
@@ -705,12 +705,12 @@ func (e *engine) establish(c *conn) error {
 		return errState
 	}
 	switch c.state {
-	case StateRepSent, StateMRARepRcvd:
-		e.setState(c, StateEstablished)
+	case stRepSent, stMRARepRcvd:
+		e.setState(c, stEstablished)
 		e.cancel(c)
 		e.post(event{typ: evEstablished, c: c})
 		return nil
-	case StateEstablished:
+	case stEstablished:
 		return nil
 	}
 	return fmt.Errorf("%w (establish in %v)", errState, c.state)
@@ -727,10 +727,10 @@ func (e *engine) reject(now time.Time, c *conn, reason uint16, ari, private []by
 		return errState
 	}
 	switch c.state {
-	case StateReqSent, StateMRAReqRcvd, StateReqRcvd, StateMRAReqSent, StateRepRcvd, StateMRARepSent:
+	case stReqSent, stMRAReqRcvd, stReqRcvd, stMRAReqSent, stRepRcvd, stMRARepSent:
 		e.sendMsg(c.peer, e.formatRej(c, reason, ari, private))
 		e.free(c)
-	case StateRepSent, StateMRARepRcvd:
+	case stRepSent, stMRARepRcvd:
 		e.sendMsg(c.peer, e.formatRej(c, reason, ari, private))
 		e.enterTimewait(now, c)
 	default:
@@ -742,12 +742,12 @@ func (e *engine) reject(now time.Time, c *conn, reason uint16, ari, private []by
 func (e *engine) formatRej(c *conn, reason uint16, ari, private []byte) *msg {
 	m := &msg{attr: attrREJ, tid: c.tid, localID: c.localID, remoteID: c.remoteID, reason: reason, ari: ari, private: private}
 	switch c.state {
-	case StateReqRcvd:
+	case stReqRcvd:
 		m.localID = 0
 		m.msgRejected = msgRespREQ
-	case StateMRAReqSent:
+	case stMRAReqSent:
 		m.msgRejected = msgRespREQ
-	case StateRepRcvd, StateMRARepSent:
+	case stRepRcvd, stMRARepSent:
 		m.msgRejected = msgRespREP
 	default:
 		m.msgRejected = msgRespOther
@@ -764,21 +764,21 @@ func (e *engine) disconnect(now time.Time, c *conn, private []byte) error {
 		return errState
 	}
 	switch c.state {
-	case StateEstablished:
+	case stEstablished:
 		if len(private) > dreqPrivate {
 			return errPrivate
 		}
 		m := msg{attr: attrDREQ, tid: e.formTID(c), localID: c.localID, remoteID: c.remoteID, qpn: c.remoteQPN, private: private}
-		e.setState(c, StateDreqSent)
+		e.setState(c, stDreqSent)
 		e.sendRetx(now, c, &m, c.timeout, c.maxRetries)
-	case StateDreqRcvd:
+	case stDreqRcvd:
 		if len(private) > drepPrivate {
 			return errPrivate
 		}
 		c.private = copyPrivate(private)
 		e.enterTimewait(now, c)
 		e.sendMsg(c.peer, &msg{attr: attrDREP, tid: c.tid, localID: c.localID, remoteID: c.remoteID, private: private})
-	case StateDreqSent, StateTimewait:
+	case stDreqSent, stTimewait:
 		return nil
 	default:
 		return fmt.Errorf("%w (disconnect in %v)", errState, c.state)
@@ -796,15 +796,15 @@ func (e *engine) destroy(now time.Time, c *conn) {
 		return
 	}
 	switch c.state {
-	case StateReqSent, StateMRAReqRcvd:
+	case stReqSent, stMRAReqRcvd:
 		e.sendMsg(c.peer, e.formatRej(c, RejTimeout, guidBytes(e.cfg.GUID), nil))
-	case StateReqRcvd, StateMRAReqSent, StateRepSent, StateMRARepRcvd, StateRepRcvd, StateMRARepSent:
+	case stReqRcvd, stMRAReqSent, stRepSent, stMRARepRcvd, stRepRcvd, stMRARepSent:
 		e.sendMsg(c.peer, e.formatRej(c, RejConsumerDefined, nil, nil))
-	case StateEstablished:
+	case stEstablished:
 		e.sendMsg(c.peer, &msg{attr: attrDREQ, tid: e.formTID(c), localID: c.localID, remoteID: c.remoteID, qpn: c.remoteQPN})
-	case StateDreqRcvd:
+	case stDreqRcvd:
 		e.sendMsg(c.peer, &msg{attr: attrDREP, tid: c.tid, localID: c.localID, remoteID: c.remoteID})
-	case StateSIDRReqRcvd:
+	case stSIDRReqRcvd:
 		e.sendMsg(c.peer, &msg{attr: attrSIDRRep, tid: c.tid, localID: c.remoteID, status: SIDRReject, serviceID: c.serviceID})
 	}
 	e.free(c)
@@ -831,7 +831,7 @@ func (e *engine) sidrRequest(now time.Time, peer Peer, serviceID uint64, private
 	c.peer = peer
 	c.serviceID = serviceID
 	c.tid = e.formTID(c)
-	e.setState(c, StateSIDRReqSent)
+	e.setState(c, stSIDRReqSent)
 	m := msg{attr: attrSIDRReq, tid: c.tid, localID: c.localID, pkey: 0xFFFF, serviceID: serviceID, private: private}
 	e.sendRetx(now, c, &m, e.cfg.SIDRTimeout, int(e.cfg.MaxRetries))
 	return c, nil
@@ -844,7 +844,7 @@ func (e *engine) sidrReply(c *conn, status uint8, qpn, qkey uint32, private []by
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if c.dead || c.state != StateSIDRReqRcvd {
+	if c.dead || c.state != stSIDRReqRcvd {
 		return errState
 	}
 	e.sendMsg(c.peer, &msg{attr: attrSIDRRep, tid: c.tid, localID: c.remoteID, status: status, qpn: qpn & 0xFFFFFF,
@@ -866,16 +866,16 @@ func (e *engine) fire(now time.Time, c *conn) {
 			c.rt.on = false
 			e.stats.Timeouts++
 			switch c.state {
-			case StateReqSent, StateMRAReqRcvd:
+			case stReqSent, stMRAReqRcvd:
 				e.free(c)
 				e.post(event{typ: evReqError, c: c})
-			case StateRepSent, StateMRARepRcvd:
+			case stRepSent, stMRARepRcvd:
 				e.free(c)
 				e.post(event{typ: evRepError, c: c})
-			case StateDreqSent:
+			case stDreqSent:
 				e.enterTimewait(now, c)
 				e.post(event{typ: evDreqError, c: c})
-			case StateSIDRReqSent:
+			case stSIDRReqSent:
 				e.free(c)
 				e.post(event{typ: evSIDRReqError, c: c})
 			}
@@ -884,15 +884,15 @@ func (e *engine) fire(now time.Time, c *conn) {
 	if !c.dead && !c.waitAt.IsZero() && !now.Before(c.waitAt) {
 		c.waitAt = time.Time{}
 		switch c.state {
-		case StateTimewait:
+		case stTimewait:
 			e.free(c)
 			e.post(event{typ: evTimewaitExit, c: c})
-		case StateReqRcvd, StateMRAReqSent:
+		case stReqRcvd, stMRAReqSent:
 			e.stats.Timeouts++
 			e.sendMsg(c.peer, e.formatRej(c, RejConsumerDefined, nil, nil))
 			e.free(c)
 			e.post(event{typ: evAcceptTimeout, c: c})
-		case StateSIDRReqRcvd:
+		case stSIDRReqRcvd:
 			e.stats.Timeouts++
 			e.sendMsg(c.peer, &msg{attr: attrSIDRRep, tid: c.tid, localID: c.remoteID, status: SIDRReject, serviceID: c.serviceID})
 			e.free(c)

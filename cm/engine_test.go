@@ -177,7 +177,7 @@ func TestConnectEstablishes(t *testing.T) {
 		t.Fatal(err)
 	}
 	nw.deliver(t0)
-	if c.state != StateEstablished {
+	if c.state != stEstablished {
 		t.Fatalf("active state %v, want ESTABLISHED", c.state)
 	}
 	req := b.last(evReqReceived)
@@ -185,7 +185,7 @@ func TestConnectEstablishes(t *testing.T) {
 		t.Fatal("no REQ event")
 	}
 	bc := req.c
-	if bc.state != StateEstablished || !b.has(evEstablished) {
+	if bc.state != stEstablished || !b.has(evEstablished) {
 		t.Fatalf("passive state %v, want ESTABLISHED", bc.state)
 	}
 	if !bytes.HasPrefix(req.m.private, []byte("hello")) {
@@ -288,7 +288,7 @@ func TestLostREQRetransmitted(t *testing.T) {
 	}
 	c, _ := a.e.connect(t0, testReq(b))
 	nw.deliver(t0)
-	if c.state != StateReqSent {
+	if c.state != stReqSent {
 		t.Fatalf("state %v after a lost REQ", c.state)
 	}
 	// rdma_cm's REQ timeout: 2 x 2^(16-8) ms + 2^(20-8) ms.
@@ -297,7 +297,7 @@ func TestLostREQRetransmitted(t *testing.T) {
 		t.Fatalf("retransmission at %v, want %v", d.Sub(t0), want.Sub(t0))
 	}
 	nw.advance(t0, want)
-	if c.state != StateEstablished || a.e.Stats().Retransmitted != 1 {
+	if c.state != stEstablished || a.e.Stats().Retransmitted != 1 {
 		t.Fatalf("state %v, %d retransmissions", c.state, a.e.Stats().Retransmitted)
 	}
 }
@@ -336,7 +336,7 @@ func TestLostREPDuplicateREQDropped(t *testing.T) {
 	c, _ := a.e.connect(t0, testReq(b))
 	nw.deliver(t0)
 	nw.advance(t0, t0.Add(10*time.Second))
-	if c.state != StateEstablished {
+	if c.state != stEstablished {
 		t.Fatalf("state %v", c.state)
 	}
 	// The passive side retransmitted its REP after 2^(20-8) ms, before the
@@ -358,7 +358,7 @@ func TestDuplicateREQBeforeAcceptDrawsMRA(t *testing.T) {
 	if n := nw.count(attrMRA); n != 1 {
 		t.Fatalf("%d MRAs, want one answering the duplicate REQ", n)
 	}
-	if c.state != StateMRAReqRcvd {
+	if c.state != stMRAReqRcvd {
 		t.Fatalf("active state %v, want MRA_REQ_RCVD", c.state)
 	}
 	if s := b.e.Stats(); s.Duplicates != 1 || s.Conns != 1 {
@@ -374,7 +374,7 @@ func TestDuplicateREQBeforeAcceptDrawsMRA(t *testing.T) {
 		t.Fatal(err)
 	}
 	nw.deliver(now)
-	if c.state != StateEstablished || bc.state != StateEstablished {
+	if c.state != stEstablished || bc.state != stEstablished {
 		t.Fatalf("states %v %v", c.state, bc.state)
 	}
 }
@@ -394,11 +394,11 @@ func TestLostRTUDuplicateREPResendsRTU(t *testing.T) {
 	a.e.connect(t0, testReq(b))
 	nw.deliver(t0)
 	bc := b.last(evReqReceived).c
-	if bc.state != StateRepSent {
+	if bc.state != stRepSent {
 		t.Fatalf("passive %v", bc.state)
 	}
 	nw.advance(t0, t0.Add(5*time.Second))
-	if bc.state != StateEstablished || nw.count(attrRTU) != 2 || a.e.Stats().Duplicates != 1 {
+	if bc.state != stEstablished || nw.count(attrRTU) != 2 || a.e.Stats().Duplicates != 1 {
 		t.Fatalf("passive %v, %d RTUs, active dups %d", bc.state, nw.count(attrRTU), a.e.Stats().Duplicates)
 	}
 }
@@ -416,7 +416,7 @@ func TestEstablishBeforeRTU(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.e.dispatch()
-	if bc.state != StateEstablished || !b.has(evEstablished) || !b.e.NextDeadline().IsZero() {
+	if bc.state != stEstablished || !b.has(evEstablished) || !b.e.NextDeadline().IsZero() {
 		t.Fatalf("passive %v, deadline %v", bc.state, b.e.NextDeadline())
 	}
 }
@@ -436,7 +436,7 @@ func TestDisconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	nw.deliver(t0)
-	if !a.has(evDrepReceived) || c.state != StateTimewait {
+	if !a.has(evDrepReceived) || c.state != stTimewait {
 		t.Fatalf("active %v", c.state)
 	}
 	nw.advance(t0, t0.Add(time.Second))

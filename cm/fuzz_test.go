@@ -110,7 +110,7 @@ func (e *engine) check() error {
 		}
 	}
 	for k, c := range e.sidr {
-		if c.dead || c.state != StateSIDRReqRcvd {
+		if c.dead || c.state != stSIDRReqRcvd {
 			return fmt.Errorf("sidr entry %+v in %v", k, c.state)
 		}
 	}
@@ -320,7 +320,7 @@ func FuzzCMExchange(f *testing.F) {
 		// stays established. Nothing else may be left.
 		for _, n := range []*node{a, b} {
 			for _, c := range n.e.ids {
-				if c.state != StateEstablished {
+				if c.state != stEstablished {
 					t.Fatalf("%v: communication %#x left in %v", n.addr, c.localID, c.state)
 				}
 			}

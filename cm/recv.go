@@ -65,10 +65,10 @@ func (e *engine) onREQ(now time.Time, from Peer, m *msg) {
 	if c := e.remoteIDs[remoteKey{m.localID, m.caGUID}]; c != nil {
 		e.stats.Duplicates++
 		switch c.state {
-		case StateMRAReqSent:
+		case stMRAReqSent:
 			e.sendMsg(c.peer, &msg{attr: attrMRA, tid: c.tid, localID: c.localID, remoteID: c.remoteID,
 				msgMRAed: msgRespREQ, serviceTimeout: c.serviceTimeout})
-		case StateTimewait:
+		case stTimewait:
 			e.stats.RejectedStale++
 			e.sendMsg(c.peer, e.formatRej(c, RejStaleConn, nil, nil))
 		}
@@ -78,9 +78,9 @@ func (e *engine) onREQ(now time.Time, from Peer, m *msg) {
 	if c := e.remoteQPs[remoteKey{m.qpn, m.caGUID}]; c != nil {
 		e.stats.RejectedStale++
 		e.issueRej(from, m, RejStaleConn, msgRespREQ)
-		if c.state == StateEstablished {
+		if c.state == stEstablished {
 			mm := msg{attr: attrDREQ, tid: e.formTID(c), localID: c.localID, remoteID: c.remoteID, qpn: c.remoteQPN}
-			e.setState(c, StateDreqSent)
+			e.setState(c, stDreqSent)
 			e.sendRetx(now, c, &mm, c.timeout, c.maxRetries)
 		}
 		return
@@ -130,7 +130,7 @@ func (e *engine) onREQ(now time.Time, from Peer, m *msg) {
 	// rdma_cm answers every REQ it hands to an application with a delayed
 	// MRA: the state says MRA sent, and the MRA itself goes out only when
 	// a duplicate REQ shows the peer is waiting.
-	e.setState(c, StateMRAReqSent)
+	e.setState(c, stMRAReqSent)
 	c.waitAt = now.Add(e.cfg.AcceptTimeout)
 	e.touchTimer(c)
 	e.post(event{typ: evReqReceived, c: c, l: l, m: copyMsg(m)})
@@ -150,11 +150,11 @@ func (e *engine) onMRA(now time.Time, m *msg) {
 	}
 	timeout := cmTime(m.serviceTimeout) + cmTime(c.avTimeout)
 	switch {
-	case c.state == StateReqSent && m.msgMRAed == msgRespREQ:
-		e.setState(c, StateMRAReqRcvd)
-	case c.state == StateRepSent && m.msgMRAed == msgRespREP:
-		e.setState(c, StateMRARepRcvd)
-	case c.state == StateMRAReqRcvd || c.state == StateMRARepRcvd:
+	case c.state == stReqSent && m.msgMRAed == msgRespREQ:
+		e.setState(c, stMRAReqRcvd)
+	case c.state == stRepSent && m.msgMRAed == msgRespREP:
+		e.setState(c, stMRARepRcvd)
+	case c.state == stMRAReqRcvd || c.state == stMRARepRcvd:
 		e.stats.Duplicates++
 		return
 	default:
@@ -191,13 +191,13 @@ func (e *engine) onREJ(now time.Time, m *msg) {
 		return
 	}
 	switch c.state {
-	case StateReqSent, StateMRAReqRcvd, StateRepSent, StateMRARepRcvd, StateReqRcvd, StateMRAReqSent:
+	case stReqSent, stMRAReqRcvd, stRepSent, stMRARepRcvd, stReqRcvd, stMRAReqSent:
 		if m.reason == RejStaleConn {
 			e.enterTimewait(now, c)
 		} else {
 			e.free(c)
 		}
-	case StateDreqSent, StateRepRcvd, StateMRARepSent, StateEstablished:
+	case stDreqSent, stRepRcvd, stMRARepSent, stEstablished:
 		e.enterTimewait(now, c)
 	default:
 		e.stats.Ignored++
@@ -217,9 +217,9 @@ func (e *engine) onDupREP(m *msg) {
 	}
 	e.stats.Duplicates++
 	switch c.state {
-	case StateEstablished:
+	case stEstablished:
 		e.sendMsg(c.peer, &msg{attr: attrRTU, tid: c.tid, localID: c.localID, remoteID: c.remoteID, private: c.private})
-	case StateMRARepSent:
+	case stMRARepSent:
 		e.sendMsg(c.peer, &msg{attr: attrMRA, tid: c.tid, localID: c.localID, remoteID: c.remoteID,
 			msgMRAed: msgRespREP, serviceTimeout: c.serviceTimeout})
 	}
@@ -231,7 +231,7 @@ func (e *engine) onREP(now time.Time, from Peer, m *msg) {
 		e.onDupREP(m)
 		return
 	}
-	if c.state != StateReqSent && c.state != StateMRAReqRcvd {
+	if c.state != stReqSent && c.state != stMRAReqRcvd {
 		e.stats.Ignored++
 		return
 	}
@@ -242,9 +242,9 @@ func (e *engine) onREP(now time.Time, from Peer, m *msg) {
 	if o := e.remoteQPs[remoteKey{m.qpn, m.caGUID}]; o != nil {
 		e.stats.RejectedStale++
 		e.issueRej(from, m, RejStaleConn, msgRespREP)
-		if o.state == StateEstablished {
+		if o.state == stEstablished {
 			mm := msg{attr: attrDREQ, tid: e.formTID(o), localID: o.localID, remoteID: o.remoteID, qpn: o.remoteQPN}
-			e.setState(o, StateDreqSent)
+			e.setState(o, stDreqSent)
 			e.sendRetx(now, o, &mm, o.timeout, o.maxRetries)
 		}
 		return
@@ -261,7 +261,7 @@ func (e *engine) onREP(now time.Time, from Peer, m *msg) {
 	c.rnrRetry = m.rnrRetry
 	c.targetAckDelay = m.targetAckDelay
 	c.avTimeout = ackTimeout(m.targetAckDelay, c.avTimeout-1)
-	e.setState(c, StateRepRcvd)
+	e.setState(c, stRepRcvd)
 	e.cancel(c)
 	e.post(event{typ: evRepReceived, c: c, m: copyMsg(m)})
 }
@@ -272,11 +272,11 @@ func (e *engine) onRTU(m *msg) {
 		e.stats.Unmatched++
 		return
 	}
-	if c.state != StateRepSent && c.state != StateMRARepRcvd {
+	if c.state != stRepSent && c.state != stMRARepRcvd {
 		e.stats.Duplicates++
 		return
 	}
-	e.setState(c, StateEstablished)
+	e.setState(c, stEstablished)
 	e.cancel(c)
 	e.post(event{typ: evEstablished, c: c, m: copyMsg(m)})
 }
@@ -295,14 +295,14 @@ func (e *engine) onDREQ(now time.Time, from Peer, m *msg) {
 		return
 	}
 	switch c.state {
-	case StateRepSent, StateDreqSent:
+	case stRepSent, stDreqSent:
 		e.cancel(c)
-	case StateEstablished, StateMRARepRcvd:
-	case StateTimewait:
+	case stEstablished, stMRARepRcvd:
+	case stTimewait:
 		e.stats.Duplicates++
 		e.sendMsg(from, &msg{attr: attrDREP, tid: c.tid, localID: c.localID, remoteID: c.remoteID, private: c.private})
 		return
-	case StateDreqRcvd:
+	case stDreqRcvd:
 		e.stats.Duplicates++
 		return
 	default:
@@ -310,7 +310,7 @@ func (e *engine) onDREQ(now time.Time, from Peer, m *msg) {
 		return
 	}
 	c.rt.on = false
-	e.setState(c, StateDreqRcvd)
+	e.setState(c, stDreqRcvd)
 	c.tid = m.tid
 	e.touchTimer(c)
 	e.post(event{typ: evDreqReceived, c: c, m: copyMsg(m)})
@@ -322,7 +322,7 @@ func (e *engine) onDREP(now time.Time, m *msg) {
 		e.stats.Unmatched++
 		return
 	}
-	if c.state != StateDreqSent && c.state != StateDreqRcvd {
+	if c.state != stDreqSent && c.state != stDreqRcvd {
 		e.stats.Duplicates++
 		return
 	}
@@ -354,7 +354,7 @@ func (e *engine) onSIDRReq(now time.Time, from Peer, m *msg) {
 	c.user = l.user
 	e.sidr[k] = c
 	c.inSIDR = true
-	e.setState(c, StateSIDRReqRcvd)
+	e.setState(c, stSIDRReqRcvd)
 	c.waitAt = now.Add(e.cfg.AcceptTimeout)
 	e.touchTimer(c)
 	e.post(event{typ: evSIDRReqReceived, c: c, l: l, m: copyMsg(m)})
@@ -366,7 +366,7 @@ func (e *engine) onSIDRRep(m *msg) {
 		e.stats.Unmatched++
 		return
 	}
-	if c.state != StateSIDRReqSent {
+	if c.state != stSIDRReqSent {
 		e.stats.Ignored++
 		return
 	}
