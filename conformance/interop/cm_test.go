@@ -393,3 +393,27 @@ func TestUdaddyAgainstRxe(t *testing.T) {
 		t.Logf("guest: %s; CM %+v", lastLines(out, 3), p.cm.Stats())
 	})
 }
+
+// TestCMNoListenerAgainstRxe checks REJ 8 both ways: the kernel's CM
+// refuses a softroce REQ for a port nobody listens on, and ucmatose sees
+// softroce's REJ as RDMA_CM_EVENT_REJECTED with status 8.
+func TestCMNoListenerAgainstRxe(t *testing.T) {
+	needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	p := newCMPeer(t)
+	_, err := p.cm.Dial(ctx, vm.GuestAddr(), cm.PortSpaceTCP, 9, p.qp, nil)
+	var rej *cm.RejectError
+	if !errors.Is(err, cm.ErrNoListener) || !errors.As(err, &rej) || rej.Reason != 8 {
+		t.Fatalf("dial to a port nobody listens on: %v", err)
+	}
+	t.Logf("softroce: %v", err)
+	out, _ := vm.Run(ctx, fmt.Sprintf("timeout 60 ucmatose -s %s -p 9", vm.HostAddr()))
+	if !strings.Contains(out, "RDMA_CM_EVENT_REJECTED, error: 8") {
+		t.Fatalf("ucmatose to a port softroce does not listen on:\n%s", out)
+	}
+	if s := p.cm.Stats(); s.RejectedNoListener != 1 {
+		t.Errorf("CM stats %+v", s)
+	}
+	t.Logf("guest: %s", lastLines(out, 3))
+}
