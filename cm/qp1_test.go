@@ -36,7 +36,14 @@ func openQP1Side(t *testing.T, link nic.Link) *side {
 // by Dial and Accept, a SEND across it, a UD resolution, a refused port
 // and a disconnect.
 func TestQP1Loopback(t *testing.T) {
-	la, lb := pipe.New(pipe.Config{})
+	t.Run("IPv4", func(t *testing.T) { qp1Loopback(t, pipe.Config{}) })
+	t.Run("IPv6", func(t *testing.T) {
+		qp1Loopback(t, pipe.Config{AddrA: netip.MustParseAddr("fd00::1"), AddrB: netip.MustParseAddr("fd00::2")})
+	})
+}
+
+func qp1Loopback(t *testing.T, cfg pipe.Config) {
+	la, lb := pipe.New(cfg)
 	a, b := openQP1Side(t, la), openQP1Side(t, lb)
 	ctx := ctxT(t)
 	l, err := b.cm.Listen(PortSpaceTCP, 7174)
@@ -52,12 +59,14 @@ func TestQP1Loopback(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	var kb *Conn
+	var from netip.Addr
 	go func() {
 		req, err := l.Next(ctx)
 		if err != nil {
 			done <- err
 			return
 		}
+		from = req.Remote // from the cma_hdr
 		kb, err = req.Accept(ctx, bqp, nil)
 		done <- err
 	}()
@@ -68,6 +77,9 @@ func TestQP1Loopback(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	if from != a.cm.Local() || kb.Remote() != a.cm.Local() || ka.Remote() != b.cm.Local() {
+		t.Fatalf("addresses: cma_hdr source %v, passive remote %v, active remote %v", from, kb.Remote(), ka.Remote())
 	}
 	copy(a.buf, "over QP1")
 	if err := aqp.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
