@@ -344,3 +344,43 @@ func TestAcceptAfterExpiry(t *testing.T) {
 		t.Fatalf("late accept: %v", err)
 	}
 }
+
+// TestBacklogFullForgetsREQ: a listener with a backlog of one forgets a
+// second REQ without answering it; the dialer's retransmission is taken
+// once the first request has been accepted.
+func TestBacklogFullForgetsREQ(t *testing.T) {
+	// The dialer retransmits every 2 x 2 ms + 2^(16-8) ms, 15 times.
+	a, b := sides2(t, &Options{Config: Config{ResponseTimeout: 16, PacketLifeTime: 9}}, &Options{Backlog: 1})
+	l, _ := b.cm.Listen(PortSpaceTCP, 7000)
+	ctx := ctxT(t)
+	errs := make(chan error, 2)
+	for range 2 {
+		qp := a.newQP(t)
+		go func() {
+			_, err := a.cm.Dial(ctx, b.cm.Local(), PortSpaceTCP, 7000, qp, nil)
+			errs <- err
+		}()
+	}
+	// Both REQs arrive before anyone takes the first from the backlog.
+	// The second is forgotten: one half-open entry, nothing sent back.
+	for s := b.cm.Stats(); s.Received < 2 || s.HalfOpen != 1; s = b.cm.Stats() {
+		if ctx.Err() != nil || s.Sent != 0 {
+			t.Fatalf("after two REQs with a backlog of one: %+v", s)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for range 2 {
+		req, err := l.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := req.Accept(ctx, b.newQP(t), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
