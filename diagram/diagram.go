@@ -79,6 +79,10 @@ type conversation struct {
 	start       time.Time
 	omitted     int  // packets beyond Options.MaxArrows, not drawn
 	datagram    bool // UD traffic: no requester/responder, a sender and a receiver
+	cm          bool // connection management MADs between two hosts' QP1s
+	// cmSeen are the CM messages seen, to mark retransmissions (the CM
+	// resends a message with its transaction ID on a new UD PSN).
+	cmSeen map[cmKey]bool
 	// psns are the request PSNs seen, to attach responses (which name
 	// the requester's QP, not the responder's) to the conversation.
 	psns map[uint32]bool
@@ -107,6 +111,7 @@ type respKey struct {
 // carries the PSN of the request it answers), and the tie is remembered
 // for the rest of that flow.
 type grouper struct {
+	byCM   map[[2]netip.Addr]*conversation
 	byReq  map[reqKey]*conversation
 	byResp map[respKey]*conversation
 	convs  []*conversation
@@ -157,9 +162,59 @@ func (g *grouper) find(r *inspect.Record, request bool) *conversation {
 	return match
 }
 
+// cmKey names one CM message: its attribute, transaction ID and comm ID.
+type cmKey struct {
+	message string
+	tid     uint64
+	id      uint32
+}
+
+// findCM returns the CM conversation between r's two hosts, both
+// directions in one: the REQ's sender on the left.
+func (g *grouper) findCM(r *inspect.Record) *conversation {
+	k := [2]netip.Addr{r.Src, r.Dst}
+	if r.Dst.Less(r.Src) {
+		k = [2]netip.Addr{r.Dst, r.Src}
+	}
+	c := g.byCM[k]
+	if c == nil {
+		c = g.newConv(r.Src, r.Dst, r.Time)
+		c.cm, c.datagram, c.cmSeen = true, true, map[cmKey]bool{}
+		g.byCM[k] = c
+	}
+	return c
+}
+
+// cmArrow labels a CM MAD's arrow: "REQ svc 0x106:7174 qpn 0x11 psn 0x...",
+// a retransmission (same message, TID and comm ID as one already seen) in
+// the retransmission colour, a REJ as a NAK.
+func cmArrow(c *conversation, a *arrow, m *inspect.CM) {
+	a.label = m.Label()
+	a.kind = kindRequest
+	if !a.leftToRt {
+		a.kind = kindResponse
+	}
+	var id uint32
+	switch {
+	case m.LocalCommID != nil:
+		id = *m.LocalCommID
+	case m.RequestID != nil:
+		id = *m.RequestID
+	}
+	k := cmKey{m.Message, m.TID, id}
+	if c.cmSeen[k] {
+		a.kind = kindRetransmit
+		a.label += " (retransmit)"
+	}
+	c.cmSeen[k] = true
+	if m.Message == "REJ" || m.Error != "" {
+		a.kind = kindNAK
+	}
+}
+
 // build groups records into conversations, in order of first appearance.
 func build(recs []inspect.Record, lost []bool, maxArrows int) []*conversation {
-	g := &grouper{byReq: map[reqKey]*conversation{}, byResp: map[respKey]*conversation{}}
+	g := &grouper{byCM: map[[2]netip.Addr]*conversation{}, byReq: map[reqKey]*conversation{}, byResp: map[respKey]*conversation{}}
 	for i := range recs {
 		r := &recs[i]
 		if !r.RoCE || !r.Src.IsValid() || !r.Dst.IsValid() {
@@ -170,9 +225,14 @@ func build(recs []inspect.Record, lost []bool, maxArrows int) []*conversation {
 		if r.Malformed != "" && !info.Valid {
 			request = true // undecodable: draw it from its sender
 		}
-		c := g.find(r, request)
-		if len(c.arrows) == 0 {
-			c.datagram = strings.HasPrefix(r.OpcodeName, "UD ")
+		var c *conversation
+		if r.CM != nil {
+			c = g.findCM(r)
+		} else {
+			c = g.find(r, request)
+			if len(c.arrows) == 0 {
+				c.datagram = strings.HasPrefix(r.OpcodeName, "UD ")
+			}
 		}
 		if len(c.arrows) >= maxArrows {
 			c.omitted++
@@ -195,6 +255,9 @@ func build(recs []inspect.Record, lost []bool, maxArrows int) []*conversation {
 				a.label += " (retransmit)"
 			}
 			c.psns[r.PSN] = true
+		}
+		if r.CM != nil {
+			cmArrow(c, &a, r.CM)
 		}
 		if h := r.AETH; h != nil {
 			switch h.Kind {
@@ -334,6 +397,9 @@ func writeSVG(b *strings.Builder, c *conversation, idx int, nested bool) {
 	}
 	fmt.Fprintf(b, "<defs><marker id=\"ah%d\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"context-stroke\"/></marker></defs>\n", idx)
 	title := fmt.Sprintf("conversation %d: %d packets", idx+1, len(c.arrows))
+	if c.cm {
+		title = fmt.Sprintf("conversation %d: connection management (QP1), %d MADs", idx+1, len(c.arrows))
+	}
 	if c.omitted > 0 {
 		title += fmt.Sprintf(" (and %d more not drawn)", c.omitted)
 	}
@@ -344,7 +410,10 @@ func writeSVG(b *strings.Builder, c *conversation, idx int, nested bool) {
 		qps  map[uint32]bool
 		role string
 	}{{leftX, c.left, c.leftQPs, "requester"}, {rightX, c.right, c.rightQPs, "responder"}} {
-		if c.datagram {
+		switch {
+		case c.cm:
+			col.role = "CM"
+		case c.datagram:
 			col.role = map[string]string{"requester": "sender", "responder": "receiver"}[col.role]
 		}
 		fmt.Fprintf(b, "<rect class=\"head\" x=\"%d\" y=\"26\" width=\"220\" height=\"40\" rx=\"5\"/>\n", col.x-110)

@@ -3,6 +3,7 @@ package diagram_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"image"
 	"image/png"
 	"net/netip"
@@ -327,6 +328,83 @@ func TestCaptures(t *testing.T) {
 		}
 		if os.Getenv("DIAGRAM_KEEP") != "" {
 			os.WriteFile(os.Getenv("DIAGRAM_KEEP")+"-"+strings.TrimSuffix(filepath.Base(f), ".pcap")+".svg", b.Bytes(), 0o644)
+		}
+	}
+}
+
+// TestCMLadder draws the project's rxe CM capture: one connection
+// management conversation holding both directions' MADs, labelled by
+// message, with the guest's REQ retransmissions and the REJs marked (the
+// UD datagram at its end is a conversation of its own).
+func TestCMLadder(t *testing.T) {
+	recs, err := inspect.Records("../inspect/testdata/rxe-cm/rxe-cm.pcap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := diagram.Render(&b, recs, "svg"); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if n := strings.Count(out, "connection management (QP1)"); n != 1 {
+		t.Errorf("%d CM conversations, want 1", n)
+	}
+	mads := 0
+	for _, r := range recs {
+		if r.CM != nil {
+			mads++
+		}
+	}
+	if !strings.Contains(out, fmt.Sprintf("conversation 1: connection management (QP1), %d MADs", mads)) {
+		t.Errorf("CM conversation title missing (%d MADs):\n%s", mads, out)
+	}
+	cmPart := out
+	if i := strings.Index(out, "conversation 2:"); i > 0 {
+		cmPart = out[:i]
+	}
+	labels := regexp.MustCompile(`<g class="pkt (\w+)"[^>]*>\n<title>[^<]*</title>\n<text class="time"[^>]*>[^<]*</text>\n(?:<[^>]*>\n)*?<text class="label"[^>]*>([^<]*)</text>`).FindAllStringSubmatch(cmPart, -1)
+	var got []string
+	for _, l := range labels {
+		got = append(got, l[1]+": "+l[2])
+	}
+	want := []string{
+		"req: REQ svc 0x106:7174 qpn 0xabc psn 0x123456",
+		"resp: REP qpn 0x",
+		"req: RTU",
+		"req: DREQ qpn 0x11",
+		"resp: DREP",
+		"req: REQ svc 0x106:7178 qpn 0xabc psn 0x123456",
+		"retx: REQ svc 0x106:7178 qpn 0xabc psn 0x123456", // the duplicate
+		"resp: MRA",
+		"resp: REP qpn 0x",
+		"nak: REJ 28 consumer defined",
+		"req: REQ svc 0x106:7175 qpn 0xabc psn 0x123456",
+		"nak: REJ 8 invalid service ID",
+		"resp: REQ svc 0x106:7176 qpn 0x",
+		"retx: REQ svc 0x106:7176 qpn 0x", // and more, as many as the CM sent in the time
+		"nak: REJ 4 timeout",
+		"resp: REQ svc 0x106:7177 qpn 0x",
+		"nak: REJ 28 consumer defined",
+		"req: SIDR_REQ svc 0x111:7174",
+		"resp: SIDR_REP qpn 0x",
+		"req: SIDR_REQ svc 0x111:7175",
+		"resp: SIDR_REP qpn 0x0 service ID not supported",
+		"resp: SIDR_REQ svc 0x111:7174",
+		"req: SIDR_REP qpn 0xabd success",
+	}
+	// Fold the further retransmissions of the unanswered REQ into the first.
+	for i := 1; i < len(got); i++ {
+		if strings.HasPrefix(got[i], "retx: REQ svc 0x106:7176") && got[i] == got[i-1] {
+			got = append(got[:i], got[i+1:]...)
+			i--
+		}
+	}
+	if len(got) != len(want) || len(got) != mads-(len(labels)-len(got)) {
+		t.Fatalf("%d labels, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
+	}
+	for i := range want {
+		if !strings.HasPrefix(got[i], want[i]) {
+			t.Errorf("arrow %d: %q, want prefix %q", i+1, got[i], want[i])
 		}
 	}
 }

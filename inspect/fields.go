@@ -159,6 +159,9 @@ func Fields(r *Record) []Field {
 	payEnd := end - bth.ICRCLen - pad
 	if payEnd >= o {
 		t.addClipped(o, payEnd, "payload", fmt.Sprintf("%d bytes", payEnd-o))
+		if r.CM != nil {
+			t.cmFields(o, r.CM)
+		}
 		if pad > 0 {
 			t.addClipped(payEnd, payEnd+pad, "pad", fmt.Sprintf("%d bytes", pad))
 		}

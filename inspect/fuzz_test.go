@@ -11,6 +11,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 
 	"github.com/softroce/softroce/bth"
+	"github.com/softroce/softroce/bth/mad"
 	"github.com/softroce/softroce/icrc"
 )
 
@@ -59,6 +60,13 @@ func TestWriteFuzzSeeds(t *testing.T) {
 	tagged.VLANs = []uint16{1, 2}
 	specs := []*FrameSpec{req(bth.RCSendOnly, 1, 3), ack(bth.RNRNAK(4), 2, 1), ack(bth.SyndromePSNSeqError, 5, 1), v6, v1, tagged,
 		{Src: v4a, Dst: v4b, Payload: make([]byte, 16), Fields: bth.Fields{BTH: bth.BTHFields{Opcode: bth.CNP, DestQP: 9}}}}
+	// CM MADs on QP1: a REQ with its cma_hdr and a REJ.
+	rej := mad.MAD(make([]byte, mad.Len)).Init(mad.AttrREJ, 1)
+	rej.REJ().SetReason(mad.RejInvalidServiceID)
+	for _, m := range []mad.MAD{testREQ(), rej} {
+		specs = append(specs, &FrameSpec{Src: v4a, Dst: v4b, Payload: m,
+			Fields: bth.Fields{BTH: bth.BTHFields{Opcode: bth.UDSendOnly, PKey: 0xffff, DestQP: 1}, QKey: mad.QP1QKey, SrcQP: 1}})
+	}
 	dir := filepath.Join("testdata", "fuzz", "FuzzDecode")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)

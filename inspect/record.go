@@ -67,6 +67,9 @@ type Record struct {
 	Imm       *uint32    `json:"imm,omitempty"` // immediate data as read (big-endian)
 	IETH      *IETH      `json:"ieth,omitempty"`
 
+	// CM is the connection management MAD of a UD SEND to QP1.
+	CM *CM `json:"cm,omitempty"`
+
 	PayloadLen int `json:"payload_len"` // from the length fields; known even when truncated
 
 	ICRC         string `json:"icrc"` // "ok", "bad" or "truncated"
@@ -274,6 +277,9 @@ func (r *Record) fill(pkt []byte, res *icrc.Result) {
 		}
 	}
 	r.setHeaders(&p)
+	if res.Status != icrc.StatusTruncated && isCM(&p) {
+		r.CM = decodeCM(p.Payload)
+	}
 }
 
 func (r *Record) setHeaders(p *bth.Packet) {

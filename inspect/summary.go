@@ -23,7 +23,14 @@ type Summary struct {
 	NAKs          map[string]int `json:"naks,omitempty"`
 	RNRNAKs       int            `json:"rnr_naks"`
 	Opcodes       map[string]int `json:"opcodes"`
-	Connections   []*Connection  `json:"connections"`
+	CM            map[string]int `json:"cm,omitempty"` // CM MADs by message
+	// CMConns are the CM exchanges (REQ and what followed, SIDR_REQ and
+	// its SIDR_REP); CMUntracked counts those beyond the first 1000,
+	// CMUnmatched the MADs that belong to none seen.
+	CMConns     []*CMConn     `json:"cm_exchanges,omitempty"`
+	CMUntracked int           `json:"cm_untracked,omitempty"`
+	CMUnmatched int           `json:"cm_unmatched,omitempty"`
+	Connections []*Connection `json:"connections"`
 }
 
 // Connection is a queue-pair connection: the flow of packets addressed to
@@ -118,6 +125,7 @@ type flowKey struct {
 // Summarizer accumulates records into a Summary.
 type Summarizer struct {
 	s     Summary
+	cm    cmTracker
 	flows map[flowKey]*Flow
 	order []*Flow
 }
@@ -152,6 +160,13 @@ func (z *Summarizer) Add(r *Record) {
 		return
 	}
 	s.Opcodes[r.OpcodeName]++
+	if r.CM != nil {
+		if s.CM == nil {
+			s.CM = map[string]int{}
+		}
+		s.CM[r.CM.Message]++
+		z.cm.add(r)
+	}
 	k := flowKey{r.Transport, r.Src, r.Dst, r.DestQP}
 	f := z.flows[k]
 	if f == nil {
@@ -252,6 +267,7 @@ func (f *Flow) add(r *Record) {
 // Summary pairs the flows into connections and returns the totals.
 func (z *Summarizer) Summary() Summary {
 	s := z.s
+	s.CMConns, s.CMUntracked, s.CMUnmatched = z.cm.summary(), z.cm.untracked, z.cm.unmatched
 	s.Connections = nil
 	paired := map[*Flow]bool{}
 	// Score every pair of opposite flows by the PSNs their responses echo

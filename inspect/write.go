@@ -51,6 +51,10 @@ func Line(r *Record) string {
 		fmt.Fprintf(&b, " pkey 0x%04x", r.PKey)
 	}
 	writeKeys(&b, r)
+	if r.CM != nil {
+		b.WriteString(" ")
+		b.WriteString(r.CM.Text())
+	}
 	fmt.Fprintf(&b, " len %d", r.PayloadLen)
 	switch r.ICRC {
 	case "ok":
@@ -179,6 +183,10 @@ func WriteSummary(w io.Writer, s *Summary) error {
 	fmt.Fprintf(&b, "   ICRC: %d ok, %d bad, %d truncated; %d malformed; %d CNPs; %d RNR NAKs; NAKs: %s\n",
 		s.ICRCOK, s.ICRCBad, s.ICRCTruncated, s.Malformed, s.CNPs, s.RNRNAKs, counts(s.NAKs))
 	fmt.Fprintf(&b, "   opcodes: %s\n", counts(s.Opcodes))
+	if len(s.CM) > 0 {
+		fmt.Fprintf(&b, "   CM MADs: %s\n", counts(s.CM))
+	}
+	writeCMConns(&b, s)
 	for i, c := range s.Connections {
 		qpa := "?"
 		if c.QPA != nil {
