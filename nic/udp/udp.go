@@ -635,6 +635,8 @@ func (l *Link) accept(i int, p *nic.Packet) bool {
 	p.N = n
 	p.Remote = src
 	p.Local = l.local.Addr()
+	// The socket does not show the header's TTL, TOS, ID or flow label.
+	p.IPKnown, p.HopLimit, p.TClass, p.IPID, p.FlowLabel = false, 0, 0, 0, 0
 	if c.hasDst {
 		p.Local = c.dst
 	}

@@ -185,6 +185,10 @@ func TestIPv4CheckModes(t *testing.T) {
 			if p.ICRC != c.want {
 				t.Errorf("%v: packet marked %v, want %v", c.l.IPv4Check(), p.ICRC, c.want)
 			}
+			// Only the raw socket shows the header (for a UD GRH).
+			if raw := c.want == nic.ICRCVerified; p.IPKnown != raw || raw && p.HopLimit == 0 {
+				t.Errorf("%v: IPKnown %v TTL %d", c.l.IPv4Check(), p.IPKnown, p.HopLimit)
+			}
 		}
 		st := c.l.Stats()
 		if st.RxICRCVerified+st.RxICRCPartial+st.RxICRCUnverified != st.RxPackets || st.RxPackets != 3 {
