@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/ud"
 	"github.com/softroce/softroce/wr"
@@ -18,6 +19,14 @@ const (
 	// GSIQKey is the Q_Key of QP1 (IB_QP1_QKEY), where management
 	// datagrams go: send to RemoteQPN 1 with RemoteQKey GSIQKey.
 	GSIQKey = ud.GSIQKey
+)
+
+// Work completion flags (enum ibv_wc_flags), re-exported: a UD receive
+// has WCFlagGRH, and WCFlagWithImm when it carried immediate data.
+const (
+	WCFlagGRH     = cq.FlagGRH
+	WCFlagWithImm = cq.FlagWithImm
+	WCFlagWithInv = cq.FlagWithInv
 )
 
 // AHAttr are an address handle's attributes on RoCEv2 (struct ibv_ah_attr
