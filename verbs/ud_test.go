@@ -371,3 +371,47 @@ func TestUDOnSRQ(t *testing.T) {
 		t.Fatalf("QP in %v", qp.State())
 	}
 }
+
+// TestUDOverIPv6: on an IPv6 link the GRH is the IPv6 header, and the
+// address handle back to the sender built from it answers.
+func TestUDOverIPv6(t *testing.T) {
+	la, lb := pipe.New(pipe.Config{AddrA: netip.MustParseAddr("fd00::1"), AddrB: netip.MustParseAddr("fd00::2")})
+	a, err := Open(la, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Open(lb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	sa, sb := newUDSide(t, a, 3), newUDSide(t, b, 3)
+	gb, _ := b.QueryGID(0)
+	ah, err := sa.pd.CreateAH(AHAttr{DGID: gb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{Addr: sb.mr.Addr(), Length: GRHLen + 16, LKey: sb.mr.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	copy(sa.buf, "sixteen bytes..!")
+	if err := sa.qp.PostSend(&SendWR{ID: 1, Opcode: WRSend, SGL: []SGE{{Addr: sa.mr.Addr(), Length: 16, LKey: sa.mr.LKey()}}, AH: ah.AV(), RemoteQPN: sb.qp.Num(), RemoteQKey: 3}); err != nil {
+		t.Fatal(err)
+	}
+	wc := waitOne(t, sb.cq, "receive")
+	var g []byte
+	devsync.Run(b, func() { g = append(g, sb.buf[:GRHLen+16]...) })
+	if g[0]>>4 != 6 || g[6] != 17 || binary.BigEndian.Uint16(g[4:]) != 8+12+8+16+4 ||
+		!bytes.Equal(g[8:24], netip.MustParseAddr("fd00::1").AsSlice()) || !bytes.Equal(g[24:40], netip.MustParseAddr("fd00::2").AsSlice()) ||
+		string(g[40:]) != "sixteen bytes..!" || wc.ByteLen != GRHLen+16 {
+		t.Fatalf("IPv6 GRH %x, completion %+v", g, wc)
+	}
+	back, err := sb.pd.CreateAHFromWC(&wc, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at := back.Attr(); at.DGID != GIDFromAddr(netip.MustParseAddr("fd00::1")) {
+		t.Fatalf("AH back %+v", at)
+	}
+}
