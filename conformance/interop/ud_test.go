@@ -335,3 +335,108 @@ func TestGSIAgainstRxe(t *testing.T) {
 		t.Fatalf("rxe receive from QP1: %+v %v", wc, err)
 	}
 }
+
+// TestUDSRQAgainstRxe: UD QPs on an SRQ, on both sides. A datagram too
+// long for the SRQ WQE it takes completes that WQE in error and the QP
+// carries on: softroce completes it REM_INV_REQ_ERR (class E, as rxe's
+// responder code says); what rxe does is checked and reported.
+func TestUDSRQAgainstRxe(t *testing.T) {
+	needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	ag, apd, amr, acq := rxeSide(t, ctx)
+	asrq, _, err := ag.CreateSRQ(ctx, apd, 16, 0)
+	must(err)
+	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 16, UD: true, SRQ: asrq})
+	must(err)
+	must(ag.ReadyUD(ctx, aqp, udQKey, 0))
+	agid, err := ag.GID(ctx, 1)
+	must(err)
+	dev := hostDevice(t)
+	pd, err := dev.AllocPD()
+	must(err)
+	buf := make([]byte, 8192)
+	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
+	must(err)
+	cq, err := dev.CreateCQ(64)
+	must(err)
+	srq, err := pd.CreateSRQ(verbs.SRQInitAttr{MaxWR: 16})
+	must(err)
+	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.QPTypeUD, SendCQ: cq, RecvCQ: cq, SRQ: srq})
+	must(err)
+	must(qp.ReadyUD(udQKey, 0))
+	sgid, err := dev.QueryGID(0)
+	must(err)
+	ah, err := pd.CreateAH(verbs.AHAttr{DGID: verbs.GID(agid), HopLimit: 64})
+	must(err)
+	aah, err := ag.CreateAH(ctx, apd, agent.AHAttr{DestGID: sgid})
+	must(err)
+	wait := func(what string) verbs.WC {
+		t.Helper()
+		wcs := make([]verbs.WC, 1)
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer wcancel()
+		if _, err := cq.Wait(wctx, wcs); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return wcs[0]
+	}
+
+	// rxe to softroce: 101 bytes into a 40+100 WQE, then 100 bytes.
+	for i := range 2 {
+		must(srq.PostRecv(&verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{{Addr: mr.Addr() + uint64(i)*1024, Length: verbs.GRHLen + 100, LKey: mr.LKey()}}}))
+	}
+	for i, n := range []int{101, 100} {
+		must(ag.PostSend(ctx, aqp, agent.SendWR{WRID: uint64(i), Op: agent.OpSend, MR: amr, Len: n, AH: aah, RemoteQPN: qp.Num(), RemoteQKey: udQKey}))
+		if wc, err := ag.Poll(ctx, acq, 20*time.Second); err != nil || wc == nil || wc.Status != agent.WCSuccess {
+			t.Fatalf("rxe send %d: %+v %v", i, wc, err)
+		}
+	}
+	if w := wait("too long"); w.WRID != 0 || w.Status != 9 /* REM_INV_REQ_ERR */ {
+		t.Fatalf("softroce SRQ receive of a datagram too long: %+v", w)
+	}
+	if w := wait("fits"); w.WRID != 1 || w.Status != 0 || w.ByteLen != verbs.GRHLen+100 || w.SrcQP != aqp.QPN {
+		t.Fatalf("softroce SRQ receive: %+v", w)
+	}
+	if qp.State() != verbs.StateRTS {
+		t.Fatalf("softroce QP in %v", qp.State())
+	}
+
+	// softroce to rxe: the same.
+	for i := range 2 {
+		must(ag.PostSRQRecv(ctx, asrq, uint64(10+i), amr, i*1024, verbs.GRHLen+100))
+	}
+	for i, n := range []int{101, 100} {
+		must(qp.PostSend(&verbs.SendWR{ID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled, AH: ah.AV(), RemoteQPN: aqp.QPN, RemoteQKey: udQKey,
+			SGL: []verbs.SGE{{Addr: mr.Addr(), Length: uint32(n), LKey: mr.LKey()}}}))
+		wait("softroce send")
+	}
+	var got []*agent.WC
+	for range 2 {
+		wc, err := ag.Poll(ctx, acq, 3*time.Second)
+		must(err)
+		if wc == nil {
+			break
+		}
+		got = append(got, wc)
+	}
+	switch {
+	case len(got) == 2 && got[0].WRID == 10 && got[0].Status != agent.WCSuccess && got[1].WRID == 11 && got[1].Status == agent.WCSuccess:
+		t.Logf("rxe completed the SRQ WQE too short for the datagram %q (%d) and received the next", got[0].StatusStr, got[0].Status)
+	case len(got) == 1 && got[0].WRID == 10 && got[0].Status != agent.WCSuccess:
+		t.Logf("rxe completed the SRQ WQE too short for the datagram %q (%d) and stopped its QP", got[0].StatusStr, got[0].Status)
+	case len(got) == 1 && got[0].WRID == 10 && got[0].Status == agent.WCSuccess:
+		t.Logf("rxe dropped the datagram too long for its SRQ WQE")
+	default:
+		for _, w := range got {
+			t.Logf("rxe completion %+v", *w)
+		}
+		t.Fatal("unexpected rxe completions for a datagram too long for its SRQ WQE")
+	}
+}
