@@ -1,9 +1,12 @@
 package verbs
 
 import (
+	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"sync/atomic"
 
+	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/ud"
 	"github.com/softroce/softroce/wr"
@@ -18,6 +21,14 @@ const (
 	// GSIQKey is the Q_Key of QP1 (IB_QP1_QKEY), where management
 	// datagrams go: send to RemoteQPN 1 with RemoteQKey GSIQKey.
 	GSIQKey = ud.GSIQKey
+)
+
+// Work completion flags (enum ibv_wc_flags), re-exported: a UD receive
+// has WCFlagGRH, and WCFlagWithImm when it carried immediate data.
+const (
+	WCFlagGRH     = cq.FlagGRH
+	WCFlagWithImm = cq.FlagWithImm
+	WCFlagWithInv = cq.FlagWithInv
 )
 
 // AHAttr are an address handle's attributes on RoCEv2 (struct ibv_ah_attr
@@ -141,4 +152,49 @@ func (d *Device) CreateGSI(pd *PD, sendCQ, recvCQ *CQ, c QPCap) (*QP, error) {
 		return nil, err
 	}
 	return qp, nil
+}
+
+// AHAttrFromWC builds the attributes of an address handle back to the
+// sender of a UD receive (ibv_init_ah_from_wc): grh is the first GRHLen
+// bytes of the receive buffer. The destination is the GRH's source, the
+// source GID index the one of the GRH's destination, the traffic class
+// (and, for IPv6, the flow label) as received, hop limit 0xFF as
+// libibverbs sets it.
+func (d *Device) AHAttrFromWC(wc *WC, grh []byte) (AHAttr, error) {
+	if wc.Flags&WCFlagGRH == 0 {
+		return AHAttr{}, fmt.Errorf("verbs: AH from WC: the completion has no GRH (not a UD receive)")
+	}
+	if len(grh) < GRHLen {
+		return AHAttr{}, fmt.Errorf("verbs: AH from WC: GRH is %d bytes, have %d", GRHLen, len(grh))
+	}
+	var src, dst netip.Addr
+	var tclass uint8
+	var fl uint32
+	switch {
+	case grh[0]>>4 == 6:
+		src, dst = netip.AddrFrom16([16]byte(grh[8:24])).Unmap(), netip.AddrFrom16([16]byte(grh[24:40])).Unmap()
+		v := binary.BigEndian.Uint32(grh[0:])
+		tclass, fl = uint8(v>>20), v&0xfffff
+	case grh[20]>>4 == 4:
+		src, dst = netip.AddrFrom4([4]byte(grh[32:36])), netip.AddrFrom4([4]byte(grh[36:40]))
+		tclass = grh[21]
+	default:
+		return AHAttr{}, fmt.Errorf("verbs: AH from WC: the GRH holds neither an IPv4 nor an IPv6 header")
+	}
+	for i, g := range d.gids {
+		if g.Addr == dst {
+			return AHAttr{DGID: GIDFromAddr(src), SGIDIndex: i, FlowLabel: fl, HopLimit: 0xff, TrafficClass: tclass, SL: wc.SL}, nil
+		}
+	}
+	return AHAttr{}, fmt.Errorf("verbs: AH from WC: the datagram was sent to %v, which is not in the GID table", dst)
+}
+
+// CreateAHFromWC creates an address handle back to the sender of a UD
+// receive (ibv_create_ah_from_wc); see AHAttrFromWC.
+func (pd *PD) CreateAHFromWC(wc *WC, grh []byte) (*AH, error) {
+	a, err := pd.d.AHAttrFromWC(wc, grh)
+	if err != nil {
+		return nil, err
+	}
+	return pd.CreateAH(a)
 }

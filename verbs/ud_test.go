@@ -2,11 +2,14 @@ package verbs
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"net/netip"
 	"testing"
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/internal/devsync"
+	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/qpstate"
 )
 
@@ -260,5 +263,155 @@ func TestGSIOverPipe(t *testing.T) {
 	}
 	if q, err := a.CreateGSI(sides[0].pd, sides[0].cq, sides[0].cq, QPCap{}); err != nil || q.Num() != 1 {
 		t.Fatalf("CreateGSI after destroy: %v", err)
+	}
+}
+
+// TestAHFromWC: an address handle built from a UD receive's completion
+// and GRH answers the sender (ibv_create_ah_from_wc), for the IPv4 layout
+// the transport writes and an IPv6 one.
+func TestAHFromWC(t *testing.T) {
+	a, b := openPair(t)
+	sa, sb := newUDSide(t, a, 7), newUDSide(t, b, 7)
+	gb, _ := b.QueryGID(0)
+	ga, _ := a.QueryGID(0)
+	ah, err := sa.pd.CreateAH(AHAttr{DGID: gb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{Addr: sb.mr.Addr(), Length: GRHLen + 64, LKey: sb.mr.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sa.qp.PostSend(&SendWR{ID: 1, Opcode: WRSend, AH: ah.AV(), RemoteQPN: sb.qp.Num(), RemoteQKey: 7}); err != nil {
+		t.Fatal(err)
+	}
+	wc := waitOne(t, sb.cq, "receive")
+	var grh []byte
+	devsync.Run(b, func() { grh = append(grh, sb.buf[:GRHLen]...) })
+	back, err := sb.pd.CreateAHFromWC(&wc, grh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at := back.Attr(); at.DGID != ga || at.SGIDIndex != 0 || at.HopLimit != 0xff {
+		t.Fatalf("AH back %+v", at)
+	}
+	// The answer arrives.
+	if err := sa.qp.PostRecv(&RecvWR{ID: 2, SGL: []SGE{{Addr: sa.mr.Addr(), Length: GRHLen, LKey: sa.mr.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.qp.PostSend(&SendWR{ID: 2, Opcode: WRSend, AH: back.AV(), RemoteQPN: wc.SrcQP, RemoteQKey: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if w := waitOne(t, sa.cq, "answer"); w.WRID != 2 || w.SrcQP != sb.qp.Num() {
+		t.Fatalf("answer %+v", w)
+	}
+	// IPv6 layout: the traffic class and flow label come back; a
+	// destination not in the GID table or no GRH flag is refused.
+	g6 := make([]byte, GRHLen)
+	binary.BigEndian.PutUint32(g6, 6<<28|0xa0<<20|0x12345)
+	copy(g6[8:], netip.MustParseAddr("fd00::1").AsSlice())
+	copy(g6[24:], netip.MustParseAddr("fd00::2").AsSlice())
+	if _, err := b.AHAttrFromWC(&wc, g6); err == nil {
+		t.Fatal("GRH to an address not in the GID table accepted")
+	}
+	if _, err := b.AHAttrFromWC(&WC{}, grh); err == nil {
+		t.Fatal("completion without a GRH accepted")
+	}
+	la, _ := pipe.New(pipe.Config{AddrA: netip.MustParseAddr("fd00::2"), AddrB: netip.MustParseAddr("fd00::1")})
+	d6, err := Open(la, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d6.Close()
+	at, err := d6.AHAttrFromWC(&wc, g6)
+	if err != nil || at.DGID != GIDFromAddr(netip.MustParseAddr("fd00::1")) || at.TrafficClass != 0xa0 || at.FlowLabel != 0x12345 {
+		t.Fatalf("IPv6 AH attr %+v %v", at, err)
+	}
+}
+
+// TestUDOnSRQ: a UD QP created on an SRQ takes its receives from it; a
+// datagram too long for the WQE it takes completes that WQE
+// REM_INV_REQ_ERR and the QP carries on.
+func TestUDOnSRQ(t *testing.T) {
+	a, b := openPair(t)
+	sa := newUDSide(t, a, 9)
+	pd, _ := b.AllocPD()
+	c, _ := b.CreateCQ(16)
+	buf := make([]byte, 4096)
+	mr, _ := pd.RegMR(buf, AccessLocalWrite)
+	srq, err := pd.CreateSRQ(SRQInitAttr{MaxWR: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp, err := pd.CreateQP(QPInitAttr{Type: QPTypeUD, SendCQ: c, RecvCQ: c, SRQ: srq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.ReadyUD(9, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{{Addr: mr.Addr() + uint64(i)*1024, Length: GRHLen + 64, LKey: mr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gb, _ := b.QueryGID(0)
+	ah, _ := sa.pd.CreateAH(AHAttr{DGID: gb})
+	for _, n := range []uint32{65, 64} {
+		if err := sa.qp.PostSend(&SendWR{Opcode: WRSend, SGL: []SGE{{Addr: sa.mr.Addr(), Length: n, LKey: sa.mr.LKey()}}, AH: ah.AV(), RemoteQPN: qp.Num(), RemoteQKey: 9}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w := waitOne(t, c, "too long"); w.WRID != 0 || w.Status != cq.RemInvReqErr {
+		t.Fatalf("completion %+v", w)
+	}
+	if w := waitOne(t, c, "fits"); w.WRID != 1 || w.Status != cq.Success || w.ByteLen != GRHLen+64 {
+		t.Fatalf("completion %+v", w)
+	}
+	if qp.State() != StateRTS {
+		t.Fatalf("QP in %v", qp.State())
+	}
+}
+
+// TestUDOverIPv6: on an IPv6 link the GRH is the IPv6 header, and the
+// address handle back to the sender built from it answers.
+func TestUDOverIPv6(t *testing.T) {
+	la, lb := pipe.New(pipe.Config{AddrA: netip.MustParseAddr("fd00::1"), AddrB: netip.MustParseAddr("fd00::2")})
+	a, err := Open(la, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Open(lb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	sa, sb := newUDSide(t, a, 3), newUDSide(t, b, 3)
+	gb, _ := b.QueryGID(0)
+	ah, err := sa.pd.CreateAH(AHAttr{DGID: gb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{Addr: sb.mr.Addr(), Length: GRHLen + 16, LKey: sb.mr.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	copy(sa.buf, "sixteen bytes..!")
+	if err := sa.qp.PostSend(&SendWR{ID: 1, Opcode: WRSend, SGL: []SGE{{Addr: sa.mr.Addr(), Length: 16, LKey: sa.mr.LKey()}}, AH: ah.AV(), RemoteQPN: sb.qp.Num(), RemoteQKey: 3}); err != nil {
+		t.Fatal(err)
+	}
+	wc := waitOne(t, sb.cq, "receive")
+	var g []byte
+	devsync.Run(b, func() { g = append(g, sb.buf[:GRHLen+16]...) })
+	if g[0]>>4 != 6 || g[6] != 17 || binary.BigEndian.Uint16(g[4:]) != 8+12+8+16+4 ||
+		!bytes.Equal(g[8:24], netip.MustParseAddr("fd00::1").AsSlice()) || !bytes.Equal(g[24:40], netip.MustParseAddr("fd00::2").AsSlice()) ||
+		string(g[40:]) != "sixteen bytes..!" || wc.ByteLen != GRHLen+16 {
+		t.Fatalf("IPv6 GRH %x, completion %+v", g, wc)
+	}
+	back, err := sb.pd.CreateAHFromWC(&wc, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at := back.Attr(); at.DGID != GIDFromAddr(netip.MustParseAddr("fd00::1")) {
+		t.Fatalf("AH back %+v", at)
 	}
 }

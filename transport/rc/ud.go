@@ -91,8 +91,8 @@ func (qp *QP) transmitUD(budget int) bool {
 		s := ud.Send{Opcode: w.wr.Opcode, DestQP: w.wr.RemoteQPN, SrcQP: qp.num,
 			QKey: ud.SendQKey(w.wr.RemoteQKey, qp.path.QKey), PSN: psn, Imm: w.wr.Imm,
 			Solicited: w.wr.Flags&wr.Solicited != 0}
-		e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: netip.AddrPortFrom(ah.Remote, nic.RoCEv2Port),
-			Local: ah.Local, SrcPort: ud.SrcPort(ah.FlowLabel, srcPort(qp.num))})
+		e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: netip.AddrPortFrom(ah.Remote.Unmap(), nic.RoCEv2Port),
+			Local: ah.Local.Unmap(), SrcPort: ud.SrcPort(ah.FlowLabel, srcPort(qp.num))})
 		e.txQP = append(e.txQP, qp)
 		buf := e.tx[len(e.tx)-1].Buf
 		n := ud.WriteHeaders(buf, &s, w.length)

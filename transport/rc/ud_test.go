@@ -10,6 +10,7 @@ import (
 
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/ud"
@@ -270,7 +271,7 @@ func TestUDStates(t *testing.T) {
 }
 
 // udPacket builds a UD SEND_ONLY to dst as a link would deliver it.
-func udPacket(t *testing.T, from, to netip.AddrPort, local netip.Addr, dst, src, qkey uint32, payload []byte) nic.Packet {
+func udPacket(_ testing.TB, from, to netip.AddrPort, local netip.Addr, dst, src, qkey uint32, payload []byte) nic.Packet {
 	buf := make([]byte, MaxPacket)
 	n := ud.WriteHeaders(buf, &ud.Send{Opcode: wr.Send, DestQP: dst, SrcQP: src, QKey: qkey}, len(payload))
 	copy(buf[ud.PayloadOffset(wr.Send):], payload)
@@ -474,4 +475,144 @@ func TestUDSteadyStateNoAlloc(t *testing.T) {
 	if a := testing.AllocsPerRun(50, round); a != 0 {
 		t.Fatalf("%.1f allocations per round of 4 UD SENDs, want 0", a)
 	}
+}
+
+// BenchmarkUDSend64: 64-byte UD SENDs from one QP to another through the
+// engines back to back (no link): the transport's datagrams per second.
+func BenchmarkUDSend64(b *testing.B) {
+	w := newWire(b)
+	s := &sim{t: b, ep: w.ep, now: w.now}
+	qps := s.udQPs(udOpts{})
+	lmr, _ := w.ep[0].mrs.RegMR(w.ep[0].pd, make([]byte, 64), allAccess)
+	rmr, _ := w.ep[1].mrs.RegMR(w.ep[1].pd, make([]byte, 128), allAccess)
+	swr := s.udSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 64, LKey: lmr.LKey()})
+	swr.Flags = 0 // unsignaled, as a datagram sender usually is
+	rwr := &wr.RecvWR{SGL: []wr.SGE{{Addr: rmr.Addr(), Length: 128, LKey: rmr.LKey()}}}
+	wcs := make([]cq.WC, 64)
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for done := 0; done < b.N; {
+		k := min(32, b.N-done)
+		for range k {
+			if err := qps[1].PostRecv(rwr); err != nil {
+				b.Fatal(err)
+			}
+			if err := qps[0].PostSend(swr); err != nil {
+				b.Fatal(err)
+			}
+		}
+		w.step()
+		for got := 0; got < k; {
+			n := w.ep[1].rcq.Poll(wcs)
+			if n == 0 {
+				b.Fatalf("lost datagrams: %d of %d", got, k)
+			}
+			got += n
+		}
+		done += k
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "pkt/s")
+}
+
+// TestUDNoPacketsWhenStopped: work posted to a UD QP that leaves RTS
+// before Progress runs is not sent: moved to ERR it is flushed, in SQD it
+// waits; a packet to a UD QP in ERR is dropped.
+func TestUDNoPacketsWhenStopped(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	s.keep = true
+	qps := s.udQPs(udOpts{})
+	lmr, _ := s.reg(0, 256)
+	rmr, _ := s.reg(1, 256)
+	postRecv(t, qps[1], 1, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
+	mustPost(t, qps[0], s.udSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
+	qps[0].SetState(qpstate.SQD)
+	s.pump(nil, time.Millisecond)
+	if len(s.trace) != 0 {
+		t.Fatalf("SQD sent %q", s.trace)
+	}
+	qps[0].SetState(qpstate.RTS)
+	s.waitWC(s.ep[1].rcq, 1, time.Second)
+	mustPost(t, qps[0], s.udSend(0, qps[1], 2, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
+	qps[0].SetState(qpstate.Err)
+	wcs := s.waitWC(s.ep[0].scq, 2, time.Second)
+	if wcs[0].Status != cq.Success || wcs[1].WRID != 2 || wcs[1].Status != cq.WRFlushErr {
+		t.Fatalf("send completions %+v", wcs)
+	}
+	// The receiver in ERR: its WQE is flushed and a datagram dropped.
+	postRecv(t, qps[1], 3, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
+	qps[1].SetState(qpstate.Err)
+	if w := s.waitWC(s.ep[1].rcq, 1, time.Second); w[0].WRID != 3 || w[0].Status != cq.WRFlushErr {
+		t.Fatalf("flush %+v", w)
+	}
+	pk := udPacket(t, Remote(s.ep[0].addr), netip.AddrPort{}, s.ep[1].addr, qps[1].Num(), 5, testQKey, []byte("x"))
+	before := s.ep[1].e.Stats().RxUnknownQP
+	s.ep[1].e.Receive(s.now, []nic.Packet{pk})
+	if got := s.ep[1].e.Stats().RxUnknownQP; got != before+1 || s.ep[1].rcq.Len() != 0 {
+		t.Fatalf("datagram to a QP in ERR: RxUnknownQP %d -> %d", before, got)
+	}
+	if len(s.trace) != 1 {
+		t.Fatalf("trace %q", s.trace)
+	}
+}
+
+// TestUDMalformed: UD packets cut inside the DETH, or with a reserved
+// opcode on a UD QP, are counted as malformed and dropped, never panic.
+func TestUDMalformed(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	qps := s.udQPs(udOpts{})
+	e := s.ep[1].e
+	good := udPacket(t, Remote(s.ep[0].addr), netip.AddrPort{}, s.ep[1].addr, qps[1].Num(), 5, testQKey, []byte("abcd"))
+	var batch []nic.Packet
+	for n := 0; n < good.N; n++ {
+		p := good
+		p.Buf = append([]byte(nil), good.Buf[:n]...)
+		p.N = n
+		batch = append(batch, p)
+	}
+	e.Receive(s.now, batch)
+	st := e.Stats()
+	if st.RxMalformed == 0 || st.RxMalformed+st.RxBadHeader+st.RxUDNoRecv+st.RxUnknownQP+st.RxBadQKey != uint64(len(batch)) {
+		t.Fatalf("stats %+v for %d truncated packets", st, len(batch))
+	}
+}
+
+// FuzzUDReceive feeds arbitrary packets to a UD QP in RTS whose receive
+// buffers lie between canaries: nothing may panic, nothing outside the
+// buffers may change, and the QP answers nothing (UD has no responses).
+func FuzzUDReceive(f *testing.F) {
+	for _, n := range []int{0, 1, 100, 161, 1100} {
+		p := udPacket(nil, netip.AddrPort{}, netip.AddrPort{}, netip.Addr{}, 0, 7, testQKey, make([]byte, n))
+		f.Add(p.Bytes(), true)
+	}
+	f.Fuzz(func(t *testing.T, p []byte, aim bool) {
+		s := newSim(t, 1, impairment{})
+		qps := s.udQPs(udOpts{})
+		backing := make([]byte, 3*4096)
+		for i := range backing {
+			backing[i] = 0xA5
+		}
+		region := backing[4096 : 2*4096]
+		mr, err := s.ep[1].mrs.RegMR(s.ep[1].pd, region, memreg.AccessLocalWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			postRecv(t, qps[1], uint64(i), wr.SGE{Addr: mr.Addr() + uint64(i)*200, Length: 200, LKey: mr.LKey()})
+		}
+		q := append([]byte(nil), p...)
+		if aim && len(q) >= bth.BTHLen+bth.DETHLen {
+			// Get past the cheap checks often: the QP and its Q_Key.
+			bth.BTH(q).SetDestQP(qps[1].Num())
+			binary.BigEndian.PutUint32(q[bth.BTHLen:], testQKey)
+		}
+		s.ep[1].e.Receive(s.now, []nic.Packet{{Buf: q, N: len(q), Remote: Remote(s.ep[0].addr), Local: s.ep[1].addr}})
+		if out, _ := s.ep[1].e.Progress(s.now); len(out) != 0 {
+			t.Fatalf("a UD QP answered with %d packets", len(out))
+		}
+		if !bytes.Equal(backing[:4096], bytes.Repeat([]byte{0xA5}, 4096)) || !bytes.Equal(backing[2*4096:], bytes.Repeat([]byte{0xA5}, 4096)) ||
+			!bytes.Equal(region[600:], bytes.Repeat([]byte{0xA5}, 4096-600)) {
+			t.Fatal("memory outside the receive buffers changed")
+		}
+	})
 }
