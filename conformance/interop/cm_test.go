@@ -8,10 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/bth/mad"
 	"github.com/softroce/softroce/cm"
+	"github.com/softroce/softroce/conformance/rxevm"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/verbs"
 )
@@ -39,11 +42,22 @@ type cmPeer struct {
 	qp  *verbs.QP
 }
 
-func newCMPeer(t *testing.T) *cmPeer {
+func newCMPeer(t *testing.T) *cmPeer { return newCMPeerOn(t, nil) }
+
+// newCMPeerOn runs the CM on wrap(QP1) when wrap is set, to lose MADs.
+func newCMPeerOn(t *testing.T, wrap func(*cm.QP1) cm.MADConn) *cmPeer {
 	t.Helper()
 	p := &cmPeer{dev: hostDevice(t), buf: make([]byte, 2*ucmatoseSize)}
 	var err error
-	if p.cm, err = cm.Open(p.dev, nil); err != nil {
+	if wrap == nil {
+		p.cm, err = cm.Open(p.dev, nil)
+	} else {
+		var q *cm.QP1
+		if q, err = cm.OpenQP1(p.dev, 0); err == nil {
+			p.cm, err = cm.New(p.dev, wrap(q), nil)
+		}
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.cm.Close() })
@@ -416,4 +430,101 @@ func TestCMNoListenerAgainstRxe(t *testing.T) {
 		t.Errorf("CM stats %+v", s)
 	}
 	t.Logf("guest: %s", lastLines(out, 3))
+}
+
+// loseFirst is QP1 losing the first MAD of one attribute it sends.
+type loseFirst struct {
+	*cm.QP1
+	attr mad.AttrID
+	lost atomic.Bool
+}
+
+func (l *loseFirst) SendMAD(to cm.Peer, b []byte) error {
+	if mad.MAD(b).AttrID() == l.attr && l.lost.CompareAndSwap(false, true) {
+		return nil
+	}
+	return l.QP1.SendMAD(to, b)
+}
+
+// TestUcmatoseLossAgainstRxe loses one CM message of softroce's and lets
+// the kernel's retransmission rules recover it: a lost RTU (softroce
+// client) is recovered by the kernel retransmitting its REP, which
+// softroce answers with the RTU again; a lost REP (softroce server) by
+// softroce retransmitting it on the REQ's CM response timeout, while the
+// kernel's duplicate REQ is dropped.
+func TestUcmatoseLossAgainstRxe(t *testing.T) {
+	needVM(t)
+	for _, tc := range []struct {
+		name string
+		attr mad.AttrID
+	}{{"lost-RTU/softroce-client", mad.AttrRTU}, {"lost-REP/softroce-server", mad.AttrREP}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+			defer cancel()
+			var lossy *loseFirst
+			p := newCMPeerOn(t, func(q *cm.QP1) cm.MADConn { lossy = &loseFirst{QP1: q, attr: tc.attr}; return lossy })
+			var proc *rxevm.GuestProc
+			var k *cm.Conn
+			var err error
+			if tc.attr == mad.AttrRTU {
+				if proc, err = vm.Start(ctx, "timeout 120 ucmatose"); err != nil {
+					t.Fatal(err)
+				}
+				for {
+					k, err = p.cm.Dial(ctx, vm.GuestAddr(), cm.PortSpaceTCP, ucmatosePort, p.qp, nil)
+					if !errors.Is(err, cm.ErrNoListener) || ctx.Err() != nil {
+						break
+					}
+					time.Sleep(200 * time.Millisecond)
+				}
+			} else {
+				l, lerr := p.cm.Listen(cm.PortSpaceTCP, ucmatosePort)
+				if lerr != nil {
+					t.Fatal(lerr)
+				}
+				if proc, err = vm.Start(ctx, fmt.Sprintf("timeout 120 ucmatose -s %s", vm.HostAddr())); err != nil {
+					t.Fatal(err)
+				}
+				var req *cm.ConnRequest
+				if req, err = l.Next(ctx); err == nil {
+					k, err = req.Accept(ctx, p.qp, nil)
+				}
+			}
+			defer proc.Kill()
+			guest := func() string { out, _ := proc.Wait(ctx); return out }
+			if err != nil {
+				t.Fatalf("connect: %v\nguest:\n%s", err, guest())
+			}
+			if !lossy.lost.Load() {
+				t.Fatal("nothing was lost")
+			}
+			// The rest of ucmatose's exchange, in the role's order.
+			if tc.attr == mad.AttrRTU {
+				err = errors.Join(wait(ctx, p.rcq, ucmatoseCount, "receives"), p.sendAll(), wait(ctx, p.scq, ucmatoseCount, "sends"))
+				if err == nil {
+					<-k.Done()
+				}
+			} else {
+				err = errors.Join(p.sendAll(), wait(ctx, p.scq, ucmatoseCount, "sends"), wait(ctx, p.rcq, ucmatoseCount, "receives"))
+				if err == nil {
+					err = k.Disconnect(ctx)
+				}
+			}
+			if err != nil {
+				t.Fatalf("%v\nguest:\n%s", err, guest())
+			}
+			out, err := proc.Wait(ctx)
+			if err != nil || !strings.Contains(out, "return status 0") {
+				t.Fatalf("ucmatose: %v\n%s", err, out)
+			}
+			s := p.cm.Stats()
+			if tc.attr == mad.AttrRTU && s.Duplicates != 1 {
+				t.Errorf("want the kernel's REP retransmission answered as a duplicate: %+v", s)
+			}
+			if tc.attr == mad.AttrREP && s.Retransmitted < 1 {
+				t.Errorf("want softroce's REP retransmitted: %+v", s)
+			}
+			t.Logf("guest: %s; CM %+v", lastLines(out, 2), s)
+		})
+	}
 }
