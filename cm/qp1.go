@@ -14,7 +14,11 @@ import (
 
 // Open starts a CM on dev's QP1, which it creates (see New for the rest).
 func Open(dev *verbs.Device, opts *Options) (*CM, error) {
-	t, err := OpenQP1(dev, 0)
+	sgid := 0
+	if opts != nil {
+		sgid = opts.SGIDIndex
+	}
+	t, err := OpenQP1(dev, sgid)
 	if err != nil {
 		return nil, err
 	}
