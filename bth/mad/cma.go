@@ -91,6 +91,7 @@ var (
 
 // ParseCMAHeader views the head of REQ or SIDR_REQ private data as a
 // cma_hdr and checks it as rdma_cm does: version 0, IP version 4 or 6.
+// The view is returned with a version error too (nil when pd is short).
 func ParseCMAHeader(pd []byte) (CMAHeader, error) {
 	if len(pd) < CMAHeaderLen {
 		return nil, ErrCMAShort

@@ -14,7 +14,7 @@
 // Parse checks the header and the few fields whose value bounds the rest
 // and returns a *ParseError for anything else; it never panics.
 //
-// Offsets in this package count from the start of the MAD; the CM message
-// tables of the specification count from the end of the header, so a
-// table offset N is byte HeaderLen+N here.
+// The offsets in the message getters' comments are the specification's
+// table offsets, which count from the end of the 24-byte header: table
+// offset N is byte HeaderLen+N of the MAD (docs/cm-wire.md lists both).
 package mad
