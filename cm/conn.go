@@ -193,6 +193,8 @@ func (c *CM) isClosed() bool {
 // onEvent routes the engine's events to the objects waiting for them. It
 // runs in whichever goroutine dispatches, never concurrently with itself.
 func (c *CM) onEvent(ev *event) {
+	// What the handlers below send may set timers.
+	defer c.kick()
 	switch ev.typ {
 	case evReqReceived, evSIDRReqReceived:
 		l, _ := ev.l.user.(*Listener)
