@@ -171,3 +171,51 @@ func TestUDPLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestQP1HostileDatagrams sends a CM, through its device's QP1, what a
+// hostile peer would: datagrams too short, random bytes, a REP for no
+// connection, a REQ for a port nobody listens on. The first three are
+// counted and dropped; the REQ draws a REJ 8 back to the sender's QP1,
+// addressed from the GRH.
+func TestQP1HostileDatagrams(t *testing.T) {
+	la, lb := pipe.New(pipe.Config{})
+	da, err := verbs.Open(la, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer da.Close()
+	raw, err := OpenQP1(da, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	b := openQP1Side(t, lb)
+	to := Peer{Addr: netip.AddrPortFrom(b.cm.Local(), 4791), QPN: 1}
+	junk := make([]byte, MADSize)
+	for i := range junk {
+		junk[i] = byte(i * 7)
+	}
+	rep := build(&msg{attr: attrREP, localID: 5, remoteID: 6, qpn: 7})
+	req := build(&msg{attr: attrREQ, tid: 0xfeed, localID: 0x1234, serviceID: ServiceID(PortSpaceTCP, 4444), qpn: 9, mtu: 3})
+	for _, m := range [][]byte{junk[:10], junk, rep, req} {
+		if err := raw.SendMAD(to, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, 2*MADSize)
+	n, from, err := raw.RecvMAD(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m msg
+	if err := decode(buf[:n], &m); err != nil || m.attr != attrREJ || m.reason != RejInvalidServiceID || m.tid != 0xfeed || m.remoteID != 0x1234 {
+		t.Fatalf("reply %+v (%v)", m, err)
+	}
+	if from.Addr.Addr() != b.cm.Local() || from.QPN != 1 {
+		t.Errorf("reply from %v", from)
+	}
+	s := b.cm.Stats()
+	if s.Received != 4 || s.Malformed != 2 || s.Unmatched != 1 || s.RejectedNoListener != 1 || s.Conns != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}
