@@ -81,8 +81,11 @@ type Config struct {
 	// GUID is the local CA GUID written in REQ and REP (node GUID).
 	GUID uint64
 	// MaxHalfOpen caps the passive communications that have received a REQ
-	// (or SIDR_REQ) and are not established yet (default 1024). A REQ beyond
-	// the cap is counted and dropped; the peer retries it.
+	// (or SIDR_REQ) and are not established yet (default 1024). When the
+	// table is full, a new REQ takes the place of the oldest request that
+	// nobody accepted and whose sender never retransmitted it although its
+	// own timer should have made it do so twice (a forged one); if there is
+	// none, the REQ is counted and dropped, and the peer retries it.
 	MaxHalfOpen int
 	// AcceptTimeout is how long a received REQ waits for Accept or Reject
 	// before it is rejected (REJ consumer defined) and forgotten (default
@@ -181,11 +184,13 @@ type Stats struct {
 	// retransmissions of a message already handled; Ignored arrived in a
 	// state that takes no such message.
 	Unmatched, Duplicates, Ignored uint64
-	// HalfOpenDropped REQs found the half-open table full; RejectedNoListener
+	// HalfOpenEvicted unaccepted, never retransmitted requests gave their
+	// place to a new REQ; HalfOpenDropped REQs found the half-open table
+	// full of requests that could not be evicted; RejectedNoListener
 	// drew REJ "invalid service ID" (or SIDR_REP unsupported);
 	// RejectedStale drew REJ "stale connection"; RejectedOther any other
 	// REJ the engine sent on its own.
-	HalfOpenDropped, RejectedNoListener, RejectedStale, RejectedOther uint64
+	HalfOpenEvicted, HalfOpenDropped, RejectedNoListener, RejectedStale, RejectedOther uint64
 	// Timeouts are exchanges abandoned after the last retry, or REQs
 	// nobody accepted in time.
 	Timeouts uint64
@@ -271,6 +276,12 @@ type conn struct {
 	maxRetries          int
 	serviceTimeout      uint8
 
+	// A passive request: when it came, whether its sender retransmitted
+	// it, and how old it may grow without that before it can be evicted.
+	born     time.Time
+	dupSeen  bool
+	evictAge time.Duration
+
 	// saved for answering duplicates: the RTU/DREP/MRA private data.
 	private []byte
 
@@ -315,6 +326,7 @@ type engine struct {
 	listeners map[uint64]*listener
 	timed     map[*conn]struct{}
 	halfOpen  int
+	halfQ     []*conn // passive requests, oldest first, for eviction
 	stats     Stats
 
 	scratch [MADSize]byte
@@ -545,6 +557,9 @@ func (e *engine) Tick(now time.Time) {
 	e.mu.Lock()
 	for c := range e.timed {
 		e.fire(now, c)
+	}
+	if e.halfOpen == 0 {
+		e.halfQ = nil
 	}
 	e.mu.Unlock()
 	e.dispatch()
@@ -911,4 +926,46 @@ func (e *engine) forget(c *conn) {
 	e.mu.Lock()
 	e.free(c)
 	e.mu.Unlock()
+}
+
+// evictable says whether a passive request may give its place to a new
+// one: nobody accepted it and its sender never retransmitted it.
+func (c *conn) evictable() bool { return !c.dead && c.state == stMRAReqSent && !c.dupSeen }
+
+// queueHalfOpen records a new passive request in arrival order. The queue
+// is compacted whenever it holds more than twice the live half-open
+// entries, so it never keeps freed communications alive for long.
+func (e *engine) queueHalfOpen(c *conn) {
+	e.halfQ = append(e.halfQ, c)
+	if len(e.halfQ) > 2*e.halfOpen+64 {
+		q := make([]*conn, 0, 2*e.halfOpen+64)
+		for _, x := range e.halfQ {
+			if x.evictable() {
+				q = append(q, x)
+			}
+		}
+		e.halfQ = q
+	}
+}
+
+// evictHalfOpen frees the oldest passive request that nobody accepted and
+// whose sender never retransmitted it within twice its own REQ timeout: a
+// live requester would have, so it is most likely forged. It reports
+// whether it made room.
+func (e *engine) evictHalfOpen(now time.Time) bool {
+	for len(e.halfQ) > 0 {
+		c := e.halfQ[0]
+		if c.evictable() && now.Sub(c.born) < c.evictAge {
+			return false
+		}
+		e.halfQ[0] = nil
+		e.halfQ = e.halfQ[1:]
+		if c.evictable() {
+			e.stats.HalfOpenEvicted++
+			e.free(c)
+			e.post(event{typ: evAcceptTimeout, c: c})
+			return true
+		}
+	}
+	return false
 }

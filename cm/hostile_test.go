@@ -142,6 +142,15 @@ func TestREQFloodBounded(t *testing.T) {
 	if grow := int64(after.HeapAlloc) - int64(before.HeapAlloc); grow > 4<<20 {
 		t.Errorf("heap grew %d KiB", grow>>10)
 	}
+	// Twenty seconds later a real requester finds the table full of
+	// requests nobody retransmitted: the oldest gives way to it.
+	later := t0.Add(20 * time.Second)
+	m = msg{attr: attrREQ, tid: 1, localID: 0xabc, serviceID: svc, mtu: 3, qpn: 0x77, caGUID: 0x99, remoteCMTimeout: 20}
+	encode(b, &m)
+	e.Receive(later, Peer{netip.MustParseAddrPort("10.200.0.1:4791"), 1}, b)
+	if s := e.Stats(); s.HalfOpenEvicted != 1 || s.HalfOpen != limit || e.remoteIDs[remoteKey{0xabc, 0x99}] == nil {
+		t.Fatalf("a real REQ after the flood: %+v", s)
+	}
 	// Nobody accepts: every half-open entry is rejected and forgotten.
 	e.Tick(t0.Add(2 * time.Minute))
 	if s := e.Stats(); s.Conns != 0 || s.HalfOpen != 0 || len(e.timed) != 0 || len(e.remoteIDs) != 0 {
@@ -151,4 +160,46 @@ func TestREQFloodBounded(t *testing.T) {
 	var end runtime.MemStats
 	runtime.ReadMemStats(&end)
 	t.Logf("after the timeouts: heap %d KiB", end.HeapAlloc>>10)
+}
+
+// TestHalfOpenEvictionSparesLiveRequests: when the table is full, a
+// request whose sender retransmitted it (a live peer, answered with an
+// MRA) or that the application accepted is never evicted; only an old,
+// silent one is, and a young one is not.
+func TestHalfOpenEvictionSparesLiveRequests(t *testing.T) {
+	tx := &discardTx{}
+	var reqs []*conn
+	e := newEngine(Config{Seed: 1, MaxHalfOpen: 3}, tx, func(ev *event) {
+		if ev.typ == evReqReceived {
+			reqs = append(reqs, ev.c)
+		}
+	})
+	e.listen(svc, nil)
+	b := make([]byte, MADSize)
+	req := func(now time.Time, id uint32) {
+		encode(b, &msg{attr: attrREQ, tid: uint64(id), localID: id, serviceID: svc, mtu: 3, qpn: id, caGUID: 7, remoteCMTimeout: 20})
+		e.Receive(now, Peer{netip.MustParseAddrPort("10.0.0.9:4791"), 1}, b)
+	}
+	req(t0, 1)
+	req(t0, 2)
+	req(t0, 3)
+	req(t0.Add(time.Second), 2) // the sender of 2 retransmits: live
+	e.accept(t0, reqs[2], &repParams{qpn: 0x22})
+	// Too young: nothing is evicted.
+	req(t0.Add(2*time.Second), 4)
+	if s := e.Stats(); s.HalfOpenEvicted != 0 || s.HalfOpenDropped != 1 {
+		t.Fatalf("young table: %+v", s)
+	}
+	// Old enough (2 x 4096 ms + 1 s): only 1 may go.
+	req(t0.Add(10*time.Second), 5)
+	if s := e.Stats(); s.HalfOpenEvicted != 1 || !reqs[0].dead || reqs[1].dead || reqs[2].dead {
+		t.Fatalf("old table: %+v, dead %v %v %v", s, reqs[0].dead, reqs[1].dead, reqs[2].dead)
+	}
+	req(t0.Add(11*time.Second), 6)
+	if s := e.Stats(); s.HalfOpenEvicted != 1 || s.HalfOpenDropped != 2 {
+		t.Fatalf("nothing else to evict: %+v", s)
+	}
+	if err := e.check(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -66,6 +66,7 @@ func (e *engine) onREQ(now time.Time, from Peer, m *msg) {
 		e.stats.Duplicates++
 		switch c.state {
 		case stMRAReqSent:
+			c.dupSeen = true
 			e.sendMsg(c.peer, &msg{attr: attrMRA, tid: c.tid, localID: c.localID, remoteID: c.remoteID,
 				msgMRAed: msgRespREQ, serviceTimeout: c.serviceTimeout})
 		case stTimewait:
@@ -101,11 +102,14 @@ func (e *engine) onREQ(now time.Time, from Peer, m *msg) {
 		e.issueRej(from, m, RejInvalidMTU, msgRespREQ)
 		return
 	}
-	if e.halfOpen >= e.cfg.MaxHalfOpen {
+	if e.halfOpen >= e.cfg.MaxHalfOpen && !e.evictHalfOpen(now) {
 		e.stats.HalfOpenDropped++
 		return
 	}
 	c := e.newConn(true)
+	c.born = now
+	// The requester's REQ timer is at least its CM response timeout for us.
+	c.evictAge = 2*cmTime(m.remoteCMTimeout) + time.Second
 	c.remoteID = m.localID
 	c.remoteGUID = m.caGUID
 	c.serviceID = m.serviceID
@@ -127,6 +131,7 @@ func (e *engine) onREQ(now time.Time, from Peer, m *msg) {
 	e.remoteQPs[remoteKey{c.remoteQPN, c.remoteGUID}] = c
 	c.inRemote = true
 	c.user = l.user
+	e.queueHalfOpen(c)
 	// rdma_cm answers every REQ it hands to an application with a delayed
 	// MRA: the state says MRA sent, and the MRA itself goes out only when
 	// a duplicate REQ shows the peer is waiting.
