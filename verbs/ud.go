@@ -136,9 +136,11 @@ func (qp *QP) ReadyUD(qkey, sqPSN uint32) error {
 // brings it to RTS: a UD QP numbered 1 with Q_Key GSIQKey (0x80010000),
 // which accepts only datagrams carrying that Q_Key. A device has at most
 // one: a second CreateGSI fails with an error matching ErrBusy until QP1
-// is destroyed. MADs are sent to RemoteQPN 1 with RemoteQKey GSIQKey and
-// received into buffers of GRHLen + 256 bytes; the sender's address is in
-// the GRH. Zero capacities get CreateQP's defaults.
+// is destroyed. MADs are sent to RemoteQPN 1 (QP1 sends every datagram
+// with Q_Key GSIQKey, whatever the work request's RemoteQKey, as rxe does)
+// and received into buffers of GRHLen + 256 bytes; the sender's address is
+// in the GRH (AHAttrFromWC builds the answer's address handle). Zero
+// capacities get CreateQP's defaults.
 func (d *Device) CreateGSI(pd *PD, sendCQ, recvCQ *CQ, c QPCap) (*QP, error) {
 	if pd == nil || pd.d != d {
 		return nil, fmt.Errorf("verbs: create GSI QP: the PD is not of device %s", d.name)

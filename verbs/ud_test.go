@@ -190,10 +190,10 @@ func TestUDModifyRules(t *testing.T) {
 	}
 }
 
-// TestGSIOverPipe: each device's QP1 exchanges a 256-byte MAD with the
-// other's (RemoteQPN 1, Q_Key 0x80010000) into a 296-byte buffer; QP1 is
-// unique per device, drops datagrams with another Q_Key, and can be made
-// again once destroyed.
+// TestGSIOverPipe: one device's QP1 sends a 256-byte MAD to the other's
+// (RemoteQPN 1) into a 296-byte buffer, with Q_Key 0x80010000 whatever the
+// work request says; QP1 is unique per device, drops datagrams with
+// another Q_Key, and can be made again once destroyed.
 func TestGSIOverPipe(t *testing.T) {
 	a, b := openPair(t)
 	var sides [2]*udSide
@@ -236,14 +236,21 @@ func TestGSIOverPipe(t *testing.T) {
 		return &SendWR{ID: 5, Opcode: WRSend, Flags: SendSignaled, SGL: []SGE{{Addr: sides[0].mr.Addr(), Length: 256, LKey: sides[0].mr.LKey()}},
 			AH: ah.AV(), RemoteQPN: 1, RemoteQKey: qkey}
 	}
-	// A datagram to QP1 with another Q_Key is dropped; then a MAD.
-	for _, qk := range []uint32{0x1234, GSIQKey} {
-		if err := sides[0].qp.PostSend(mad(qk)); err != nil {
-			t.Fatal(err)
-		}
-		if wc := waitOne(t, sides[0].cq, "send"); wc.Status != cq.Success {
-			t.Fatalf("send %+v", wc)
-		}
+	// A datagram to QP1 from a UD QP with another Q_Key is dropped; QP1
+	// itself always sends Q_Key 0x80010000, whatever the work request says.
+	other := newUDSide(t, a, 0x1234)
+	oah, _ := other.pd.CreateAH(AHAttr{DGID: gb})
+	if err := other.qp.PostSend(&SendWR{ID: 6, Opcode: WRSend, Flags: SendSignaled, AH: oah.AV(), RemoteQPN: 1, RemoteQKey: 0x1234}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitOne(t, other.cq, "send"); wc.Status != cq.Success {
+		t.Fatalf("send %+v", wc)
+	}
+	if err := sides[0].qp.PostSend(mad(0x1234)); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitOne(t, sides[0].cq, "send"); wc.Status != cq.Success {
+		t.Fatalf("send %+v", wc)
 	}
 	wc := waitOne(t, rb.cq, "receive")
 	if wc.WRID != 0 || wc.ByteLen != GRHLen+256 || wc.SrcQP != 1 || wc.QPNum != 1 || wc.Flags != cq.FlagGRH {

@@ -14,6 +14,10 @@
 //	qp.PostSend(&verbs.SendWR{Opcode: verbs.WRRDMAWrite, ...})
 //	n := cq.Poll(wcs)
 //
+// UD QPs (QPTypeUD, brought up by QP.ReadyUD) send datagrams through
+// address handles (PD.CreateAH; SendWR{AH: ah.AV(), RemoteQPN, RemoteQKey})
+// and receive them behind a GRHLen-byte GRH; Device.CreateGSI makes QP1.
+//
 // The device runs on two goroutines (receive, timers), never one per QP.
 // Work requests, SGEs, opcodes and send flags are package wr's, re-exported
 // here. The transport itself is not handed out: Device.Stats and QP.Stats

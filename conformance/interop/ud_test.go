@@ -261,7 +261,8 @@ func TestUDAgainstRxe(t *testing.T) {
 
 // TestGSIAgainstRxe: softroce's QP1 on the wire with rxe: a datagram from
 // rxe's UD QP to QP1 is accepted with Q_Key 0x80010000 only, lands behind
-// the GRH, and names rxe's QP as its source; QP1 sends with source QP 1.
+// the GRH, and names rxe's QP as its source; QP1 sends with source QP 1
+// and Q_Key 0x80010000.
 // (The MADs themselves are the connection manager's business.)
 func TestGSIAgainstRxe(t *testing.T) {
 	needVM(t)
@@ -325,14 +326,25 @@ func TestGSIAgainstRxe(t *testing.T) {
 		t.Fatal("QP1 received a different datagram")
 	}
 
-	// QP1 to rxe's UD QP: source QP 1 in the DETH, the work request's Q_Key.
-	must(ag.PostRecv(ctx, aqp, 7, amr, 1024, verbs.GRHLen+256))
+	// QP1 to rxe's UD QPs: source QP 1 and Q_Key 0x80010000 in the DETH
+	// whatever the work request says, so rxe's QP with Q_Key udQKey drops
+	// it and one with 0x80010000 takes it.
+	gqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 16, RecvWR: 16, UD: true})
+	must(err)
+	must(ag.ReadyUD(ctx, gqp, verbs.GSIQKey, 0))
 	copy(buf, mad)
-	must(gsi.PostSend(&verbs.SendWR{ID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, AH: ah.AV(), RemoteQPN: aqp.QPN, RemoteQKey: udQKey,
-		SGL: []verbs.SGE{{Addr: mr.Addr(), Length: 256, LKey: mr.LKey()}}}))
-	wc, err := ag.Poll(ctx, acq, 20*time.Second)
-	if err != nil || wc == nil || wc.Status != agent.WCSuccess || wc.WRID != 7 || wc.SrcQP != 1 || wc.ByteLen != verbs.GRHLen+256 {
-		t.Fatalf("rxe receive from QP1: %+v %v", wc, err)
+	for i, q := range []agent.QP{aqp, gqp} {
+		must(ag.PostRecv(ctx, q, uint64(7+i), amr, 1024, verbs.GRHLen+256))
+		must(gsi.PostSend(&verbs.SendWR{ID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, AH: ah.AV(), RemoteQPN: q.QPN, RemoteQKey: udQKey,
+			SGL: []verbs.SGE{{Addr: mr.Addr(), Length: 256, LKey: mr.LKey()}}}))
+		wc, err := ag.Poll(ctx, acq, 2*time.Second)
+		must(err)
+		if i == 0 && wc != nil {
+			t.Fatalf("rxe's QP with Q_Key %#x took QP1's datagram: %+v", udQKey, wc)
+		}
+		if i == 1 && (wc == nil || wc.Status != agent.WCSuccess || wc.WRID != 8 || wc.SrcQP != 1 || wc.ByteLen != verbs.GRHLen+256) {
+			t.Fatalf("rxe receive from QP1: %+v", wc)
+		}
 	}
 }
 

@@ -89,7 +89,7 @@ func (qp *QP) transmitUD(budget int) bool {
 		}
 		ah := &qp.ud.ah[i]
 		s := ud.Send{Opcode: w.wr.Opcode, DestQP: w.wr.RemoteQPN, SrcQP: qp.num,
-			QKey: ud.SendQKey(w.wr.RemoteQKey, qp.path.QKey), PSN: psn, Imm: w.wr.Imm,
+			QKey: ud.QKeyToSend(qp.num, w.wr.RemoteQKey, qp.path.QKey), PSN: psn, Imm: w.wr.Imm,
 			Solicited: w.wr.Flags&wr.Solicited != 0}
 		e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: netip.AddrPortFrom(ah.Remote.Unmap(), nic.RoCEv2Port),
 			Local: ah.Local.Unmap(), SrcPort: ud.SrcPort(ah.FlowLabel, srcPort(qp.num))})

@@ -360,7 +360,7 @@ func TestUDSRQTooLongCompletesInError(t *testing.T) {
 
 // TestGSIQP1: QP1 is number 1, one per engine, and accepts only Q_Key
 // 0x80010000 whatever Q_Key it was given; it sends with the DETH source
-// QP 1 and, for a work request Q_Key with the high bit, 0x80010000.
+// QP 1 and Q_Key 0x80010000 whatever the work request says.
 func TestGSIQP1(t *testing.T) {
 	s := newSim(t, 1, impairment{})
 	var gsi [2]*QP
@@ -391,8 +391,14 @@ func TestGSIQP1(t *testing.T) {
 		return &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 256, LKey: lmr.LKey()}},
 			AH: &wr.AH{Remote: s.ep[1].addr}, RemoteQPN: 1, RemoteQKey: qkey}
 	}
-	mustPost(t, gsi[0], mad(0x12345678)) // not QP1's key: dropped
-	mustPost(t, gsi[0], mad(ud.GSIQKey))
+	// From an ordinary UD QP whose Q_Key is not QP1's: dropped.
+	other, _ := s.ep[0].e.CreateQP(QPConfig{Type: qpstate.UD, PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8})
+	other.SetState(qpstate.Init)
+	other.SetPath(Path{PMTU: 1024, QKey: 0x12345678})
+	other.SetState(qpstate.RTR)
+	other.SetState(qpstate.RTS)
+	mustPost(t, other, mad(0x12345678))
+	mustPost(t, gsi[0], mad(0x12345678)) // QP1 sends 0x80010000 anyway
 	wcs := s.waitWC(s.ep[1].rcq, 1, time.Second)
 	if wcs[0].ByteLen != 296 || wcs[0].SrcQP != 1 || wcs[0].QPNum != 1 || wcs[0].WRID != 0 {
 		t.Fatalf("completion %+v", wcs[0])
@@ -401,8 +407,18 @@ func TestGSIQP1(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	var p bth.Packet
-	if err := bth.Parse(&p, (*sent)[1]); err != nil || p.DETH.SrcQP() != 1 || p.DETH.QKey() != ud.GSIQKey || p.BTH.DestQP() != 1 {
-		t.Fatalf("MAD packet: %v %+v", err, p.Fields())
+	found := false
+	for _, b := range *sent {
+		if err := bth.Parse(&p, b); err != nil || p.DETH.SrcQP() != 1 {
+			continue
+		}
+		found = true
+		if p.DETH.QKey() != ud.GSIQKey || p.BTH.DestQP() != 1 {
+			t.Fatalf("MAD packet: %+v", p.Fields())
+		}
+	}
+	if !found || len(*sent) != 2 {
+		t.Fatalf("%d packets sent, QP1's among them: %v", len(*sent), found)
 	}
 	// Destroyed, QP1 can be made again.
 	if err := s.ep[0].e.DestroyQP(gsi[0]); err != nil {

@@ -46,6 +46,17 @@ func SendQKey(wrQKey, qpQKey uint32) uint32 {
 	return wrQKey
 }
 
+// QKeyToSend is the Q_Key the DETH of a send from QP number qpn carries:
+// QP1 always sends GSIQKey, as rxe does and as management datagrams must
+// (management datagrams carry Q_Key 0x80010000); any other QP follows
+// SendQKey.
+func QKeyToSend(qpn, wrQKey, qpQKey uint32) uint32 {
+	if qpn == GSIQPN {
+		return GSIQKey
+	}
+	return SendQKey(wrQKey, qpQKey)
+}
+
 // AcceptQKey reports whether a UD QP numbered qpn with Q_Key qpQKey
 // accepts a packet whose DETH carries got. QP1 accepts only GSIQKey,
 // whatever Q_Key it was given, as rxe checks (rxe_recv.c); any other QP

@@ -34,6 +34,18 @@ func TestSendQKeyHighBitMeansTheQPs(t *testing.T) {
 	}
 }
 
+func TestQKeyToSendQP1(t *testing.T) {
+	if got := QKeyToSend(GSIQPN, 0x1234, 0x5678); got != GSIQKey {
+		t.Errorf("QP1 sends %#x, want 0x80010000", got)
+	}
+	if got := QKeyToSend(2, 0x1234, 0x5678); got != 0x1234 {
+		t.Errorf("QP 2 sends %#x, want the work request's", got)
+	}
+	if got := QKeyToSend(2, 0x80001234, 0x5678); got != 0x5678 {
+		t.Errorf("QP 2 with the high bit sends %#x, want the QP's", got)
+	}
+}
+
 func TestAcceptQKey(t *testing.T) {
 	for _, c := range []struct {
 		qpn, qp, got uint32
