@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -11,7 +12,7 @@ import (
 	"github.com/softroce/softroce/transport/rc"
 )
 
-// QPType is the transport service of a QP. softroce implements RC.
+// QPType is the transport service of a QP. softroce implements RC and UD.
 type QPType = qpstate.Type
 
 // QP types.
@@ -48,17 +49,20 @@ type QP struct {
 	destroyed  atomic.Bool // set by Destroy under the device's mu
 }
 
-// CreateQP creates a QP in RESET (ibv_create_qp). Only RC is implemented;
-// zero capacities get defaults (128 WRs, 1 SGE). Both CQs must be live CQs
-// of the PD's device; at most max_qp QPs exist at once. A failed CreateQP
-// creates nothing.
-func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
+// CreateQP creates a QP in RESET (ibv_create_qp). RC and UD are
+// implemented; zero capacities get defaults (128 WRs, 1 SGE). Both CQs
+// must be live CQs of the PD's device; at most max_qp QPs exist at once. A
+// failed CreateQP creates nothing.
+func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) { return pd.createQP(init, false) }
+
+// createQP creates a QP, or with gsi the device's QP1.
+func (pd *PD) createQP(init QPInitAttr, gsi bool) (*QP, error) {
 	d := pd.d
 	if err := d.unusable("create QP"); err != nil {
 		return nil, err
 	}
-	if init.Type != QPTypeRC {
-		return nil, fmt.Errorf("verbs: QP type %v is not implemented; softroce supports RC", init.Type)
+	if init.Type != QPTypeRC && init.Type != QPTypeUD {
+		return nil, fmt.Errorf("verbs: QP type %v is not implemented; softroce supports RC and UD", init.Type)
 	}
 	c := &init.Cap
 	if c.MaxSendWR == 0 {
@@ -111,7 +115,16 @@ func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
 	if init.SRQ != nil {
 		cfg.SRQ = init.SRQ.rc
 	}
-	q, err := pd.d.eng.CreateQP(cfg)
+	var q *rc.QP
+	var err error
+	if gsi {
+		q, err = pd.d.eng.CreateGSI(cfg)
+		if errors.Is(err, rc.ErrQPNumInUse) {
+			return nil, &busyError{fmt.Sprintf("verbs: create GSI QP: device %s already has QP1", d.name)}
+		}
+	} else {
+		q, err = pd.d.eng.CreateQP(cfg)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -187,6 +200,7 @@ func (qp *QP) apply(attr *QPAttr, mask AttrMask, next QPState) {
 	copyIf(qpstate.AttrMaxDestRDAtomic, func() { a.MaxDestRDAtomic = attr.MaxDestRDAtomic })
 	copyIf(qpstate.AttrMinRNRTimer, func() { a.MinRNRTimer = attr.MinRNRTimer })
 	copyIf(qpstate.AttrDestQPN, func() { a.DestQPN = attr.DestQPN })
+	copyIf(qpstate.AttrQKey, func() { a.QKey = attr.QKey })
 	a.State = next
 	qp.attr = a
 }
@@ -227,9 +241,14 @@ func (qp *QP) path() rc.Path {
 	}
 	p := rc.Path{DestQPN: a.DestQPN, PMTU: a.PathMTU, RQPSN: a.RQPSN, SQPSN: a.SQPSN, Timeout: a.Timeout,
 		RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry, MinRNRTimer: a.MinRNRTimer, MaxRDAtomic: int(a.MaxRDAtomic),
-		MaxDestRDAtomic: int(a.MaxDestRDAtomic), Access: memreg.Access(a.AccessFlags), Local: local}
+		MaxDestRDAtomic: int(a.MaxDestRDAtomic), Access: memreg.Access(a.AccessFlags), Local: local, QKey: a.QKey}
 	if p.PMTU == 0 {
 		p.PMTU = 1024
+	}
+	if qp.init.Type == QPTypeUD {
+		// A UD QP has no path MTU attribute: its messages may be as
+		// long as the port's active MTU (rxe uses the port's MTU).
+		p.PMTU = d.QueryPort().ActiveMTU
 	}
 	if a.AV.DGID != ([16]byte{}) {
 		p.Remote = rc.Remote(GID(a.AV.DGID).Addr())

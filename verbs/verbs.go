@@ -143,8 +143,9 @@ var (
 	// the error also wraps the link's own error.
 	ErrDeviceFatal = errors.New("verbs: device fatal error")
 	// ErrBusy: a resource cannot be freed while others use it (PD.Dealloc
-	// with QPs, SRQs or MRs, DestroyCQ with QPs, SRQ.Destroy with QPs),
-	// like EBUSY from libibverbs.
+	// with QPs, SRQs, address handles or MRs, DestroyCQ with QPs,
+	// SRQ.Destroy with QPs), or exists once per device (CreateGSI while
+	// QP1 exists), like EBUSY from libibverbs.
 	ErrBusy = memreg.ErrBusy
 )
 
@@ -484,8 +485,8 @@ type PD struct {
 	d  *Device
 	pd *memreg.PD
 	// Guarded by d.mu.
-	nQP, nSRQ int
-	dead      bool
+	nQP, nSRQ, nAH int
+	dead           bool
 }
 
 // AllocPD allocates a protection domain (ibv_alloc_pd).
@@ -517,6 +518,9 @@ func (pd *PD) Dealloc() error {
 	}
 	if pd.nSRQ > 0 {
 		return &busyError{fmt.Sprintf("verbs: dealloc PD %d: %d SRQs still use it (destroy them first)", pd.pd.Handle(), pd.nSRQ)}
+	}
+	if pd.nAH > 0 {
+		return &busyError{fmt.Sprintf("verbs: dealloc PD %d: %d address handles still use it (destroy them first)", pd.pd.Handle(), pd.nAH)}
 	}
 	if err := d.mrs.DeallocPD(pd.pd); err != nil {
 		return err

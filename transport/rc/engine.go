@@ -59,6 +59,8 @@ type Engine struct {
 
 	stats   EngineStats
 	srqNext uint32 // number of the last SRQ created
+
+	ud udEngine // UD's scratch state (ud.go)
 }
 
 // EngineStats count what the engine dropped and why.
@@ -69,6 +71,10 @@ type EngineStats struct {
 	RxUnknownQP   uint64 // no such QP, or QP not ready (IBTA: silently dropped)
 	RxBadHeader   uint64 // TVer != 0, P_Key mismatch, not an RC opcode
 	RxWrongSource uint64 // source IP does not match the QP's address vector
+	// UD receives dropped (IBTA: silently), see ud.go.
+	RxBadQKey   uint64 // DETH Q_Key is not the QP's (rxe's qkey violation counter)
+	RxUDTooLong uint64 // payload + 40-byte GRH larger than the receive WQE
+	RxUDNoRecv  uint64 // no receive WQE posted
 }
 
 // NewEngine returns an engine whose responders and requesters access
@@ -77,11 +83,14 @@ func NewEngine(mrs *memreg.Table) *Engine {
 	return &Engine{mrs: mrs, qps: map[uint32]*QP{}, timed: map[*QP]struct{}{}, MaxBatch: 64}
 }
 
-// CreateQP makes an RC QP in RESET with a random 24-bit QP number (never
+// CreateQP makes a QP in RESET with a random 24-bit QP number (never
 // 0 or 1, which IBTA reserves for SMI and GSI).
-func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
+func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) { return e.createQP(cfg, 0) }
+
+// createQP makes a QP numbered num, or with a random number if num is 0.
+func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
 	switch cfg.Type {
-	case qpstate.RC:
+	case qpstate.RC, qpstate.UD:
 	default:
 		return nil, fmt.Errorf("rc: QP type %v is not implemented", cfg.Type)
 	}
@@ -103,13 +112,17 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
 	if s := cfg.SRQ; s != nil && (s.e != e || s.destroyed) {
 		return nil, fmt.Errorf("%w: create QP on SRQ %d", ErrNoSRQ, s.num)
 	}
-	var num uint32
-	for {
+	if num != 0 {
+		if _, used := e.qps[num]; used {
+			return nil, fmt.Errorf("%w: QP %d exists", ErrQPNumInUse, num)
+		}
+	}
+	for num == 0 {
 		var b [4]byte
 		rand.Read(b[:])
 		num = binary.LittleEndian.Uint32(b[:]) & bth.PSNMask
-		if _, used := e.qps[num]; num > 1 && !used {
-			break
+		if _, used := e.qps[num]; num <= 1 || used {
+			num = 0
 		}
 	}
 	qp := &QP{e: e, num: num, cfg: cfg, state: qpstate.Reset}
@@ -121,6 +134,9 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
 		cfg.SRQ.nQP++
 	} else {
 		qp.rq = newRecvRing(cfg.MaxRecvWR, cfg.MaxRecvSGE)
+	}
+	if cfg.Type == qpstate.UD {
+		qp.ud.ah = make([]wr.AH, cfg.MaxSendWR)
 	}
 	qp.setPathLocked(Path{PMTU: 1024})
 	e.qps[num] = qp
@@ -299,6 +315,10 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 		// (IBTA §9.6.1.5.1: the opcode must match the QP's transport).
 		if p.Info.Transport != transportOf[qp.cfg.Type] {
 			e.stats.RxBadHeader++
+			continue
+		}
+		if qp.cfg.Type == qpstate.UD {
+			qp.receiveUD(pk, &p) // any sender: no source filter
 			continue
 		}
 		if qp.path.Remote.IsValid() && pk.Remote.Addr() != qp.path.Remote.Addr() {

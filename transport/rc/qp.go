@@ -57,6 +57,7 @@ type Path struct {
 	MaxRDAtomic     int
 	MaxDestRDAtomic int
 	Access          memreg.Access // remote access enabled on the QP (ibv_qp_attr.qp_access_flags)
+	QKey            uint32        // UD: the QP's Q_Key (ibv_qp_attr.qkey)
 }
 
 // Errors returned by Post*.
@@ -136,6 +137,8 @@ type QP struct {
 	destroyed  bool
 
 	stats QPStats
+
+	ud udQP // UD's per-QP state (ud.go)
 }
 
 // QPStats are per-QP counters, in the spirit of rxe's hw counters.
@@ -412,6 +415,12 @@ func (qp *QP) PostSend(swr *wr.SendWR) error {
 	length := 0
 	for _, s := range swr.SGL {
 		length += int(s.Length)
+	}
+	if qp.cfg.Type == qpstate.UD {
+		if err := qp.checkSendUD(swr); err != nil {
+			return err
+		}
+		qp.ud.ah[qp.sqTail] = *swr.AH
 	}
 	switch {
 	case swr.Opcode.IsAtomic():
