@@ -31,7 +31,7 @@ func runPingpong(args []string) int {
 	var lf linkFlags
 	typ := fs.String("type", "rc", "transport, as the tool of that name: rc (ibv_rc_pingpong), uc, ud or srq (RC QPs on one SRQ)")
 	fs.IntVar(&cfg.Port, "p", 18515, "TCP port of the out-of-band exchange")
-	fs.IntVar(&cfg.Size, "s", 0, "size of message to exchange (default 4096; ud: 2048, at most the port's MTU)")
+	fs.IntVar(&cfg.Size, "s", 0, "size of message to exchange (default 4096; ud: 1024, at most the port's MTU)")
 	fs.IntVar(&cfg.MTU, "m", 1024, "path MTU: 256, 512, 1024, 2048 or 4096 (rc, uc, srq)")
 	fs.IntVar(&cfg.RxDepth, "r", 500, "number of receives to post at a time")
 	fs.IntVar(&cfg.Iters, "n", 1000, "number of exchanges (srq: in total, over all QPs)")

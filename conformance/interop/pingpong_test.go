@@ -58,7 +58,10 @@ func pingpongAgainstRxe(t *testing.T, client bool, cfg pingpong.Config, flags st
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Second)
 	defer cancel()
 	dev := hostDevice(t)
-	cfg.Timeout, cfg.Dial, cfg.Listen = 90*time.Second, vm.DialContext, vm.Listen
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 90 * time.Second
+	}
+	cfg.Dial, cfg.Listen = vm.DialContext, vm.Listen
 	// -g 1: rxe's IPv4-mapped GID; -e: event mode, so the guest does not
 	// burn its only emulated CPU spinning.
 	guestCmd := fmt.Sprintf("timeout 90 %s -d rxe0 -g 1 -e %s", cfg.Type.Tool(), flags)

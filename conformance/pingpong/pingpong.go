@@ -46,7 +46,7 @@ const (
 	MaxQP = 256
 	// GRHLen is the room a UD receive buffer keeps at its head for the
 	// GRH (IBTA 11.4.1.2); ud_pingpong sends from just after it.
-	GRHLen = 40
+	GRHLen = verbs.GRHLen
 	// UDQKey is ud_pingpong's Q_Key, on its QP and in its sends.
 	UDQKey = 0x11111111
 )
@@ -56,7 +56,7 @@ type Config struct {
 	Type       Type   // default RC
 	Server     string // host to connect to; empty: listen
 	Port       int    // -p, TCP port of the exchange (18515)
-	Size       int    // -s, message size (4096; UD: 2048)
+	Size       int    // -s, message size (4096; UD: 1024)
 	MTU        int    // -m, path MTU (1024); UD: not used, the port's MTU bounds Size
 	RxDepth    int    // -r, receives posted (500)
 	Iters      int    // -n, iterations (1000)
@@ -65,7 +65,7 @@ type Config struct {
 	GIDIndex   int    // -g
 	Events     bool   // -e: sleep on the completion channel instead of polling
 	Check      bool   // -c (rc, uc): validate received buffers
-	RemotePort uint16 // peer's UDP port, when not 4791 (softroce-to-softroce tests)
+	RemotePort uint16 // peer's UDP port, when not 4791 (softroce-to-softroce tests; not UD: its address handles name no port)
 	Timeout    time.Duration
 	// Dial and Listen replace the net package's for the TCP exchange
 	// (e.g. to reach a peer inside a network namespace).
@@ -92,7 +92,10 @@ func (c *Config) Defaults() error {
 	}
 	def(&c.Port, 18515)
 	if c.Type == UD {
-		def(&c.Size, 2048)
+		// ibv_ud_pingpong 44 sends 1024 bytes by default, though its
+		// help says 2048; a peer expecting 1024 fails a larger message
+		// with a local QP operation error, so the two must agree.
+		def(&c.Size, 1024)
 	} else {
 		def(&c.Size, 4096)
 	}
@@ -157,6 +160,7 @@ type session struct {
 	srq   *verbs.SRQ
 	qps   []*verbs.QP
 	local []Dest
+	ah    *verbs.AH // UD: the peer
 	rem   []Dest
 }
 
@@ -302,6 +306,12 @@ func (s *session) close() {
 	if s.mr != nil {
 		s.dev.DeregMR(s.mr)
 	}
+	if s.ah != nil {
+		s.ah.Destroy()
+	}
+	if s.pd != nil {
+		s.pd.Dealloc()
+	}
 }
 
 func (s *session) postRecv() error {
@@ -317,7 +327,7 @@ func (s *session) postSend(i int) error {
 	wr := &verbs.SendWR{ID: sendID, Opcode: verbs.WRSend, Flags: verbs.SendSignaled}
 	if s.cfg.Type == UD {
 		sge.Addr += GRHLen
-		wr.RemoteQPN, wr.RemoteQKey = s.rem[0].QPN, UDQKey
+		wr.AH, wr.RemoteQPN, wr.RemoteQKey = s.ah.AV(), s.rem[0].QPN, UDQKey
 	}
 	wr.SGL = []verbs.SGE{sge}
 	return s.qps[i].PostSend(wr)
@@ -390,7 +400,13 @@ func (s *session) connectQP(i int, rem Dest) error {
 	if err := qp.Modify(&rts, rtsMask); err != nil {
 		return fmt.Errorf("modify to RTS: %w", err)
 	}
-	if cfg.RemotePort != 0 {
+	if cfg.Type == UD {
+		ah, err := s.pd.CreateAH(verbs.AHAttr{DGID: rem.GID, SGIDIndex: cfg.GIDIndex, HopLimit: av.HopLimit, SL: cfg.SL})
+		if err != nil {
+			return fmt.Errorf("failed to create AH: %w", err)
+		}
+		s.ah = ah
+	} else if cfg.RemotePort != 0 {
 		qp.SetRemotePort(cfg.RemotePort)
 	}
 	return nil

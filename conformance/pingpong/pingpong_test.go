@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/netip"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
 )
@@ -240,7 +243,7 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 	d := Config{Type: UD}
-	if err := d.Defaults(); err != nil || d.Size != 2048 || d.NumQP != 1 || d.RxDepth != 500 || d.Iters != 1000 || d.Port != 18515 {
+	if err := d.Defaults(); err != nil || d.Size != 1024 || d.NumQP != 1 || d.RxDepth != 500 || d.Iters != 1000 || d.Port != 18515 {
 		t.Fatalf("UD defaults %+v %v", d, err)
 	}
 	d = Config{Type: SRQ}
@@ -250,15 +253,12 @@ func TestConfigErrors(t *testing.T) {
 }
 
 // TestLoopback runs softroce's pingpong against itself over kernel UDP
-// sockets on 127.0.0.1 (two UDP ports, since both share the address), for
-// each type softroce's verbs have, polling and with -e.
+// sockets on loopback, for each type softroce's verbs have, polling and
+// with -e. RC and SRQ share 127.0.0.1 on two UDP ports; UD, whose address
+// handles name no port, runs on an in-process pipe (10.0.0.1, 10.0.0.2),
+// its TCP exchange on loopback.
 func TestLoopback(t *testing.T) {
-	addr := netip.MustParseAddr("127.0.0.1")
-	open := func(port int) *verbs.Device {
-		l, err := udp.Open(udp.Config{Addr: addr, Port: port})
-		if err != nil {
-			t.Skipf("cannot open UDP port %d on loopback: %v", port, err)
-		}
+	open := func(t *testing.T, l nic.Link) *verbs.Device {
 		d, err := verbs.Open(l, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -266,7 +266,13 @@ func TestLoopback(t *testing.T) {
 		t.Cleanup(func() { d.Close() })
 		return d
 	}
-	line := regexp.MustCompile(`(?m)^  (local|remote) address: +LID 0x0000, QPN 0x[0-9a-f]{6}, PSN 0x[0-9a-f]{6}[,:] GID ::ffff:127\.0\.0\.1$`)
+	openUDP := func(t *testing.T, port int) *verbs.Device {
+		l, err := udp.Open(udp.Config{Addr: netip.MustParseAddr("127.0.0.1"), Port: port})
+		if err != nil {
+			t.Skipf("cannot open UDP port %d on loopback: %v", port, err)
+		}
+		return open(t, l)
+	}
 	for _, tc := range []struct {
 		typ        Type
 		size, mtu  int
@@ -279,30 +285,47 @@ func TestLoopback(t *testing.T) {
 		{SRQ, 4096, 1024, 16, 400, false},
 		{SRQ, 1, 256, 3, 90, true},
 		{SRQ, 20000, 4096, 2, 50, false},
+		{UD, 1, 0, 1, 200, false},
+		{UD, 2048, 0, 1, 200, true},
+		{UD, 4096, 0, 1, 100, false},
 	} {
 		t.Run(fmt.Sprintf("%s/size%d/qp%d/events=%v", tc.typ, tc.size, tc.nqp, tc.events), func(t *testing.T) {
-			ds, dc := open(47911), open(47912)
+			sport, cport := 47911, 47912
+			var ds, dc *verbs.Device
+			if tc.typ == UD {
+				a, b := pipe.New(pipe.Config{})
+				ds, dc = open(t, a), open(t, b)
+			} else {
+				ds, dc = openUDP(t, sport), openUDP(t, cport)
+			}
+			line := regexp.MustCompile(`(?m)^  (local|remote) address: +LID 0x0000, QPN 0x[0-9a-f]{6}, PSN 0x[0-9a-f]{6}[,:] GID ::ffff:(127\.0\.0\.1|10\.0\.0\.[12])$`)
 			var wg sync.WaitGroup
 			var sout, cout bytes.Buffer
 			var sres, cres *Result
 			var serr, cerr error
 			wg.Add(2)
 			base := Config{Type: tc.typ, Port: 47913, Size: tc.size, MTU: tc.mtu, Iters: tc.iters, RxDepth: 50, Events: tc.events}
-			if tc.typ == SRQ {
+			switch tc.typ {
+			case SRQ:
 				base.NumQP = tc.nqp
-			} else {
+			case RC:
 				base.Check = true
 			}
 			go func() {
 				defer wg.Done()
 				c := base
-				c.RemotePort = 47912
+				if tc.typ != UD {
+					c.RemotePort = uint16(cport)
+				}
 				sres, serr = Run(context.Background(), ds, c, &sout)
 			}()
 			go func() {
 				defer wg.Done()
 				c := base
-				c.Server, c.RemotePort = "127.0.0.1", 47911
+				c.Server = "127.0.0.1"
+				if tc.typ != UD {
+					c.RemotePort = uint16(sport)
+				}
 				cres, cerr = Run(context.Background(), dc, c, &cout)
 			}()
 			wg.Wait()
@@ -314,6 +337,9 @@ func TestLoopback(t *testing.T) {
 			for _, o := range []string{sout.String(), cout.String()} {
 				if n := len(line.FindAllString(o, -1)); n != 2*tc.nqp {
 					t.Fatalf("%d address lines, want %d:\n%s", n, 2*tc.nqp, o)
+				}
+				if ud := strings.Contains(o, ": GID"); ud != (tc.typ == UD) {
+					t.Fatalf("local address line with \": GID\" is ud_pingpong's only:\n%s", o)
 				}
 				want := fmt.Sprintf("\n%d bytes in ", tc.size*tc.iters*2)
 				if !strings.Contains(o, want) || !strings.Contains(o, fmt.Sprintf("\n%d iters in ", tc.iters)) || strings.Contains(o, "invalid data") {
@@ -330,10 +356,29 @@ func TestLoopback(t *testing.T) {
 			}
 			// Each side's remote addresses are the other's local ones.
 			for i := range tc.nqp {
-				if sres.Remote[i].QPN != cres.Local[i].QPN || sres.Remote[i].PSN != cres.Local[i].PSN || cres.Remote[i] != sres.Local[i] {
+				if sres.Remote[i] != cres.Local[i] || cres.Remote[i] != sres.Local[i] {
 					t.Fatalf("QP %d: server saw %+v, client has %+v", i, sres.Remote[i], cres.Local[i])
 				}
 			}
 		})
+	}
+}
+
+// TestUDSizeAboveMTU: ud_pingpong refuses a size above the port's active
+// MTU, since a UD message is one packet.
+func TestUDSizeAboveMTU(t *testing.T) {
+	l, err := udp.Open(udp.Config{Addr: netip.MustParseAddr("127.0.0.1"), Port: 47914})
+	if err != nil {
+		t.Skip(err)
+	}
+	d, err := verbs.Open(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	mtu := d.QueryPort().ActiveMTU
+	_, err = Run(context.Background(), d, Config{Type: UD, Size: mtu + 1}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("Requested size larger than port MTU (%d)", mtu)) || !strings.Contains(err.Error(), "lower -s") {
+		t.Fatalf("size %d on a port of MTU %d: %v", mtu+1, mtu, err)
 	}
 }
