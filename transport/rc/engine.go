@@ -81,7 +81,7 @@ func NewEngine(mrs *memreg.Table) *Engine {
 // 0 or 1, which IBTA reserves for SMI and GSI).
 func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
 	switch cfg.Type {
-	case qpstate.RC:
+	case qpstate.RC, qpstate.UC:
 	default:
 		return nil, fmt.Errorf("rc: QP type %v is not implemented", cfg.Type)
 	}
@@ -309,6 +309,10 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 		if p.Info.Request {
 			if qp.state != qpstate.RTR && qp.state != qpstate.RTS && qp.state != qpstate.SQD {
 				e.stats.RxUnknownQP++
+				continue
+			}
+			if qp.isUC() {
+				qp.respondUC(&p)
 				continue
 			}
 			if len(qp.resp.jobs) > 0 {
