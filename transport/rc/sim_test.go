@@ -100,7 +100,7 @@ type qpOpts struct {
 	minRNR          uint8
 	maxRD           int
 	depth           int
-	srq             [2]*SRQ // the SRQ each side's QP is created on (nil: its own receive queue)
+	srq             [2]*SRQ      // the SRQ each side's QP is created on (nil: its own receive queue)
 	typ             qpstate.Type // service of both QPs (zero: RC)
 }
 

@@ -67,7 +67,9 @@ func TestUCExchange(t *testing.T) {
 	s.postRecv(qps[1], 10, rmr.Addr(), 2000, rmr.LKey())
 	s.postRecv(qps[1], 11, rmr.Addr()+2000, 2000, rmr.LKey())
 	s.postRecv(qps[1], 12, rmr.Addr()+4000, 100, rmr.LKey())
-	sge := func(off, n int) []wr.SGE { return []wr.SGE{{Addr: lmr.Addr() + uint64(off), Length: uint32(n), LKey: lmr.LKey()}} }
+	sge := func(off, n int) []wr.SGE {
+		return []wr.SGE{{Addr: lmr.Addr() + uint64(off), Length: uint32(n), LKey: lmr.LKey()}}
+	}
 	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: sge(0, 1000)})
 	mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.SendWithImm, Flags: wr.Signaled | wr.Solicited, Imm: 0xabcd, SGL: sge(1000, 513)})
 	mustPost(t, qps[0], &wr.SendWR{ID: 3, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: sge(2000, 3000), RemoteAddr: rmr.Addr() + 10000, RKey: rmr.RKey()})
