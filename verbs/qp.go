@@ -12,7 +12,7 @@ import (
 	"github.com/softroce/softroce/transport/rc"
 )
 
-// QPType is the transport service of a QP. softroce implements RC and UD.
+// QPType is the transport service of a QP. softroce implements RC, UC and UD.
 type QPType = qpstate.Type
 
 // QP types.
@@ -49,10 +49,11 @@ type QP struct {
 	destroyed  atomic.Bool // set by Destroy under the device's mu
 }
 
-// CreateQP creates a QP in RESET (ibv_create_qp). RC and UD are
-// implemented; zero capacities get defaults (128 WRs, 1 SGE). Both CQs
-// must be live CQs of the PD's device; at most max_qp QPs exist at once. A
-// failed CreateQP creates nothing.
+// CreateQP creates a QP in RESET (ibv_create_qp). RC, UC and UD are
+// implemented (a UC QP carries SEND and RDMA WRITE, with PSN checks and
+// no acknowledgements: see transport/uc); zero capacities get defaults
+// (128 WRs, 1 SGE). Both CQs must be live CQs of the PD's device; at most
+// max_qp QPs exist at once. A failed CreateQP creates nothing.
 func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) { return pd.createQP(init, false) }
 
 // createQP creates a QP, or with gsi the device's QP1.
@@ -61,8 +62,8 @@ func (pd *PD) createQP(init QPInitAttr, gsi bool) (*QP, error) {
 	if err := d.unusable("create QP"); err != nil {
 		return nil, err
 	}
-	if init.Type != QPTypeRC && init.Type != QPTypeUD {
-		return nil, fmt.Errorf("verbs: QP type %v is not implemented; softroce supports RC and UD", init.Type)
+	if init.Type != QPTypeRC && init.Type != QPTypeUC && init.Type != QPTypeUD {
+		return nil, fmt.Errorf("verbs: QP type %v is not implemented; softroce supports RC, UC and UD", init.Type)
 	}
 	c := &init.Cap
 	if c.MaxSendWR == 0 {
@@ -364,6 +365,9 @@ func initAttr(access Access) QPAttr {
 // Connect moves a RESET or INIT QP through RTR to RTS against remote. It
 // validates every step before taking the first, so attributes the device
 // refuses (a path MTU above the port's, say) fail it with the QP unchanged.
+// A UC QP takes only the attributes UC has (path, PSNs; no timeout,
+// retries, RNR timer or READ/atomic depth), as ibv_uc_pingpong sets them,
+// and allows remote write by default.
 func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 	if o == nil {
 		o = &ConnectOptions{}
@@ -381,6 +385,9 @@ func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 	access := o.Access
 	if access == 0 {
 		access = AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+		if qp.init.Type == QPTypeUC {
+			access = AccessRemoteWrite
+		}
 	}
 	type step struct {
 		attr QPAttr
@@ -400,6 +407,13 @@ func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 			RNRRetry: def(o.RNRRetry, 7), MaxRDAtomic: def(o.MaxRDAtomic, 16)},
 			qpstate.AttrState | qpstate.AttrSQPSN | qpstate.AttrTimeout | qpstate.AttrRetryCnt |
 				qpstate.AttrRNRRetry | qpstate.AttrMaxQPRDAtomic})
+	if qp.init.Type == QPTypeUC {
+		// UC: INIT->RTR takes AV, path MTU, dest QPN and RQ PSN; RTR->RTS
+		// the SQ PSN only (IBTA §11.2.4.2; qpstate's UC masks).
+		n := len(steps)
+		steps[n-2].mask &^= qpstate.AttrMaxDestRDAtomic | qpstate.AttrMinRNRTimer
+		steps[n-1].mask = qpstate.AttrState | qpstate.AttrSQPSN
+	}
 	s := qp.State()
 	for i := range steps {
 		next, err := qp.validate(s, &steps[i].attr, steps[i].mask)

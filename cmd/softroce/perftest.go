@@ -42,7 +42,7 @@ func runPerftest(args []string) int {
 	_ = fs.Int("i", 1, "port of the IB device (accepted; softroce has port 1)")
 	_ = fs.Bool("F", false, "do not fail on CPU frequency warnings (accepted)")
 	_ = fs.Bool("e", false, "sleep on CQ events (accepted; softroce always waits without spinning)")
-	connType := fs.String("c", "RC", "connection type (only RC is implemented)")
+	connType := fs.String("c", "RC", "connection type: RC, or UC for write and send (as perftest, give both sides the same)")
 	timeout := fs.Duration("timeout", 120*time.Second, "give up after this long, waiting for the peer included; 0: never (as perftest)")
 	fs.StringVar(&lf.bind, "bind", "", "local IP address to use (default: the one that routes to the server)")
 	fs.StringVar(&lf.backend, "backend", "udp", "packet backend: udp or afxdp")
@@ -53,7 +53,7 @@ func runPerftest(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce perftest write|read|atomic|send [flags]          wait for a client (passive side)\n"+
 			"       softroce perftest write|read|atomic|send [flags] SERVER   connect and post the traffic (active side)\n\n"+
-			"Talks to ib_write_bw, ib_read_bw, ib_atomic_bw and ib_send_bw (perftest 4.5, TCP exchange, RC)\nin either role.\n\n")
+			"Talks to ib_write_bw, ib_read_bw, ib_atomic_bw and ib_send_bw (perftest 4.5, TCP exchange, RC;\nUC with -c UC for write and send) in either role.\n\n")
 		fs.PrintDefaults()
 	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
@@ -80,8 +80,16 @@ func runPerftest(args []string) int {
 		fs.Usage()
 		return 2
 	}
-	if !strings.EqualFold(*connType, "RC") {
-		fmt.Fprintf(os.Stderr, "softroce perftest: -c %s: only RC is implemented\n", *connType)
+	switch strings.ToUpper(*connType) {
+	case "RC":
+	case "UC":
+		if test != perftest.Write && test != perftest.Send {
+			fmt.Fprintf(os.Stderr, "softroce perftest: -c UC: UC connection not possible with %s (UC has no READ or atomics)\n", test)
+			return 2
+		}
+		cfg.Conn = verbs.QPTypeUC
+	default:
+		fmt.Fprintf(os.Stderr, "softroce perftest: -c %s: RC and UC are implemented\n", *connType)
 		return 2
 	}
 	cfg.Test = test

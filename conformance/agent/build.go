@@ -25,11 +25,13 @@
 //	pd                                             -> ok pd=ID
 //	mr pd= len= access=                            -> ok mr=ID addr= lkey= rkey=
 //	cq cqe=                                        -> ok cq=ID
-//	qp pd= scq= rcq= [sq= rq= inline= srq=]        -> ok qp=ID qpn=
+//	qp pd= scq= rcq= [sq= rq= inline= srq= type=rc|uc] -> ok qp=ID qpn=
 //	gid idx=                                       -> ok gid=<32 hex digits>
 //	init qp= access=                               -> ok
 //	rtr qp= dqpn= rpsn= dgid= mtu= rd_atomic= min_rnr= sgid= hop= tc=  -> ok
 //	rts qp= spsn= timeout= retry= rnr_retry= rd_atomic=                -> ok
+//	    (a UC QP's rtr and rts apply only UC's attributes; rd_atomic,
+//	    min_rnr, timeout and the retries are ignored)
 //	state qp= to=ERR|RESET|SQD                     -> ok
 //	query qp=                                      -> ok state= sq_psn= rq_psn= mtu= dqpn= ...
 //	send qp= wr= op=send|send_imm|send_inv|write|write_imm|read|cas|faa mr= off= len=

@@ -299,9 +299,21 @@ type QPCap struct {
 	MaxInline      int
 	// SRQ, if not 0, is the SRQ the QP takes its receives from.
 	SRQ SRQ
+	// Type is the QP's service ("" is RC).
+	Type QPType
 }
 
-// CreateQP creates an RC queue pair (one SGE per work request).
+// QPType is a QP's transport service, as the agent names it.
+type QPType string
+
+// QP types the agent creates.
+const (
+	QPTypeRC QPType = "rc"
+	QPTypeUC QPType = "uc"
+)
+
+// CreateQP creates a queue pair (RC unless cp.Type says otherwise; one SGE
+// per work request).
 func (c *Client) CreateQP(ctx context.Context, pd PD, send, recv CQ, cp QPCap) (QP, error) {
 	args := []string{kv("pd", int(pd)), kv("scq", int(send)), kv("rcq", int(recv))}
 	if cp.SendWR > 0 {
@@ -315,6 +327,9 @@ func (c *Client) CreateQP(ctx context.Context, pd PD, send, recv CQ, cp QPCap) (
 	}
 	if cp.SRQ != 0 {
 		args = append(args, kv("srq", int(cp.SRQ)))
+	}
+	if cp.Type != "" {
+		args = append(args, "type="+string(cp.Type))
 	}
 	r, err := c.Do(ctx, "qp", args...)
 	if err != nil {

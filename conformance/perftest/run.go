@@ -111,6 +111,10 @@ type Config struct {
 	// RemotePort is the peer's UDP port when it is not 4791 (another
 	// softroce on the same address).
 	RemotePort uint16
+	// Conn is -c, the QPs' service: RC (the zero value) or UC, for write
+	// and send as perftest allows. perftest does not exchange it: both
+	// sides must be given the same.
+	Conn verbs.QPType
 	// Timeout bounds the whole run (perftest itself waits forever).
 	Timeout time.Duration
 	// Dial and Listen replace the net package's for the TCP exchange.
@@ -127,6 +131,15 @@ func (c *Config) defaults() error {
 	}
 	if c.Port == 0 {
 		c.Port = DefaultPort
+	}
+	switch c.Conn {
+	case verbs.QPTypeRC:
+	case verbs.QPTypeUC:
+		if c.Test != Write && c.Test != Send {
+			return fmt.Errorf("perftest: a UC connection is not possible with %v (UC has no READ or atomics)", c.Test)
+		}
+	default:
+		return fmt.Errorf("perftest: connection type %v is not implemented (RC or UC)", c.Conn)
 	}
 	if c.Test == Atomic {
 		if c.Size != 0 && c.Size != 8 {
@@ -170,6 +183,12 @@ func (c *Config) defaults() error {
 	if c.RxDepth < 1 || c.RxDepth > verbs.MaxQPWR {
 		return fmt.Errorf("perftest: rx depth %d out of range 1..%d", c.RxDepth, verbs.MaxQPWR)
 	}
+	if c.Conn == verbs.QPTypeUC && c.RxDepth == 512 {
+		// perftest's rule for UC and UD: a receiver left at the default
+		// depth posts a receive for every message (up to 16000), since a
+		// message that finds none is lost, not retried.
+		c.RxDepth = min(c.Iters, ucMaxRx)
+	}
 	if c.CQMod <= 0 {
 		c.CQMod = 100
 	}
@@ -204,6 +223,10 @@ func (c *Config) defaults() error {
 
 // maxQPs bounds -q.
 const maxQPs = 64
+
+// ucMaxRx is perftest's UC_MAX_RX: the most receives a UC receiver posts
+// by default.
+const ucMaxRx = 16000
 
 // Result is what one run agreed on and measured.
 type Result struct {

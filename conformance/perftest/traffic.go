@@ -122,7 +122,7 @@ func (s *session) setup() error {
 		return fmt.Errorf("perftest: GID index %d: %w", cfg.GIDIndex, err)
 	}
 	for i := range cfg.QPs {
-		qp, err := s.pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
+		qp, err := s.pd.CreateQP(verbs.QPInitAttr{Type: cfg.Conn, SendCQ: s.cq, RecvCQ: s.cq,
 			Cap: verbs.QPCap{MaxSendWR: cfg.TxDepth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1}})
 		if err != nil {
 			return fmt.Errorf("perftest: create QP %d: %w", i, err)
@@ -167,12 +167,22 @@ func (s *session) teardown() {
 	}
 }
 
+// The attribute masks perftest's ctx_modify_qp_to_rtr and _rts use for RC
+// and for UC.
+const (
+	ucRTR = qpstate.AttrState | qpstate.AttrAV | qpstate.AttrPathMTU | qpstate.AttrDestQPN | qpstate.AttrRQPSN
+	rcRTR = ucRTR | qpstate.AttrMaxDestRDAtomic | qpstate.AttrMinRNRTimer
+	ucRTS = qpstate.AttrState | qpstate.AttrSQPSN
+	rcRTS = ucRTS | qpstate.AttrTimeout | qpstate.AttrRetryCnt | qpstate.AttrRNRRetry | qpstate.AttrMaxQPRDAtomic
+)
+
 // connectQP moves QP i to RTR and RTS with perftest's attributes
 // (catalogue B.3): the tool's single remote right, rq_psn = the peer's
 // PSN, max_dest_rd_atomic = our announced out_reads, min RNR timer 12,
 // timeout -u (14), retry and RNR retry 7, max_rd_atomic = the peer's
-// out_reads. perftest leaves its passive QPs in RTR; softroce's passive
-// QPs go to RTS too, which changes nothing for a responder.
+// out_reads; a UC QP takes only the path and the PSNs. perftest leaves its
+// passive QPs in RTR; softroce's passive QPs go to RTS too, which changes
+// nothing for a responder.
 func (s *session) connectQP(c *qpCtx) error {
 	cfg, rem := &s.cfg, c.remote
 	if err := c.qp.Init(cfg.Test.access()); err != nil {
@@ -181,15 +191,17 @@ func (s *session) connectQP(c *qpCtx) error {
 	a := verbs.QPAttr{State: verbs.StateRTR, PathMTU: s.res.MTU, DestQPN: rem.QPN, RQPSN: rem.PSN,
 		MaxDestRDAtomic: uint8(cfg.OutReads), MinRNRTimer: 12,
 		AV: verbs.AddressVector{DGID: rem.GID, SGIDIndex: uint8(cfg.GIDIndex), HopLimit: 0xff}}
-	if err := c.qp.Modify(&a, qpstate.AttrState|qpstate.AttrAV|qpstate.AttrPathMTU|qpstate.AttrDestQPN|
-		qpstate.AttrRQPSN|qpstate.AttrMaxDestRDAtomic|qpstate.AttrMinRNRTimer); err != nil {
+	rtr, rts := rcRTR, rcRTS
+	if cfg.Conn == verbs.QPTypeUC {
+		rtr, rts = ucRTR, ucRTS // UC has no READ depth, RNR timer, timeout or retries
+	}
+	if err := c.qp.Modify(&a, rtr); err != nil {
 		return fmt.Errorf("perftest: QP to RTR: %w", err)
 	}
 	rd := min(max(int(rem.OutReads), 1), cfg.OutReads)
 	a = verbs.QPAttr{State: verbs.StateRTS, SQPSN: c.local.PSN, Timeout: cfg.QPTimeout, RetryCnt: 7, RNRRetry: 7,
 		MaxRDAtomic: uint8(rd)}
-	if err := c.qp.Modify(&a, qpstate.AttrState|qpstate.AttrSQPSN|qpstate.AttrTimeout|qpstate.AttrRetryCnt|
-		qpstate.AttrRNRRetry|qpstate.AttrMaxQPRDAtomic); err != nil {
+	if err := c.qp.Modify(&a, rts); err != nil {
 		return fmt.Errorf("perftest: QP to RTS: %w", err)
 	}
 	if cfg.RemotePort != 0 {

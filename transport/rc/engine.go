@@ -90,7 +90,7 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) { return e.createQP(cfg, 0)
 // createQP makes a QP numbered num, or with a random number if num is 0.
 func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
 	switch cfg.Type {
-	case qpstate.RC, qpstate.UD:
+	case qpstate.RC, qpstate.UC, qpstate.UD:
 	default:
 		return nil, fmt.Errorf("rc: QP type %v is not implemented", cfg.Type)
 	}
@@ -329,6 +329,10 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 		if p.Info.Request {
 			if qp.state != qpstate.RTR && qp.state != qpstate.RTS && qp.state != qpstate.SQD {
 				e.stats.RxUnknownQP++
+				continue
+			}
+			if qp.isUC() {
+				qp.respondUC(&p)
 				continue
 			}
 			if len(qp.resp.jobs) > 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/uc"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -128,6 +129,8 @@ type QP struct {
 	rq recvRing
 
 	resp responder
+	// UC: the responder's receive sequencing (unused on RC).
+	ucRecv uc.Receiver
 
 	// scheduling flags
 	txPending  bool // requester or responder may have packets to send
@@ -250,6 +253,7 @@ func (qp *QP) setStateLocked(s qpstate.State) {
 		if prev != qpstate.RTR {
 			qp.resp.ePSN = qp.path.RQPSN & bth.PSNMask
 			qp.resp.msn = 0
+			qp.ucRecv.Reset(qp.path.RQPSN) // UC
 		}
 	case qpstate.RTS:
 		if prev == qpstate.RTR {
@@ -362,7 +366,10 @@ func (qp *QP) toError(reason string) {
 		return
 	}
 	qp.state = qpstate.Err
-	qp.stopSending(true)
+	// UC: every packet a UC QP has built belongs to a work request that
+	// has completed, or is its own failing one: they still leave, as rxe
+	// sends UC packets as it builds them.
+	qp.stopSending(!qp.isUC())
 	qp.flush()
 	if qp.e.OnAsyncError != nil {
 		qp.e.OnAsyncError(qp.num, reason)
@@ -411,6 +418,11 @@ func (qp *QP) PostSend(swr *wr.SendWR) error {
 	}
 	if !swr.Opcode.Known() {
 		return fmt.Errorf("rc: opcode %v is not supported on an RC QP", swr.Opcode)
+	}
+	if qp.isUC() {
+		if err := uc.CheckPost(swr.Opcode); err != nil { // UC: no READ, atomics or invalidate
+			return err
+		}
 	}
 	length := 0
 	for _, s := range swr.SGL {

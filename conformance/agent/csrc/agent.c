@@ -269,6 +269,10 @@ static void cmd_qp(void)
 	OPT("inline", inl, 0);
 	OPT("srq", srq_id, 0);
 	if (srq_id && (srq_id >= MAXOBJ || !srqs[srq_id])) { reply("err no such srq %" PRIu64, srq_id); return; }
+	const char *type = arg("type");
+	enum ibv_qp_type qpt = IBV_QPT_RC;
+	if (type && strcmp(type, "uc") == 0) qpt = IBV_QPT_UC;
+	else if (type && strcmp(type, "rc") != 0) { reply("err type must be rc or uc"); return; }
 	int i = slot_qp();
 	if (i < 0) { reply("err too many QPs"); return; }
 	struct ibv_qp_init_attr a = {
@@ -276,7 +280,7 @@ static void cmd_qp(void)
 		.recv_cq = cqs[rcq_id].cq,
 		.cap = { .max_send_wr = (uint32_t)sq, .max_recv_wr = (uint32_t)rq,
 			 .max_send_sge = 1, .max_recv_sge = 1, .max_inline_data = (uint32_t)inl },
-		.qp_type = IBV_QPT_RC,
+		.qp_type = qpt,
 		.srq = srq_id ? srqs[srq_id] : NULL,
 	};
 	qps[i] = ibv_create_qp(pds[pd_id], &a);
@@ -354,8 +358,10 @@ static void cmd_rtr(void)
 				      .traffic_class = (uint8_t)tc } },
 	};
 	if (unhex(dgid, a.ah_attr.grh.dgid.raw, 16)) { reply("err bad dgid %s", dgid); return; }
-	int rc = ibv_modify_qp(qps[qp_id], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+	if (qps[qp_id]->qp_type == IBV_QPT_RC)
+		mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	int rc = ibv_modify_qp(qps[qp_id], &a, mask);
 	if (rc) { reply("err modify to RTR: %s", strerror(rc)); return; }
 	reply("ok");
 }
@@ -371,8 +377,10 @@ static void cmd_rts(void)
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTS, .sq_psn = (uint32_t)spsn, .timeout = (uint8_t)timeout,
 				 .retry_cnt = (uint8_t)retry, .rnr_retry = (uint8_t)rnr_retry,
 				 .max_rd_atomic = (uint8_t)rd };
-	int rc = ibv_modify_qp(qps[qp_id], &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-				       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+	int mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+	if (qps[qp_id]->qp_type == IBV_QPT_RC)
+		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+	int rc = ibv_modify_qp(qps[qp_id], &a, mask);
 	if (rc) { reply("err modify to RTS: %s", strerror(rc)); return; }
 	reply("ok");
 }
