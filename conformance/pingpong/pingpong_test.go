@@ -285,6 +285,9 @@ func TestLoopback(t *testing.T) {
 		{SRQ, 4096, 1024, 16, 400, false},
 		{SRQ, 1, 256, 3, 90, true},
 		{SRQ, 20000, 4096, 2, 50, false},
+		{UC, 1, 256, 1, 200, false},
+		{UC, 4096, 1024, 1, 200, true},
+		{UC, 65536, 4096, 1, 100, false},
 		{UD, 1, 0, 1, 200, false},
 		{UD, 2048, 0, 1, 200, true},
 		{UD, 4096, 0, 1, 100, false},
@@ -308,7 +311,7 @@ func TestLoopback(t *testing.T) {
 			switch tc.typ {
 			case SRQ:
 				base.NumQP = tc.nqp
-			case RC:
+			case RC, UC:
 				base.Check = true
 			}
 			go func() {
