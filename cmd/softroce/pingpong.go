@@ -23,6 +23,8 @@ var pingpongOnly = map[string][]pingpong.Type{
 	"m": {pingpong.RC, pingpong.UC, pingpong.SRQ},
 	"q": {pingpong.SRQ},
 	"c": {pingpong.RC, pingpong.UC},
+	// softroce's own: an address handle has no UDP port.
+	"peer-udp-port": {pingpong.RC, pingpong.UC, pingpong.SRQ},
 }
 
 func runPingpong(args []string) int {
@@ -71,8 +73,11 @@ func runPingpong(args []string) int {
 		sizeSet = sizeSet || f.Name == "s"
 		if types, ok := pingpongOnly[f.Name]; ok && !slices.Contains(types, cfg.Type) && bad == nil {
 			bad = fmt.Errorf("%s has no -%s (it is a flag of --type %v)", cfg.Type.Tool(), f.Name, types)
-			if f.Name == "m" && cfg.Type == pingpong.UD {
+			switch {
+			case f.Name == "m" && cfg.Type == pingpong.UD:
 				bad = fmt.Errorf("ibv_ud_pingpong has no -m: a UD message is one packet, so -s is bounded by the port's MTU instead")
+			case f.Name == "peer-udp-port":
+				bad = fmt.Errorf("--peer-udp-port does not work with --type ud: its address handles name an address, and UD datagrams go to UDP port 4791")
 			}
 		}
 	})

@@ -17,6 +17,7 @@ func TestPingpongFlagErrors(t *testing.T) {
 	}{
 		{[]string{"--type", "xrc"}, `unknown --type "xrc": choose rc, uc, ud or srq`},
 		{[]string{"--type", "ud", "-m", "2048"}, "ibv_ud_pingpong has no -m"},
+		{[]string{"--type", "ud", "--peer-udp-port", "4792"}, "--peer-udp-port does not work with --type ud"},
 		{[]string{"-q", "4"}, "ibv_rc_pingpong has no -q (it is a flag of --type [srq])"},
 		{[]string{"--type", "uc", "-q", "4"}, "ibv_uc_pingpong has no -q"},
 		{[]string{"--type", "srq", "-c"}, "ibv_srq_pingpong has no -c (it is a flag of --type [rc uc])"},
@@ -38,11 +39,13 @@ func TestPingpongFlagErrors(t *testing.T) {
 }
 
 // TestPingpongCommandLoopback runs `softroce pingpong` as server and
-// client over 127.0.0.1 for rc and srq, one with -e.
+// client over 127.0.0.1 for rc, uc and srq, one with -e. (UD needs two
+// addresses: its address handles name no UDP port.)
 func TestPingpongCommandLoopback(t *testing.T) {
 	for i, args := range [][]string{
 		{"--type", "rc", "-s", "3000", "-n", "40", "-c"},
 		{"--type", "srq", "-q", "4", "-r", "20", "-n", "80", "-e"},
+		{"--type", "uc", "-s", "5000", "-m", "2048", "-n", "40", "-c"},
 	} {
 		port := 47960 + 3*i
 		common := append([]string{"--bind", "127.0.0.1", "-p", strconv.Itoa(port + 2), "--timeout", "20s"}, args...)
