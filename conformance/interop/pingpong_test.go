@@ -52,8 +52,9 @@ func TestPingpongAgainstRxe(t *testing.T) {
 // pingpongAgainstRxe runs cfg.Type's tool in the guest (with flags, plus
 // -d rxe0 -g 1 -e) against softroce's pingpong with cfg on the host;
 // softroce is the client when client is set. Both sides must finish and
-// print their result lines, which the test log shows.
-func pingpongAgainstRxe(t *testing.T, client bool, cfg pingpong.Config, flags string) {
+// print their result lines, which the test log shows; softroce's result
+// is returned.
+func pingpongAgainstRxe(t *testing.T, client bool, cfg pingpong.Config, flags string) *pingpong.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Second)
 	defer cancel()
@@ -110,6 +111,7 @@ func pingpongAgainstRxe(t *testing.T, client bool, cfg pingpong.Config, flags st
 	}
 	t.Logf("softroce: %s", lastLines(out.String(), 2))
 	t.Logf("guest:    %s", lastLines(gout, 2))
+	return res
 }
 
 func lastLines(s string, n int) string {

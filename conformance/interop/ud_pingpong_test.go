@@ -1,10 +1,13 @@
 package interop
 
 import (
+	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"testing"
 
 	"github.com/softroce/softroce/conformance/pingpong"
+	"github.com/softroce/softroce/transport/ud"
 )
 
 // TestUDPingpongAgainstRxe runs ibv_ud_pingpong on the rxe guest against
@@ -33,7 +36,20 @@ func TestUDPingpongAgainstRxe(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				cfg := pingpong.Config{Type: pingpong.UD, Size: tc.size, Iters: tc.iters, RxDepth: tc.rx, Events: tc.events}
-				pingpongAgainstRxe(t, role == "softroce-client", cfg, flags)
+				res := pingpongAgainstRxe(t, role == "softroce-client", cfg, flags)
+				// The GRH of rxe's last datagram, as softroce wrote it:
+				// rxe's IPv4 header, guest to host, UDP length 8 + BTH,
+				// DETH, payload padded to 4 bytes and ICRC.
+				size := cfg.Size
+				if size == 0 {
+					size = 1024
+				}
+				src, err := ud.SourceOfGRH(res.GRH[:])
+				g := res.GRH[20:]
+				if err != nil || src != vm.GuestAddr() || netip.AddrFrom4([4]byte(g[16:20])) != vm.HostAddr() ||
+					g[9] != 17 || int(binary.BigEndian.Uint16(g[2:4])) != 20+8+12+8+(size+3)&^3+4 {
+					t.Fatalf("GRH % x (source %v, %v)", res.GRH, src, err)
+				}
 			})
 		}
 	}

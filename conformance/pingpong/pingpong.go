@@ -139,6 +139,10 @@ type Result struct {
 	Bytes         int64 // size * iters * 2, as the tools count
 	Elapsed       time.Duration
 	CQEvents      int // completion events waited for (-e)
+	// GRH is, for UD, the first GRHLen bytes of the receive buffer after
+	// the last receive: the GRH of the last datagram (ud_pingpong itself
+	// never reads it).
+	GRH [GRHLen]byte
 }
 
 // Mbps is the throughput the tools print, in Mbit/s.
@@ -204,6 +208,9 @@ func Run(ctx context.Context, dev *verbs.Device, cfg Config, out io.Writer) (*Re
 		return nil, err
 	}
 	res.Local, res.Remote = s.local, s.rem
+	if cfg.Type == UD {
+		copy(res.GRH[:], s.buf)
+	}
 	us := float64(res.Elapsed.Microseconds())
 	fmt.Fprintf(out, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", res.Bytes, us/1e6, float64(res.Bytes)*8/us)
 	fmt.Fprintf(out, "%d iters in %.2f seconds = %.2f usec/iter\n", res.Iters, us/1e6, us/float64(res.Iters))

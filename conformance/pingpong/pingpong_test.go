@@ -357,6 +357,16 @@ func TestLoopback(t *testing.T) {
 					t.Fatalf("events=%v but %d CQ events waited for", tc.events, r.CQEvents)
 				}
 			}
+			if tc.typ == UD {
+				// The last datagram's GRH: 20 zero bytes, then the IPv4
+				// header from the other side.
+				for r, src := range map[*Result]string{sres: "10.0.0.2", cres: "10.0.0.1"} {
+					g := r.GRH
+					if g[0] != 0 || g[19] != 0 || g[20] != 0x45 || netip.AddrFrom4([4]byte(g[32:36])).String() != src {
+						t.Fatalf("GRH % x, want the IPv4 header from %s", g, src)
+					}
+				}
+			}
 			// Each side's remote addresses are the other's local ones.
 			for i := range tc.nqp {
 				if sres.Remote[i] != cres.Local[i] || cres.Remote[i] != sres.Local[i] {
