@@ -223,6 +223,22 @@ func TestExchangeOrder(t *testing.T) {
 	}
 }
 
+// TestExchangeNoDone: a client that sends its address and then closes
+// without "done" (it failed to connect) makes the server fail, not start
+// a ping-pong nobody answers.
+func TestExchangeNoDone(t *testing.T) {
+	cfg := Config{}
+	if err := cfg.Defaults(); err != nil {
+		t.Fatal(err)
+	}
+	peer := Dest{QPN: 0x42, GID: verbs.GIDFromAddr(netip.MustParseAddr("10.0.0.2"))}
+	conn := &pipeConn{r: bytes.NewReader(peer.Marshal())}
+	_, err := exchangeOn(context.Background(), conn, &cfg, make([]Dest, 1), func([]Dest) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), `closed the connection without sending "done"`) {
+		t.Fatalf("%v", err)
+	}
+}
+
 func TestConfigErrors(t *testing.T) {
 	for _, c := range []struct {
 		cfg  Config
@@ -352,6 +368,9 @@ func TestLoopback(t *testing.T) {
 			for _, r := range []*Result{sres, cres} {
 				if len(r.Remote) != tc.nqp || len(r.Local) != tc.nqp {
 					t.Fatalf("result %+v", r)
+				}
+				if r.Mbps() <= 0 || r.Bytes != int64(tc.size*tc.iters*2) {
+					t.Fatalf("result %+v: %.2f Mbit/s", r, r.Mbps())
 				}
 				if tc.events && r.CQEvents == 0 || !tc.events && r.CQEvents != 0 {
 					t.Fatalf("events=%v but %d CQ events waited for", tc.events, r.CQEvents)
