@@ -35,7 +35,8 @@ func hostDevice(t *testing.T) *verbs.Device {
 }
 
 // TestPingpongAgainstRxe runs ibv_rc_pingpong on the rxe guest against
-// softroce pingpong on the host, both roles, several sizes and MTUs.
+// softroce pingpong on the host, both roles, several sizes and MTUs and
+// the defaults.
 func TestPingpongAgainstRxe(t *testing.T) {
 	needVM(t)
 	cases := []struct{ size, mtu int }{{1, 256}, {4096, 1024}, {65536, 1024}, {65536, 4096}, {3000, 2048}}
@@ -47,6 +48,11 @@ func TestPingpongAgainstRxe(t *testing.T) {
 				pingpongAgainstRxe(t, role == "softroce-client", cfg, fmt.Sprintf("-s %d -m %d -n 50 -r 50", tc.size, tc.mtu))
 			})
 		}
+		// Both sides' defaults: 4096 bytes, MTU 1024, 1000 iterations, 500
+		// receives.
+		t.Run(role+"/defaults", func(t *testing.T) {
+			pingpongAgainstRxe(t, role == "softroce-client", pingpong.Config{Type: pingpong.RC}, "")
+		})
 	}
 }
 
