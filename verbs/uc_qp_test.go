@@ -129,7 +129,8 @@ func TestUCModifyMasks(t *testing.T) {
 	if err := qp.Modify(&rts, qpstate.AttrState|qpstate.AttrSQPSN); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pd.CreateQP(QPInitAttr{Type: QPTypeUD, SendCQ: c, RecvCQ: c}); err == nil {
-		t.Skip("UD is implemented now; nothing left to refuse")
+	// A service softroce does not implement (XRC, raw) is refused.
+	if _, err := pd.CreateQP(QPInitAttr{Type: QPType(3), SendCQ: c, RecvCQ: c}); err == nil {
+		t.Fatal("CreateQP of an unknown QP type succeeded")
 	}
 }
