@@ -242,7 +242,9 @@ func (ch *cmChannel) connectTests(ctx context.Context, qps []*qpCtx, port uint16
 		var k *cm.Conn
 		var err error
 		if ch.active {
-			k, err = dialRetry(ctx, ch.cm, ch.peer, port, c.qp, param, 10)
+			// perftest retries ten times, 100 ms apart; a slow server
+			// may need longer to listen again, so retry until ctx ends.
+			k, err = dialRetry(ctx, ch.cm, ch.peer, port, c.qp, param, -1)
 		} else {
 			var req *cm.ConnRequest
 			if req, err = ch.l.Next(ctx); err == nil {
