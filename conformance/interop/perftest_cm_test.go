@@ -24,6 +24,7 @@ var perftestCMCases = []perftestCase{
 	{perftest.Send, 0, 4096, 1024, 200, 1, false},
 	{perftest.Send, 0, 65536, 4096, 50, 1, false},
 	{perftest.Write, 0, 8192, 4096, 50, 2, false},
+	{perftest.Atomic, perftest.FetchAndAdd, 8, 1024, 200, 1, false},
 }
 
 // perftestUDCases are the ib_send_bw -c UD runs; size 0 gives no -s to
@@ -36,8 +37,8 @@ var perftestUDCases = []perftestCase{
 	{perftest.Send, 0, 0, 2048, 100, 1, false},
 }
 
-// TestPerftestRDMACMAgainstRxe runs ib_write_bw -R, ib_read_bw -R and
-// ib_send_bw -R on the rxe guest against softroce with RDMACM, softroce
+// TestPerftestRDMACMAgainstRxe runs ib_write_bw -R, ib_read_bw -R,
+// ib_send_bw -R and ib_atomic_bw -R on the rxe guest against softroce with RDMACM, softroce
 // as the client and as the server. Both ends must finish, perftest must
 // print its result row, softroce's data checks must pass.
 func TestPerftestRDMACMAgainstRxe(t *testing.T) {
@@ -63,7 +64,7 @@ func runPerftestXCases(t *testing.T, cases []perftestCase, port int, flag string
 				defer cancel()
 				dev := perftestDevice(t)
 				qps := max(tc.qps, 1)
-				cfg := perftest.Config{Test: tc.test, Port: port, Size: tc.size, MTU: tc.mtu, Iters: tc.iters, QPs: qps,
+				cfg := perftest.Config{Test: tc.test, Atomic: tc.atomic, Port: port, Size: tc.size, MTU: tc.mtu, Iters: tc.iters, QPs: qps,
 					Timeout: 120 * time.Second, Dial: vm.DialContext, Listen: vm.Listen}
 				set(&cfg)
 				gcmd := strings.Replace(tc.guestCommand(port), " -s 0", "", 1) + flag
@@ -135,6 +136,9 @@ func runPerftestXCases(t *testing.T, cases []perftestCase, port int, flag string
 				if res.Report.Iters != uint64(tc.iters*qps) || res.Report.Size != uint64(size) || len(res.LocalQPs) != qps || res.Lost != 0 {
 					t.Fatalf("softroce: report %+v, lost %d\n%s", res.Report, res.Lost, &out)
 				}
+				if cfg.RDMACM && !strings.Contains(gout, "Data ex. method : rdma_cm") {
+					t.Fatalf("%s did not use rdma_cm:\n%s", tc.test.Tool(), gout)
+				}
 				if cfg.RDMACM && res.MTU != 4096 {
 					// The CM's path MTU: rxe on the guest's 9000-byte link
 					// and softroce on the tap both have 4096.
@@ -143,7 +147,7 @@ func runPerftestXCases(t *testing.T, cases []perftestCase, port int, flag string
 				if !cfg.RDMACM && res.MTU != tc.mtu {
 					t.Fatalf("softroce: MTU %d, want %d", res.MTU, tc.mtu)
 				}
-				if (role == "softroce-server" || tc.test == perftest.Read) && res.Checked == "" {
+				if (role == "softroce-server" || tc.test == perftest.Read || tc.test == perftest.Atomic) && res.Checked == "" {
 					t.Fatalf("softroce ran no data check\n%s", &out)
 				}
 				if cfg.Conn == verbs.QPTypeUD && (res.Stats.Retransmits != 0 || role == "softroce-server" && res.Stats.TxPackets != 0) {

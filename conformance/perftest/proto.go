@@ -17,6 +17,11 @@
 // side reports (for SEND, the ones it measured itself). With Duplex (-b)
 // both sides do both. Several QPs (-q) exchange one KEYS message each.
 //
+// With RDMACM (-R) the same exchange runs over rdma_cm instead (see
+// rdmacm.go): an RC connection for the messages, one more per test QP.
+// With Conn UD (-c UD, send only) the QPs are UD with perftest's Q_Key
+// and the receives leave room for the GRH.
+//
 // perftest 4.5 checks no data, so Run checks what it can see: the bytes
 // the peer wrote into softroce's buffer, an extra READ against the timed
 // ones, the sequence of fetched atomic values (see Result.Checked).
