@@ -43,7 +43,7 @@ func runPerftest(args []string) int {
 	_ = fs.Bool("F", false, "do not fail on CPU frequency warnings (accepted)")
 	_ = fs.Bool("e", false, "sleep on CQ events (accepted; softroce always waits without spinning)")
 	connType := fs.String("c", "RC", "connection type: RC, UC for write and send, UD for send (as perftest, give both sides the same)")
-	fs.BoolVar(&cfg.RDMACM, "R", false, "connect with rdma_cm on port -p (RDMA_PS_TCP) instead of the TCP exchange; SERVER is then the peer's RoCE IP address")
+	fs.BoolVar(&cfg.RDMACM, "R", false, "connect with rdma_cm on port -p (RDMA_PS_TCP; UD QPs by SIDR on RDMA_PS_UDP) instead of the TCP exchange; SERVER is then the peer's RoCE IP address")
 	fs.BoolVar(&cfg.RDMACM, "rdma_cm", false, "same as -R")
 	timeout := fs.Duration("timeout", 120*time.Second, "give up after this long, waiting for the peer included; 0: never (as perftest)")
 	fs.StringVar(&lf.bind, "bind", "", "local IP address to use (default: the one that routes to the server)")
@@ -97,10 +97,6 @@ func runPerftest(args []string) int {
 	case "UD":
 		if test != perftest.Send {
 			fmt.Fprintf(os.Stderr, "softroce perftest: -c UD: UD connection only possible in SEND verb (use softroce perftest send -c UD)\n")
-			return 2
-		}
-		if cfg.RDMACM {
-			fmt.Fprintln(os.Stderr, "softroce perftest: -c UD with -R is not implemented (drop -R: UD works over the TCP exchange)")
 			return 2
 		}
 		cfg.Conn = verbs.QPTypeUD

@@ -55,6 +55,14 @@ func TestPerftestUDAgainstRxe(t *testing.T) {
 	runPerftestXCases(t, perftestUDCases, 19200, " -c UD", func(c *perftest.Config) { c.Conn = verbs.QPTypeUD })
 }
 
+// TestPerftestRDMACMUDAgainstRxe runs ib_send_bw -R -c UD, where the
+// test's UD QPs are resolved by SIDR (RDMA_PS_UDP) and take rdma_cm's
+// Q_Key, in both roles.
+func TestPerftestRDMACMUDAgainstRxe(t *testing.T) {
+	needVM(t)
+	runPerftestXCases(t, perftestUDCases, 19300, " -R -c UD", func(c *perftest.Config) { c.RDMACM, c.Conn = true, verbs.QPTypeUD })
+}
+
 func runPerftestXCases(t *testing.T, cases []perftestCase, port int, flag string, set func(*perftest.Config)) {
 	for _, role := range []string{"softroce-client", "softroce-server"} {
 		for _, tc := range cases {
@@ -139,12 +147,12 @@ func runPerftestXCases(t *testing.T, cases []perftestCase, port int, flag string
 				if cfg.RDMACM && !strings.Contains(gout, "Data ex. method : rdma_cm") {
 					t.Fatalf("%s did not use rdma_cm:\n%s", tc.test.Tool(), gout)
 				}
-				if cfg.RDMACM && res.MTU != 4096 {
+				if cfg.RDMACM && cfg.Conn == verbs.QPTypeRC && res.MTU != 4096 {
 					// The CM's path MTU: rxe on the guest's 9000-byte link
 					// and softroce on the tap both have 4096.
 					t.Fatalf("softroce: path MTU %d, want the CM's 4096", res.MTU)
 				}
-				if !cfg.RDMACM && res.MTU != tc.mtu {
+				if (!cfg.RDMACM || cfg.Conn == verbs.QPTypeUD) && res.MTU != tc.mtu {
 					t.Fatalf("softroce: MTU %d, want %d", res.MTU, tc.mtu)
 				}
 				if (role == "softroce-server" || tc.test == perftest.Read || tc.test == perftest.Atomic) && res.Checked == "" {

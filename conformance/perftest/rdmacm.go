@@ -23,9 +23,11 @@ import (
 //     there is no "done";
 //  2. for the test's QPs: after a barrier the client connects one rdma_cm
 //     connection per QP (READ tests offer -o responder resources and
-//     initiator depth), another barrier follows, and the KEYS exchange of
-//     the TCP flow carries only the buffer addresses and rkeys, since the
-//     QPs are already in RTS (no GID check, no modify to RTR/RTS).
+//     initiator depth; UD QPs are resolved by SIDR on RDMA_PS_UDP instead
+//     and take rdma_cm's Q_Key), another barrier follows, and the KEYS
+//     exchange of the TCP flow carries only the buffer addresses and
+//     rkeys, since the QPs are already in RTS (no GID check, no modify to
+//     RTR/RTS).
 //
 // The perftest server listens for each step and stops listening in
 // between; the client retries a rejected test connection ten times, 100
@@ -52,6 +54,7 @@ type cmChannel struct {
 	cm     *cm.CM
 	ownCM  bool
 	l      *cm.Listener // passive side: still listening for the test QPs
+	lu     *cm.Listener // passive side, UD: the test QPs' SIDR requests
 	conn   *cm.Conn
 	peer   netip.Addr
 	pd     *verbs.PD
@@ -126,6 +129,12 @@ func openCMChannel(ctx context.Context, dev *verbs.Device, cfg *Config) (*cmChan
 	} else {
 		if ch.l, err = ch.cm.Listen(cm.PortSpaceTCP, port); err != nil {
 			return nil, fmt.Errorf("perftest -R: listen on rdma_cm port %d: %w (choose another with -p)", port, err)
+		}
+		if cfg.Conn == verbs.QPTypeUD {
+			// UD QPs are resolved on RDMA_PS_UDP, the same port.
+			if ch.lu, err = ch.cm.Listen(cm.PortSpaceUDP, port); err != nil {
+				return nil, fmt.Errorf("perftest -R: listen on rdma_cm UDP port %d: %w (choose another with -p)", port, err)
+			}
 		}
 		req, err := ch.l.Next(ctx)
 		if err != nil {
@@ -233,34 +242,82 @@ func (ch *cmChannel) xchg(ctx context.Context, step string, my, rem []byte) erro
 }
 
 // connectTests connects the test QPs through the CM, QP i as the i-th
-// connection (perftest numbers its QPs in the order they connect). A READ
-// test offers outReads responder resources and initiator depth, the
-// others none, as perftest does; retries and RNR retries are 7.
-func (ch *cmChannel) connectTests(ctx context.Context, qps []*qpCtx, port uint16, outReads uint8) error {
-	param := &cm.ConnParam{ResponderResources: outReads, InitiatorDepth: outReads, RetryCount: 7, RNRRetryCount: 7}
-	for i, c := range qps {
-		var k *cm.Conn
+// connection (perftest numbers its QPs in the order they connect). RC: a
+// READ or atomic test offers -o responder resources and initiator depth,
+// the others none, as perftest does; retries and RNR retries are 7. UD:
+// the QPs take rdma_cm's Q_Key (cm.UDPQKey), the client resolves each
+// with a SIDR_REQ and sends where the SIDR_REP says, the server answers
+// with its QP's number.
+func (ch *cmChannel) connectTests(ctx context.Context, s *session) error {
+	cfg := &s.cfg
+	port := uint16(cfg.Port)
+	var rd uint8
+	if cfg.Test == Read || cfg.Test == Atomic {
+		rd = uint8(cfg.OutReads)
+	}
+	param := &cm.ConnParam{ResponderResources: rd, InitiatorDepth: rd, RetryCount: 7, RNRRetryCount: 7}
+	for i, c := range s.qps {
 		var err error
-		if ch.active {
-			// perftest retries ten times, 100 ms apart; a slow server
-			// may need longer to listen again, so retry until ctx ends.
-			k, err = dialRetry(ctx, ch.cm, ch.peer, port, c.qp, param, -1)
+		if cfg.Conn == verbs.QPTypeUD {
+			err = ch.connectUD(ctx, s, c, port)
 		} else {
-			var req *cm.ConnRequest
-			if req, err = ch.l.Next(ctx); err == nil {
-				k, err = req.Accept(ctx, c.qp, param)
+			var k *cm.Conn
+			if ch.active {
+				// perftest retries ten times, 100 ms apart; a slow server
+				// may need longer to listen again, so retry until ctx ends.
+				k, err = dialRetry(ctx, ch.cm, ch.peer, port, c.qp, param, -1)
+			} else {
+				var req *cm.ConnRequest
+				if req, err = ch.l.Next(ctx); err == nil {
+					k, err = req.Accept(ctx, c.qp, param)
+				}
+			}
+			if err == nil {
+				ch.tests = append(ch.tests, k)
 			}
 		}
 		if err != nil {
 			return fmt.Errorf("perftest -R: connect test QP %d: %w", i, err)
 		}
-		ch.tests = append(ch.tests, k)
 	}
-	if ch.l != nil {
-		ch.l.Close()
-		ch.l = nil
+	for _, l := range []**cm.Listener{&ch.l, &ch.lu} {
+		if *l != nil {
+			(*l).Close()
+			*l = nil
+		}
 	}
 	return nil
+}
+
+func (ch *cmChannel) connectUD(ctx context.Context, s *session, c *qpCtx, port uint16) error {
+	if err := c.qp.ReadyUD(cm.UDPQKey, c.local.PSN); err != nil {
+		return fmt.Errorf("UD QP to RTS: %w", err)
+	}
+	if !ch.active {
+		req, err := ch.lu.Next(ctx)
+		if err != nil {
+			return err
+		}
+		if !req.UD() {
+			req.Reject(nil)
+			return fmt.Errorf("%w: an RC request on the UD test's port (use -c UD on both sides)", ErrMalformed)
+		}
+		return req.AcceptUD(c.qp.Num(), cm.UDPQKey, nil)
+	}
+	for {
+		r, err := ch.cm.ResolveUD(ctx, ch.peer, port, nil)
+		if errors.Is(err, cm.ErrNoListener) && ctx.Err() == nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(cmRetryDelay):
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		return s.udDest(c, verbs.GIDFromAddr(ch.peer), r.QPN, r.QKey)
+	}
 }
 
 // close ends the connections. After a good run the active side
@@ -290,8 +347,10 @@ func (ch *cmChannel) close(good bool) {
 		k.Disconnect(ctx)
 		cancel()
 	}
-	if ch.l != nil {
-		ch.l.Close()
+	for _, l := range []*cm.Listener{ch.l, ch.lu} {
+		if l != nil {
+			l.Close()
+		}
 	}
 	if ch.qp != nil {
 		ch.qp.Destroy()

@@ -51,15 +51,16 @@ func TestBinaryKeys(t *testing.T) {
 func TestConfigRDMACM(t *testing.T) {
 	for _, c := range []Config{
 		{Test: Write, Conn: verbs.QPTypeUC, RDMACM: true},
-		{Test: Send, Conn: verbs.QPTypeUD, RDMACM: true},
+		{Test: Write, Conn: verbs.QPTypeUD, RDMACM: true},
 	} {
 		if err := c.defaults(); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
 	}
-	c := Config{Test: Read, RDMACM: true}
-	if err := c.defaults(); err != nil {
-		t.Fatal(err)
+	for _, c := range []Config{{Test: Read, RDMACM: true}, {Test: Send, Conn: verbs.QPTypeUD, RDMACM: true}} {
+		if err := c.defaults(); err != nil {
+			t.Errorf("%+v: %v", c, err)
+		}
 	}
 }
 
@@ -122,19 +123,22 @@ func TestLoopbackRDMACM(t *testing.T) {
 	p := newCMPair(t, pipe.Config{Depth: 4096})
 	for i, tc := range []struct {
 		test        Test
+		conn        verbs.QPType
 		size, iters int
 		qps         int
 	}{
-		{Write, 4096, 200, 1},
-		{Write, 100, 300, 2},
-		{Read, 65536, 30, 1},
-		{Read, 1000, 100, 2},
-		{Send, 4096, 200, 1},
-		{Send, 64, 500, 2},
-		{Atomic, 8, 200, 1},
+		{Write, verbs.QPTypeRC, 4096, 200, 1},
+		{Write, verbs.QPTypeRC, 100, 300, 2},
+		{Read, verbs.QPTypeRC, 65536, 30, 1},
+		{Read, verbs.QPTypeRC, 1000, 100, 2},
+		{Send, verbs.QPTypeRC, 4096, 200, 1},
+		{Send, verbs.QPTypeRC, 64, 500, 2},
+		{Atomic, verbs.QPTypeRC, 8, 200, 1},
+		{Send, verbs.QPTypeUD, 4096, 200, 1},
+		{Send, verbs.QPTypeUD, 1000, 300, 3},
 	} {
-		t.Run(fmt.Sprintf("%v/size%d/q%d", tc.test, tc.size, tc.qps), func(t *testing.T) {
-			base := Config{Test: tc.test, RDMACM: true, Port: 18515 + i, Size: tc.size, Iters: tc.iters, QPs: tc.qps,
+		t.Run(fmt.Sprintf("%v/%v/size%d/q%d", tc.test, tc.conn, tc.size, tc.qps), func(t *testing.T) {
+			base := Config{Test: tc.test, Conn: tc.conn, RDMACM: true, Port: 18515 + i, Size: tc.size, Iters: tc.iters, QPs: tc.qps,
 				Timeout: 30 * time.Second}
 			sres, cres, sout, cout := runPair(t, p.devs, base, func(side int, c *Config) {
 				c.CM = p.cms[side]
@@ -149,9 +153,13 @@ func TestLoopbackRDMACM(t *testing.T) {
 			if sres.Checked == "" || (tc.test != Write && tc.test != Send && cres.Checked == "") {
 				t.Fatalf("data checks did not run: server %q, client %q", sres.Checked, cres.Checked)
 			}
-			// The CM chose the path MTU: the pipe's 4096.
+			// The CM chose the path MTU: the pipe's 4096 (UD has none:
+			// the exchanged MTU limits the size).
 			if sres.MTU != 4096 || cres.MTU != 4096 {
-				t.Fatalf("path MTU %d/%d, want the CM's 4096", sres.MTU, cres.MTU)
+				t.Fatalf("path MTU %d/%d, want 4096", sres.MTU, cres.MTU)
+			}
+			if tc.conn == verbs.QPTypeUD && (sres.Lost != 0 || sres.Stats.TxPackets != 0) {
+				t.Fatalf("UD server: lost %d, stats %+v", sres.Lost, sres.Stats)
 			}
 			for q := range tc.qps {
 				if sres.LocalQPs[q] != cres.RemoteQPs[q] || sres.RemoteQPs[q] != cres.LocalQPs[q] {

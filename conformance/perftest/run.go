@@ -117,8 +117,8 @@ type Config struct {
 	// exchange it: both sides must be given the same.
 	Conn verbs.QPType
 	// RDMACM is -R: the exchange and the test QPs are connected with
-	// rdma_cm on port Port of RDMA_PS_TCP instead of over TCP (RC only,
-	// as with perftest 4.5 for UC; UD over rdma_cm is not implemented).
+	// rdma_cm on port Port instead of over TCP (RC QPs on RDMA_PS_TCP, UD
+	// QPs resolved by SIDR on RDMA_PS_UDP; UC is not, as with perftest).
 	// Server must then be the peer's RoCE IP address.
 	RDMACM bool
 	// CM is the connection manager on the device to use with RDMACM;
@@ -159,9 +159,6 @@ func (c *Config) defaults() error {
 	case verbs.QPTypeUD:
 		if c.Test != Send {
 			return fmt.Errorf("perftest: UD connection only possible in SEND verb (use send, or -c RC)")
-		}
-		if c.RDMACM {
-			return fmt.Errorf("perftest: -R with -c UD is not implemented (drop -R: the TCP exchange works with UD)")
 		}
 	default:
 		return fmt.Errorf("perftest: connection type %v is not implemented (RC, UC or UD)", c.Conn)
@@ -517,19 +514,17 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 		if err := s.barrier("barrier before the rdma_cm connections"); err != nil {
 			return nil, err
 		}
-		var rd uint8
-		if cfg.Test == Read || cfg.Test == Atomic {
-			rd = uint8(cfg.OutReads)
-		}
-		if err := s.ch.connectTests(ctx, s.qps, uint16(cfg.Port), rd); err != nil {
+		if err := s.ch.connectTests(ctx, s); err != nil {
 			return nil, err
 		}
 		if err := s.barrier("barrier after the rdma_cm connections"); err != nil {
 			return nil, err
 		}
-		// The CM chose the path MTU (both ports' active MTU, the smaller).
-		a, _ := s.qps[0].qp.Query()
-		s.res.MTU = a.PathMTU
+		if cfg.Conn == verbs.QPTypeRC {
+			// The CM chose the path MTU (both ports' active MTU, the smaller).
+			a, _ := s.qps[0].qp.Query()
+			s.res.MTU = a.PathMTU
+		}
 	}
 
 	// Keys, first round (step 5): one message per QP, in QP order; then

@@ -30,6 +30,8 @@ type qpCtx struct {
 	recvPosted    int       // receives posted (send test, receiving side)
 	recvDone      int       // receives completed (send test, receiving side)
 	ah            *verbs.AH // UD: the peer's QP's address (active side)
+	destQPN       uint32    // UD: where the sends go (the KEYS', or SIDR's with -R)
+	destQKey      uint32
 }
 
 // QKey is the Q_Key of perftest's UD QPs, and the one its UD sends name.
@@ -237,11 +239,16 @@ func (s *session) readyUD(c *qpCtx) error {
 	if !s.connector {
 		return nil
 	}
-	ah, err := s.pd.CreateAH(verbs.AHAttr{DGID: c.remote.GID, SGIDIndex: s.cfg.GIDIndex, HopLimit: 0xff})
+	return s.udDest(c, c.remote.GID, c.remote.QPN, QKey)
+}
+
+// udDest makes the address handle a UD sender sends through.
+func (s *session) udDest(c *qpCtx, gid verbs.GID, qpn, qkey uint32) error {
+	ah, err := s.pd.CreateAH(verbs.AHAttr{DGID: gid, SGIDIndex: s.cfg.GIDIndex, HopLimit: 0xff})
 	if err != nil {
-		return fmt.Errorf("perftest: address handle for %v: %w", c.remote.GID, err)
+		return fmt.Errorf("perftest: address handle for %v: %w", gid, err)
 	}
-	c.ah = ah
+	c.ah, c.destQPN, c.destQKey = ah, qpn, qkey
 	return nil
 }
 
@@ -296,7 +303,7 @@ func (s *session) traffic(ctx context.Context) (Report, error) {
 				wr.ID = wrID(qi, c.posted)
 				wr.RKey = c.remote.RKey
 				if c.ah != nil {
-					wr.AH, wr.RemoteQPN, wr.RemoteQKey = c.ah.AV(), c.remote.QPN, QKey
+					wr.AH, wr.RemoteQPN, wr.RemoteQKey = c.ah.AV(), c.destQPN, c.destQKey
 				}
 				if cfg.Test != Send {
 					wr.RemoteAddr = c.remote.VAddr + slot*uint64(s.inc)
