@@ -197,3 +197,56 @@ func TestRDMACMNoServer(t *testing.T) {
 		t.Fatalf("host name: %v", err)
 	}
 }
+
+// TestRDMACMPeerMisbehaves: scripted rdma_cm clients that break the
+// exchange draw a clear error from softroce's server, not a hang.
+func TestRDMACMPeerMisbehaves(t *testing.T) {
+	p := newCMPair(t, pipe.Config{})
+	pd, err := p.devs[1].AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 256)
+	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct {
+		name   string
+		script func(ctx context.Context, k *cm.Conn, qp *verbs.QP, cq *verbs.CQ)
+		want   string
+	}{
+		{"wrong size", func(ctx context.Context, k *cm.Conn, qp *verbs.QP, c *verbs.CQ) {
+			// A KEYS-sized message where the version belongs.
+			qp.PostSend(&verbs.SendWR{Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+				SGL: []verbs.SGE{{Addr: mr.Addr(), Length: BinaryKeysLen, LKey: mr.LKey()}}})
+			c.Wait(ctx, make([]verbs.WC, 1))
+			<-ctx.Done()
+		}, "malformed"},
+		{"disconnects", func(ctx context.Context, k *cm.Conn, qp *verbs.QP, c *verbs.CQ) {
+			k.Disconnect(ctx)
+		}, "perftest -R version exchange"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port := 18600 + i
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			go func() {
+				c, _ := p.devs[1].CreateCQ(4)
+				qp, _ := pd.CreateQP(verbs.QPInitAttr{SendCQ: c, RecvCQ: c})
+				defer qp.Destroy()
+				k, err := dialRetry(ctx, p.cms[1], p.cms[0].Local(), uint16(port), qp, nil, -1)
+				if err != nil {
+					return
+				}
+				tc.script(ctx, k, qp, c)
+			}()
+			_, err := Run(ctx, p.devs[0], Config{Test: Write, RDMACM: true, CM: p.cms[0], Port: port, Iters: 10,
+				Timeout: 3 * time.Second}, &bytes.Buffer{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+			t.Log(err)
+		})
+	}
+}
