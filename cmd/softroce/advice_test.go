@@ -61,6 +61,7 @@ var adviceSources = map[string][]string{
 	"../../conformance/perftest/proto.go":    {"perftest"},
 	"../../conformance/perftest/run.go":      {"perftest"},
 	"../../conformance/perftest/traffic.go":  {"perftest"},
+	"../../conformance/perftest/rdmacm.go":   {"perftest"},
 	"../../conformance/pingpong/pingpong.go": {"pingpong"},
 	"../../conformance/pingpong/exchange.go": {"pingpong"},
 	"../../conformance/pingpong/dest.go":     {"pingpong"},
