@@ -518,9 +518,12 @@ func (s *conn) testServer(ctx context.Context) error {
 		}
 		r.debug("server received sink adv\n")
 		if int64(s.remoteLen) > int64(s.size) {
+			// rping posts this READ and fails it locally (the sink is
+			// too small); the same lines, without touching the wire.
+			r.err.printf("cq completion failed status %d\n", cq.LocProtErr)
 			r.err.printf("rping: the client's buffer is %d bytes, more than this server's %d (-S): give both sides the same -S\n", s.remoteLen, s.size)
 			s.state = stError
-			return &Failed{"remote buffer larger than -S"}
+			return s.stateErr("RDMA_READ_COMPLETE")
 		}
 		if !s.postSend(&verbs.SendWR{Opcode: verbs.WRRDMARead, RemoteAddr: s.remoteAddr, RKey: s.remoteRKey,
 			SGL: []verbs.SGE{{Addr: s.rdmaMR.Addr(), Length: s.remoteLen, LKey: s.rdmaMR.LKey()}}}) {
