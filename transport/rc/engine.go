@@ -50,6 +50,13 @@ type Engine struct {
 	// OnLastWQE is called (under the engine lock) when a QP created on an
 	// SRQ enters ERR, like IBV_EVENT_QP_LAST_WQE_REACHED.
 	OnLastWQE func(qpn uint32)
+	// OnCommEst is called (under the engine lock) when an RC or UC QP
+	// takes the first packet from its peer since it entered RTR: the
+	// connection works, whether or not the CM's RTU arrived (IBTA
+	// §12.7.2). rtr says the QP is still in RTR, where IBTA §11.6.3 raises
+	// IBV_EVENT_COMM_EST; a QP already in RTS learns it too, for a CM that
+	// moved it there before its REP.
+	OnCommEst func(qpn uint32, rtr bool)
 	// Wake is called (under the engine lock, must not block) when posted
 	// work is waiting for Progress.
 	Wake func()
@@ -331,6 +338,7 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 				e.stats.RxUnknownQP++
 				continue
 			}
+			qp.noteCommEst()
 			if qp.isUC() {
 				qp.respondUC(&p)
 				continue
@@ -347,6 +355,7 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 				e.stats.RxUnknownQP++
 				continue
 			}
+			qp.noteCommEst()
 			qp.complete(&p)
 		}
 	}

@@ -106,6 +106,9 @@ type QP struct {
 	cfg   QPConfig
 	path  Path
 	state qpstate.State
+	// commEst: a packet from the peer arrived since the QP entered RTR
+	// (OnCommEst was called for it).
+	commEst bool
 
 	// send queue ring: [sqHead, sqTail) occupied; sqSend is the next WQE
 	// to transmit from (as an offset from sqHead), sqPkt the packet index
@@ -251,6 +254,7 @@ func (qp *QP) setStateLocked(s qpstate.State) {
 		qp.reset()
 	case qpstate.RTR:
 		if prev != qpstate.RTR {
+			qp.commEst = false
 			qp.resp.ePSN = qp.path.RQPSN & bth.PSNMask
 			qp.resp.msn = 0
 			qp.ucRecv.Reset(qp.path.RQPSN) // UC
@@ -567,4 +571,16 @@ func wcOpcode(o wr.Opcode) cq.Opcode {
 		return cq.OpLocalInv
 	}
 	return cq.OpSend
+}
+
+// noteCommEst raises OnCommEst for the first packet from the peer since
+// the QP entered RTR; the caller holds the engine lock.
+func (qp *QP) noteCommEst() {
+	if qp.commEst {
+		return
+	}
+	qp.commEst = true
+	if qp.e.OnCommEst != nil {
+		qp.e.OnCommEst(qp.num, qp.state == qpstate.RTR)
+	}
 }
