@@ -47,6 +47,50 @@ type QP struct {
 	attr       QPAttr
 	remotePort uint16
 	destroyed  atomic.Bool // set by Destroy under the device's mu
+
+	// estMu guards estCh and estDone; a leaf lock, taken under the
+	// engine lock.
+	estMu   sync.Mutex
+	estCh   chan struct{}
+	estDone bool
+}
+
+// Established is closed when the QP receives the first packet from its
+// peer since it entered RTR, in RTR (where EventCommEst is raised too) or
+// already in RTS: a connection manager waiting for an RTU learns from it
+// that the connection works. Moving the QP to RTR again (after RESET)
+// gives a new channel.
+func (qp *QP) Established() <-chan struct{} {
+	qp.estMu.Lock()
+	defer qp.estMu.Unlock()
+	if qp.estCh == nil {
+		qp.estCh = make(chan struct{})
+		if qp.estDone {
+			close(qp.estCh)
+		}
+	}
+	return qp.estCh
+}
+
+func (qp *QP) notifyEst() {
+	qp.estMu.Lock()
+	defer qp.estMu.Unlock()
+	if qp.estDone {
+		return
+	}
+	qp.estDone = true
+	if qp.estCh != nil {
+		close(qp.estCh)
+	}
+}
+
+// rearmEst is entering RTR: the next packet is a first one again.
+func (qp *QP) rearmEst() {
+	qp.estMu.Lock()
+	defer qp.estMu.Unlock()
+	if qp.estDone {
+		qp.estDone, qp.estCh = false, nil
+	}
 }
 
 // CreateQP creates a QP in RESET (ibv_create_qp). RC, UC and UD are
@@ -133,6 +177,7 @@ func (pd *PD) createQP(init QPInitAttr, gsi bool) (*QP, error) {
 	qp.attr.Cap = *c
 	d.eng.SignalAllFor(q, init.SQSigAll)
 	d.qps[q.Num()] = qp
+	d.estQPs.Store(q.Num(), qp)
 	pd.nQP++
 	d.cqs[init.SendCQ]++
 	d.cqs[init.RecvCQ]++
@@ -174,6 +219,9 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 			return rc.Path{}, cur, err
 		}
 		qp.apply(attr, mask, next)
+		if next == StateRTR && cur != StateRTR {
+			qp.rearmEst()
+		}
 		return qp.path(), next, nil
 	})
 }
@@ -316,6 +364,7 @@ func (qp *QP) Destroy() error {
 	}
 	qp.destroyed.Store(true)
 	delete(d.qps, qp.Num())
+	d.estQPs.Delete(qp.Num())
 	qp.pd.nQP--
 	d.cqs[qp.init.SendCQ]--
 	d.cqs[qp.init.RecvCQ]--

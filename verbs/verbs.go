@@ -197,7 +197,11 @@ type Device struct {
 
 	events        chan AsyncEvent
 	eventsDropped atomic.Uint64
-	closed        atomic.Bool
+	// estQPs maps QP numbers to the QPs whose Established channel the
+	// engine's OnCommEst closes: read under the engine lock, where d.mu
+	// cannot be taken.
+	estQPs sync.Map
+	closed atomic.Bool
 
 	// mu guards the bookkeeping below and the PDs' QP counts. It is taken
 	// before the engine lock, never while holding it: the engine's hooks
@@ -231,6 +235,11 @@ const (
 	// EventQPFatal (IBV_EVENT_QP_FATAL): a QP entered ERR on a transport
 	// error; Reason says which.
 	EventQPFatal AsyncEventType = 1
+	// EventCommEst (IBV_EVENT_COMM_EST): an RC or UC QP in RTR received
+	// the first packet from its peer. QP.Established is closed then, and
+	// also for a first packet that finds the QP already in RTS (where no
+	// event is raised, as with hardware).
+	EventCommEst AsyncEventType = 4
 	// EventDeviceFatal (IBV_EVENT_DEVICE_FATAL): the link failed; every QP
 	// was moved to ERR and later verbs fail with ErrDeviceFatal.
 	EventDeviceFatal AsyncEventType = 8
@@ -248,6 +257,8 @@ func (t AsyncEventType) String() string {
 	switch t {
 	case EventCQErr:
 		return "CQ error"
+	case EventCommEst:
+		return "communication established"
 	case EventQPFatal:
 		return "QP fatal error"
 	case EventDeviceFatal:
@@ -286,6 +297,14 @@ func Open(link nic.Link, opts *Options) (*Device, error) {
 	}
 	d.eng.OnAsyncError = func(qpn uint32, reason string) {
 		d.raise(AsyncEvent{Type: EventQPFatal, QPNum: qpn, Reason: reason})
+	}
+	d.eng.OnCommEst = func(qpn uint32, rtr bool) {
+		if q, ok := d.estQPs.Load(qpn); ok {
+			q.(*QP).notifyEst()
+		}
+		if rtr {
+			d.raise(AsyncEvent{Type: EventCommEst, QPNum: qpn})
+		}
 	}
 	d.eng.OnLastWQE = func(qpn uint32) {
 		d.raise(AsyncEvent{Type: EventQPLastWQEReached, QPNum: qpn})
