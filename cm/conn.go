@@ -699,8 +699,31 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *verbs.QP, p *ConnParam) (*
 	k.param = ConnParam{ResponderResources: s.maxDestRD, InitiatorDepth: s.maxRD, RetryCount: s.retry, RNRRetryCount: s.rnr,
 		FlowControl: pp.FlowControl}
 	c.kick()
+	// The first packet on the QP stands for a lost RTU (COMM_EST,
+	// ib_cm_notify): the REP's retransmissions stop and Accept returns.
+	est := qp.Established()
 	for {
-		ev, err := waitEvent(ctx, k.ev, c.done)
+		var ev event
+		var err error
+		select {
+		case <-est:
+			est = nil
+			if c.e.establish(ec) == nil {
+				c.e.dispatch()
+				c.kick()
+			}
+			continue
+		default:
+		}
+		select {
+		case ev = <-k.ev:
+		case <-est:
+			continue
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-c.done:
+			err = ErrClosed
+		}
 		if err != nil {
 			c.e.destroy(c.clock.Now(), ec)
 			k.qpError()
