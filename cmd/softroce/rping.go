@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/signal"
 
 	"github.com/softroce/softroce/conformance/rping"
+	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -38,6 +40,25 @@ func runRping(args []string) int {
 			lf.bind = cfg.Source.String()
 		}
 		peer = cfg.Addr.String()
+	}
+	// openLink's advice names --bind, which rping spells -a (server) or
+	// -I (client): check the address here first.
+	if lf.bind != "" {
+		if _, err := udp.InterfaceOf(netip.MustParseAddr(lf.bind)); err != nil {
+			flag := "-I"
+			if cfg.Server {
+				flag = "-a"
+			}
+			fmt.Fprintf(os.Stderr, "softroce rping: %s %s: no local interface has this address\n", flag, lf.bind)
+			return rping.ExitFailed
+		}
+	} else if cfg.Server {
+		a, err := localAddr("", "")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "softroce rping: no local IPv4 address found: give the one to listen on with -a ADDR")
+			return rping.ExitFailed
+		}
+		lf.bind = a.String()
 	}
 	link, err := openLink(lf, peer)
 	if err != nil {

@@ -60,23 +60,22 @@ const ExitFailed = 255
 
 // Usage writes rping's synopsis and options, then softroce's own.
 func Usage(w io.Writer) {
-	fmt.Fprint(w, `rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port]
-rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]
-	-c		client side
-	-I		Source address to bind to for client.
-	-s		server side.  To bind to any address with IPv6 use -a ::0
-	-v		display ping data to stdout
-	-V		validate ping data
-	-d		debug printfs
-	-S size 	ping data size (26 to 65535, default 64)
-	-C count	ping count times (default 0: until interrupted)
-	-a addr		address
-	-p port		port (default 7174)
-	-P		persistent server mode allowing multiple connections
-	-q		use self-created, self-modified QP
-softroce's own:
-	--backend udp|afxdp	packet backend (default udp)
-	--udp-port N		local UDP port (default 4791)
+	fmt.Fprint(w, `Usage: softroce rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port]
+       softroce rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]
+  -c               client side
+  -I addr          source address to bind to for the client
+  -s               server side (-a: the address to listen on; default the host's first IPv4 address)
+  -v               display ping data to stdout
+  -V               validate ping data
+  -d               debug printfs
+  -S size          ping data size (26 to 65535, default 64)
+  -C count         ping count times (default 0: until interrupted)
+  -a addr          address
+  -p port          port (default 7174)
+  -P               persistent server mode allowing multiple connections
+  -q               accept with rping's own connection parameters (self-created, self-modified QP)
+  --backend name   packet backend: udp (default) or afxdp
+  --udp-port N     local UDP port (default 4791)
 `)
 }
 
