@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/bth/mad"
 	"github.com/softroce/softroce/cm"
 	"github.com/softroce/softroce/conformance/rping"
 	"github.com/softroce/softroce/verbs"
@@ -237,4 +239,68 @@ func TestRpingSizeMismatchAgainstRxe(t *testing.T) {
 			t.Fatalf("guest client should end with 0 and no data")
 		}
 	})
+}
+
+// loseIncoming drops the first MAD of one attribute that the host's QP1
+// receives.
+type loseIncoming struct {
+	*cm.QP1
+	attr mad.AttrID
+	lost atomic.Bool
+}
+
+func (l *loseIncoming) RecvMAD(buf []byte) (int, cm.Peer, error) {
+	for {
+		n, from, err := l.QP1.RecvMAD(buf)
+		if err == nil && mad.MAD(buf[:n]).AttrID() == l.attr && l.lost.CompareAndSwap(false, true) {
+			continue
+		}
+		return n, from, err
+	}
+}
+
+// TestRpingLostRTUAgainstRxe: the kernel's RTU to a softroce rping server
+// is lost. The guest rping client's first SEND establishes the
+// connection on the server (COMM_EST) instead of the REP's retransmission
+// 4 s later: every ping goes through and the REP is never sent again.
+func TestRpingLostRTUAgainstRxe(t *testing.T) {
+	needVM(t)
+	dev := hostDevice(t)
+	q, err := cm.OpenQP1(dev, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lossy := &loseIncoming{QP1: q, attr: mad.AttrRTU}
+	c, err := cm.New(dev, lossy, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Second)
+	defer cancel()
+	const port, count, size = 7320, 10, 64
+	out, errOut := &lockedBuf{}, &lockedBuf{}
+	done := make(chan error, 1)
+	go func() {
+		done <- rping.Run(ctx, dev, c, rping.Config{Server: true, Port: port, Size: size, Verbose: true}, out, errOut)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	gout, err := vm.Run(ctx, fmt.Sprintf("timeout 60 rping -c -a %s -p %d -S %d -C %d -v -V", vm.HostAddr(), port, size, count))
+	if err != nil {
+		t.Fatalf("guest rping client: %v\n%s\nsoftroce server:\n%s", err, gout, errOut)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("softroce server: %v\n%s", err, errOut)
+	}
+	if want := rpingLines("", count, size); gout != want {
+		t.Fatalf("guest client's ping data:\n%s\nwant:\n%s", gout, want)
+	}
+	if want := rpingLines("server ", count, size); out.String() != want {
+		t.Fatalf("softroce server's ping data:\n%s\nwant:\n%s", out, want)
+	}
+	s := c.Stats()
+	if !lossy.lost.Load() || s.Retransmitted != 0 {
+		t.Fatalf("RTU lost %v, REP retransmitted %d times (want: lost, never): %+v", lossy.lost.Load(), s.Retransmitted, s)
+	}
+	t.Logf("CM %+v", s)
 }
