@@ -137,6 +137,15 @@ func start(ctx context.Context, dev *verbs.Device, c *cm.CM, cfg Config) *result
 	return r
 }
 
+func (r *result) ended() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
 func (r *result) wait(t *testing.T, ctx context.Context) {
 	t.Helper()
 	select {
@@ -329,4 +338,74 @@ func TestHostileClient(t *testing.T) {
 			t.Fatalf("server: %v\n%s", srv.err, srv.errOut)
 		}
 	})
+}
+
+// TestDebugAndSelfQP: -d prints rping's debug lines (the advertised
+// buffers, each completion), and a -q server accepts with rping's own
+// connection parameters; the pings go through as usual.
+func TestDebugAndSelfQP(t *testing.T) {
+	ctx := ctxT(t)
+	p := newPair(t)
+	srv := start(ctx, p.b, p.cmb, Config{Server: true, Port: DefaultPort, Size: 64, SelfQP: true, Debug: true})
+	var cli *result
+	for {
+		cli = start(ctx, p.a, p.cma, Config{Addr: p.cmb.Local(), Port: DefaultPort, Size: 64, Count: 2, Debug: true, Verbose: true})
+		cli.wait(t, ctx)
+		if cli.err == nil || !strings.Contains(cli.errOut.String(), "error 8") {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	srv.wait(t, ctx)
+	if cli.err != nil || srv.err != nil {
+		t.Fatalf("client %v: %s\nserver %v: %s", cli.err, cli.errOut, srv.err, srv.errOut)
+	}
+	for _, w := range []string{"rdma_connect successful", "RDMA addr ", "recv completion", "send completion", Line(1, 64)} {
+		if !strings.Contains(cli.out.String(), w) {
+			t.Errorf("client stdout lacks %q:\n%s", w, cli.out)
+		}
+	}
+	for _, w := range []string{"accepting client connection request", "Received rkey ", "server posted rdma read req", "rdma read completion",
+		"rdma write completion", "server posted go ahead"} {
+		if !strings.Contains(srv.out.String(), w) {
+			t.Errorf("server stdout lacks %q:\n%s", w, srv.out)
+		}
+	}
+	if strings.Contains(srv.out.String(), "server ping data") {
+		t.Error("the server printed ping data without -v")
+	}
+}
+
+// TestClientInterrupted: a client pinging forever (-C 0) stops when its
+// context ends, disconnects, and reports the run as failed (rping dies of
+// the signal).
+func TestClientInterrupted(t *testing.T) {
+	ctx := ctxT(t)
+	p := newPair(t)
+	srv := start(ctx, p.b, p.cmb, Config{Server: true, Port: DefaultPort, Size: 64})
+	cctx, cancel := context.WithCancel(ctx)
+	var cli *result
+	for {
+		cli = start(cctx, p.a, p.cma, Config{Addr: p.cmb.Local(), Port: DefaultPort, Size: 64, Verbose: true})
+		// Wait for pings, or for the end of a run that met a server not
+		// listening yet.
+		pinged := func() bool { return strings.Contains(cli.out.String(), "rdma-ping-20:") }
+		for !pinged() && !cli.ended() {
+			time.Sleep(time.Millisecond)
+		}
+		if pinged() {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	cli.wait(t, ctx)
+	srv.wait(t, ctx)
+	if ExitCode(cli.err) != ExitFailed || !strings.Contains(cli.errOut.String(), "client interrupted") {
+		t.Fatalf("client: %v: %s", cli.err, cli.errOut)
+	}
+	// The server saw the disconnect: a normal end for it.
+	if srv.err != nil || !strings.Contains(srv.errOut.String(), "server DISCONNECT EVENT...") {
+		t.Fatalf("server: %v: %s", srv.err, srv.errOut)
+	}
 }
