@@ -436,6 +436,9 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 		m.free()
 		return nil, nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
 	}
+	if c.s.cfg.RemotePort != 0 {
+		qp.SetRemotePort(c.s.cfg.RemotePort)
+	}
 	h := c.handleID()
 	q := &qpObj{handle: h, c: c, pd: pdH, qp: qp, qpn: qp.Num(), mem: m, sqSize: sqSize, rqSize: rqSize, sqStride: sqStride, rqStride: rqStride,
 		sqOff: sqOff, rqOff: rqOff, maxSendSGE: int(mss), maxRecvSGE: int(mrs), maxInline: int(mil), sendCQ: scq, recvCQ: rcq,

@@ -167,6 +167,7 @@ func (d *device) poll() {
 			case <-d.sendCQ.Notify():
 			case <-d.recvCQ.Notify():
 			case <-t.C:
+				d.s.backstops.Add(1)
 			}
 			t.Stop()
 		}

@@ -52,6 +52,10 @@ type Config struct {
 	// becomes mode 0770 owned by that group. Otherwise it is 0700: only
 	// the daemon's user.
 	Group string
+	// RemotePort, when set, is the UDP port every QP sends to (peers
+	// listen on a port other than 4791, as a daemon started with
+	// --udp-port and its peers do).
+	RemotePort uint16
 	// Log receives one line per client connection and per error; nil
 	// discards.
 	Log *log.Logger
@@ -80,6 +84,7 @@ type Stats struct {
 	BadRequests uint64 // malformed or refused requests
 	BadWQEs     uint64 // WQEs that moved their QP to ERR
 	Overruns    uint64 // CQEs dropped on a full client CQ ring
+	Backstops   uint64 // poller sleeps that ended on the backstop timer
 }
 
 // Server is a running daemon.
@@ -94,7 +99,7 @@ type Server struct {
 	closed  bool
 	wg      sync.WaitGroup
 
-	accepted, badReq, badWQE, overruns atomic.Uint64
+	accepted, badReq, badWQE, overruns, backstops atomic.Uint64
 }
 
 // New makes a server for devs; it takes them over (Close closes them).
@@ -230,7 +235,7 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	n := len(s.clients)
 	s.mu.Unlock()
-	return Stats{Clients: n, Accepted: s.accepted.Load(), BadRequests: s.badReq.Load(), BadWQEs: s.badWQE.Load(), Overruns: s.overruns.Load()}
+	return Stats{Clients: n, Accepted: s.accepted.Load(), BadRequests: s.badReq.Load(), BadWQEs: s.badWQE.Load(), Overruns: s.overruns.Load(), Backstops: s.backstops.Load()}
 }
 
 // QPs is how many client QPs exist on all devices.

@@ -1,0 +1,315 @@
+package serve
+
+import (
+	"net"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// rawClient speaks the control protocol directly, as a hostile client may.
+type rawClient struct {
+	t *testing.T
+	c *net.UnixConn
+}
+
+func dial(t *testing.T, s *Server) *rawClient {
+	t.Helper()
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: s.Socket(), Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &rawClient{t: t, c: c}
+}
+
+// raw sends msg as it is and returns the errno and body of the answer.
+func (r *rawClient) raw(msg []byte, fds ...int) (syscall.Errno, []byte, []int) {
+	r.t.Helper()
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := r.c.WriteMsgUnix(msg, oob, nil); err != nil {
+		r.t.Fatalf("write: %v", err)
+	}
+	buf := make([]byte, maxMsg)
+	ob := make([]byte, unix.CmsgSpace(4*4))
+	n, on, _, _, err := r.c.ReadMsgUnix(buf, ob)
+	if err != nil || n < sizeResp {
+		r.t.Fatalf("read answer: %d bytes, %v", n, err)
+	}
+	return syscall.Errno(le.Uint32(buf)), buf[sizeResp:n], parseFDs(ob[:on])
+}
+
+func (r *rawClient) call(op uint32, body []byte, fds ...int) (syscall.Errno, []byte, []int) {
+	r.t.Helper()
+	msg := le.AppendUint32(nil, op)
+	msg = le.AppendUint32(msg, 0)
+	return r.raw(append(msg, body...), fds...)
+}
+
+func u32s(v ...uint32) []byte {
+	var b []byte
+	for _, x := range v {
+		b = le.AppendUint32(b, x)
+	}
+	return b
+}
+
+func (r *rawClient) open() {
+	r.t.Helper()
+	e, _, fds := r.call(opOpen, u32s(0, 0))
+	if e != 0 || len(fds) != 1 {
+		r.t.Fatalf("OPEN: %v, %d fds", e, len(fds))
+	}
+	closeAll(fds)
+}
+
+func (r *rawClient) handle(op uint32, body []byte) uint32 {
+	r.t.Helper()
+	e, b, fds := r.call(op, body)
+	closeAll(fds)
+	if e != 0 || len(b) < 4 {
+		r.t.Fatalf("op %d: %v", op, e)
+	}
+	return le.Uint32(b)
+}
+
+func memfd(t *testing.T, size int, seal bool) int {
+	t.Helper()
+	fd, err := unix.MemfdCreate("t", unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Ftruncate(fd, int64(size))
+	if seal {
+		unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+func regMRBody(pd uint32, addr, length uint64, ext ...extent) []byte {
+	b := u32s(pd, 1)
+	b = le.AppendUint64(b, addr)
+	b = le.AppendUint64(b, length)
+	b = append(b, u32s(uint32(len(ext)), 0)...)
+	for _, e := range ext {
+		b = le.AppendUint64(b, e.va)
+		b = le.AppendUint64(b, e.len)
+		b = le.AppendUint64(b, e.off)
+	}
+	return b
+}
+
+// A client that sends garbage, other clients' or freed handles and memory
+// it does not own gets errors; the daemon keeps serving everyone.
+func TestHostileClient(t *testing.T) {
+	s := startPipe(t)
+	good := dial(t, s)
+	good.open()
+	goodPD := good.handle(opAllocPD, nil)
+
+	h := dial(t, s)
+	for _, c := range []struct {
+		name string
+		msg  []byte
+		want syscall.Errno
+	}{
+		{"empty", []byte{}, 0}, // a zero-length datagram: see below
+		{"truncated header", []byte{1, 0, 0}, syscall.EINVAL},
+		{"unknown op", u32s(99, 0), syscall.EINVAL},
+		{"op zero", u32s(0, 0), syscall.EINVAL},
+		{"truncated HELLO", u32s(opHello, 0, 1), syscall.EINVAL},
+		{"long HELLO", u32s(opHello, 0, 1, 0, 7), syscall.EINVAL},
+		{"PD before OPEN", u32s(opAllocPD, 0), syscall.EBADF},
+		{"REG_MR with 1000 extents", append(u32s(opRegMR, 0), regMRBody(1, 0x1000, 10)[:24]...), syscall.EINVAL},
+	} {
+		if len(c.msg) == 0 {
+			continue
+		}
+		if e, _, _ := h.raw(c.msg); e != c.want {
+			t.Errorf("%s: errno %v, want %v", c.name, e, c.want)
+		}
+	}
+	// Oversized: more than the daemon reads is refused, the connection lives on.
+	big := make([]byte, maxMsg+100)
+	le.PutUint32(big, opHello)
+	if e, _, _ := h.raw(big); e != syscall.EMSGSIZE && e != syscall.EINVAL {
+		t.Errorf("oversized message: errno %v", e)
+	}
+	h.open()
+	if e, _, _ := h.call(opOpen, u32s(0, 0)); e != syscall.EBUSY {
+		t.Errorf("second OPEN: %v, want EBUSY", e)
+	}
+	// The good client's PD handle does not exist for this client (handles
+	// are per connection): every verb on it fails.
+	foreign := goodPD + 1000
+	for _, op := range []uint32{opDeallocPD, opDeregMR, opDestroyCQ, opDestroyQP, opQueryQP, opDestroyChannel} {
+		if e, _, _ := h.call(op, u32s(foreign, 0)); e != syscall.EINVAL {
+			t.Errorf("op %d on a foreign handle: %v, want EINVAL", op, e)
+		}
+	}
+	pd := h.handle(opAllocPD, nil)
+	if e, _, _ := h.call(opDeallocPD, u32s(pd, 0)); e != 0 {
+		t.Fatalf("dealloc PD: %v", e)
+	}
+	if e, _, _ := h.call(opDeallocPD, u32s(pd, 0)); e != syscall.EINVAL {
+		t.Errorf("dealloc of a freed PD: %v, want EINVAL", e)
+	}
+	pd = h.handle(opAllocPD, nil)
+
+	// Memory: descriptors that are not sealed memfds, extents that do not
+	// tile the range, memfds smaller than they claim.
+	pr := make([]int, 2)
+	unix.Pipe(pr)
+	defer unix.Close(pr[0])
+	defer unix.Close(pr[1])
+	addr := uint64(0x7e0000000000)
+	for _, c := range []struct {
+		name string
+		body []byte
+		fds  []int
+	}{
+		{"a pipe", regMRBody(pd, addr, 100, extent{addr, 4096, 0}), []int{pr[0]}},
+		{"unsealed memfd", regMRBody(pd, addr, 100, extent{addr, 4096, 0}), []int{memfd(t, 4096, false)}},
+		{"memfd too small", regMRBody(pd, addr, 8192, extent{addr, 8192, 0}), []int{memfd(t, 4096, true)}},
+		{"gap in extents", regMRBody(pd, addr, 8192, extent{addr, 4096, 0}, extent{addr + 8192, 4096, 0}), []int{memfd(t, 8192, true), memfd(t, 8192, true)}},
+		{"fewer fds than extents", regMRBody(pd, addr, 100, extent{addr, 4096, 0}), nil},
+		{"wrapping range", regMRBody(pd, ^uint64(0)-10, 100, extent{^uint64(0) &^ 4095, 4096, 0}), []int{memfd(t, 4096, true)}},
+		{"foreign PD", regMRBody(goodPD+1000, addr, 100, extent{addr, 4096, 0}), []int{memfd(t, 4096, true)}},
+	} {
+		if e, _, _ := h.call(opRegMR, c.body, c.fds...); e == 0 {
+			t.Errorf("REG_MR with %s succeeded", c.name)
+		}
+	}
+	// Descriptors with a request that takes none are refused.
+	if e, _, _ := h.call(opAllocPD, nil, memfd(t, 4096, true)); e != syscall.EINVAL {
+		t.Errorf("ALLOC_PD with a descriptor: %v", e)
+	}
+
+	// A QP whose rings hold garbage: its producer indices run past the
+	// ring, its WQEs name keys it does not own. The QP goes to ERR; the
+	// daemon goes on.
+	cq := h.handle(opCreateCQ, u32s(16, 0))
+	e, b, fds := h.call(opCreateQP, u32s(pd, cq, cq, 2, 4, 4, 1, 1, 0, 0))
+	if e != 0 || len(fds) != 1 {
+		t.Fatalf("CREATE_QP: %v", e)
+	}
+	qpLen := int(le.Uint64(b[48:]))
+	ring, err := unix.Mmap(fds[0], 0, qpLen, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	closeAll(fds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(ring)
+	for i := range ring[ctlPage:] {
+		ring[ctlPage+i] = 0xA5
+	}
+	le.PutUint32(ring[offRQProd:], 1<<30)
+	le.PutUint32(ring[offSQProd:], 3)
+	for s.Stats().BadWQEs == 0 {
+		unix.Nanosleep(&unix.Timespec{Nsec: 1e6}, nil)
+	}
+
+	// The good client still works.
+	if e, _, _ := good.call(opQueryDevice, nil); e != 0 {
+		t.Errorf("the other client's QUERY_DEVICE after the attack: %v", e)
+	}
+	good.handle(opAllocPD, nil)
+	if s.Stats().BadRequests == 0 {
+		t.Error("no bad request counted")
+	}
+}
+
+// A client that disconnects loses its QPs; another client's are untouched.
+func TestDisconnectFreesOnlyThatClient(t *testing.T) {
+	s := startPipe(t)
+	a, b := dial(t, s), dial(t, s)
+	for _, c := range []*rawClient{a, b} {
+		c.open()
+		pd := c.handle(opAllocPD, nil)
+		cq := c.handle(opCreateCQ, u32s(8, 0))
+		e, _, fds := c.call(opCreateQP, u32s(pd, cq, cq, 2, 4, 4, 1, 1, 0, 0))
+		closeAll(fds)
+		if e != 0 {
+			t.Fatalf("CREATE_QP: %v", e)
+		}
+	}
+	if n := s.QPs(); n != 2 {
+		t.Fatalf("%d QPs, want 2", n)
+	}
+	a.c.Close()
+	for s.Stats().Clients != 1 {
+		unix.Nanosleep(&unix.Timespec{Nsec: 1e6}, nil)
+	}
+	if n := s.QPs(); n != 1 {
+		t.Errorf("after one client left: %d QPs, want 1", n)
+	}
+	if e, _, _ := b.call(opQueryQP, u32s(3, 0)); e != 0 {
+		t.Errorf("the remaining client's QP: %v", e)
+	}
+}
+
+// The request decoder never panics, and every request it accepts has the
+// length its op needs.
+func FuzzParseRequest(f *testing.F) {
+	f.Add(u32s(opHello, 0, 1, 0))
+	f.Add(append(u32s(opRegMR, 0), regMRBody(1, 0x1000, 10, extent{0x1000, 4096, 0})...))
+	f.Add(u32s(opModifyQP, 0))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := parseRequest(b)
+		if err != nil {
+			return
+		}
+		if r.op == 0 || r.op > opLast {
+			t.Fatalf("accepted op %d", r.op)
+		}
+		if r.op == opRegMR {
+			decodeRegMR(r.body, nil)
+		}
+		if r.op == opModifyQP {
+			decodeQPAttr(r.body[8:])
+		}
+	})
+}
+
+// Whatever a connected client sends, the handler answers without
+// panicking and leaves no descriptor behind.
+func FuzzHandle(f *testing.F) {
+	s := startPipe(f)
+	f.Add(u32s(opAllocPD, 0))
+	f.Add(append(u32s(opCreateQP, 0), u32s(1, 2, 2, 2, 4, 4, 1, 1, 0, 0)...))
+	f.Add(append(u32s(opModifyQP, 0), make([]byte, sizeModifyQP)...))
+	f.Add(append(u32s(opRegMR, 0), regMRBody(1, 0x1000, 10, extent{0x1000, 4096, 0})...))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c := newClient(s, nil)
+		c.dev = s.devs[0]
+		c.bell = -1
+		c.handle(u32s(opAllocPD, 0), nil)
+		c.handle(u32s(opCreateCQ, 0, 8, 0), nil)
+		for _, fd := range func() []int { _, fds, _ := c.handle(b, nil); return fds }() {
+			unix.Close(fd)
+		}
+		c.dev.mu.Lock()
+		for h := range c.qps {
+			c.destroyQP(h)
+		}
+		for h := range c.mrs {
+			c.deregMR(h)
+		}
+		for h := range c.cqs {
+			c.destroyCQ(h)
+		}
+		for h := range c.chans {
+			c.destroyChannel(h)
+		}
+		for h := range c.pds {
+			c.deallocPD(h)
+		}
+		c.dev.mu.Unlock()
+	})
+}

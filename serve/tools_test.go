@@ -1,0 +1,189 @@
+package serve
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/abi"
+)
+
+var (
+	libOnce sync.Once
+	libDir  string
+	libErr  error
+)
+
+// tool skips unless the C library can be built and the Debian tool is
+// installed, and returns the tool's path and the library's directory.
+func tool(t *testing.T, name string) (string, string) {
+	t.Helper()
+	if m := abi.Missing(); m != "" {
+		t.Skip("cannot build softroce's libibverbs.so.1: " + m)
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Skipf("%s is not installed (Debian: apt-get install ibverbs-utils)", name)
+	}
+	libOnce.Do(func() {
+		d, err := os.MkdirTemp("", "softroce-abi-test-")
+		if err != nil {
+			libErr = err
+			return
+		}
+		libDir, libErr = abi.Build(d)
+	})
+	if libErr != nil {
+		t.Fatal(libErr)
+	}
+	return p, libDir
+}
+
+func env(s *Server, lib string) []string {
+	return append(os.Environ(), "SOFTROCE_SOCKET="+s.Socket(), "LD_LIBRARY_PATH="+lib)
+}
+
+func TestIbvDevinfo(t *testing.T) {
+	p, lib := tool(t, "ibv_devinfo")
+	s := startUDP(t)
+	cmd := exec.Command(p, "-v")
+	cmd.Env = env(s, lib)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("ibv_devinfo: %v\n%s", err, out)
+	}
+	for _, want := range []string{"hca_id:\tsoftroce0", "PORT_ACTIVE (4)", "link_layer:\t\tEthernet", "GID[  0]:\t\t::ffff:127.0.0.1, RoCE v2"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("ibv_devinfo -v lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func freeTCPPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// pingpong is one ibv_rc_pingpong process with its output collected.
+type pingpong struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  strings.Builder
+	done chan error
+}
+
+func startPingpong(t *testing.T, s *Server, lib, p string, args ...string) *pingpong {
+	t.Helper()
+	pp := &pingpong{cmd: exec.Command(p, args...), done: make(chan error, 1)}
+	pp.cmd.Env = env(s, lib)
+	r, w := io.Pipe()
+	pp.cmd.Stdout, pp.cmd.Stderr = w, w
+	if err := pp.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			pp.mu.Lock()
+			pp.out.WriteString(sc.Text() + "\n")
+			pp.mu.Unlock()
+		}
+	}()
+	go func() { err := pp.cmd.Wait(); w.Close(); pp.done <- err }()
+	t.Cleanup(func() { pp.cmd.Process.Kill() })
+	return pp
+}
+
+func (pp *pingpong) output() string {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	return pp.out.String()
+}
+
+func (pp *pingpong) wait(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case err := <-pp.done:
+		time.Sleep(50 * time.Millisecond) // let the reader drain
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, pp.output())
+		}
+	case <-time.After(2 * time.Minute): // a hang, not a performance bound
+		t.Fatalf("%s did not finish:\n%s", what, pp.output())
+	}
+}
+
+func runPair(t *testing.T, s *Server, lib, p string, iters int) (*pingpong, *pingpong) {
+	port := fmt.Sprint(freeTCPPort(t))
+	n := fmt.Sprint(iters)
+	srv := startPingpong(t, s, lib, p, "-g", "0", "-p", port, "-n", n)
+	time.Sleep(200 * time.Millisecond) // the server listens on TCP once its QP exists
+	cli := startPingpong(t, s, lib, p, "-g", "0", "-p", port, "-n", n, "127.0.0.1")
+	return srv, cli
+}
+
+// Two unmodified ibv_rc_pingpong processes on one daemon.
+func TestIbvRCPingpong(t *testing.T) {
+	p, lib := tool(t, "ibv_rc_pingpong")
+	s := startUDP(t)
+	srv, cli := runPair(t, s, lib, p, 1000)
+	cli.wait(t, "ibv_rc_pingpong client")
+	srv.wait(t, "ibv_rc_pingpong server")
+	for _, pp := range []*pingpong{srv, cli} {
+		o := pp.output()
+		if !strings.Contains(o, "8192000 bytes in") || !strings.Contains(o, "1000 iters in") {
+			t.Errorf("no throughput lines:\n%s", o)
+		}
+		t.Logf("%s", o)
+	}
+	for s.Stats().Clients != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if n := s.QPs(); n != 0 {
+		t.Errorf("%d QPs left after both programs exited", n)
+	}
+	t.Logf("daemon: %+v", s.Stats())
+}
+
+// kill -9 of one program mid-run: its QPs are gone, the other pair
+// finishes.
+func TestKillClient(t *testing.T) {
+	p, lib := tool(t, "ibv_rc_pingpong")
+	s := startUDP(t)
+	srv1, cli1 := runPair(t, s, lib, p, 100000000)
+	// The programs' stdout is a pipe, so their lines come at exit: watch
+	// the daemon instead until both QPs exist and traffic flows.
+	for s.QPs() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // mid-transfer
+	srv2, cli2 := runPair(t, s, lib, p, 2000)
+	cli1.cmd.Process.Signal(syscall.SIGKILL)
+	<-cli1.done
+	cli2.wait(t, "the other client")
+	srv2.wait(t, "the other server")
+	if !strings.Contains(cli2.output(), "2000 iters in") {
+		t.Errorf("the other pair did not complete:\n%s", cli2.output())
+	}
+	srv1.cmd.Process.Signal(syscall.SIGKILL)
+	<-srv1.done
+	for s.Stats().Clients != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if n := s.QPs(); n != 0 {
+		t.Errorf("%d QPs left after the killed programs", n)
+	}
+}
