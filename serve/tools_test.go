@@ -126,20 +126,26 @@ func (pp *pingpong) wait(t *testing.T, what string) {
 	}
 }
 
-func runPair(t *testing.T, s *Server, lib, p string, iters int) (*pingpong, *pingpong) {
+func runPair(t *testing.T, s *Server, lib, p string, iters int, extra ...string) (*pingpong, *pingpong) {
 	port := fmt.Sprint(freeTCPPort(t))
-	n := fmt.Sprint(iters)
-	srv := startPingpong(t, s, lib, p, "-g", "0", "-p", port, "-n", n)
+	args := append([]string{"-g", "0", "-p", port, "-n", fmt.Sprint(iters)}, extra...)
+	srv := startPingpong(t, s, lib, p, args...)
 	time.Sleep(200 * time.Millisecond) // the server listens on TCP once its QP exists
-	cli := startPingpong(t, s, lib, p, "-g", "0", "-p", port, "-n", n, "127.0.0.1")
+	cli := startPingpong(t, s, lib, p, append(args, "127.0.0.1")...)
 	return srv, cli
 }
 
-// Two unmodified ibv_rc_pingpong processes on one daemon.
+// Two unmodified ibv_rc_pingpong processes on one daemon, polling and
+// sleeping on completion channels (-e).
 func TestIbvRCPingpong(t *testing.T) {
+	t.Run("poll", func(t *testing.T) { testPingpong(t) })
+	t.Run("events", func(t *testing.T) { testPingpong(t, "-e") })
+}
+
+func testPingpong(t *testing.T, extra ...string) {
 	p, lib := tool(t, "ibv_rc_pingpong")
 	s := startUDP(t)
-	srv, cli := runPair(t, s, lib, p, 1000)
+	srv, cli := runPair(t, s, lib, p, 1000, extra...)
 	cli.wait(t, "ibv_rc_pingpong client")
 	srv.wait(t, "ibv_rc_pingpong server")
 	for _, pp := range []*pingpong{srv, cli} {
