@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softroce/softroce/abi"
 	"github.com/softroce/softroce/serve"
 )
@@ -24,6 +26,7 @@ func runRun(args []string) int {
 	sock := fs.String("socket", "", "the daemon's socket (default as softroce serve)")
 	addr := fs.String("addr", "", "address of the private daemon started when none is running")
 	backend := fs.String("backend", "udp", "backend of the private daemon")
+	port := fs.Int("udp-port", 0, "UDP port of the private daemon (default 4791)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce run [--socket PATH] [--addr IP] -- PROGRAM ARGS...\n\n"+
 			"Runs PROGRAM with softroce's libibverbs.so.1 (built on first use) and SOFTROCE_SOCKET set.\n"+
@@ -67,6 +70,9 @@ func runRun(args []string) int {
 		dargs := []string{"serve", "-q", "--socket", path, "--backend", *backend}
 		if *addr != "" {
 			dargs = append(dargs, "--addr", *addr)
+		}
+		if *port != 0 {
+			dargs = append(dargs, "--udp-port", fmt.Sprint(*port))
 		}
 		daemon = exec.Command(self, dargs...)
 		daemon.Stderr = os.Stderr
@@ -132,7 +138,12 @@ func prefixed(s string) string {
 // waitSocket waits until the daemon answers on path, or exits.
 func waitSocket(path string, d *exec.Cmd) bool {
 	exited := make(chan struct{})
-	go func() { d.Process.Wait(); close(exited) }()
+	go func() {
+		// Wait for the exit without reaping: the deferred Wait does that.
+		var info unix.Siginfo
+		unix.Waitid(unix.P_PID, d.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		close(exited)
+	}()
 	for range 200 {
 		if c, err := net.Dial("unixpacket", path); err == nil {
 			c.Close()
