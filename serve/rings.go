@@ -126,6 +126,7 @@ func (q *qpObj) drain() bool {
 		if q.buildRecv(slot) {
 			if err := q.qp.PostRecv(&q.rwr); err != nil {
 				if isQueueFull(err) {
+					q.c.s.queueFull.Add(1)
 					break
 				}
 				q.bad("post recv: " + err.Error())
@@ -145,6 +146,7 @@ func (q *qpObj) drain() bool {
 		if q.buildSend(slot) {
 			if err := q.qp.PostSend(&q.swr); err != nil {
 				if isQueueFull(err) {
+					q.c.s.queueFull.Add(1)
 					break
 				}
 				q.bad("post send: " + err.Error())

@@ -85,6 +85,7 @@ type Stats struct {
 	BadWQEs     uint64 // WQEs that moved their QP to ERR
 	Overruns    uint64 // CQEs dropped on a full client CQ ring
 	Backstops   uint64 // poller sleeps that ended on the backstop timer
+	QueueFull   uint64 // WQEs verbs refused as over the QP's capacity (retried)
 }
 
 // Server is a running daemon.
@@ -99,7 +100,7 @@ type Server struct {
 	closed  bool
 	wg      sync.WaitGroup
 
-	accepted, badReq, badWQE, overruns, backstops atomic.Uint64
+	accepted, badReq, badWQE, overruns, backstops, queueFull atomic.Uint64
 }
 
 // New makes a server for devs; it takes them over (Close closes them).
@@ -235,7 +236,7 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	n := len(s.clients)
 	s.mu.Unlock()
-	return Stats{Clients: n, Accepted: s.accepted.Load(), BadRequests: s.badReq.Load(), BadWQEs: s.badWQE.Load(), Overruns: s.overruns.Load(), Backstops: s.backstops.Load()}
+	return Stats{Clients: n, Accepted: s.accepted.Load(), BadRequests: s.badReq.Load(), BadWQEs: s.badWQE.Load(), Overruns: s.overruns.Load(), Backstops: s.backstops.Load(), QueueFull: s.queueFull.Load()}
 }
 
 // QPs is how many client QPs exist on all devices.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/abi"
+	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/verbs"
 )
 
 var (
@@ -192,4 +195,44 @@ func TestKillClient(t *testing.T) {
 	if n := s.QPs(); n != 0 {
 		t.Errorf("%d QPs left after the killed programs", n)
 	}
+}
+
+// startPorts runs a daemon on 127.0.0.1:port whose QPs send to remote:
+// two of them are two hosts on one loopback.
+func startPorts(t *testing.T, port, remote int) *Server {
+	t.Helper()
+	l, err := udp.Open(udp.Config{Addr: netip.MustParseAddr("127.0.0.1"), Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := verbs.Open(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return start(t, d, uint16(remote))
+}
+
+// perftest's ib_write_bw, unmodified, between two daemons: RDMA WRITE to
+// the peer program's own addresses (the daemon maps its memory at them).
+func TestIbWriteBW(t *testing.T) {
+	_, lib := tool(t, "ibv_devinfo")
+	p, err := exec.LookPath("ib_write_bw")
+	if err != nil {
+		t.Skip("ib_write_bw is not installed (Debian: apt-get install perftest)")
+	}
+	x, y := freeUDPPort(t), freeUDPPort(t)
+	s1, s2 := startPorts(t, x, y), startPorts(t, y, x)
+	port := fmt.Sprint(freeTCPPort(t))
+	args := []string{"-x", "0", "-s", "65536", "-n", "2000", "-p", port}
+	srv := startPingpong(t, s1, lib, p, args...)
+	time.Sleep(time.Second) // the server listens once its QP exists
+	cli := startPingpong(t, s2, lib, p, append(args, "127.0.0.1")...)
+	cli.wait(t, "ib_write_bw client")
+	srv.wait(t, "ib_write_bw server")
+	for _, pp := range []*pingpong{srv, cli} {
+		if !strings.Contains(pp.output(), " 65536      2000 ") {
+			t.Errorf("no result line:\n%s", pp.output())
+		}
+	}
+	t.Logf("%s", cli.output())
 }

@@ -31,7 +31,10 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sched.h>
 #include <unistd.h>
+
+#define SR_YIELD_AFTER 64
 
 #include "softroce_proto.h"
 
@@ -215,6 +218,7 @@ struct sr_cq {
 	uint8_t *map;
 	size_t len;
 	uint32_t size, cons;
+	uint32_t empty; /* polls in a row that found nothing */
 	pthread_spinlock_t lock;
 	struct sr_cq *next;
 };
@@ -1015,8 +1019,15 @@ static int sr_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 		q->cons++;
 		k++;
 	}
-	if (k)
+	if (k) {
 		atomic_store_explicit(at32(q->map, SR_CQ_CONS), q->cons, memory_order_release);
+		q->empty = 0;
+	} else if (++q->empty >= SR_YIELD_AFTER) {
+		/* A program spinning on an empty CQ keeps the CPU from the daemon
+		 * that must produce the completion: yield now and then. */
+		q->empty = 0;
+		sched_yield();
+	}
 	pthread_spin_unlock(&q->lock);
 	return k;
 }
