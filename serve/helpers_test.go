@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/nic/udp"
@@ -69,3 +70,5 @@ func start(t testing.TB, d *verbs.Device, port uint16) *Server {
 	})
 	return s
 }
+
+func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }

@@ -313,3 +313,104 @@ func FuzzHandle(f *testing.F) {
 		c.dev.mu.Unlock()
 	})
 }
+
+// regMem registers n bytes of a fresh memfd mapping of the test process
+// through the protocol and returns the mapping and the MR's lkey.
+func (r *rawClient) regMem(pd uint32, n int) ([]byte, uint32) {
+	r.t.Helper()
+	fd := memfd(r.t, n, true)
+	b, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { unix.Munmap(b) })
+	addr := uint64(uintptr(unsafePointer(b)))
+	e, body, _ := r.call(opRegMR, regMRBody(pd, addr, uint64(n), extent{addr, uint64(n), 0}), fd)
+	if e != 0 {
+		r.t.Fatalf("REG_MR: %v", e)
+	}
+	return b, le.Uint32(body[4:])
+}
+
+// qp creates an RC QP and maps its rings.
+func (r *rawClient) qp(pd, cq uint32) []byte {
+	r.t.Helper()
+	e, b, fds := r.call(opCreateQP, u32s(pd, cq, cq, 2, 4, 4, 1, 1, 0, 0))
+	if e != 0 || len(fds) != 1 {
+		r.t.Fatalf("CREATE_QP: %v", e)
+	}
+	ring, err := unix.Mmap(fds[0], 0, int(le.Uint64(b[48:])), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	closeAll(fds)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { unix.Munmap(ring) })
+	// To INIT, where receives may be posted.
+	a := qpAttrWire{state: 1, port: 1, access: 1}
+	m := append(u32s(le.Uint32(b), uint32(1|8|16|32)), a.encode(nil)...)
+	if e, _, _ := r.call(opModifyQP, m); e != 0 {
+		r.t.Fatalf("MODIFY_QP to INIT: %v", e)
+	}
+	return ring
+}
+
+// Receive WQEs whose SGE lies outside the client's MR, or names another
+// client's MR, move the QP to ERR and are never handed to the transport.
+func TestSGEOutsideOwnMemory(t *testing.T) {
+	s := startPipe(t)
+	other := dial(t, s)
+	other.open()
+	_, otherKey := other.regMem(other.handle(opAllocPD, nil), 8192)
+
+	h := dial(t, s)
+	h.open()
+	pd := h.handle(opAllocPD, nil)
+	buf, key := h.regMem(pd, 8192)
+	cq := h.handle(opCreateCQ, u32s(16, 0))
+	base := uint64(uintptr(unsafePointer(buf)))
+	for _, c := range []struct {
+		name      string
+		addr      uint64
+		len, lkey uint32
+	}{
+		{"past the end", base + 8000, 1000, key},
+		{"before the start", base - 4096, 100, key},
+		{"wrapping", ^uint64(0) - 10, 100, key},
+		{"another client's MR", base, 100, otherKey},
+		{"no MR", base, 100, key ^ 0xffffff00},
+	} {
+		ring := h.qp(pd, cq)
+		bad := s.Stats().BadWQEs
+		// One receive WQE in slot 0 of the receive ring.
+		rqOff := ctlPage + 4096 // sq: 4 slots of 80 bytes, page-rounded
+		w := ring[rqOff:]
+		le.PutUint64(w, 7)
+		le.PutUint32(w[8:], 1)
+		le.PutUint64(w[16:], c.addr)
+		le.PutUint32(w[24:], c.len)
+		le.PutUint32(w[28:], c.lkey)
+		store32(ring, offRQProd, 1)
+		for s.Stats().BadWQEs == bad {
+			unix.Nanosleep(&unix.Timespec{Nsec: 1e6}, nil)
+		}
+		if load32(ring, offQPError) == 0 {
+			t.Errorf("%s: the QP's error flag is not set", c.name)
+		}
+	}
+	// A good receive on a fresh QP is accepted.
+	ring := h.qp(pd, cq)
+	bad := s.Stats().BadWQEs
+	w := ring[ctlPage+4096:]
+	le.PutUint64(w, 8)
+	le.PutUint32(w[8:], 1)
+	le.PutUint64(w[16:], base+100)
+	le.PutUint32(w[24:], 1000)
+	le.PutUint32(w[28:], key)
+	store32(ring, offRQProd, 1)
+	for load32(ring, offRQCons) != 1 {
+		unix.Nanosleep(&unix.Timespec{Nsec: 1e6}, nil)
+	}
+	if s.Stats().BadWQEs != bad || load32(ring, offQPError) != 0 {
+		t.Error("a receive inside the client's MR was refused")
+	}
+}
