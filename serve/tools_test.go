@@ -138,11 +138,13 @@ func runPair(t *testing.T, s *Server, lib, p string, iters int, extra ...string)
 	return srv, cli
 }
 
-// Two unmodified ibv_rc_pingpong processes on one daemon, polling and
-// sleeping on completion channels (-e).
+// Two unmodified ibv_rc_pingpong processes on one daemon: polling,
+// sleeping on completion channels (-e), and posting through the extended
+// send API (-N: ibv_create_qp_ex, ibv_wr_*).
 func TestIbvRCPingpong(t *testing.T) {
 	t.Run("poll", func(t *testing.T) { testPingpong(t) })
 	t.Run("events", func(t *testing.T) { testPingpong(t, "-e") })
+	t.Run("new-send-api", func(t *testing.T) { testPingpong(t, "-N") })
 }
 
 func testPingpong(t *testing.T, extra ...string) {

@@ -224,7 +224,11 @@ struct sr_cq {
 };
 
 struct sr_qp {
-	struct ibv_qp qp;
+	union { /* ibv_qp_ex begins with its ibv_qp */
+		struct ibv_qp qp;
+		struct ibv_qp_ex qpx;
+	};
+	bool ex; /* made by ibv_create_qp_ex with send ops */
 	uint32_t h;
 	uint8_t *map;
 	size_t len;
@@ -235,6 +239,10 @@ struct sr_qp {
 	int bell;
 	pthread_spinlock_t sq_lock, rq_lock;
 	struct ibv_qp_cap cap;
+	/* Between ibv_wr_start and ibv_wr_complete: WQEs built, not published. */
+	uint32_t wr_prod, wr_cons;
+	uint8_t *wr_cur;
+	int wr_err;
 };
 
 struct sr_channel {
@@ -350,6 +358,7 @@ static int sr_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 static int sr_req_notify_cq(struct ibv_cq *cq, int solicited);
 static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 static int sr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+static struct ibv_qp *sr_create_qp_ex(struct ibv_context *c, struct ibv_qp_init_attr_ex *a);
 
 static int sr_post_srq_recv(struct ibv_srq *s, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
@@ -412,6 +421,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	pthread_mutex_init(&x->cqs_lock, NULL);
 	x->vctx.sz = sizeof(struct verbs_context);
 	x->vctx.query_port = sr_query_port;
+	x->vctx.create_qp_ex = sr_create_qp_ex;
 	struct ibv_context *c = &x->vctx.context;
 	c->device = device;
 	c->cmd_fd = sock;
@@ -1077,7 +1087,15 @@ EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int n)
 
 /* ---- QPs ---- */
 
+static struct sr_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia);
+
 EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
+{
+	struct sr_qp *q = create_qp(pd, ia);
+	return q ? &q->qp : NULL;
+}
+
+static struct sr_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
 {
 	struct sr_create_qp req = { 0 };
 	struct sr_qp_resp r;
@@ -1154,7 +1172,7 @@ EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *
 	q->cap.max_recv_sge = r.max_recv_sge;
 	q->cap.max_inline_data = r.max_inline;
 	ia->cap = q->cap;
-	return &q->qp;
+	return q;
 }
 
 static void doorbell(struct sr_qp *q)
@@ -1400,8 +1418,235 @@ EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 
 EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 {
-	(void)qp;
-	return NULL; /* only QPs made by ibv_create_qp_ex have one; not yet */
+	struct sr_qp *q = (struct sr_qp *)qp;
+	return q->ex ? &q->qpx : NULL; /* only QPs made with send ops have one */
+}
+
+/* ---- the extended send API (ibv_wr_*): WQEs go straight into the ring,
+ * published by ibv_wr_complete ---- */
+
+static inline struct sr_qp *to_qpx(struct ibv_qp_ex *x)
+{
+	return (struct sr_qp *)x;
+}
+
+static void wr_start(struct ibv_qp_ex *x)
+{
+	struct sr_qp *q = to_qpx(x);
+
+	pthread_spin_lock(&q->sq_lock);
+	q->wr_prod = q->sq_prod;
+	q->wr_cons = atomic_load_explicit(at32(q->map, SR_QP_SQ_CONS), memory_order_acquire);
+	q->wr_cur = NULL;
+	q->wr_err = 0;
+	if (q->qp.state != IBV_QPS_RTS && q->qp.state != IBV_QPS_SQD && q->qp.state != IBV_QPS_ERR)
+		q->wr_err = EINVAL;
+}
+
+/* wr_new begins the next WQE with the opcode; its SGEs or inline data follow. */
+static struct sr_send_wqe *wr_new(struct ibv_qp_ex *x, uint32_t opcode)
+{
+	struct sr_qp *q = to_qpx(x);
+	struct sr_send_wqe w = { 0 };
+
+	q->wr_cur = NULL;
+	if (q->wr_err)
+		return NULL;
+	if (q->wr_prod - q->wr_cons >= q->sq_size) {
+		q->wr_err = ENOMEM;
+		return NULL;
+	}
+	q->wr_cur = q->sq + (size_t)(q->wr_prod & (q->sq_size - 1)) * q->sq_stride;
+	q->wr_prod++;
+	w.wr_id = x->wr_id;
+	w.opcode = opcode;
+	w.send_flags = x->wr_flags;
+	memcpy(q->wr_cur, &w, sizeof(w));
+	return (struct sr_send_wqe *)q->wr_cur;
+}
+
+static void wr_send(struct ibv_qp_ex *x)
+{
+	wr_new(x, IBV_WR_SEND);
+}
+
+static void wr_send_imm(struct ibv_qp_ex *x, __be32 imm)
+{
+	struct sr_send_wqe *w = wr_new(x, IBV_WR_SEND_WITH_IMM);
+	if (w)
+		memcpy(w->imm_data, &imm, 4);
+}
+
+static void wr_rdma(struct ibv_qp_ex *x, uint32_t op, uint32_t rkey, uint64_t raddr, const __be32 *imm)
+{
+	struct sr_send_wqe *w = wr_new(x, op);
+	if (!w)
+		return;
+	w->rkey = rkey;
+	w->remote_addr = raddr;
+	if (imm)
+		memcpy(w->imm_data, imm, 4);
+}
+
+static void wr_rdma_write(struct ibv_qp_ex *x, uint32_t rkey, uint64_t raddr)
+{
+	wr_rdma(x, IBV_WR_RDMA_WRITE, rkey, raddr, NULL);
+}
+
+static void wr_rdma_write_imm(struct ibv_qp_ex *x, uint32_t rkey, uint64_t raddr, __be32 imm)
+{
+	wr_rdma(x, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, raddr, &imm);
+}
+
+static void wr_rdma_read(struct ibv_qp_ex *x, uint32_t rkey, uint64_t raddr)
+{
+	wr_rdma(x, IBV_WR_RDMA_READ, rkey, raddr, NULL);
+}
+
+static void wr_atomic_cmp_swp(struct ibv_qp_ex *x, uint32_t rkey, uint64_t raddr, uint64_t cmp, uint64_t swap)
+{
+	struct sr_send_wqe *w = wr_new(x, IBV_WR_ATOMIC_CMP_AND_SWP);
+	if (!w)
+		return;
+	w->rkey = rkey;
+	w->remote_addr = raddr;
+	w->compare_add = cmp;
+	w->swap = swap;
+}
+
+static void wr_atomic_fetch_add(struct ibv_qp_ex *x, uint32_t rkey, uint64_t raddr, uint64_t add)
+{
+	struct sr_send_wqe *w = wr_new(x, IBV_WR_ATOMIC_FETCH_AND_ADD);
+	if (!w)
+		return;
+	w->rkey = rkey;
+	w->remote_addr = raddr;
+	w->compare_add = add;
+}
+
+static void wr_set_sge_list(struct ibv_qp_ex *x, size_t n, const struct ibv_sge *sg)
+{
+	struct sr_qp *q = to_qpx(x);
+	struct sr_send_wqe *w = (struct sr_send_wqe *)q->wr_cur;
+
+	if (!w)
+		return;
+	if (n > q->max_send_sge) {
+		q->wr_err = EINVAL;
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct sr_sge s = { sg[i].addr, sg[i].length, sg[i].lkey };
+		memcpy(q->wr_cur + sizeof(*w) + i * sizeof(s), &s, sizeof(s));
+	}
+	w->num_sge = n;
+}
+
+static void wr_set_sge(struct ibv_qp_ex *x, uint32_t lkey, uint64_t addr, uint32_t length)
+{
+	struct ibv_sge s = { .addr = addr, .length = length, .lkey = lkey };
+	wr_set_sge_list(x, 1, &s);
+}
+
+static void wr_set_inline_data_list(struct ibv_qp_ex *x, size_t n, const struct ibv_data_buf *b)
+{
+	struct sr_qp *q = to_qpx(x);
+	struct sr_send_wqe *w = (struct sr_send_wqe *)q->wr_cur;
+	size_t len = 0;
+
+	if (!w)
+		return;
+	for (size_t i = 0; i < n; i++)
+		len += b[i].length;
+	if (len > q->max_inline) {
+		q->wr_err = EINVAL;
+		return;
+	}
+	uint8_t *p = q->wr_cur + sizeof(*w);
+	for (size_t i = 0; i < n; i++) {
+		memcpy(p, b[i].addr, b[i].length);
+		p += b[i].length;
+	}
+	w->inline_len = len;
+	w->send_flags |= IBV_SEND_INLINE;
+}
+
+static void wr_set_inline_data(struct ibv_qp_ex *x, void *addr, size_t length)
+{
+	struct ibv_data_buf b = { addr, length };
+	wr_set_inline_data_list(x, 1, &b);
+}
+
+static int wr_complete(struct ibv_qp_ex *x)
+{
+	struct sr_qp *q = to_qpx(x);
+	int e = q->wr_err;
+
+	if (!e && q->wr_prod != q->sq_prod) {
+		q->sq_prod = q->wr_prod;
+		atomic_store_explicit(at32(q->map, SR_QP_SQ_PROD), q->sq_prod, memory_order_release);
+		doorbell(q);
+	}
+	pthread_spin_unlock(&q->sq_lock);
+	return e;
+}
+
+static void wr_abort(struct ibv_qp_ex *x)
+{
+	pthread_spin_unlock(&to_qpx(x)->sq_lock);
+}
+
+#define SR_SEND_OPS                                                                                       \
+	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |           \
+	 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
+	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
+
+static struct ibv_qp *sr_create_qp_ex(struct ibv_context *c, struct ibv_qp_init_attr_ex *a)
+{
+	const uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	struct ibv_qp_init_attr ia;
+	struct sr_qp *q;
+
+	(void)c;
+	if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || (a->comp_mask & ~known)) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~(uint64_t)SR_SEND_OPS)) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	memset(&ia, 0, sizeof(ia));
+	ia.qp_context = a->qp_context;
+	ia.send_cq = a->send_cq;
+	ia.recv_cq = a->recv_cq;
+	ia.srq = a->srq;
+	ia.cap = a->cap;
+	ia.qp_type = a->qp_type;
+	ia.sq_sig_all = a->sq_sig_all;
+	q = create_qp(a->pd, &ia);
+	if (!q)
+		return NULL;
+	a->cap = ia.cap;
+	if (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+		struct ibv_qp_ex *x = &q->qpx;
+		q->ex = true;
+		x->wr_send = wr_send;
+		x->wr_send_imm = wr_send_imm;
+		x->wr_rdma_write = wr_rdma_write;
+		x->wr_rdma_write_imm = wr_rdma_write_imm;
+		x->wr_rdma_read = wr_rdma_read;
+		x->wr_atomic_cmp_swp = wr_atomic_cmp_swp;
+		x->wr_atomic_fetch_add = wr_atomic_fetch_add;
+		x->wr_set_sge = wr_set_sge;
+		x->wr_set_sge_list = wr_set_sge_list;
+		x->wr_set_inline_data = wr_set_inline_data;
+		x->wr_set_inline_data_list = wr_set_inline_data_list;
+		x->wr_start = wr_start;
+		x->wr_complete = wr_complete;
+		x->wr_abort = wr_abort;
+	}
+	return &q->qp;
 }
 
 /* ---- events, fork, misc ---- */
