@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"log"
@@ -32,7 +33,8 @@ func runServe(args []string) int {
 	backend := fs.String("backend", "udp", "udp (portable, unprivileged) or afxdp (root)")
 	sock := fs.String("socket", "", "Unix socket path (default $SOFTROCE_SOCKET, /run/softroce/softroce.sock for root, $XDG_RUNTIME_DIR/softroce.sock)")
 	group := fs.String("group", "", "let this group use the daemon (socket mode 0770); default: only the daemon's user (0700)")
-	port := fs.Int("udp-port", 0, "UDP port to listen on and send to (default 4791)")
+	port := fs.Int("udp-port", 0, "UDP port to listen on (default 4791)")
+	peerPort := fs.Int("peer-udp-port", 0, "UDP port the peers listen on (default: --udp-port; change only against another softroce on the same address)")
 	quiet := fs.Bool("q", false, "print nothing but errors")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp] [--socket PATH] [--group NAME]\n\n"+
@@ -64,7 +66,7 @@ func runServe(args []string) int {
 	if !*quiet {
 		lg = log.New(os.Stderr, "softroce serve: ", 0)
 	}
-	s, err := serve.New(devs, serve.Config{Socket: *sock, Group: *group, Log: lg, RemotePort: uint16(*port)})
+	s, err := serve.New(devs, serve.Config{Socket: *sock, Group: *group, Log: lg, RemotePort: uint16(cmp.Or(*peerPort, *port))})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
 		return 1
