@@ -22,6 +22,10 @@ const (
 	maxClientMR = 1 << 14
 	maxRingWR   = verbs.MaxQPWR
 	maxCQSlots  = 1 << 16
+	// maxClientCQSlots bounds the CQ ring memory one client makes the
+	// daemon allocate (64 bytes a slot: 64 MiB). QP rings are bounded by
+	// the device's completion budget (goCQDepth).
+	maxClientCQSlots = 1 << 20
 )
 
 type mrObj struct {
@@ -54,6 +58,8 @@ type client struct {
 	cqs     map[uint32]*cqObj
 	qps     map[uint32]*qpObj
 	chans   map[uint32]*chanObj
+
+	cqSlots int // slots of all its CQ rings
 
 	out []byte
 	ext []extent
@@ -368,12 +374,16 @@ func (c *client) createCQ(cqe, ch uint32) ([]byte, []int, error) {
 		}
 	}
 	size := ceilPow2(cqe)
+	if c.cqSlots+int(size) > maxClientCQSlots {
+		return nil, nil, fmt.Errorf("%w: the client's CQs hold %d slots already", syscall.ENOMEM, c.cqSlots)
+	}
 	m, err := newShm("softroce-cq", ctlPage+int(size)*cqeSize)
 	if err != nil {
 		return nil, nil, err
 	}
 	h := c.handleID()
 	c.cqs[h] = &cqObj{handle: h, mem: m, size: size, ch: co}
+	c.cqSlots += int(size)
 	if co != nil {
 		co.nCQ++
 	}
@@ -397,6 +407,7 @@ func (c *client) destroyCQ(h uint32) error {
 		o.ch.nCQ--
 	}
 	o.mem.free()
+	c.cqSlots -= int(o.size)
 	delete(c.cqs, h)
 	return nil
 }

@@ -185,6 +185,27 @@ func TestHostileClient(t *testing.T) {
 			t.Errorf("REG_MR with %s succeeded", c.name)
 		}
 	}
+	// A client cannot make the daemon allocate CQ rings without bound.
+	var made []uint32
+	for range 100 {
+		e, b, fds := h.call(opCreateCQ, u32s(maxCQSlots, 0))
+		closeAll(fds)
+		if e != 0 {
+			if e != syscall.ENOMEM {
+				t.Errorf("CREATE_CQ over the budget: %v, want ENOMEM", e)
+			}
+			break
+		}
+		made = append(made, le.Uint32(b))
+	}
+	if len(made) != maxClientCQSlots/maxCQSlots {
+		t.Errorf("%d CQs of %d slots created, want %d", len(made), maxCQSlots, maxClientCQSlots/maxCQSlots)
+	}
+	for _, cq := range made {
+		if e, _, _ := h.call(opDestroyCQ, u32s(cq, 0)); e != 0 {
+			t.Fatalf("DESTROY_CQ: %v", e)
+		}
+	}
 	// Descriptors with a request that takes none are refused.
 	if e, _, _ := h.call(opAllocPD, nil, memfd(t, 4096, true)); e != syscall.EINVAL {
 		t.Errorf("ALLOC_PD with a descriptor: %v", e)
