@@ -49,6 +49,7 @@ type client struct {
 	conn *net.UnixConn
 	dev  *device
 	bell int // the doorbell eventfd (its copy sent to the client)
+	pid  int // the peer process (SO_PEERCRED), 0 when unknown
 	next uint32
 
 	// Guarded by dev.mu once dev is set (the poller reads mrByKey).
@@ -66,7 +67,17 @@ type client struct {
 }
 
 func newClient(s *Server, conn *net.UnixConn) *client {
-	return &client{s: s, conn: conn, bell: -1, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
+	pid := 0
+	if conn != nil {
+		if rc, err := conn.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) {
+				if u, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+					pid = int(u.Pid)
+				}
+			})
+		}
+	}
+	return &client{s: s, conn: conn, bell: -1, pid: pid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
 		cqs: map[uint32]*cqObj{}, qps: map[uint32]*qpObj{}, chans: map[uint32]*chanObj{}}
 }
 
@@ -155,6 +166,8 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 		return c.hello(r.body), nil, nil
 	case opOpen:
 		return c.open(u32(r.body, 0))
+	case opStatus:
+		return c.s.statusJSON(maxMsg-sizeResp, c), nil, nil
 	}
 	d := c.dev
 	if d == nil {
@@ -236,7 +249,9 @@ func (c *client) open(i uint32) ([]byte, []int, error) {
 		unix.Close(fd)
 		return nil, nil, err
 	}
+	c.s.mu.Lock() // Status reads dev
 	c.dev, c.bell = d, fd
+	c.s.mu.Unlock()
 	dup, err := unix.Dup(fd)
 	if err != nil {
 		return nil, nil, err

@@ -38,7 +38,8 @@ const (
 	opDestroyQP      = 15
 	opCreateChannel  = 16
 	opDestroyChannel = 17
-	opLast           = opDestroyChannel
+	opStatus         = 18 // resp: the daemon's Status as JSON, cut at maxMsg
+	opLast           = opStatus
 )
 
 // Sizes of the fixed structs.
@@ -106,7 +107,7 @@ func parseRequest(b []byte) (request, error) {
 		want = sizeHello
 	case opOpen, opDeallocPD, opDeregMR, opDestroyCQ, opQueryQP, opDestroyQP, opDestroyChannel, opQueryPort:
 		want = sizeHandle
-	case opQueryDevice, opAllocPD, opCreateChannel:
+	case opQueryDevice, opAllocPD, opCreateChannel, opStatus:
 		want = 0
 	case opQueryGID:
 		want = sizeGIDReq

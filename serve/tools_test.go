@@ -181,6 +181,19 @@ func TestKillClient(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	time.Sleep(300 * time.Millisecond) // mid-transfer
+	st, err := QueryStatus(s.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := map[int]string{}
+	for _, c := range st.Clients {
+		for _, q := range c.QPs {
+			pids[c.PID] = q.State
+		}
+	}
+	if pids[cli1.cmd.Process.Pid] != "RTS" || pids[srv1.cmd.Process.Pid] != "RTS" {
+		t.Errorf("status does not show both programs with an RTS QP: %+v", st)
+	}
 	srv2, cli2 := runPair(t, s, lib, p, 2000)
 	cli1.cmd.Process.Signal(syscall.SIGKILL)
 	<-cli1.done
@@ -188,6 +201,20 @@ func TestKillClient(t *testing.T) {
 	srv2.wait(t, "the other server")
 	if !strings.Contains(cli2.output(), "2000 iters in") {
 		t.Errorf("the other pair did not complete:\n%s", cli2.output())
+	}
+	// The killed program's connection is gone (the daemon notices the
+	// closed socket on its own schedule: wait for it).
+	for gone := false; !gone; time.Sleep(time.Millisecond) {
+		st, err = QueryStatus(s.Socket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		gone = true
+		for _, c := range st.Clients {
+			if c.PID == cli1.cmd.Process.Pid {
+				gone = false
+			}
+		}
 	}
 	srv1.cmd.Process.Signal(syscall.SIGKILL)
 	<-srv1.done

@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log"
@@ -17,6 +18,7 @@ import (
 
 func init() {
 	register("serve", "the daemon unmodified libibverbs programs use (through softroce run)", runServe)
+	register("status", "what the daemon serves: devices, client processes, their QPs, counters", runStatus)
 	register("abi", "build the libibverbs.so.1 that unmodified programs load: softroce abi build", runABI)
 }
 
@@ -118,5 +120,40 @@ func runABI(args []string) int {
 		return 1
 	}
 	fmt.Println(out)
+	return 0
+}
+
+func runStatus(args []string) int {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	sock := fs.String("socket", "", "the daemon's socket (default as softroce serve)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	p := *sock
+	if p == "" {
+		p = serve.DefaultSocket()
+	}
+	st, err := serve.QueryStatus(p)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softroce status: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		b, _ := json.MarshalIndent(st, "", "  ")
+		fmt.Println(string(b))
+		return 0
+	}
+	for _, d := range st.Devices {
+		fmt.Printf("device %s  %s  qps %d  rx %d tx %d packets\n", d.Name, strings.Join(d.Addrs, ","), d.QPs, d.RxPackets, d.TxPackets)
+	}
+	fmt.Printf("clients %d (accepted %d)  bad requests %d  bad WQEs %d  CQ overruns %d\n",
+		st.Stats.Clients, st.Stats.Accepted, st.Stats.BadRequests, st.Stats.BadWQEs, st.Stats.Overruns)
+	for _, c := range st.Clients {
+		fmt.Printf("  pid %d  %s  pds %d mrs %d cqs %d qps %d\n", c.PID, c.Device, c.PDs, c.MRs, c.CQs, len(c.QPs))
+		for _, q := range c.QPs {
+			fmt.Printf("    qp 0x%06x %s\n", q.QPN, q.State)
+		}
+	}
 	return 0
 }
