@@ -8,6 +8,9 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -89,9 +92,16 @@ type pingpong struct {
 }
 
 func startPingpong(t *testing.T, s *Server, lib, p string, args ...string) *pingpong {
+	return startPingpongAs(t, s, lib, nil, p, args...)
+}
+
+func startPingpongAs(t *testing.T, s *Server, lib string, cred *syscall.Credential, p string, args ...string) *pingpong {
 	t.Helper()
 	pp := &pingpong{cmd: exec.Command(p, args...), done: make(chan error, 1)}
 	pp.cmd.Env = env(s, lib)
+	if cred != nil {
+		pp.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	r, w := io.Pipe()
 	pp.cmd.Stdout, pp.cmd.Stderr = w, w
 	if err := pp.cmd.Start(); err != nil {
@@ -264,4 +274,65 @@ func TestIbWriteBW(t *testing.T) {
 		}
 	}
 	t.Logf("%s", cli.output())
+}
+
+// With --group, unprivileged members of the group use the daemon; others
+// cannot connect.
+func TestUnprivilegedGroupMembers(t *testing.T) {
+	p, lib := tool(t, "ibv_rc_pingpong")
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run programs as other users")
+	}
+	g, err := user.LookupGroup("nogroup")
+	if err != nil {
+		t.Skip("no group nogroup")
+	}
+	gid, _ := strconv.Atoi(g.Gid)
+	// The library directory must be readable by them.
+	for d := lib; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	l, err := udp.Open(udp.Config{Addr: netip.MustParseAddr("127.0.0.1"), Port: freeUDPPort(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.LocalAddrPort().Port()
+	d, err := verbs.Open(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	os.Chmod(filepath.Dir(dir), 0o755) // the test's own temporary directory
+	s, err := New([]*verbs.Device{d}, Config{Socket: filepath.Join(dir, "s.sock"), Group: "nogroup", RemotePort: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve()
+	t.Cleanup(func() { s.Close() })
+	if fi, err := os.Stat(s.Socket()); err != nil || fi.Mode().Perm() != 0o770 {
+		t.Fatalf("socket mode: %v %v", fi.Mode(), err)
+	}
+	member := &syscall.Credential{Uid: 65534, Gid: uint32(gid)}
+	tcp := fmt.Sprint(freeTCPPort(t))
+	srv := startPingpongAs(t, s, lib, member, p, "-g", "0", "-p", tcp, "-n", "200")
+	time.Sleep(200 * time.Millisecond)
+	cli := startPingpongAs(t, s, lib, member, p, "-g", "0", "-p", tcp, "-n", "200", "127.0.0.1")
+	cli.wait(t, "ibv_rc_pingpong client as nobody")
+	srv.wait(t, "ibv_rc_pingpong server as nobody")
+	if !strings.Contains(cli.output(), "200 iters in") {
+		t.Errorf("no result:\n%s", cli.output())
+	}
+	// Someone outside the group finds no device.
+	devinfo, _ := exec.LookPath("ibv_devinfo")
+	cmd := exec.Command(devinfo)
+	cmd.Env = env(s, lib)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65533, Gid: 65533}}
+	out, _ := cmd.CombinedOutput()
+	if strings.Contains(string(out), "softroce0") {
+		t.Errorf("a user outside the group reached the daemon:\n%s", out)
+	}
 }
