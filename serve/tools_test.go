@@ -251,29 +251,40 @@ func startPorts(t *testing.T, port, remote int) *Server {
 	return start(t, d, uint16(remote))
 }
 
-// perftest's ib_write_bw, unmodified, between two daemons: RDMA WRITE to
-// the peer program's own addresses (the daemon maps its memory at them).
-func TestIbWriteBW(t *testing.T) {
+// perftest's tools, unmodified, between two daemons: RDMA WRITE, READ,
+// SEND and atomics to and from the peer program's own addresses (the
+// daemon maps its memory at them).
+func TestPerftest(t *testing.T) {
+	for _, c := range []struct{ tool, size, n string }{
+		{"ib_write_bw", "65536", "2000"},
+		{"ib_read_bw", "65536", "1000"},
+		{"ib_send_bw", "65536", "1000"},
+		{"ib_atomic_bw", "8", "1000"},
+		{"ib_write_lat", "2", "1000"},
+	} {
+		t.Run(c.tool, func(t *testing.T) { testPerftest(t, c.tool, c.size, c.n) })
+	}
+}
+
+func testPerftest(t *testing.T, tool_, size, n string) {
 	_, lib := tool(t, "ibv_devinfo")
-	p, err := exec.LookPath("ib_write_bw")
+	p, err := exec.LookPath(tool_)
 	if err != nil {
-		t.Skip("ib_write_bw is not installed (Debian: apt-get install perftest)")
+		t.Skipf("%s is not installed (Debian: apt-get install perftest)", tool_)
 	}
 	x, y := freeUDPPort(t), freeUDPPort(t)
 	s1, s2 := startPorts(t, x, y), startPorts(t, y, x)
 	port := fmt.Sprint(freeTCPPort(t))
-	args := []string{"-x", "0", "-s", "65536", "-n", "2000", "-p", port}
+	args := []string{"-x", "0", "-s", size, "-n", n, "-p", port}
 	srv := startPingpong(t, s1, lib, p, args...)
 	time.Sleep(time.Second) // the server listens once its QP exists
 	cli := startPingpong(t, s2, lib, p, append(args, "127.0.0.1")...)
-	cli.wait(t, "ib_write_bw client")
-	srv.wait(t, "ib_write_bw server")
-	for _, pp := range []*pingpong{srv, cli} {
-		if !strings.Contains(pp.output(), " 65536      2000 ") {
-			t.Errorf("no result line:\n%s", pp.output())
-		}
+	cli.wait(t, tool_+" client")
+	srv.wait(t, tool_+" server")
+	if !strings.Contains(cli.output(), " "+size+" ") || !strings.Contains(cli.output(), "#bytes") {
+		t.Errorf("no result line:\n%s", cli.output())
 	}
-	t.Logf("%s", cli.output())
+	t.Logf("%s", lastLines(cli.output(), 3))
 }
 
 // With --group, unprivileged members of the group use the daemon; others
@@ -335,4 +346,12 @@ func TestUnprivilegedGroupMembers(t *testing.T) {
 	if strings.Contains(string(out), "softroce0") {
 		t.Errorf("a user outside the group reached the daemon:\n%s", out)
 	}
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
 }
