@@ -49,6 +49,7 @@ type client struct {
 	conn *net.UnixConn
 	dev  *device
 	bell int // the doorbell eventfd (its copy sent to the client)
+	evW  int // the write end of the async event pipe (non-blocking)
 	pid  int // the peer process (SO_PEERCRED), 0 when unknown
 	next uint32
 
@@ -77,7 +78,7 @@ func newClient(s *Server, conn *net.UnixConn) *client {
 			})
 		}
 	}
-	return &client{s: s, conn: conn, bell: -1, pid: pid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
+	return &client{s: s, conn: conn, bell: -1, evW: -1, pid: pid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
 		cqs: map[uint32]*cqObj{}, qps: map[uint32]*qpObj{}, chans: map[uint32]*chanObj{}}
 }
 
@@ -244,19 +245,47 @@ func (c *client) open(i uint32) ([]byte, []int, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	d := c.s.devs[i]
-	if err := d.addDoorbell(fd); err != nil {
+	var ev [2]int
+	if err := unix.Pipe2(ev[:], unix.O_CLOEXEC); err != nil {
 		unix.Close(fd)
 		return nil, nil, err
 	}
-	c.s.mu.Lock() // Status reads dev
-	c.dev, c.bell = d, fd
+	unix.SetNonblock(ev[1], true)
+	d := c.s.devs[i]
+	if err := d.addDoorbell(fd); err != nil {
+		unix.Close(fd)
+		unix.Close(ev[0])
+		unix.Close(ev[1])
+		return nil, nil, err
+	}
+	c.s.mu.Lock() // Status and the device's event loop read dev and evW
+	c.dev, c.bell, c.evW = d, fd, ev[1]
 	c.s.mu.Unlock()
 	dup, err := unix.Dup(fd)
 	if err != nil {
+		unix.Close(ev[0])
 		return nil, nil, err
 	}
-	return nil, []int{dup}, nil
+	return nil, []int{dup, ev[0]}, nil
+}
+
+// Async event types (enum ibv_event_type).
+const (
+	evCQErr       = 0
+	evQPFatal     = 1
+	evDeviceFatal = 8
+)
+
+// raise queues an async event for the client. It never blocks: a client
+// that does not read its events loses the ones its pipe cannot hold.
+func (c *client) raise(typ, handle uint32) {
+	if c.evW < 0 {
+		return
+	}
+	var b [8]byte
+	le.PutUint32(b[:], typ)
+	le.PutUint32(b[4:], handle)
+	unix.Write(c.evW, b[:])
 }
 
 func (c *client) queryDevice() []byte {
@@ -620,6 +649,10 @@ func (c *client) cleanup() {
 	unix.Close(c.bell)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	c.s.mu.Lock()
+	unix.Close(c.evW)
+	c.evW = -1
+	c.s.mu.Unlock()
 	for h, q := range c.qps {
 		q.toErr()
 		c.destroyQP(h)

@@ -77,9 +77,10 @@ func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
 		return nil, err
 	}
 	unix.EpollCtl(d.epfd, unix.EPOLL_CTL_ADD, d.quitFD, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(d.quitFD)})
-	d.done.Add(2)
+	d.done.Add(3)
 	go d.doorbells()
 	go d.poll()
+	go d.events()
 	return d, nil
 }
 
@@ -230,7 +231,40 @@ func (d *device) deliver(wc *verbs.WC, recv bool) {
 	}
 	if !c.push(wc) {
 		d.s.overruns.Add(1)
+		if !c.overran {
+			c.overran = true
+			q.c.raise(evCQErr, c.handle)
+		}
 		q.toErr() // as rxe does when a CQ overruns
+	}
+}
+
+// events forwards the device's async events to the clients they concern:
+// a QP's to its owner, a device's to every client of the device.
+func (d *device) events() {
+	defer d.done.Done()
+	for {
+		select {
+		case <-d.quit:
+			return
+		case ev := <-d.v.AsyncEvents():
+			switch ev.Type {
+			case verbs.EventQPFatal:
+				d.mu.Lock()
+				if q := d.byQPN[ev.QPNum]; q != nil {
+					q.c.raise(evQPFatal, q.handle)
+				}
+				d.mu.Unlock()
+			case verbs.EventDeviceFatal:
+				d.s.mu.Lock()
+				for c := range d.s.clients {
+					if c.dev == d {
+						c.raise(evDeviceFatal, 0)
+					}
+				}
+				d.s.mu.Unlock()
+			}
+		}
 	}
 }
 

@@ -10,8 +10,9 @@ import (
 
 // rawClient speaks the control protocol directly, as a hostile client may.
 type rawClient struct {
-	t *testing.T
-	c *net.UnixConn
+	t      *testing.T
+	c      *net.UnixConn
+	events int // the async event pipe, after open
 }
 
 func dial(t *testing.T, s *Server) *rawClient {
@@ -61,10 +62,22 @@ func u32s(v ...uint32) []byte {
 func (r *rawClient) open() {
 	r.t.Helper()
 	e, _, fds := r.call(opOpen, u32s(0, 0))
-	if e != 0 || len(fds) != 1 {
+	if e != 0 || len(fds) != 2 {
 		r.t.Fatalf("OPEN: %v, %d fds", e, len(fds))
 	}
-	closeAll(fds)
+	unix.Close(fds[0])
+	r.events = fds[1]
+	r.t.Cleanup(func() { unix.Close(fds[1]) })
+}
+
+// event reads one async event.
+func (r *rawClient) event() (typ, handle uint32) {
+	r.t.Helper()
+	var b [8]byte
+	if n, err := unix.Read(r.events, b[:]); n != 8 || err != nil {
+		r.t.Fatalf("read async event: %d bytes, %v", n, err)
+	}
+	return le.Uint32(b[:]), le.Uint32(b[4:])
 }
 
 func (r *rawClient) handle(op uint32, body []byte) uint32 {
@@ -355,6 +368,11 @@ func (r *rawClient) regMem(pd uint32, n int) ([]byte, uint32) {
 
 // qp creates an RC QP and maps its rings.
 func (r *rawClient) qp(pd, cq uint32) []byte {
+	b, _ := r.qpH(pd, cq)
+	return b
+}
+
+func (r *rawClient) qpH(pd, cq uint32) ([]byte, uint32) {
 	r.t.Helper()
 	e, b, fds := r.call(opCreateQP, u32s(pd, cq, cq, 2, 4, 4, 1, 1, 0, 0))
 	if e != 0 || len(fds) != 1 {
@@ -372,7 +390,7 @@ func (r *rawClient) qp(pd, cq uint32) []byte {
 	if e, _, _ := r.call(opModifyQP, m); e != 0 {
 		r.t.Fatalf("MODIFY_QP to INIT: %v", e)
 	}
-	return ring
+	return ring, le.Uint32(b)
 }
 
 // Receive WQEs whose SGE lies outside the client's MR, or names another
@@ -400,7 +418,7 @@ func TestSGEOutsideOwnMemory(t *testing.T) {
 		{"another client's MR", base, 100, otherKey},
 		{"no MR", base, 100, key ^ 0xffffff00},
 	} {
-		ring := h.qp(pd, cq)
+		ring, qh := h.qpH(pd, cq)
 		bad := s.Stats().BadWQEs
 		// One receive WQE in slot 0 of the receive ring.
 		rqOff := ctlPage + 4096 // sq: 4 slots of 80 bytes, page-rounded
@@ -416,6 +434,9 @@ func TestSGEOutsideOwnMemory(t *testing.T) {
 		}
 		if load32(ring, offQPError) == 0 {
 			t.Errorf("%s: the QP's error flag is not set", c.name)
+		}
+		if typ, hh := h.event(); typ != evQPFatal || hh != qh {
+			t.Errorf("%s: async event %d for handle %d, want QP_FATAL for QP %d", c.name, typ, hh, qh)
 		}
 	}
 	// A good receive on a fresh QP is accepted.

@@ -14,12 +14,13 @@ import (
 
 // cqObj is a client CQ: a ring of struct ibv_wc slots in shared memory.
 type cqObj struct {
-	handle uint32
-	mem    *shm
-	size   uint32 // slots, a power of two
-	prod   uint32 // the daemon's own copy: the shared one is never read back
-	ch     *chanObj
-	nQP    int // QP work queues using it
+	handle  uint32
+	mem     *shm
+	size    uint32 // slots, a power of two
+	prod    uint32 // the daemon's own copy: the shared one is never read back
+	ch      *chanObj
+	nQP     int  // QP work queues using it
+	overran bool // its CQ_ERR event was raised
 }
 
 // push writes one completion; false when the ring is full (the client has
@@ -166,6 +167,7 @@ func (q *qpObj) bad(why string) {
 	q.c.s.badWQE.Add(1)
 	store32(q.mem.b, offQPError, 1)
 	q.toErr()
+	q.c.raise(evQPFatal, q.handle)
 	_ = why
 }
 

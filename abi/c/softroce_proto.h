@@ -68,10 +68,17 @@ struct sr_dev_entry {
 	uint64_t guid;
 };
 
-/* OPEN: req sr_handle (device index); resp empty + the doorbell eventfd. */
+/* OPEN: req sr_handle (device index); resp empty + the doorbell eventfd
+ * and the read end of the async event pipe, in that order. The daemon
+ * writes one struct sr_async_event per event to the pipe. */
 struct sr_handle {
 	uint32_t handle;
 	uint32_t reserved;
+};
+
+struct sr_async_event {
+	uint32_t type; /* enum ibv_event_type */
+	uint32_t handle; /* the QP's or CQ's handle; 0 for the device */
 };
 
 /* QUERY_DEVICE: resp sr_dev_attr. */

@@ -199,6 +199,7 @@ struct sr_context {
 	pthread_mutex_t lock; /* serialises control calls */
 	pthread_mutex_t cqs_lock;
 	struct sr_cq *cqs; /* for ibv_get_cq_event */
+	struct sr_qp *qps; /* for ibv_get_async_event */
 };
 
 struct sr_pd {
@@ -239,6 +240,7 @@ struct sr_qp {
 	int bell;
 	pthread_spinlock_t sq_lock, rq_lock;
 	struct ibv_qp_cap cap;
+	struct sr_qp *next;
 	/* Between ibv_wr_start and ibv_wr_complete: WQEs built, not published. */
 	uint32_t wr_prod, wr_cons;
 	uint8_t *wr_cur;
@@ -394,7 +396,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	struct sr_device *d = (struct sr_device *)device;
 	struct sr_handle req = { .handle = d->index };
 	struct sr_context *x;
-	int sock, bell = -1, e;
+	int sock, e, fds[2] = { -1, -1 };
 	char dummy;
 
 	sock = sr_connect();
@@ -402,7 +404,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 		errno = ENODEV;
 		return NULL;
 	}
-	e = sr_call_fd(sock, SR_OP_OPEN, &req, sizeof(req), &dummy, 0, &bell);
+	e = sr_call_v(sock, SR_OP_OPEN, &req, sizeof(req), NULL, 0, &dummy, 0, false, NULL, fds, 2);
 	if (e) {
 		close(sock);
 		errno = e;
@@ -411,12 +413,13 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	x = calloc(1, sizeof(*x));
 	if (!x) {
 		close(sock);
-		close(bell);
+		close(fds[0]);
+		close(fds[1]);
 		errno = ENOMEM;
 		return NULL;
 	}
 	x->sock = sock;
-	x->bell = bell;
+	x->bell = fds[0];
 	pthread_mutex_init(&x->lock, NULL);
 	pthread_mutex_init(&x->cqs_lock, NULL);
 	x->vctx.sz = sizeof(struct verbs_context);
@@ -425,8 +428,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	struct ibv_context *c = &x->vctx.context;
 	c->device = device;
 	c->cmd_fd = sock;
-	/* Async events are not raised yet: a descriptor that never fires. */
-	c->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	c->async_fd = fds[1]; /* the daemon's async event pipe */
 	c->num_comp_vectors = 1;
 	pthread_mutex_init(&c->mutex, NULL);
 	c->abi_compat = __VERBS_ABI_IS_EXTENDED;
@@ -1172,6 +1174,10 @@ static struct sr_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
 	q->cap.max_recv_sge = r.max_recv_sge;
 	q->cap.max_inline_data = r.max_inline;
 	ia->cap = q->cap;
+	pthread_mutex_lock(&x->cqs_lock);
+	q->next = x->qps;
+	x->qps = q;
+	pthread_mutex_unlock(&x->cqs_lock);
 	return q;
 }
 
@@ -1411,6 +1417,14 @@ EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 
 	if (e)
 		return e;
+	struct sr_context *x = to_ctx(qp->context);
+	pthread_mutex_lock(&x->cqs_lock);
+	for (struct sr_qp **pp = &x->qps; *pp; pp = &(*pp)->next)
+		if (*pp == q) {
+			*pp = q->next;
+			break;
+		}
+	pthread_mutex_unlock(&x->cqs_lock);
 	munmap(q->map, q->len);
 	free(q);
 	return 0;
@@ -1653,18 +1667,80 @@ static struct ibv_qp *sr_create_qp_ex(struct ibv_context *c, struct ibv_qp_init_
 
 EXPORT int ibv_get_async_event(struct ibv_context *c, struct ibv_async_event *ev)
 {
-	struct pollfd p = { .fd = c->async_fd, .events = POLLIN };
+	struct sr_context *x = to_ctx(c);
+	struct sr_async_event a;
 
-	(void)ev;
-	/* No async event is raised yet: wait on a descriptor that never fires. */
-	for (;;)
-		if (poll(&p, 1, -1) < 0 && errno != EINTR)
-			return -1;
+	for (;;) {
+		ssize_t n = read(c->async_fd, &a, sizeof(a));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n != sizeof(a))
+			return -1; /* errno from read: EAGAIN on a non-blocking fd */
+		memset(ev, 0, sizeof(*ev));
+		ev->event_type = a.type;
+		switch (a.type) {
+		case IBV_EVENT_CQ_ERR: {
+			struct sr_cq *q;
+			pthread_mutex_lock(&x->cqs_lock);
+			for (q = x->cqs; q && q->h != a.handle; q = q->next)
+				;
+			pthread_mutex_unlock(&x->cqs_lock);
+			if (!q)
+				continue; /* destroyed meanwhile */
+			ev->element.cq = &q->cq;
+			return 0;
+		}
+		case IBV_EVENT_QP_FATAL:
+		case IBV_EVENT_QP_REQ_ERR:
+		case IBV_EVENT_QP_ACCESS_ERR:
+		case IBV_EVENT_COMM_EST:
+		case IBV_EVENT_SQ_DRAINED:
+		case IBV_EVENT_QP_LAST_WQE_REACHED: {
+			struct sr_qp *q;
+			pthread_mutex_lock(&x->cqs_lock);
+			for (q = x->qps; q && q->h != a.handle; q = q->next)
+				;
+			pthread_mutex_unlock(&x->cqs_lock);
+			if (!q)
+				continue;
+			ev->element.qp = &q->qp;
+			return 0;
+		}
+		default:
+			ev->element.port_num = 1;
+			return 0;
+		}
+	}
 }
 
 EXPORT void ibv_ack_async_event(struct ibv_async_event *ev)
 {
-	(void)ev;
+	struct ibv_qp *qp;
+	struct ibv_cq *cq;
+
+	switch (ev->event_type) {
+	case IBV_EVENT_CQ_ERR:
+		cq = ev->element.cq;
+		pthread_mutex_lock(&cq->mutex);
+		cq->async_events_completed++;
+		pthread_cond_signal(&cq->cond);
+		pthread_mutex_unlock(&cq->mutex);
+		break;
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		qp = ev->element.qp;
+		pthread_mutex_lock(&qp->mutex);
+		qp->events_completed++;
+		pthread_cond_signal(&qp->cond);
+		pthread_mutex_unlock(&qp->mutex);
+		break;
+	default:
+		break;
+	}
 }
 
 EXPORT int ibv_fork_init(void)
