@@ -360,14 +360,23 @@ func lastLines(s string, n int) string {
 // softroce's library: a WQE naming a foreign key raises QP_FATAL through
 // ibv_get_async_event, the QP's other WQEs flush, unsupported verbs fail
 // cleanly, registration keeps the memory around the buffer.
-func TestCProgramAsyncEvent(t *testing.T) {
+func TestCProgramAsyncEvent(t *testing.T) { runC(t, "async.c") }
+
+// The memory rules of docs/abi.md: shared file mappings and read-only
+// memory are refused, buffers sharing a page register and keep the page's
+// contents, malloc'd and stack memory register.
+func TestCProgramMemory(t *testing.T) { runC(t, "memory.c", filepath.Join(t.TempDir(), "file")) }
+
+// runC builds testdata/src against the system's verbs.h, links it with
+// softroce's library and runs it on a daemon: it must print "ok".
+func runC(t *testing.T, src string, args ...string) {
 	_, lib := tool(t, "ibv_devinfo")
-	bin := filepath.Join(t.TempDir(), "async")
-	if out, err := exec.Command("gcc", "-O1", "-o", bin, "testdata/async.c", "-L"+lib, "-l:libibverbs.so.1").CombinedOutput(); err != nil {
+	bin := filepath.Join(t.TempDir(), "prog")
+	if out, err := exec.Command("gcc", "-O1", "-o", bin, filepath.Join("testdata", src), "-L"+lib, "-l:libibverbs.so.1").CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	s := startUDP(t)
-	cmd := exec.Command(bin)
+	cmd := exec.Command(bin, args...)
 	cmd.Env = env(s, lib)
 	out, err := cmd.CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "ok" {

@@ -31,6 +31,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -707,31 +709,76 @@ static int check_maps(uintptr_t ps, uintptr_t pe)
 	return e;
 }
 
-static struct extent *move_pages(uintptr_t s, uintptr_t e)
-{
-	size_t n = e - s;
-	struct extent *x;
-	int fd = memfd_create("softroce-mr", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+/* What the mover copies and maps, read by the child below. */
+struct move {
+	uintptr_t s;
+	size_t n;
+	int fd;
+	int err; /* written by the child only after the remap, or on failure before it */
+};
 
-	if (fd < 0)
-		return NULL;
-	if (ftruncate(fd, n) < 0)
-		goto fail;
-	/* Copy the current contents, then map the memfd over them. Writes by
-	 * other threads between the two steps are lost (docs/abi.md). */
-	for (size_t off = 0; off < n;) {
-		ssize_t w = pwrite(fd, (void *)(s + off), n - off, off);
-		if (w <= 0)
-			goto fail;
+/*
+ * move_child copies the range into the memfd and maps the memfd over it.
+ * It runs on its own stack while the calling thread is suspended
+ * (CLONE_VM | CLONE_VFORK), because the range may hold that thread's own
+ * stack: any write the caller made to it between the copy and the remap
+ * would be lost. Raw system calls only: the child shares the caller's TLS.
+ */
+static int move_child(void *p)
+{
+	struct move *m = p;
+	uintptr_t s = m->s;
+	size_t n = m->n, off = 0;
+	int fd = m->fd;
+
+	while (off < n) {
+		long w = syscall(SYS_pwrite64, fd, (void *)(s + off), n - off, off);
+		if (w <= 0) {
+			m->err = w < 0 ? errno : EIO; /* no remap happened: the write lands */
+			return 1;
+		}
 		off += w;
 	}
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
-		goto fail;
-	if (mmap((void *)s, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
-		goto fail;
-	x = calloc(1, sizeof(*x));
+	long r = syscall(SYS_mmap, (void *)s, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+	if (r == -1) {
+		m->err = errno;
+		return 1;
+	}
+	m->err = 0; /* into the memfd page now, which the caller sees */
+	return 0;
+}
+
+static struct extent *move_pages(uintptr_t s, uintptr_t e)
+{
+	const size_t stack = 64 * 1024;
+	struct move m = { .s = s, .n = e - s, .err = -1 };
+	struct extent *x = calloc(1, sizeof(*x));
+	void *st = MAP_FAILED;
+	int fd = -1;
+	pid_t pid;
+
 	if (!x)
 		goto fail;
+	fd = memfd_create("softroce-mr", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0 || ftruncate(fd, m.n) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
+		goto fail;
+	m.fd = fd;
+	st = mmap(NULL, stack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+	if (st == MAP_FAILED)
+		goto fail;
+	/* Other threads writing the range between the copy and the remap
+	 * lose their writes (docs/abi.md); this thread is suspended. */
+	pid = clone(move_child, (char *)st + stack, CLONE_VM | CLONE_VFORK, &m);
+	if (pid < 0)
+		goto fail;
+	while (waitpid(pid, NULL, __WCLONE) < 0 && errno == EINTR)
+		;
+	munmap(st, stack);
+	st = MAP_FAILED;
+	if (m.err) {
+		errno = m.err > 0 ? m.err : EIO;
+		goto fail;
+	}
 	x->start = s;
 	x->end = e;
 	x->fd = fd;
@@ -739,7 +786,11 @@ static struct extent *move_pages(uintptr_t s, uintptr_t e)
 	extents = x;
 	return x;
 fail:
-	close(fd);
+	if (st != MAP_FAILED)
+		munmap(st, stack);
+	if (fd >= 0)
+		close(fd);
+	free(x);
 	return NULL;
 }
 
