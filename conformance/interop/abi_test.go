@@ -106,3 +106,66 @@ func TestABIPingpongAgainstRxe(t *testing.T) {
 		})
 	}
 }
+
+// TestABIPerftestAgainstRxe runs the distribution's perftest tools on the
+// host through softroce's libibverbs against the same tools on the rxe
+// guest, both roles: RDMA WRITE, READ, SEND and atomics.
+func TestABIPerftestAgainstRxe(t *testing.T) {
+	needVM(t)
+	for _, tool := range []string{"ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw"} {
+		host, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skipf("%s is not installed on the host (Debian: apt-get install perftest)", tool)
+		}
+		for _, role := range []string{"host-client", "host-server"} {
+			t.Run(tool+"/"+role, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+				defer cancel()
+				env := abiDaemon(t)
+				common := "-m 1024 -n 100 -p 18516"
+				if tool != "ib_atomic_bw" {
+					common += " -s 4096"
+				}
+				guestCmd := "timeout 100 " + tool + " -d rxe0 -x 1 -F " + common
+				if tool != "ib_write_bw" {
+					guestCmd += " -e" // keeps the tool from spinning on the guest's only CPU
+				}
+				hostArgs := append([]string{"-x", "0", "-F"}, strings.Fields(common)...)
+				if role == "host-client" {
+					proc, err := vm.Start(ctx, guestCmd)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer proc.Kill()
+					if err := vm.WaitListening(ctx, 18516); err != nil {
+						t.Fatalf("%s did not listen: %v", tool, err)
+					}
+					cmd := vm.HostCommand(ctx, host, append(hostArgs, vm.GuestAddr().String())...)
+					cmd.Env = env
+					out, err := cmd.CombinedOutput()
+					gout, gerr := proc.Wait(ctx)
+					if err != nil || gerr != nil || !strings.Contains(string(out), "#bytes") {
+						t.Fatalf("host %s: %v\n%s\nguest: %v\n%s", tool, err, out, gerr, gout)
+					}
+					t.Logf("host: %s", lastLines(string(out), 2))
+					return
+				}
+				cmd := vm.HostCommand(ctx, host, hostArgs...)
+				cmd.Env = env
+				var out strings.Builder
+				cmd.Stdout, cmd.Stderr = &out, &out
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				defer cmd.Process.Kill()
+				time.Sleep(time.Second) // the host server listens once its QP exists
+				gout, gerr := vm.Run(ctx, guestCmd+" "+vm.HostAddr().String())
+				err := cmd.Wait()
+				if err != nil || gerr != nil || !strings.Contains(gout, "#bytes") {
+					t.Fatalf("host %s server: %v\n%s\nguest client: %v\n%s", tool, err, out.String(), gerr, gout)
+				}
+				t.Logf("guest: %s", lastLines(gout, 2))
+			})
+		}
+	}
+}
