@@ -794,6 +794,96 @@ fail:
 	return NULL;
 }
 
+/*
+ * After fork the registered pages would be shared with the child (they
+ * are MAP_SHARED now), where Linux gives a child a private copy of pinned
+ * pages. So the child replaces each moved range with a private copy,
+ * again from a CLONE_VFORK child on its own stack in case the range holds
+ * the thread's stack, and forgets the extents (its context is not usable,
+ * as with rdma-core).
+ */
+struct privatize {
+	struct extent *list;
+	int err;
+};
+
+static int privatize_child(void *p)
+{
+	struct privatize *v = p;
+	for (struct extent *x = v->list; x; x = x->next) {
+		size_t n = x->end - x->start;
+		long t = syscall(SYS_mmap, NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (t == -1)
+			continue; /* out of memory: this range stays shared */
+		memcpy((void *)t, (void *)x->start, n);
+		if (syscall(SYS_mremap, t, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, x->start) == -1)
+			syscall(SYS_munmap, t, n);
+	}
+	return 0;
+}
+
+/* still_moved reports whether [s, e) is still mapped from our memfds: the
+ * program may have unmapped it (freed while registered) and mapped
+ * something else there since, which must be left alone. */
+static bool still_moved(uintptr_t s, uintptr_t e)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	char line[512];
+	uintptr_t covered = s;
+
+	if (!f)
+		return false;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long a, b;
+		char path[256] = "";
+		if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %255s", &a, &b, path) < 2 || b <= s || a >= e)
+			continue;
+		if (a > covered || !strstr(path, "memfd:softroce-mr"))
+			break;
+		covered = b;
+	}
+	fclose(f);
+	return covered >= e;
+}
+
+/* privatize makes the ranges of list private anonymous memory again, with
+ * their contents. */
+static void privatize(struct extent *list)
+{
+	const size_t stack = 64 * 1024;
+	struct privatize v = { .list = list };
+	void *st;
+	pid_t pid;
+
+	st = mmap(NULL, stack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+	if (st == MAP_FAILED)
+		return;
+	pid = clone(privatize_child, (char *)st + stack, CLONE_VM | CLONE_VFORK, &v);
+	if (pid > 0)
+		while (waitpid(pid, NULL, __WCLONE) < 0 && errno == EINTR)
+			;
+	munmap(st, stack);
+}
+
+static void atfork_child(void)
+{
+	for (struct extent *x = extents, *n; x; x = n) {
+		n = x->next;
+		x->next = NULL;
+		if (still_moved(x->start, x->end))
+			privatize(x);
+		close(x->fd);
+		free(x);
+	}
+	extents = NULL;
+	pthread_mutex_init(&ext_lock, NULL);
+}
+
+__attribute__((constructor)) static void sr_init(void)
+{
+	pthread_atfork(NULL, NULL, atfork_child);
+}
+
 static struct extent *find_extent(uintptr_t a)
 {
 	for (struct extent *x = extents; x; x = x->next)
@@ -810,12 +900,15 @@ static void put_extents(uintptr_t ps, uintptr_t pe)
 			break;
 		a = x->end;
 		if (--x->refs == 0) {
-			/* The pages stay memfd-backed (the program keeps using them);
-			 * we only forget them. */
+			/* No MR uses these pages any more: back to private memory,
+			 * so that fork copies them again. */
 			struct extent **pp = &extents;
 			while (*pp != x)
 				pp = &(*pp)->next;
 			*pp = x->next;
+			x->next = NULL;
+			if (still_moved(x->start, x->end))
+				privatize(x);
 			close(x->fd);
 			free(x);
 		}
