@@ -367,6 +367,9 @@ func TestCProgramAsyncEvent(t *testing.T) { runC(t, "async.c") }
 // contents, malloc'd and stack memory register.
 func TestCProgramMemory(t *testing.T) { runC(t, "memory.c", filepath.Join(t.TempDir(), "file")) }
 
+// ibv_create_cq_ex (start/next/end_poll) and ibv_query_device_ex.
+func TestCProgramCQEx(t *testing.T) { runC(t, "cqex.c") }
+
 // runC builds testdata/src against the system's verbs.h, links it with
 // softroce's library and runs it on a daemon: it must print "ok".
 func runC(t *testing.T, src string, args ...string) {

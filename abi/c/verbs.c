@@ -216,7 +216,12 @@ struct sr_mr {
 };
 
 struct sr_cq {
-	struct ibv_cq cq;
+	union { /* ibv_cq_ex begins with the fields of ibv_cq */
+		struct ibv_cq cq;
+		struct ibv_cq_ex cqx;
+	};
+	struct ibv_wc cur; /* the CQE between start_poll/next_poll and end_poll */
+	bool cur_valid; /* cur is a CQE not yet consumed */
 	uint32_t h;
 	uint8_t *map;
 	size_t len;
@@ -363,6 +368,9 @@ static int sr_req_notify_cq(struct ibv_cq *cq, int solicited);
 static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 static int sr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 static struct ibv_qp *sr_create_qp_ex(struct ibv_context *c, struct ibv_qp_init_attr_ex *a);
+static struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *c, struct ibv_cq_init_attr_ex *a);
+static int sr_query_device_ex(struct ibv_context *c, const struct ibv_query_device_ex_input *in,
+			      struct ibv_device_attr_ex *attr, size_t size);
 
 static int sr_post_srq_recv(struct ibv_srq *s, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
@@ -427,6 +435,8 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	x->vctx.sz = sizeof(struct verbs_context);
 	x->vctx.query_port = sr_query_port;
 	x->vctx.create_qp_ex = sr_create_qp_ex;
+	x->vctx.create_cq_ex = sr_create_cq_ex;
+	x->vctx.query_device_ex = sr_query_device_ex;
 	struct ibv_context *c = &x->vctx.context;
 	c->device = device;
 	c->cmd_fd = sock;
@@ -1195,6 +1205,130 @@ static int sr_req_notify_cq(struct ibv_cq *cq, int solicited)
 	if (!cq->channel)
 		return EINVAL;
 	atomic_store_explicit(at32(q->map, SR_CQ_ARMED), solicited ? 2 : 1, memory_order_seq_cst);
+	return 0;
+}
+
+/* ---- the extended CQ (ibv_create_cq_ex): one CQE at a time from the ring ---- */
+
+static inline struct sr_cq *to_cqx(struct ibv_cq_ex *x)
+{
+	return (struct sr_cq *)x;
+}
+
+/* cqx_load reads the CQE at cons into cur, or reports ENOENT. */
+static int cqx_load(struct sr_cq *q)
+{
+	uint32_t prod = atomic_load_explicit(at32(q->map, SR_CQ_PROD), memory_order_acquire);
+
+	q->cur_valid = false;
+	if (q->cons == prod)
+		return ENOENT;
+	q->cur_valid = true;
+	memcpy(&q->cur, q->map + SR_PAGE + (size_t)(q->cons & (q->size - 1)) * SR_CQE_SIZE, sizeof(q->cur));
+	q->cqx.status = q->cur.status;
+	q->cqx.wr_id = q->cur.wr_id;
+	return 0;
+}
+
+static int cqx_start_poll(struct ibv_cq_ex *x, struct ibv_poll_cq_attr *attr)
+{
+	struct sr_cq *q = to_cqx(x);
+	int e;
+
+	if (attr->comp_mask)
+		return EINVAL;
+	pthread_spin_lock(&q->lock);
+	if ((e = cqx_load(q))) {
+		pthread_spin_unlock(&q->lock); /* ENOENT: no end_poll follows */
+		if (++q->empty >= SR_YIELD_AFTER) {
+			q->empty = 0;
+			sched_yield();
+		}
+		return e;
+	}
+	q->empty = 0;
+	return 0;
+}
+
+static int cqx_next_poll(struct ibv_cq_ex *x)
+{
+	struct sr_cq *q = to_cqx(x);
+
+	q->cons++;
+	return cqx_load(q);
+}
+
+static void cqx_end_poll(struct ibv_cq_ex *x)
+{
+	struct sr_cq *q = to_cqx(x);
+
+	if (q->cur_valid) /* the CQE start_poll or next_poll returned last */
+		q->cons++;
+	q->cur_valid = false;
+	atomic_store_explicit(at32(q->map, SR_CQ_CONS), q->cons, memory_order_release);
+	pthread_spin_unlock(&q->lock);
+}
+
+static enum ibv_wc_opcode cqx_opcode(struct ibv_cq_ex *x) { return to_cqx(x)->cur.opcode; }
+static uint32_t cqx_vendor_err(struct ibv_cq_ex *x) { return to_cqx(x)->cur.vendor_err; }
+static uint32_t cqx_byte_len(struct ibv_cq_ex *x) { return to_cqx(x)->cur.byte_len; }
+static __be32 cqx_imm_data(struct ibv_cq_ex *x) { return to_cqx(x)->cur.imm_data; }
+static uint32_t cqx_qp_num(struct ibv_cq_ex *x) { return to_cqx(x)->cur.qp_num; }
+static uint32_t cqx_src_qp(struct ibv_cq_ex *x) { return to_cqx(x)->cur.src_qp; }
+static unsigned int cqx_wc_flags(struct ibv_cq_ex *x) { return to_cqx(x)->cur.wc_flags; }
+static uint32_t cqx_slid(struct ibv_cq_ex *x) { return to_cqx(x)->cur.slid; }
+static uint8_t cqx_sl(struct ibv_cq_ex *x) { return to_cqx(x)->cur.sl; }
+static uint8_t cqx_dlid_path_bits(struct ibv_cq_ex *x) { return to_cqx(x)->cur.dlid_path_bits; }
+
+static struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *c, struct ibv_cq_init_attr_ex *a)
+{
+	struct ibv_cq *cq;
+	struct sr_cq *q;
+
+	/* Timestamps, VLANs, flow tags, tag matching, CQ flags and parent
+	 * domains are not there. */
+	if ((a->wc_flags & ~(uint64_t)IBV_WC_STANDARD_FLAGS) || a->comp_mask) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	cq = ibv_create_cq(c, a->cqe, a->cq_context, a->channel, a->comp_vector);
+	if (!cq)
+		return NULL;
+	q = (struct sr_cq *)cq;
+	struct ibv_cq_ex *x = &q->cqx;
+	x->start_poll = cqx_start_poll;
+	x->next_poll = cqx_next_poll;
+	x->end_poll = cqx_end_poll;
+	x->read_opcode = cqx_opcode;
+	x->read_vendor_err = cqx_vendor_err;
+	x->read_byte_len = cqx_byte_len;
+	x->read_imm_data = cqx_imm_data;
+	x->read_qp_num = cqx_qp_num;
+	x->read_src_qp = cqx_src_qp;
+	x->read_wc_flags = cqx_wc_flags;
+	x->read_slid = cqx_slid;
+	x->read_sl = cqx_sl;
+	x->read_dlid_path_bits = cqx_dlid_path_bits;
+	return x;
+}
+
+static int sr_query_device_ex(struct ibv_context *c, const struct ibv_query_device_ex_input *in,
+			      struct ibv_device_attr_ex *attr, size_t size)
+{
+	struct ibv_device_attr_ex a;
+	int e;
+
+	if (in && in->comp_mask)
+		return EINVAL;
+	if (size < sizeof(a.orig_attr))
+		return EINVAL;
+	memset(&a, 0, sizeof(a));
+	if ((e = ibv_query_device(c, &a.orig_attr)))
+		return e;
+	/* Nothing beyond the classic attributes: no ODP, TSO, RSS,
+	 * timestamps, packet pacing, tag matching or device memory. */
+	a.max_dm_size = 0;
+	memcpy(attr, &a, size < sizeof(a) ? size : sizeof(a));
 	return 0;
 }
 
