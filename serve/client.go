@@ -164,7 +164,10 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 	}
 	switch r.op {
 	case opHello:
-		return c.hello(r.body), nil, nil
+		if v := u32(r.body, 0); v != protoVersion {
+			return nil, nil, fmt.Errorf("%w: protocol version %d, the daemon speaks %d", syscall.EPROTONOSUPPORT, v, protoVersion)
+		}
+		return c.hello(), nil, nil
 	case opOpen:
 		return c.open(u32(r.body, 0))
 	case opStatus:
@@ -222,7 +225,7 @@ func (c *client) handleID() uint32 {
 	return c.next
 }
 
-func (c *client) hello(b []byte) []byte {
+func (c *client) hello() []byte {
 	out := le.AppendUint32(nil, protoVersion)
 	out = le.AppendUint32(out, uint32(len(c.s.devs)))
 	for _, d := range c.s.devs {

@@ -136,6 +136,7 @@ func TestHostileClient(t *testing.T) {
 		{"unknown op", u32s(99, 0), syscall.EINVAL},
 		{"op zero", u32s(0, 0), syscall.EINVAL},
 		{"truncated HELLO", u32s(opHello, 0, 1), syscall.EINVAL},
+		{"HELLO of another version", u32s(opHello, 0, 99, 0), syscall.EPROTONOSUPPORT},
 		{"long HELLO", u32s(opHello, 0, 1, 0, 7), syscall.EINVAL},
 		{"PD before OPEN", u32s(opAllocPD, 0), syscall.EBADF},
 		{"REG_MR with 1000 extents", append(u32s(opRegMR, 0), regMRBody(1, 0x1000, 10)[:24]...), syscall.EINVAL},

@@ -56,8 +56,7 @@ type Config struct {
 	// listen on a port other than 4791, as a daemon started with
 	// --udp-port and its peers do).
 	RemotePort uint16
-	// Log receives one line per client connection and per error; nil
-	// discards.
+	// Log receives a line per closed device context; nil discards.
 	Log *log.Logger
 }
 
@@ -204,6 +203,9 @@ func (s *Server) Serve() error {
 			s.mu.Lock()
 			delete(s.clients, c)
 			s.mu.Unlock()
+			if c.dev != nil {
+				s.log.Printf("client pid %d closed its %s context; its resources are freed", c.pid, c.dev.name)
+			}
 		}()
 	}
 }
