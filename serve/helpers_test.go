@@ -3,6 +3,7 @@ package serve
 import (
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"testing"
 	"unsafe"
@@ -72,3 +73,5 @@ func start(t testing.TB, d *verbs.Device, port uint16) *Server {
 }
 
 func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }
+
+func writeFile(p, s string) error { return os.WriteFile(p, []byte(s), 0o644) }
