@@ -825,8 +825,16 @@ static int privatize_child(void *p)
 		long t = syscall(SYS_mmap, NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (t == -1)
 			continue; /* out of memory: this range stays shared */
-		memcpy((void *)t, (void *)x->start, n);
-		if (syscall(SYS_mremap, t, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, x->start) == -1)
+		/* The memfd holds the range's bytes: read them from it (whole
+		 * pages, so not through the program's own view of them). */
+		size_t off = 0;
+		while (off < n) {
+			long r = syscall(SYS_pread64, x->fd, (void *)(t + off), n - off, off);
+			if (r <= 0)
+				break;
+			off += r;
+		}
+		if (off < n || syscall(SYS_mremap, t, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, x->start) == -1)
 			syscall(SYS_munmap, t, n);
 	}
 	return 0;
