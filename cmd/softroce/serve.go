@@ -32,6 +32,7 @@ func runServe(args []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var addrs addrList
 	fs.Var(&addrs, "addr", "local IP address of a device (repeat for more devices; default: the host's first IPv4 address)")
+	fs.Var(&addrs, "bind", "the same as --addr")
 	backend := fs.String("backend", "udp", "udp (portable, unprivileged) or afxdp (root)")
 	sock := fs.String("socket", "", "Unix socket path (default $SOFTROCE_SOCKET, /run/softroce/softroce.sock for root, $XDG_RUNTIME_DIR/softroce.sock)")
 	group := fs.String("group", "", "let this group use the daemon (socket mode 0770); default: only the daemon's user (0700)")
