@@ -14,9 +14,6 @@ import (
 // into the CQ ring — allocates nothing. (The QP is in ERR, so verbs
 // completes every WQE at once, flushed: no peer is needed.)
 func TestDataPathNoAllocs(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are not meaningful under the race detector")
-	}
 	a, b := pipe.New(pipe.Config{})
 	defer b.Close()
 	dev, err := verbs.Open(a, nil)
@@ -79,7 +76,13 @@ func TestDataPathNoAllocs(t *testing.T) {
 	for range 20 {
 		round()
 	}
-	if n := testing.AllocsPerRun(200, round); n != 0 {
+	n := testing.AllocsPerRun(200, round)
+	switch {
+	case raceEnabled:
+		// The race detector allocates on its own; .ci/run repeats this
+		// test without it, where the count is checked.
+		t.Logf("%.1f allocations per WQE pair under -race (not checked)", n)
+	case n != 0:
 		t.Errorf("%.1f allocations per send and receive WQE pair, want 0", n)
 	}
 	if st := s.Stats(); st.BadWQEs != 0 {
