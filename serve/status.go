@@ -46,6 +46,9 @@ func (s *Server) Status() Status { return s.status(nil) }
 // status leaves out the connection that asks.
 func (s *Server) status(self *client) Status {
 	st := Status{Stats: s.Stats()}
+	if self != nil {
+		st.Stats.Clients-- // not the connection that asks
+	}
 	for _, d := range s.devs {
 		ds := DeviceStatus{Name: d.name}
 		for _, a := range d.v.Link().Addrs() {
