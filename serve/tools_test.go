@@ -386,3 +386,48 @@ func runC(t *testing.T, src string, args ...string) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 }
+
+// One daemon, two devices (IPv4 and IPv6 loopback): both are listed, and
+// ibv_rc_pingpong runs on the second over an IPv6 GID.
+func TestTwoDevicesIPv6(t *testing.T) {
+	p, lib := tool(t, "ibv_rc_pingpong")
+	port := freeUDPPort(t)
+	var devs []*verbs.Device
+	for _, a := range []string{"127.0.0.1", "::1"} {
+		l, err := udp.Open(udp.Config{Addr: netip.MustParseAddr(a), Port: port})
+		if err != nil {
+			t.Skipf("open %s: %v", a, err)
+		}
+		d, err := verbs.Open(l, &verbs.Options{Name: fmt.Sprintf("softroce%d", len(devs))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		devs = append(devs, d)
+	}
+	s, err := New(devs, Config{Socket: filepath.Join(t.TempDir(), "s.sock"), RemotePort: uint16(port)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve()
+	t.Cleanup(func() { s.Close() })
+	list, _ := exec.LookPath("ibv_devices")
+	cmd := exec.Command(list)
+	cmd.Env = env(s, lib)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "softroce0") || !strings.Contains(string(out), "softroce1") {
+		t.Fatalf("ibv_devices: %v\n%s", err, out)
+	}
+	tcp := fmt.Sprint(freeTCPPort(t))
+	args := []string{"-d", "softroce1", "-g", "0", "-p", tcp, "-n", "500"}
+	srv := startPingpong(t, s, lib, p, args...)
+	time.Sleep(200 * time.Millisecond)
+	cli := startPingpong(t, s, lib, p, append(args, "localhost")...)
+	cli.wait(t, "client")
+	srv.wait(t, "server")
+	if o := cli.output(); !strings.Contains(o, "GID ::1") || !strings.Contains(o, "500 iters in") {
+		t.Errorf("no IPv6 exchange:\n%s", o)
+	}
+}
