@@ -100,3 +100,18 @@ func TestExportsMatchSystemLibrary(t *testing.T) {
 		t.Errorf("export table differs from %s: missing %v, extra %v", sys, a, b)
 	}
 }
+
+// make -C abi (the checkout's way) builds a library with the same table.
+func TestMakefileBuild(t *testing.T) {
+	lib := build(t)
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make is not installed; softroce abi build needs none")
+	}
+	out := t.TempDir()
+	if b, err := exec.Command("make", "-C", "c", "B="+out).CombinedOutput(); err != nil {
+		t.Fatalf("make: %v\n%s", err, b)
+	}
+	if a, b := diff(exports(t, lib), exports(t, filepath.Join(out, "libibverbs.so.1"))); len(a)+len(b) > 0 {
+		t.Errorf("make's library differs: missing %v, extra %v", a, b)
+	}
+}
