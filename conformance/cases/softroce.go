@@ -10,6 +10,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/pipe"
+	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -70,11 +71,20 @@ func (t *SoftroceTarget) Close() error {
 // Open implements Target.
 func (t *SoftroceTarget) Open(ctx context.Context, spec QPSpec) (Session, error) {
 	spec.fill()
+	// The device outlives sessions: events of earlier cases are not this
+	// one's.
+	for drained := false; !drained; {
+		select {
+		case <-t.dev.AsyncEvents():
+		default:
+			drained = true
+		}
+	}
 	pd, err := t.dev.AllocPD()
 	if err != nil {
 		return nil, fmt.Errorf("alloc PD: %w", err)
 	}
-	s := &softSession{t: t, pd: pd}
+	s := &softSession{t: t, pd: pd, g: &softGroup{qpns: map[uint32]bool{}}}
 	for i, m := range spec.MRs {
 		buf := make([]byte, m.Len)
 		mr, err := pd.RegMR(buf, verbs.Access(m.Access))
@@ -84,6 +94,12 @@ func (t *SoftroceTarget) Open(ctx context.Context, spec QPSpec) (Session, error)
 		}
 		s.bufs = append(s.bufs, buf)
 		s.mrs = append(s.mrs, mr)
+	}
+	if spec.SRQ != nil {
+		if s.srq, err = pd.CreateSRQ(verbs.SRQInitAttr{MaxWR: spec.SRQ.MaxWR, Limit: spec.SRQ.Limit}); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("create SRQ: %w", err)
+		}
 	}
 	if err := s.connect(spec); err != nil {
 		s.Close()
@@ -99,9 +115,17 @@ func (s *softSession) connect(spec QPSpec) error {
 	if s.cq, err = t.dev.CreateCQ(64); err != nil {
 		return fmt.Errorf("create CQ: %w", err)
 	}
-	if s.qp, err = pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq, Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16}}); err != nil {
+	init := verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq, Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16}}
+	if spec.SRQ != nil {
+		if s.srq == nil {
+			return errors.New("the QP is to be on an SRQ, but the session has none")
+		}
+		init.SRQ = s.srq
+	}
+	if s.qp, err = pd.CreateQP(init); err != nil {
 		return fmt.Errorf("create QP: %w", err)
 	}
+	s.g.qpns[s.qp.Num()] = true
 	access := verbs.Access(spec.Access &^ AccessLocalWrite)
 	if access == 0 {
 		// ConnectOptions treats 0 as "all"; no case needs a QP without
@@ -117,6 +141,12 @@ func (s *softSession) connect(spec QPSpec) error {
 	return nil
 }
 
+// softGroup is what a session and the sessions OpenQP makes from it share.
+type softGroup struct {
+	qpns map[uint32]bool
+	mws  []*verbs.MW
+}
+
 type softSession struct {
 	t    *SoftroceTarget
 	pd   *verbs.PD
@@ -124,13 +154,16 @@ type softSession struct {
 	mrs  []*verbs.MR
 	cq   *verbs.CQ
 	qp   *verbs.QP
-	// shared marks a session from OpenQP: its PD and MRs are another's.
+	srq  *verbs.SRQ
+	// g is what the case's sessions share: QP numbers and windows.
+	g *softGroup
+	// shared marks a session from OpenQP: its PD, MRs and SRQ are another's.
 	shared bool
 }
 
 func (s *softSession) OpenQP(ctx context.Context, spec QPSpec) (Session, error) {
 	spec.fill()
-	c := &softSession{t: s.t, pd: s.pd, bufs: s.bufs, mrs: s.mrs, shared: true}
+	c := &softSession{t: s.t, pd: s.pd, bufs: s.bufs, mrs: s.mrs, srq: s.srq, g: s.g, shared: true}
 	if err := c.connect(spec); err != nil {
 		c.Close()
 		return nil, err
@@ -146,6 +179,9 @@ func (s *softSession) MR(i int) MR {
 }
 
 func (s *softSession) PostRecv(ctx context.Context, wrID uint64, off, n int) error {
+	if s.srq != nil {
+		return errors.New("the QP is on an SRQ: post to it (PostSRQRecv)")
+	}
 	m := s.mrs[0]
 	return s.qp.PostRecv(&verbs.RecvWR{ID: wrID, SGL: []verbs.SGE{{Addr: m.Addr() + uint64(off), Length: uint32(n), LKey: m.LKey()}}})
 }
@@ -182,7 +218,105 @@ func (s *softSession) Poll(ctx context.Context, d time.Duration) (*Completion, e
 	}
 	w := wcs[0]
 	return &Completion{WRID: w.WRID, Status: int(w.Status), Opcode: int(w.Opcode), ByteLen: w.ByteLen,
-		Imm: w.ImmData, WithImm: w.Flags&cq.FlagWithImm != 0}, nil
+		Imm: w.ImmData, WithImm: w.Flags&cq.FlagWithImm != 0, WithInv: w.Flags&cq.FlagWithInv != 0,
+		InvRKey: w.InvalidatedRKey, Flags: uint32(w.Flags)}, nil
+}
+
+func (s *softSession) PostSRQRecv(ctx context.Context, wrID uint64, off, n int) error {
+	if s.srq == nil {
+		return errors.New("the session has no SRQ")
+	}
+	m := s.mrs[0]
+	return s.srq.PostRecv(&verbs.RecvWR{ID: wrID, SGL: []verbs.SGE{{Addr: m.Addr() + uint64(off), Length: uint32(n), LKey: m.LKey()}}})
+}
+
+func (s *softSession) SetSRQLimit(ctx context.Context, limit int) error {
+	if s.srq == nil {
+		return errors.New("the session has no SRQ")
+	}
+	return s.srq.Modify(limit)
+}
+
+func (s *softSession) SRQLimit(ctx context.Context) (int, error) {
+	if s.srq == nil {
+		return 0, errors.New("the session has no SRQ")
+	}
+	return s.srq.Query().Limit, nil
+}
+
+// Event skips events of other cases' QPs: the device is shared.
+func (s *softSession) Event(ctx context.Context, d time.Duration) (*Event, error) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case ev := <-s.t.dev.AsyncEvents():
+			if ev.SRQ != nil && ev.SRQ == s.srq {
+				return &Event{Type: int(ev.Type), SRQ: true, Name: ev.Type.String()}, nil
+			}
+			if ev.SRQ == nil && ev.CQ == nil && s.g.qpns[ev.QPNum] {
+				return &Event{Type: int(ev.Type), QPN: ev.QPNum, Name: ev.Type.String()}, nil
+			}
+		case <-t.C:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (s *softSession) SetError(ctx context.Context) error {
+	return s.qp.Modify(&verbs.QPAttr{State: verbs.StateErr}, qpstate.AttrState)
+}
+
+func (s *softSession) AllocMW(ctx context.Context, typ int) (*MW, error) {
+	mw, err := s.pd.AllocMW(verbs.MWType(typ))
+	if err != nil {
+		return nil, err
+	}
+	s.g.mws = append(s.g.mws, mw)
+	return &MW{Type: typ, RKey: mw.RKey(), h: mw}, nil
+}
+
+// BindMW: MW.Bind (type 1) takes effect when it returns, with no
+// completion; a BIND_MW work request (type 2) completes on the send CQ.
+func (s *softSession) BindMW(ctx context.Context, wrID uint64, mw *MW, mr, off, n int, access Access) (string, error) {
+	vmw := mw.h.(*verbs.MW)
+	m := s.mrs[mr]
+	addr := m.Addr() + uint64(off)
+	if mw.Type == 1 {
+		k, err := vmw.Bind(s.qp, m, addr, uint64(n), verbs.Access(access))
+		if err != nil {
+			return err.Error(), nil
+		}
+		mw.RKey = k
+		return "", nil
+	}
+	k := verbs.IncRKey(vmw.RKey())
+	w := vmw.BindWR(wrID, verbs.SendSignaled, m, addr, uint64(n), verbs.Access(access), k)
+	if err := s.qp.PostSend(&w); err != nil {
+		return err.Error(), nil
+	}
+	wc, err := s.Poll(ctx, 5*time.Second)
+	switch {
+	case err != nil:
+		return "", err
+	case wc == nil:
+		return "", errors.New("the bind did not complete")
+	case wc.WRID != wrID:
+		return "", fmt.Errorf("a completion of wr %d came while waiting for the bind (wr %d)", wc.WRID, wrID)
+	case wc.Status != 0:
+		return "bind completed " + wcStatusName(wc.Status), nil
+	}
+	mw.RKey = vmw.RKey()
+	return "", nil
+}
+
+func (s *softSession) LocalInv(ctx context.Context, wrID uint64, rkey uint32) (*Completion, error) {
+	if err := s.qp.PostSend(&verbs.SendWR{ID: wrID, Opcode: verbs.WRLocalInv, Flags: verbs.SendSignaled, InvRKey: rkey}); err != nil {
+		return nil, err
+	}
+	return s.Poll(ctx, 5*time.Second)
 }
 
 func (s *softSession) ReadMem(ctx context.Context, i, off, n int) ([]byte, error) {
@@ -217,6 +351,12 @@ func (s *softSession) Close() error {
 	}
 	if s.shared {
 		return nil
+	}
+	for _, mw := range s.g.mws {
+		mw.Dealloc()
+	}
+	if s.srq != nil {
+		s.srq.Destroy()
 	}
 	for _, m := range s.mrs {
 		s.t.dev.DeregMR(m)
