@@ -110,6 +110,13 @@ func (x *X) Open(spec QPSpec) {
 	x.res.conv = x.C
 }
 
+// OpenQP1 starts a conversation between the peer's QP1 and the target's
+// QP1 (GSI), where CM MADs travel, without opening a QP on the target.
+func (x *X) OpenQP1() {
+	x.C = x.Target.Peer().NewConv(x.Ctx, x.Target.Addr(), 1, 1)
+	x.res.conv = x.C
+}
+
 // OpenQP opens a fresh QP on the target in the case's protection domain,
 // sharing the case's memory regions (spec.MRs is ignored), connected to a
 // new peer QP number, and moves the conversation to it: later sends go to

@@ -141,7 +141,7 @@ func fatalNAK(x *X, syn bth.Syndrome, f bth.Fields, payload []byte, memOff int) 
 // requests, the target answers), then requester cases (the target posts,
 // the peer plays a scripted responder).
 var All = catalogue(basicCases, moreResponder, assemblyCases, accessCases,
-	overlapCases, invalidateCases, srqCases, mwCases, moreRequester, responseCases, requesterNAKCases, readRecoveryCases, requesterAckCases)
+	overlapCases, invalidateCases, srqCases, mwCases, cmCases, moreRequester, responseCases, requesterNAKCases, readRecoveryCases, requesterAckCases)
 
 // catalogue concatenates case lists, responder cases first; a requester
 // case's ID starts with "requester-".

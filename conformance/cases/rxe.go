@@ -345,6 +345,25 @@ func BootRxeVM(ctx context.Context, log io.Writer) (*rxevm.VM, error) {
 	return vm, nil
 }
 
+// CMListen implements CMTarget with rping's server (rdmacm-utils), bound to
+// the guest's address.
+func (t *RxeTarget) CMListen(ctx context.Context, port uint16) (func(), error) {
+	p, err := t.vm.Start(ctx, fmt.Sprintf("rping -s -a %s -p %d -C 1", t.vm.GuestAddr(), port))
+	if err != nil {
+		return nil, err
+	}
+	return func() { p.Kill() }, nil
+}
+
+// CMConnect implements CMTarget with rping's client.
+func (t *RxeTarget) CMConnect(ctx context.Context, port uint16) (func(), error) {
+	p, err := t.vm.Start(ctx, fmt.Sprintf("rping -c -a %s -p %d -C 1", t.peer.Addr(), port))
+	if err != nil {
+		return nil, err
+	}
+	return func() { p.Kill() }, nil
+}
+
 // KernelRelease is the guest kernel's release (uname -r), for reports.
 func (t *RxeTarget) KernelRelease(ctx context.Context) string {
 	out, err := t.vm.Run(ctx, "uname -r")

@@ -229,3 +229,15 @@ type Session interface {
 	// when none came).
 	LocalInv(ctx context.Context, wrID uint64, rkey uint32) (*Completion, error)
 }
+
+// CMTarget is a target whose rdma_cm the cases can drive, so that its IB
+// CM on QP1 has a service to answer for or a connection to make. A target
+// without it can still be sent CM MADs (a REQ nobody listens for).
+type CMTarget interface {
+	// CMListen starts an rdma_cm server on the target at port (RDMA_PS_TCP)
+	// that accepts one connection; stop ends it.
+	CMListen(ctx context.Context, port uint16) (stop func(), err error)
+	// CMConnect makes the target connect over rdma_cm to the peer's address
+	// at port: its REQs come to the peer's QP1. stop ends the attempt.
+	CMConnect(ctx context.Context, port uint16) (stop func(), err error)
+}
