@@ -141,7 +141,7 @@ func fatalNAK(x *X, syn bth.Syndrome, f bth.Fields, payload []byte, memOff int) 
 // requests, the target answers), then requester cases (the target posts,
 // the peer plays a scripted responder).
 var All = catalogue(basicCases, moreResponder, assemblyCases, accessCases,
-	overlapCases, invalidateCases, srqCases, mwCases, cmCases, moreRequester, responseCases, requesterNAKCases, readRecoveryCases, requesterAckCases)
+	overlapCases, invalidateCases, moreAccessCases, srqCases, mwCases, datagramCases, cmCases, moreRequester, responseCases, requesterNAKCases, readRecoveryCases, requesterAckCases)
 
 // catalogue concatenates case lists, responder cases first; a requester
 // case's ID starts with "requester-".
@@ -180,6 +180,7 @@ var catalogueRefs = map[string]string{
 	"mw-type1-access": "GU-20", "mw-type1-rights": "GU-20", "mw-type1-unbind": "GU-20", "mw-type2-bounds": "GU-07, GU-21", "mw-type2-local-inv": "GU-21",
 	"mw-type2-other-qp": "GU-21", "mw-send-invalidate-type2": "GU-22", "mw-send-invalidate-other-qp": "GU-22",
 	"mw-send-invalidate-type1": "GU-22", "mw-bind-needs-mw-bind-access": "GU-23", "mw-bind-write-needs-local-write": "GU-23",
+	"write-imm-bad-rkey": "GU-09",
 }
 
 var basicCases = []*Case{

@@ -116,6 +116,14 @@ func (s *rxeSession) connect(ctx context.Context, spec QPSpec) error {
 		return fmt.Errorf("rxe: create CQ: %w", err)
 	}
 	cp := agent.QPCap{SendWR: 16, RecvWR: 16}
+	access := agent.Access(spec.Access)
+	switch spec.Type {
+	case "uc":
+		// UC carries SEND and WRITE only.
+		cp.Type, access = agent.QPTypeUC, access&(agent.AccessLocalWrite|agent.AccessRemoteWrite)
+	case "ud":
+		cp.Type = agent.QPTypeUD
+	}
 	if spec.SRQ != nil {
 		if s.srq == 0 {
 			return errors.New("rxe: the QP is to be on an SRQ, but the session has none")
@@ -125,7 +133,13 @@ func (s *rxeSession) connect(ctx context.Context, spec QPSpec) error {
 	if s.qp, err = ag.CreateQP(ctx, s.pd, s.cq, s.cq, cp); err != nil {
 		return fmt.Errorf("rxe: create QP: %w", err)
 	}
-	if err := ag.ModifyToInit(ctx, s.qp, agent.Access(spec.Access)); err != nil {
+	if spec.Type == "ud" {
+		if err := ag.ReadyUD(ctx, s.qp, spec.QKey, spec.SendPSN); err != nil {
+			return fmt.Errorf("rxe: bring the UD QP to RTS: %w", err)
+		}
+		return nil
+	}
+	if err := ag.ModifyToInit(ctx, s.qp, access); err != nil {
 		return fmt.Errorf("rxe: modify QP to INIT: %w", err)
 	}
 	if err := ag.ModifyToRTR(ctx, s.qp, agent.RTRAttr{DestQPN: spec.PeerQPN, RecvPSN: spec.RecvPSN, DestGID: t.peer.GID(),
@@ -283,7 +297,7 @@ func (s *rxeSession) Poll(ctx context.Context, d time.Duration) (*Completion, er
 	// invalidated_rkey shares imm_data's field, which the agent prints
 	// byte-swapped (ntohl), as an immediate.
 	c := &Completion{WRID: wc.WRID, Status: int(wc.Status), Opcode: int(wc.Opcode), ByteLen: wc.ByteLen,
-		Imm: wc.Imm, WithImm: wc.Flags&2 != 0, WithInv: wc.Flags&8 != 0, Flags: wc.Flags}
+		Imm: wc.Imm, WithImm: wc.Flags&2 != 0, WithInv: wc.Flags&8 != 0, Flags: wc.Flags, SrcQP: wc.SrcQP}
 	if c.WithInv {
 		c.InvRKey = bits.ReverseBytes32(wc.Imm)
 	}

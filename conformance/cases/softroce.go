@@ -116,6 +116,12 @@ func (s *softSession) connect(spec QPSpec) error {
 		return fmt.Errorf("create CQ: %w", err)
 	}
 	init := verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq, Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16}}
+	switch spec.Type {
+	case "uc":
+		init.Type = verbs.QPTypeUC
+	case "ud":
+		init.Type = verbs.QPTypeUD
+	}
 	if spec.SRQ != nil {
 		if s.srq == nil {
 			return errors.New("the QP is to be on an SRQ, but the session has none")
@@ -126,7 +132,26 @@ func (s *softSession) connect(spec QPSpec) error {
 		return fmt.Errorf("create QP: %w", err)
 	}
 	s.g.qpns[s.qp.Num()] = true
+	if spec.Type == "ud" {
+		// INIT with the Q_Key, then RTR and RTS, which UD enters without a
+		// path (IBTA §11.2.4.2).
+		steps := []struct {
+			a verbs.QPAttr
+			m verbs.AttrMask
+		}{{verbs.QPAttr{State: verbs.StateInit, Port: 1, QKey: spec.QKey}, qpstate.AttrState | qpstate.AttrPKeyIndex | qpstate.AttrPort | qpstate.AttrQKey},
+			{verbs.QPAttr{State: verbs.StateRTR}, qpstate.AttrState},
+			{verbs.QPAttr{State: verbs.StateRTS, SQPSN: spec.SendPSN}, qpstate.AttrState | qpstate.AttrSQPSN}}
+		for _, st := range steps {
+			if err := s.qp.Modify(&st.a, st.m); err != nil {
+				return fmt.Errorf("modify UD QP to %v: %w", st.a.State, err)
+			}
+		}
+		return nil
+	}
 	access := verbs.Access(spec.Access &^ AccessLocalWrite)
+	if spec.Type == "uc" {
+		access &= verbs.AccessRemoteWrite
+	}
 	if access == 0 {
 		// ConnectOptions treats 0 as "all"; no case needs a QP without
 		// any remote access.
@@ -219,7 +244,7 @@ func (s *softSession) Poll(ctx context.Context, d time.Duration) (*Completion, e
 	w := wcs[0]
 	return &Completion{WRID: w.WRID, Status: int(w.Status), Opcode: int(w.Opcode), ByteLen: w.ByteLen,
 		Imm: w.ImmData, WithImm: w.Flags&cq.FlagWithImm != 0, WithInv: w.Flags&cq.FlagWithInv != 0,
-		InvRKey: w.InvalidatedRKey, Flags: uint32(w.Flags)}, nil
+		InvRKey: w.InvalidatedRKey, Flags: uint32(w.Flags), SrcQP: w.SrcQP}, nil
 }
 
 func (s *softSession) PostSRQRecv(ctx context.Context, wrID uint64, off, n int) error {

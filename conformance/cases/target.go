@@ -43,6 +43,10 @@ type QPSpec struct {
 	Retry, RNRRetry uint8
 	// MRs are the memory regions to register: their lengths and access.
 	MRs []MRSpec
+	// Type is the QP's transport service: "" (RC), "uc" or "ud".
+	Type string
+	// QKey is a UD QP's Q_Key.
+	QKey uint32
 	// SRQ, if set, puts the QP on a shared receive queue: Open creates it
 	// as SRQSpec says; OpenQP attaches the new QP to the session's SRQ
 	// (the spec's sizes are then ignored).
@@ -113,6 +117,8 @@ type Completion struct {
 	InvRKey uint32
 	// Flags are the wc_flags as the target reported them.
 	Flags uint32
+	// SrcQP is the sender's QP number (UD receives).
+	SrcQP uint32
 }
 
 // Async event types (enum ibv_event_type) the cases look for.
