@@ -21,8 +21,7 @@ var cmCases = []*Case{
 		Spec: "A CM REQ for an rdma_cm service ID (RDMA_PS_TCP, a port nobody listens on) sent to QP1 is answered by " +
 			"a REJ to QP1: Remote Communication ID = the REQ's Local Communication ID, message rejected = REQ, reason 8 " +
 			"(invalid Service ID); no REP (IBTA vol. 1 §12.6 CM messages, REJ reasons; §12.11 service IDs)",
-		Bugs: map[string]string{"softroce": cmMissing},
-		Run:  runCMRejUnknownService,
+		Run: runCMRejUnknownService,
 	},
 	{
 		ID: "cm-req-retransmission",
@@ -31,8 +30,7 @@ var cmCases = []*Case{
 			"time it announced (4.096 us * 2^Remote CM Response Timeout; 10% granularity allowed); a REJ (consumer " +
 			"defined) then ends the attempt: no further REQ (IBTA vol. 1 §12.6 REQ, §12.7 timers and retries, §12.9 " +
 			"the CM state machine)",
-		Bugs: map[string]string{"softroce": cmMissing},
-		Run:  runCMReqRetransmission,
+		Run: runCMReqRetransmission,
 	},
 	{
 		ID: "cm-duplicate-req",
@@ -40,30 +38,23 @@ var cmCases = []*Case{
 			"and starting PSN); the same REQ sent again (a duplicate: same Local Communication ID and CA GUID) does not " +
 			"start a second connection: no REP with another Local Communication ID or QPN, no REJ; at most the same REP " +
 			"again (IBTA vol. 1 §12.9 duplicate REQs in the passive state machine)",
-		Bugs: map[string]string{"softroce": cmMissing},
-		Run:  runCMDuplicateREQ,
+		Run: runCMDuplicateREQ,
 	},
 	{
 		ID: "cm-dreq-drep",
 		Spec: "After REQ, REP and RTU have connected the peer to a listening service, a DREQ (the target's QPN as Remote " +
 			"QPN) is answered by a DREP whose Local Communication ID is the target's and Remote Communication ID the " +
 			"peer's (IBTA vol. 1 §12.6 DREQ/DREP, §12.9.6 disconnection)",
-		Bugs: map[string]string{"softroce": cmMissing},
-		Run:  runCMDreqDrep,
+		Run: runCMDreqDrep,
 	},
 	{
 		ID: "cm-dreq-unknown-connection",
 		Spec: "A DREQ naming communication IDs the target has no connection for is still answered by a DREP (Local " +
 			"Communication ID = the DREQ's Remote, Remote = the DREQ's Local), so that the sender's retries stop (IBTA " +
 			"vol. 1 §12.9.6: a DREQ in the idle or time-wait state draws a DREP)",
-		Bugs: map[string]string{"softroce": cmMissing},
-		Run:  runCMDreqUnknown,
+		Run: runCMDreqUnknown,
 	},
 }
-
-// cmMissing is why softroce fails every CM case for now.
-const cmMissing = "softroce's verbs device has no QP1 (GSI) and no IB CM behind it yet: a CM MAD sent to it is dropped " +
-	"(the cm package exists as a state machine but is not attached to a device)"
 
 // cmPeer is the peer's side of a CM conversation on QP1.
 type cmPeer struct {
@@ -223,7 +214,7 @@ func runCMReqRetransmission(x *X) {
 	}
 	stop, err := ct.CMConnect(x.Ctx, cmPort())
 	x.Must(err, "start an rdma_cm connect on the target")
-	defer stop()
+	x.Defer(stop)
 	got := c.recv(12*time.Second, isAttr(mad.AttrREQ))
 	if len(got) == 0 || got[len(got)-1].m.AttrID() != mad.AttrREQ {
 		x.Fatalf("the target's rdma_cm connect sent no REQ within 12 s (%s)", describeMADs(got))
@@ -322,7 +313,7 @@ func runCMDuplicateREQ(x *X) {
 	if stop == nil {
 		return
 	}
-	defer stop()
+	x.Defer(stop)
 	x.Observe("REQ -> %s", describeMAD(rep.MAD))
 	x.Check(rep.LocalQPN() != 0, "the REP names QPN 0")
 	c.send(req)
@@ -354,7 +345,7 @@ func runCMDreqDrep(x *X) {
 	if stop == nil {
 		return
 	}
-	defer stop()
+	x.Defer(stop)
 	c.rtu(req, rep)
 	x.Observe("REQ -> %s; RTU", describeMAD(rep.MAD))
 	got := c.recv(quietWait, nil)

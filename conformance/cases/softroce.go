@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/softroce/softroce/cm"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/pipe"
@@ -19,6 +20,7 @@ import (
 // other end. It needs no privileges.
 type SoftroceTarget struct {
 	dev  *verbs.Device
+	cm   *cm.CM // the device's connection manager, on its QP1
 	peer *Peer
 	addr netip.Addr
 }
@@ -44,7 +46,86 @@ func NewSoftroceTarget() (*SoftroceTarget, error) {
 		b.Close()
 		return nil, err
 	}
-	return &SoftroceTarget{dev: dev, peer: peer, addr: a.Addrs()[0]}, nil
+	c, err := cm.Open(dev, nil)
+	if err != nil {
+		dev.Close()
+		peer.Close()
+		return nil, fmt.Errorf("open the device's CM: %w", err)
+	}
+	return &SoftroceTarget{dev: dev, cm: c, peer: peer, addr: a.Addrs()[0]}, nil
+}
+
+// cmQP makes an RC QP (with its PD and CQ) for a CM connection and
+// returns it with its cleanup.
+func (t *SoftroceTarget) cmQP() (*verbs.QP, func(), error) {
+	pd, err := t.dev.AllocPD()
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := t.dev.CreateCQ(16)
+	if err != nil {
+		pd.Dealloc()
+		return nil, nil, err
+	}
+	qp, err := pd.CreateQP(verbs.QPInitAttr{SendCQ: c, RecvCQ: c, Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4}})
+	if err != nil {
+		t.dev.DestroyCQ(c)
+		pd.Dealloc()
+		return nil, nil, err
+	}
+	return qp, func() { qp.Destroy(); t.dev.DestroyCQ(c); pd.Dealloc() }, nil
+}
+
+// CMListen implements CMTarget with a package cm listener that accepts
+// one connection on an RC QP of its own.
+func (t *SoftroceTarget) CMListen(ctx context.Context, port uint16) (func(), error) {
+	l, err := t.cm.Listen(cm.PortSpaceTCP, port)
+	if err != nil {
+		return nil, err
+	}
+	lctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, err := l.Next(lctx)
+		if err != nil {
+			return
+		}
+		qp, free, err := t.cmQP()
+		if err != nil {
+			req.Reject(nil)
+			return
+		}
+		defer free()
+		if conn, err := req.Accept(lctx, qp, nil); err == nil {
+			select {
+			case <-conn.Done():
+			case <-lctx.Done():
+			}
+		}
+	}()
+	return func() { cancel(); l.Close(); <-done }, nil
+}
+
+// CMConnect implements CMTarget with package cm's Dial.
+func (t *SoftroceTarget) CMConnect(ctx context.Context, port uint16) (func(), error) {
+	qp, free, err := t.cmQP()
+	if err != nil {
+		return nil, err
+	}
+	dctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer free()
+		if conn, err := t.cm.Dial(dctx, t.peer.Addr(), cm.PortSpaceTCP, port, qp, nil); err == nil {
+			select {
+			case <-conn.Done():
+			case <-dctx.Done():
+			}
+		}
+	}()
+	return func() { cancel(); <-done }, nil
 }
 
 // Name implements Target.
@@ -61,6 +142,7 @@ func (t *SoftroceTarget) Device() *verbs.Device { return t.dev }
 
 // Close implements Target.
 func (t *SoftroceTarget) Close() error {
+	t.cm.Close()
 	err := t.dev.Close()
 	if perr := t.peer.Close(); err == nil {
 		err = perr
