@@ -9,6 +9,7 @@ import (
 
 	"github.com/softroce/softroce/cm"
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/internal/devsync"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/qpstate"
@@ -431,9 +432,11 @@ func (s *softSession) ReadMem(ctx context.Context, i, off, n int) ([]byte, error
 	if off < 0 || n < 0 || off+n > len(b) {
 		return nil, fmt.Errorf("read MR %d [%d,%d): out of range (%d bytes)", i, off, off+n, len(b))
 	}
-	// The transport may be writing concurrently only if a case is still
-	// sending; cases read memory after the exchange is over.
-	return append([]byte(nil), b[off:off+n]...), nil
+	// Under the engine's lock: UC and UD give no ACK to wait for, so the
+	// transport may still be placing a packet the case gave up waiting on.
+	var out []byte
+	devsync.Run(s.t.dev, func() { out = append([]byte(nil), b[off:off+n]...) })
+	return out, nil
 }
 
 func (s *softSession) WriteMem(ctx context.Context, i, off int, v []byte) error {
@@ -441,7 +444,7 @@ func (s *softSession) WriteMem(ctx context.Context, i, off int, v []byte) error 
 	if off < 0 || off+len(v) > len(b) {
 		return fmt.Errorf("write MR %d [%d,%d): out of range (%d bytes)", i, off, off+len(v), len(b))
 	}
-	copy(b[off:], v)
+	devsync.Run(s.t.dev, func() { copy(b[off:], v) })
 	return nil
 }
 
