@@ -35,7 +35,7 @@ func TestMWOverPipe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := connectPair(t, a, b, pda, pdb, &ConnectOptions{Timeout: 8, RetryCnt: 2})
+	p := connectPair(t, a, b, pda, pdb, &ConnectOptions{Timeout: 16, RetryCnt: 2})
 
 	post := func(w SendWR) cq.WC {
 		t.Helper()

@@ -80,7 +80,7 @@ func TestRemoteInvalidateOfUserMR(t *testing.T) {
 	mra, _ := pda.RegMR(make([]byte, 4096), AccessLocalWrite)
 	bufb := make([]byte, 4096)
 	mrb, _ := pdb.RegMR(bufb, AccessLocalWrite|AccessRemoteWrite)
-	p := connectPair(t, a, b, pda, pdb, &ConnectOptions{Timeout: 8, RetryCnt: 2})
+	p := connectPair(t, a, b, pda, pdb, &ConnectOptions{Timeout: 16, RetryCnt: 2})
 	if err := p.qb.PostRecv(&RecvWR{ID: 7, SGL: []SGE{{Addr: mrb.Addr(), Length: 64, LKey: mrb.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
