@@ -31,6 +31,14 @@ type receiver struct {
 	n      int                   // messages in the last call
 	want   int                   // messages asked for
 	errno  syscall.Errno
+
+	// With GRO, datagrams land in big (a groBufSize buffer each) and are
+	// handed out segment by segment: cur is the next message, off the
+	// offset in it, seg its segment size.
+	big          []byte
+	cur, off     int
+	seg, lastSeg int
+	segHdr       [rawHdrLen]byte
 }
 
 func newReceiver(rc syscall.RawConn, batch, hdrLen int) *receiver {
