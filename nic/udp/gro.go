@@ -77,13 +77,16 @@ func (l *Link) GRO() bool { return l.gro }
 
 // OffloadStats are the counters of the offloads.
 type OffloadStats struct {
+	GSOSends     uint64 // super-packets sent
+	GSOSegments  uint64 // packets sent in them
 	GSOFallbacks uint64 // GSO sends the path refused (GSO is then off)
 	RxSplit      uint64 // coalesced datagrams received and split
 }
 
 // OffloadStats returns the offload counters.
 func (l *Link) OffloadStats() OffloadStats {
-	return OffloadStats{GSOFallbacks: l.gsoFallbacks.Load(), RxSplit: l.rxSplit.Load()}
+	return OffloadStats{GSOSends: l.gsoSends.Load(), GSOSegments: l.gsoSegments.Load(),
+		GSOFallbacks: l.gsoFallbacks.Load(), RxSplit: l.rxSplit.Load()}
 }
 
 // recvBig reads up to a batch of datagrams, each into its own 64 KiB

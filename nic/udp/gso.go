@@ -261,6 +261,10 @@ func (l *Link) sendPackets(pkts []nic.Packet, computeICRC bool) (int, error) {
 			for k := sent; k < sent+n; k++ {
 				l.txPackets.Add(uint64(s.count[k]))
 				l.txBytes.Add(uint64(s.bytes[k]))
+				if s.count[k] > 1 {
+					l.gsoSends.Add(1)
+					l.gsoSegments.Add(uint64(s.count[k]))
+				}
 			}
 			sent += n
 		}

@@ -112,6 +112,10 @@ func TestGSO(t *testing.T) {
 			if wantSplit := uint64(3); b.GRO() && ost.RxSplit != wantSplit || !b.GRO() && ost.RxSplit != 0 {
 				t.Errorf("split %d datagrams", ost.RxSplit)
 			}
+			// Runs of 15, 6 and 3; the packet to o alone.
+			if ost := a.OffloadStats(); ost.GSOSends != 3 || ost.GSOSegments != 24 {
+				t.Errorf("sender offload stats %+v", ost)
+			}
 			if st := a.Stats(); st.TxPackets != 25 || st.TxBytes != 24*4128+1000 {
 				t.Errorf("sender stats %+v", st)
 			}

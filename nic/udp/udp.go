@@ -163,6 +163,8 @@ type Link struct {
 	gro   bool // the receiver coalesces (or splits super-packets)
 
 	gsoFallbacks atomic.Uint64
+	gsoSends     atomic.Uint64
+	gsoSegments  atomic.Uint64
 	rxSplit      atomic.Uint64
 
 	rxPackets, txPackets atomic.Uint64
