@@ -109,7 +109,7 @@ func (r *receiver) recvBig() error {
 	}
 	r.want, r.n, r.errno = n, 0, 0
 	r.cur, r.off = 0, 0
-	if err := r.rc.Read(r.fn); err != nil {
+	if err := r.wait(); err != nil {
 		return err
 	}
 	if r.errno != 0 {

@@ -237,3 +237,83 @@ func TestGSOSegmentIDsOnTheWire(t *testing.T) {
 		t.Errorf("receiver %+v %+v (want 24 verified segments, none split here)", st, ost)
 	}
 }
+
+// TestTryRecv: TryRecv returns nothing without waiting when nothing is
+// queued, and the packets (checked as Recv checks them) when some are,
+// on every receive path.
+func TestTryRecv(t *testing.T) {
+	checks := []IPv4Check{IPv4CheckSolve}
+	if os.Geteuid() == 0 {
+		checks = append(checks, IPv4CheckRaw)
+	}
+	for _, check := range checks {
+		for _, gro := range []Offload{OffloadAuto, OffloadOff} {
+			if check == IPv4CheckRaw && gro == OffloadOff {
+				continue // drops super-packets as truncated: TestRawWithoutSplit
+			}
+			ad := netip.MustParseAddr("127.0.0.1")
+			b, err := Open(Config{Addr: ad, Port: freePort(t, ad), MTU: 9000, GRO: gro, IPv4Check: check})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			a := open(t, "127.0.0.1", 9000)
+			in := packets(32, 4200)
+			if n, err := b.TryRecv(in); n != 0 || err != nil {
+				t.Fatalf("%v gro %v: TryRecv on an empty socket = %d, %v", check, gro, n, err)
+			}
+			out := gsoBatch(b.LocalAddrPort(), a.LocalAddrPort())
+			if _, err := a.Send(out); err != nil {
+				t.Fatal(err)
+			}
+			got := 0
+			for tries := 0; got < 24 && tries < 1e6; tries++ {
+				n, err := b.TryRecv(in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range in[:n] {
+					if p.ICRC == nic.ICRCUnverified || p.N != 4128 && p.N != 1000 {
+						t.Fatalf("packet %+v", p)
+					}
+				}
+				got += n
+			}
+			if got != 24 || b.Polled() != 24 || b.Stats().RxICRCBad != 0 {
+				t.Errorf("%v gro %v: polled %d (%d), stats %+v", check, gro, got, b.Polled(), b.Stats())
+			}
+		}
+	}
+}
+
+// TestRawWithoutSplit: a raw-socket receiver with GRO off does not split
+// super-packets; they are counted as truncated, never delivered damaged.
+func TestRawWithoutSplit(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs a raw socket (root)")
+	}
+	ad := netip.MustParseAddr("127.0.0.1")
+	b, err := Open(Config{Addr: ad, Port: freePort(t, ad), MTU: 9000, GRO: OffloadOff, IPv4Check: IPv4CheckRaw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	a := open(t, "127.0.0.1", 9000)
+	out := gsoBatch(b.LocalAddrPort(), netip.AddrPortFrom(ad, 9))
+	out[0].N = 200 // one single packet first, to know when all arrived
+	if _, err := a.Send(out); err != nil {
+		t.Fatal(err)
+	}
+	in := recvN(t, b, packets(32, 4200), 1)
+	if in[0].N != 200 || in[0].ICRC != nic.ICRCVerified {
+		t.Fatalf("packet %+v", in[0])
+	}
+	for b.Stats().RxTruncated < 2 {
+		if n, err := b.TryRecv(packets(32, 4200)); n != 0 || err != nil {
+			t.Fatalf("TryRecv = %d, %v", n, err)
+		}
+	}
+	if st := b.Stats(); st.RxPackets != 1 || st.RxICRCBad != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}

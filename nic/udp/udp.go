@@ -165,6 +165,7 @@ type Link struct {
 	gsoFallbacks atomic.Uint64
 	gsoSends     atomic.Uint64
 	gsoSegments  atomic.Uint64
+	rxPolled     atomic.Uint64
 	rxSplit      atomic.Uint64
 
 	rxPackets, txPackets atomic.Uint64
@@ -524,12 +525,26 @@ func sendError(l *Link, to netip.AddrPort, err error) error {
 // Recv implements nic.Link. It blocks until at least one packet is ready.
 // Packets whose ICRC fails its check are dropped and counted; how IPv4
 // packets are checked is in the package doc.
-func (l *Link) Recv(pkts []nic.Packet) (int, error) {
+func (l *Link) Recv(pkts []nic.Packet) (int, error) { return l.recv(pkts, false) }
+
+// TryRecv is Recv without waiting: it returns 0 and no error when no
+// packet is ready. A busy-polling receive loop calls it (rc.DriverConfig.BusyPoll).
+func (l *Link) TryRecv(pkts []nic.Packet) (int, error) {
+	n, err := l.recv(pkts, true)
+	l.rxPolled.Add(uint64(n))
+	return n, err
+}
+
+// Polled is the number of packets TryRecv returned.
+func (l *Link) Polled() uint64 { return l.rxPolled.Load() }
+
+func (l *Link) recv(pkts []nic.Packet, nonblock bool) (int, error) {
 	if len(pkts) == 0 {
 		return 0, nil
 	}
 	l.rxMu.Lock()
 	defer l.rxMu.Unlock()
+	l.rx.nonblock = nonblock
 	for {
 		var n int
 		var err error
@@ -550,6 +565,9 @@ func (l *Link) Recv(pkts []nic.Packet) (int, error) {
 				continue // an ICMP error for something we sent earlier
 			}
 			return 0, fmt.Errorf("udp: recvmmsg on %v: %w", l.local, err)
+		}
+		if nonblock && (n == 0 && !l.gro || l.gro && l.rx.cur >= l.rx.n) {
+			return 0, nil // nothing was ready
 		}
 		k := 0
 		for i := 0; i < n; i++ {
