@@ -79,6 +79,16 @@ type Packet struct {
 	SrcPort uint16
 	// ICRC is set on Recv.
 	ICRC ICRCStatus
+	// IPKnown says that a link that sees the received packet's IP header
+	// filled the fields below (a UD receiver writes them into the GRH);
+	// they are ignored on Send. HopLimit is the IPv4 TTL or IPv6 hop
+	// limit, TClass the IPv4 TOS or IPv6 traffic class, IPID the IPv4
+	// identification, FlowLabel the IPv6 flow label.
+	IPKnown   bool
+	HopLimit  uint8
+	TClass    uint8
+	IPID      uint16
+	FlowLabel uint32
 }
 
 // Bytes returns the valid bytes.

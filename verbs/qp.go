@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -11,7 +12,7 @@ import (
 	"github.com/softroce/softroce/transport/rc"
 )
 
-// QPType is the transport service of a QP. softroce implements RC.
+// QPType is the transport service of a QP. softroce implements RC, UC and UD.
 type QPType = qpstate.Type
 
 // QP types.
@@ -46,19 +47,67 @@ type QP struct {
 	attr       QPAttr
 	remotePort uint16
 	destroyed  atomic.Bool // set by Destroy under the device's mu
+
+	// estMu guards estCh and estDone; a leaf lock, taken under the
+	// engine lock.
+	estMu   sync.Mutex
+	estCh   chan struct{}
+	estDone bool
 }
 
-// CreateQP creates a QP in RESET (ibv_create_qp). Only RC is implemented;
-// zero capacities get defaults (128 WRs, 1 SGE). Both CQs must be live CQs
-// of the PD's device; at most max_qp QPs exist at once. A failed CreateQP
-// creates nothing.
-func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
+// Established is closed when the QP receives the first packet from its
+// peer since it entered RTR, in RTR (where EventCommEst is raised too) or
+// already in RTS: a connection manager waiting for an RTU learns from it
+// that the connection works. Moving the QP to RTR again (after RESET)
+// gives a new channel.
+func (qp *QP) Established() <-chan struct{} {
+	qp.estMu.Lock()
+	defer qp.estMu.Unlock()
+	if qp.estCh == nil {
+		qp.estCh = make(chan struct{})
+		if qp.estDone {
+			close(qp.estCh)
+		}
+	}
+	return qp.estCh
+}
+
+func (qp *QP) notifyEst() {
+	qp.estMu.Lock()
+	defer qp.estMu.Unlock()
+	if qp.estDone {
+		return
+	}
+	qp.estDone = true
+	if qp.estCh != nil {
+		close(qp.estCh)
+	}
+}
+
+// rearmEst is entering RTR: the next packet is a first one again.
+func (qp *QP) rearmEst() {
+	qp.estMu.Lock()
+	defer qp.estMu.Unlock()
+	if qp.estDone {
+		qp.estDone, qp.estCh = false, nil
+	}
+}
+
+// CreateQP creates a QP in RESET (ibv_create_qp). RC, UC and UD are
+// implemented (a UC QP carries SEND and RDMA WRITE, with PSN checks and
+// no acknowledgements: see transport/uc); zero capacities get defaults
+// (128 WRs, 1 SGE). Both CQs must be live CQs of the PD's device; at most
+// max_qp QPs exist at once. A failed CreateQP creates nothing.
+func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) { return pd.createQP(init, false) }
+
+// createQP creates a QP, or with gsi the device's QP1.
+func (pd *PD) createQP(init QPInitAttr, gsi bool) (*QP, error) {
 	d := pd.d
 	if err := d.unusable("create QP"); err != nil {
 		return nil, err
 	}
-	if init.Type != QPTypeRC {
-		return nil, fmt.Errorf("verbs: QP type %v is not implemented; softroce supports RC", init.Type)
+	if init.Type != QPTypeRC && init.Type != QPTypeUC && init.Type != QPTypeUD {
+		return nil, fmt.Errorf("verbs: QP type %v is not implemented; softroce supports RC, UC and UD", init.Type)
 	}
 	c := &init.Cap
 	if c.MaxSendWR == 0 {
@@ -111,7 +160,16 @@ func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
 	if init.SRQ != nil {
 		cfg.SRQ = init.SRQ.rc
 	}
-	q, err := pd.d.eng.CreateQP(cfg)
+	var q *rc.QP
+	var err error
+	if gsi {
+		q, err = pd.d.eng.CreateGSI(cfg)
+		if errors.Is(err, rc.ErrQPNumInUse) {
+			return nil, &busyError{fmt.Sprintf("verbs: create GSI QP: device %s already has QP1", d.name)}
+		}
+	} else {
+		q, err = pd.d.eng.CreateQP(cfg)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -119,6 +177,7 @@ func (pd *PD) CreateQP(init QPInitAttr) (*QP, error) {
 	qp.attr.Cap = *c
 	d.eng.SignalAllFor(q, init.SQSigAll)
 	d.qps[q.Num()] = qp
+	d.estQPs.Store(q.Num(), qp)
 	pd.nQP++
 	d.cqs[init.SendCQ]++
 	d.cqs[init.RecvCQ]++
@@ -160,6 +219,9 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 			return rc.Path{}, cur, err
 		}
 		qp.apply(attr, mask, next)
+		if next == StateRTR && cur != StateRTR {
+			qp.rearmEst()
+		}
 		return qp.path(), next, nil
 	})
 }
@@ -187,6 +249,7 @@ func (qp *QP) apply(attr *QPAttr, mask AttrMask, next QPState) {
 	copyIf(qpstate.AttrMaxDestRDAtomic, func() { a.MaxDestRDAtomic = attr.MaxDestRDAtomic })
 	copyIf(qpstate.AttrMinRNRTimer, func() { a.MinRNRTimer = attr.MinRNRTimer })
 	copyIf(qpstate.AttrDestQPN, func() { a.DestQPN = attr.DestQPN })
+	copyIf(qpstate.AttrQKey, func() { a.QKey = attr.QKey })
 	a.State = next
 	qp.attr = a
 }
@@ -227,9 +290,14 @@ func (qp *QP) path() rc.Path {
 	}
 	p := rc.Path{DestQPN: a.DestQPN, PMTU: a.PathMTU, RQPSN: a.RQPSN, SQPSN: a.SQPSN, Timeout: a.Timeout,
 		RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry, MinRNRTimer: a.MinRNRTimer, MaxRDAtomic: int(a.MaxRDAtomic),
-		MaxDestRDAtomic: int(a.MaxDestRDAtomic), Access: memreg.Access(a.AccessFlags), Local: local}
+		MaxDestRDAtomic: int(a.MaxDestRDAtomic), Access: memreg.Access(a.AccessFlags), Local: local, QKey: a.QKey}
 	if p.PMTU == 0 {
 		p.PMTU = 1024
+	}
+	if qp.init.Type == QPTypeUD {
+		// A UD QP has no path MTU attribute: its messages may be as
+		// long as the port's active MTU (rxe uses the port's MTU).
+		p.PMTU = d.QueryPort().ActiveMTU
 	}
 	if a.AV.DGID != ([16]byte{}) {
 		p.Remote = rc.Remote(GID(a.AV.DGID).Addr())
@@ -296,6 +364,7 @@ func (qp *QP) Destroy() error {
 	}
 	qp.destroyed.Store(true)
 	delete(d.qps, qp.Num())
+	d.estQPs.Delete(qp.Num())
 	qp.pd.nQP--
 	d.cqs[qp.init.SendCQ]--
 	d.cqs[qp.init.RecvCQ]--
@@ -345,6 +414,9 @@ func initAttr(access Access) QPAttr {
 // Connect moves a RESET or INIT QP through RTR to RTS against remote. It
 // validates every step before taking the first, so attributes the device
 // refuses (a path MTU above the port's, say) fail it with the QP unchanged.
+// A UC QP takes only the attributes UC has (path, PSNs; no timeout,
+// retries, RNR timer or READ/atomic depth), as ibv_uc_pingpong sets them,
+// and allows remote write by default.
 func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 	if o == nil {
 		o = &ConnectOptions{}
@@ -362,6 +434,9 @@ func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 	access := o.Access
 	if access == 0 {
 		access = AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+		if qp.init.Type == QPTypeUC {
+			access = AccessRemoteWrite
+		}
 	}
 	type step struct {
 		attr QPAttr
@@ -381,6 +456,13 @@ func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 			RNRRetry: def(o.RNRRetry, 7), MaxRDAtomic: def(o.MaxRDAtomic, 16)},
 			qpstate.AttrState | qpstate.AttrSQPSN | qpstate.AttrTimeout | qpstate.AttrRetryCnt |
 				qpstate.AttrRNRRetry | qpstate.AttrMaxQPRDAtomic})
+	if qp.init.Type == QPTypeUC {
+		// UC: INIT->RTR takes AV, path MTU, dest QPN and RQ PSN; RTR->RTS
+		// the SQ PSN only (IBTA §11.2.4.2; qpstate's UC masks).
+		n := len(steps)
+		steps[n-2].mask &^= qpstate.AttrMaxDestRDAtomic | qpstate.AttrMinRNRTimer
+		steps[n-1].mask = qpstate.AttrState | qpstate.AttrSQPSN
+	}
 	s := qp.State()
 	for i := range steps {
 		next, err := qp.validate(s, &steps[i].attr, steps[i].mask)

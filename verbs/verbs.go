@@ -14,6 +14,10 @@
 //	qp.PostSend(&verbs.SendWR{Opcode: verbs.WRRDMAWrite, ...})
 //	n := cq.Poll(wcs)
 //
+// UD QPs (QPTypeUD, brought up by QP.ReadyUD) send datagrams through
+// address handles (PD.CreateAH; SendWR{AH: ah.AV(), RemoteQPN, RemoteQKey})
+// and receive them behind a GRHLen-byte GRH; Device.CreateGSI makes QP1.
+//
 // The device runs on two goroutines (receive, timers), never one per QP.
 // Work requests, SGEs, opcodes and send flags are package wr's, re-exported
 // here. The transport itself is not handed out: Device.Stats and QP.Stats
@@ -148,8 +152,9 @@ var (
 	// the error also wraps the link's own error.
 	ErrDeviceFatal = errors.New("verbs: device fatal error")
 	// ErrBusy: a resource cannot be freed while others use it (PD.Dealloc
-	// with QPs, SRQs or MRs, DestroyCQ with QPs, SRQ.Destroy with QPs),
-	// like EBUSY from libibverbs.
+	// with QPs, SRQs, address handles or MRs, DestroyCQ with QPs,
+	// SRQ.Destroy with QPs), or exists once per device (CreateGSI while
+	// QP1 exists), like EBUSY from libibverbs.
 	ErrBusy = memreg.ErrBusy
 )
 
@@ -197,7 +202,11 @@ type Device struct {
 
 	events        chan AsyncEvent
 	eventsDropped atomic.Uint64
-	closed        atomic.Bool
+	// estQPs maps QP numbers to the QPs whose Established channel the
+	// engine's OnCommEst closes: read under the engine lock, where d.mu
+	// cannot be taken.
+	estQPs sync.Map
+	closed atomic.Bool
 
 	// mu guards the bookkeeping below and the PDs' QP counts. It is taken
 	// before the engine lock, never while holding it: the engine's hooks
@@ -231,6 +240,11 @@ const (
 	// EventQPFatal (IBV_EVENT_QP_FATAL): a QP entered ERR on a transport
 	// error; Reason says which.
 	EventQPFatal AsyncEventType = 1
+	// EventCommEst (IBV_EVENT_COMM_EST): an RC or UC QP in RTR received
+	// the first packet from its peer. QP.Established is closed then, and
+	// also for a first packet that finds the QP already in RTS (where no
+	// event is raised, as with hardware).
+	EventCommEst AsyncEventType = 4
 	// EventDeviceFatal (IBV_EVENT_DEVICE_FATAL): the link failed; every QP
 	// was moved to ERR and later verbs fail with ErrDeviceFatal.
 	EventDeviceFatal AsyncEventType = 8
@@ -248,6 +262,8 @@ func (t AsyncEventType) String() string {
 	switch t {
 	case EventCQErr:
 		return "CQ error"
+	case EventCommEst:
+		return "communication established"
 	case EventQPFatal:
 		return "QP fatal error"
 	case EventDeviceFatal:
@@ -286,6 +302,14 @@ func Open(link nic.Link, opts *Options) (*Device, error) {
 	}
 	d.eng.OnAsyncError = func(qpn uint32, reason string) {
 		d.raise(AsyncEvent{Type: EventQPFatal, QPNum: qpn, Reason: reason})
+	}
+	d.eng.OnCommEst = func(qpn uint32, rtr bool) {
+		if q, ok := d.estQPs.Load(qpn); ok {
+			q.(*QP).notifyEst()
+		}
+		if rtr {
+			d.raise(AsyncEvent{Type: EventCommEst, QPNum: qpn})
+		}
 	}
 	d.eng.OnLastWQE = func(qpn uint32) {
 		d.raise(AsyncEvent{Type: EventQPLastWQEReached, QPNum: qpn})
@@ -489,8 +513,8 @@ type PD struct {
 	d  *Device
 	pd *memreg.PD
 	// Guarded by d.mu.
-	nQP, nSRQ int
-	dead      bool
+	nQP, nSRQ, nAH int
+	dead           bool
 }
 
 // AllocPD allocates a protection domain (ibv_alloc_pd).
@@ -522,6 +546,9 @@ func (pd *PD) Dealloc() error {
 	}
 	if pd.nSRQ > 0 {
 		return &busyError{fmt.Sprintf("verbs: dealloc PD %d: %d SRQs still use it (destroy them first)", pd.pd.Handle(), pd.nSRQ)}
+	}
+	if pd.nAH > 0 {
+		return &busyError{fmt.Sprintf("verbs: dealloc PD %d: %d address handles still use it (destroy them first)", pd.pd.Handle(), pd.nAH)}
 	}
 	if err := d.mrs.DeallocPD(pd.pd); err != nil {
 		return err

@@ -42,7 +42,9 @@ func runPerftest(args []string) int {
 	_ = fs.Int("i", 1, "port of the IB device (accepted; softroce has port 1)")
 	_ = fs.Bool("F", false, "do not fail on CPU frequency warnings (accepted)")
 	_ = fs.Bool("e", false, "sleep on CQ events (accepted; softroce always waits without spinning)")
-	connType := fs.String("c", "RC", "connection type (only RC is implemented)")
+	connType := fs.String("c", "RC", "connection type: RC, UC for write and send, UD for send (as perftest, give both sides the same)")
+	fs.BoolVar(&cfg.RDMACM, "R", false, "connect with rdma_cm on port -p (RDMA_PS_TCP; UD QPs by SIDR on RDMA_PS_UDP) instead of the TCP exchange; SERVER is then the peer's RoCE IP address")
+	fs.BoolVar(&cfg.RDMACM, "rdma_cm", false, "same as -R")
 	timeout := fs.Duration("timeout", 120*time.Second, "give up after this long, waiting for the peer included; 0: never (as perftest)")
 	fs.StringVar(&lf.bind, "bind", "", "local IP address to use (default: the one that routes to the server)")
 	fs.StringVar(&lf.backend, "backend", "udp", "packet backend: udp or afxdp")
@@ -53,7 +55,7 @@ func runPerftest(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce perftest write|read|atomic|send [flags]          wait for a client (passive side)\n"+
 			"       softroce perftest write|read|atomic|send [flags] SERVER   connect and post the traffic (active side)\n\n"+
-			"Talks to ib_write_bw, ib_read_bw, ib_atomic_bw and ib_send_bw (perftest 4.5, TCP exchange, RC)\nin either role.\n\n")
+			"Talks to ib_write_bw, ib_read_bw, ib_atomic_bw and ib_send_bw (perftest 4.5, TCP exchange or rdma_cm\nwith -R; RC, UC with -c UC for write and send, UD with -c UD for send) in either role.\n\n")
 		fs.PrintDefaults()
 	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
@@ -80,8 +82,26 @@ func runPerftest(args []string) int {
 		fs.Usage()
 		return 2
 	}
-	if !strings.EqualFold(*connType, "RC") {
-		fmt.Fprintf(os.Stderr, "softroce perftest: -c %s: only RC is implemented\n", *connType)
+	switch strings.ToUpper(*connType) {
+	case "RC":
+	case "UC":
+		if test != perftest.Write && test != perftest.Send {
+			fmt.Fprintf(os.Stderr, "softroce perftest: -c UC: UC connection not possible with %s (UC has no READ or atomics)\n", test)
+			return 2
+		}
+		cfg.Conn = verbs.QPTypeUC
+		if cfg.RDMACM {
+			fmt.Fprintln(os.Stderr, "softroce perftest: -c UC: UC is not supported in librdmacm (drop -R)")
+			return 2
+		}
+	case "UD":
+		if test != perftest.Send {
+			fmt.Fprintf(os.Stderr, "softroce perftest: -c UD: UD connection only possible in SEND verb (use softroce perftest send -c UD)\n")
+			return 2
+		}
+		cfg.Conn = verbs.QPTypeUD
+	default:
+		fmt.Fprintf(os.Stderr, "softroce perftest: -c %s: RC, UC and UD are implemented\n", *connType)
 		return 2
 	}
 	cfg.Test = test
@@ -135,7 +155,10 @@ func runPerftest(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	fmt.Printf("%s\n                    %s BW Test (softroce, perftest protocol %s)\n", strings.Repeat("-", 87), testTitle(test, cfg.Atomic), perftest.Version)
-	if cfg.Server == "" {
+	switch {
+	case cfg.Server == "" && cfg.RDMACM:
+		fmt.Printf(" Waiting for client rdma_cm QP to connect on port %d...\n", cfg.Port)
+	case cfg.Server == "":
 		fmt.Printf(" Waiting for client to connect on TCP port %d...\n", cfg.Port)
 	}
 	res, err := perftest.Run(ctx, dev, cfg, os.Stdout)

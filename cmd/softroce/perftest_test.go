@@ -73,7 +73,9 @@ func TestPerftestCommandUsage(t *testing.T) {
 		{"write", "-u", "0"},
 		{"write", "a", "b"},
 		{"write", "--no-such-flag"},
-		{"write", "-c", "UC"},
+		{"read", "-c", "UC"},
+		{"atomic", "-c", "uc"},
+		{"write", "-c", "XRC"},
 	} {
 		var code int
 		perftestCapture(t, func() { code = runPerftest(args) })

@@ -1,8 +1,9 @@
 // Package agent drives sragent, a small verbs agent written in C against
 // libibverbs, that runs inside the kernel rdma_rxe guest (package rxevm)
 // and lets the conformance harness script a real rxe endpoint: register
-// memory, create RC QPs, connect them to any peer, post SEND, RDMA WRITE,
-// RDMA READ and atomics, poll completions and read memory back.
+// memory, create RC and UD QPs, connect them to any peer, post SEND, RDMA
+// WRITE, RDMA READ and atomics, SEND through UD address handles, poll
+// completions and read memory back.
 //
 // The agent is compiled on the host (gcc, Debian libibverbs-dev), dynamically
 // linked against the same Debian libibverbs the guest has, and shipped into
@@ -25,15 +26,20 @@
 //	pd                                             -> ok pd=ID
 //	mr pd= len= access=                            -> ok mr=ID addr= lkey= rkey=
 //	cq cqe=                                        -> ok cq=ID
-//	qp pd= scq= rcq= [sq= rq= inline= srq=]        -> ok qp=ID qpn=
+//	qp pd= scq= rcq= [sq= rq= inline= srq= type=rc|uc|ud] -> ok qp=ID qpn=
 //	gid idx=                                       -> ok gid=<32 hex digits>
-//	init qp= access=                               -> ok
+//	init qp= access= [qkey=]                       -> ok (a UD QP takes qkey, not access)
 //	rtr qp= dqpn= rpsn= dgid= mtu= rd_atomic= min_rnr= sgid= hop= tc=  -> ok
 //	rts qp= spsn= timeout= retry= rnr_retry= rd_atomic=                -> ok
+//	udrtr qp= | udrts qp= spsn=                    -> ok (UD: no path attributes)
+//	ah pd= dgid= sgid= hop= tc= sl= fl=            -> ok ah=ID
+//	    (a UC QP's rtr and rts apply only UC's attributes; rd_atomic,
+//	    min_rnr, timeout and the retries are ignored)
 //	state qp= to=ERR|RESET|SQD                     -> ok
-//	query qp=                                      -> ok state= sq_psn= rq_psn= mtu= dqpn= ...
+//	query qp=                                      -> ok state= sq_psn= rq_psn= mtu= dqpn= ... qkey=
 //	send qp= wr= op=send|send_imm|send_inv|write|write_imm|read|cas|faa mr= off= len=
-//	     raddr= rkey= imm= compare= swap= add= signaled= fence= solicited= inline=  -> ok
+//	     raddr= rkey= imm= compare= swap= add= signaled= fence= solicited= inline=
+//	     [ah= dqpn= qkey=]  -> ok (UD: ah names the address handle)
 //	recv qp= wr= mr= off= len=                     -> ok
 //	srq pd= wr= limit=                             -> ok srq=ID srqn= max_wr=
 //	srecv srq= wr= mr= off= len=                   -> ok

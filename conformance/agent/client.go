@@ -299,9 +299,22 @@ type QPCap struct {
 	MaxInline      int
 	// SRQ, if not 0, is the SRQ the QP takes its receives from.
 	SRQ SRQ
+	// Type is the QP's service ("" is RC).
+	Type QPType
 }
 
-// CreateQP creates an RC queue pair (one SGE per work request).
+// QPType is a QP's transport service, as the agent names it.
+type QPType string
+
+// QP types the agent creates.
+const (
+	QPTypeRC QPType = "rc"
+	QPTypeUC QPType = "uc"
+	QPTypeUD QPType = "ud"
+)
+
+// CreateQP creates a queue pair (RC unless cp.Type says otherwise; one SGE
+// per work request).
 func (c *Client) CreateQP(ctx context.Context, pd PD, send, recv CQ, cp QPCap) (QP, error) {
 	args := []string{kv("pd", int(pd)), kv("scq", int(send)), kv("rcq", int(recv))}
 	if cp.SendWR > 0 {
@@ -315,6 +328,9 @@ func (c *Client) CreateQP(ctx context.Context, pd PD, send, recv CQ, cp QPCap) (
 	}
 	if cp.SRQ != 0 {
 		args = append(args, kv("srq", int(cp.SRQ)))
+	}
+	if cp.Type != "" {
+		args = append(args, "type="+string(cp.Type))
 	}
 	r, err := c.Do(ctx, "qp", args...)
 	if err != nil {
@@ -414,6 +430,50 @@ func (c *Client) ModifyToRTS(ctx context.Context, qp QP, a RTSAttr) error {
 	return err
 }
 
+// ReadyUD moves a UD QP from RESET through INIT (Q_Key qkey, port 1,
+// pkey index 0) and RTR to RTS with send PSN psn.
+func (c *Client) ReadyUD(ctx context.Context, qp QP, qkey, psn uint32) error {
+	if _, err := c.Do(ctx, "init", kv("qp", qp.ID), hexv("qkey", uint64(qkey))); err != nil {
+		return err
+	}
+	if _, err := c.Do(ctx, "udrtr", kv("qp", qp.ID)); err != nil {
+		return err
+	}
+	_, err := c.Do(ctx, "udrts", kv("qp", qp.ID), hexv("spsn", uint64(psn)))
+	return err
+}
+
+// AH is an address handle the agent made.
+type AH int
+
+// AHAttr are an address handle's attributes; zero fields take the defaults
+// noted.
+type AHAttr struct {
+	DestGID      [16]byte
+	SGIDIndex    int // 0 means 1 (rxe's IPv4 GID)
+	HopLimit     int // 0 means 64
+	TrafficClass int
+	SL           int
+	FlowLabel    uint32
+}
+
+// CreateAH creates an address handle (ibv_create_ah) for UD sends.
+func (c *Client) CreateAH(ctx context.Context, pd PD, a AHAttr) (AH, error) {
+	if a.SGIDIndex == 0 {
+		a.SGIDIndex = 1
+	}
+	if a.HopLimit == 0 {
+		a.HopLimit = 64
+	}
+	r, err := c.Do(ctx, "ah", kv("pd", int(pd)), "dgid="+hex.EncodeToString(a.DestGID[:]), kv("sgid", a.SGIDIndex),
+		kv("hop", a.HopLimit), kv("tc", a.TrafficClass), kv("sl", a.SL), hexv("fl", uint64(a.FlowLabel)))
+	if err != nil {
+		return 0, err
+	}
+	id, err := r.Uint("ah")
+	return AH(id), err
+}
+
 // SetState moves qp to "ERR", "RESET" or "SQD".
 func (c *Client) SetState(ctx context.Context, qp QP, state string) error {
 	_, err := c.Do(ctx, "state", kv("qp", qp.ID), kv("to", state))
@@ -431,6 +491,7 @@ type QPAttr struct {
 	MinRNRTimer      int
 	MaxRdAtom        int
 	MaxDestRdAtom    int
+	QKey             uint32
 }
 
 // Query returns qp's current attributes (ibv_query_qp).
@@ -445,7 +506,7 @@ func (c *Client) Query(ctx context.Context, qp QP) (QPAttr, error) {
 		p any
 	}{{"sq_psn", &a.SendPSN}, {"rq_psn", &a.RecvPSN}, {"mtu", &a.MTU}, {"dqpn", &a.DestQPN},
 		{"timeout", &a.Timeout}, {"retry", &a.Retry}, {"rnr_retry", &a.RNRRetry}, {"min_rnr", &a.MinRNRTimer},
-		{"rd_atomic", &a.MaxRdAtom}, {"dest_rd_atomic", &a.MaxDestRdAtom}}
+		{"rd_atomic", &a.MaxRdAtom}, {"dest_rd_atomic", &a.MaxDestRdAtom}, {"qkey", &a.QKey}}
 	for _, f := range fields {
 		v, err := r.Uint(f.k)
 		if err != nil {
@@ -497,6 +558,10 @@ type SendWR struct {
 	Fence      bool
 	Solicited  bool
 	Inline     bool
+	// UD sends: the address handle, remote QP number and Q_Key.
+	AH         AH
+	RemoteQPN  uint32
+	RemoteQKey uint32
 }
 
 func b2i(b bool) int {
@@ -512,7 +577,7 @@ func (c *Client) PostSend(ctx context.Context, qp QP, wr SendWR) error {
 		kv("off", wr.Off), kv("len", wr.Len), hexv("raddr", wr.RemoteAddr), hexv("rkey", uint64(wr.RKey)),
 		hexv("imm", uint64(wr.Imm)), hexv("compare", wr.Compare), hexv("swap", wr.Swap), hexv("add", wr.Add),
 		kv("signaled", b2i(!wr.Unsignaled)), kv("fence", b2i(wr.Fence)), kv("solicited", b2i(wr.Solicited)),
-		kv("inline", b2i(wr.Inline)))
+		kv("inline", b2i(wr.Inline)), kv("ah", int(wr.AH)), hexv("dqpn", uint64(wr.RemoteQPN)), hexv("qkey", uint64(wr.RemoteQKey)))
 	return err
 }
 

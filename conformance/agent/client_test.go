@@ -52,7 +52,7 @@ func TestClientParsesReplies(t *testing.T) {
 		"qp":    "ok qp=1 qpn=0x11",
 		"gid":   "ok gid=00000000000000000000ffff0a580002",
 		"poll":  "ok wr=5 status=10 opcode=1 len=0 imm=0xdeadbeef qpn=0x11 src_qp=0x0 wc_flags=0x2 vendor_err=0x0 str=remote access error",
-		"query": "ok state=ERR sq_psn=0x123456 rq_psn=0xfffffe mtu=1024 dqpn=0x12 timeout=14 retry=7 rnr_retry=7 min_rnr=12 rd_atomic=4 dest_rd_atomic=4",
+		"query": "ok state=ERR sq_psn=0x123456 rq_psn=0xfffffe mtu=1024 dqpn=0x12 timeout=14 retry=7 rnr_retry=7 min_rnr=12 rd_atomic=4 dest_rd_atomic=4 qkey=0x11",
 		"mem":   "ok hex=00ff10",
 		"rtr":   "err modify to RTR: Invalid argument",
 	})
@@ -84,7 +84,7 @@ func TestClientParsesReplies(t *testing.T) {
 		t.Errorf("request %q", got)
 	}
 	a, err := c.Query(ctx, qp)
-	if err != nil || a.State != "ERR" || a.RecvPSN != 0xfffffe || a.MaxDestRdAtom != 4 || a.MTU != 1024 {
+	if err != nil || a.State != "ERR" || a.RecvPSN != 0xfffffe || a.MaxDestRdAtom != 4 || a.MTU != 1024 || a.QKey != 0x11 {
 		t.Fatalf("Query = %+v, %v", a, err)
 	}
 	<-reqs

@@ -17,6 +17,11 @@
 // side reports (for SEND, the ones it measured itself). With Duplex (-b)
 // both sides do both. Several QPs (-q) exchange one KEYS message each.
 //
+// With RDMACM (-R) the same exchange runs over rdma_cm instead (see
+// rdmacm.go): an RC connection for the messages, one more per test QP.
+// With Conn UD (-c UD, send only) the QPs are UD with perftest's Q_Key
+// and the receives leave room for the GRH.
+//
 // perftest 4.5 checks no data, so Run checks what it can see: the bytes
 // the peer wrote into softroce's buffer, an extra READ against the timed
 // ones, the sequence of fetched atomic values (see Result.Checked).
@@ -214,4 +219,47 @@ func reportFromFields(f [5][8]byte) Report {
 		AvgBW:   math.Float64frombits(binary.BigEndian.Uint64(f[3][:])),
 		MsgRate: math.Float64frombits(binary.BigEndian.Uint64(f[4][:])),
 	}
+}
+
+// BinaryKeysLen is the size of the KEYS message perftest sends over an
+// rdma_cm exchange (-R): its struct pingpong_dest as laid out on x86-64,
+// every integer big-endian (lid, out_reads, qpn, psn, rkey as 32 bits, 4
+// bytes of padding, the 64-bit vaddr, the 16-byte GID, srqn, gid_index).
+// It is also the size of every receive perftest posts on that exchange,
+// so no message there is longer.
+const BinaryKeysLen = 56
+
+// MarshalBinary formats k as the binary KEYS message of the rdma_cm
+// exchange, announcing GID index gidIndex.
+func (k Keys) MarshalBinary(gidIndex int) []byte {
+	b := make([]byte, BinaryKeysLen)
+	binary.BigEndian.PutUint32(b[0:], uint32(k.LID))
+	binary.BigEndian.PutUint32(b[4:], uint32(k.OutReads))
+	binary.BigEndian.PutUint32(b[8:], k.QPN&0xffffff)
+	binary.BigEndian.PutUint32(b[12:], k.PSN&0xffffff)
+	binary.BigEndian.PutUint32(b[16:], k.RKey)
+	binary.BigEndian.PutUint64(b[24:], k.VAddr)
+	copy(b[32:48], k.GID[:])
+	binary.BigEndian.PutUint32(b[48:], k.SRQN)
+	binary.BigEndian.PutUint32(b[52:], uint32(int32(gidIndex)))
+	return b
+}
+
+// ParseBinaryKeys parses a binary KEYS message. perftest reads lid,
+// out_reads, qpn, psn, rkey, vaddr and the GID of it (the padding is
+// uninitialised memory); values that do not fit their fields are
+// malformed.
+func ParseBinaryKeys(b []byte) (Keys, error) {
+	if len(b) != BinaryKeysLen {
+		return Keys{}, fmt.Errorf("%w: binary KEYS of %d bytes, want %d", ErrMalformed, len(b), BinaryKeysLen)
+	}
+	lid, out := binary.BigEndian.Uint32(b[0:]), binary.BigEndian.Uint32(b[4:])
+	qpn, psn := binary.BigEndian.Uint32(b[8:]), binary.BigEndian.Uint32(b[12:])
+	if lid > 0xffff || out > 0xffff || qpn > 0xffffff || psn > 0xffffff {
+		return Keys{}, fmt.Errorf("%w: binary KEYS lid %#x out_reads %#x qpn %#x psn %#x out of range", ErrMalformed, lid, out, qpn, psn)
+	}
+	k := Keys{LID: uint16(lid), OutReads: uint16(out), QPN: qpn, PSN: psn,
+		RKey: binary.BigEndian.Uint32(b[16:]), VAddr: binary.BigEndian.Uint64(b[24:]), SRQN: binary.BigEndian.Uint32(b[48:])}
+	copy(k.GID[:], b[32:48])
+	return k, nil
 }

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/softroce/softroce/cm"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -111,11 +112,29 @@ type Config struct {
 	// RemotePort is the peer's UDP port when it is not 4791 (another
 	// softroce on the same address).
 	RemotePort uint16
+	// Conn is -c, the QPs' service: RC (the zero value), UC for write
+	// and send, or UD for send, as perftest allows. perftest does not
+	// exchange it: both sides must be given the same.
+	Conn verbs.QPType
+	// RDMACM is -R: the exchange and the test QPs are connected with
+	// rdma_cm on port Port instead of over TCP (RC QPs on RDMA_PS_TCP, UD
+	// QPs resolved by SIDR on RDMA_PS_UDP; UC is not, as with perftest).
+	// Server must then be the peer's RoCE IP address.
+	RDMACM bool
+	// CM is the connection manager on the device to use with RDMACM;
+	// nil: one is opened on the device's QP1 for the run.
+	CM *cm.CM
+	// RecvIdle is how long a UC or UD receiver waits for the next message
+	// before it gives up on the ones lost and reports what arrived
+	// (perftest waits 60 to 120 s); 0: 10 s.
+	RecvIdle time.Duration
 	// Timeout bounds the whole run (perftest itself waits forever).
 	Timeout time.Duration
 	// Dial and Listen replace the net package's for the TCP exchange.
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	Listen func(network, addr string) (net.Listener, error)
+
+	sizeGiven bool // -s was given: UD refuses a larger size than the MTU instead of adopting it
 }
 
 func (c *Config) defaults() error {
@@ -128,6 +147,23 @@ func (c *Config) defaults() error {
 	if c.Port == 0 {
 		c.Port = DefaultPort
 	}
+	switch c.Conn {
+	case verbs.QPTypeRC:
+	case verbs.QPTypeUC:
+		if c.Test != Write && c.Test != Send {
+			return fmt.Errorf("perftest: a UC connection is not possible with %v (UC has no READ or atomics)", c.Test)
+		}
+		if c.RDMACM {
+			return fmt.Errorf("perftest: UC is not supported in librdmacm (drop -R or use -c RC)")
+		}
+	case verbs.QPTypeUD:
+		if c.Test != Send {
+			return fmt.Errorf("perftest: UD connection only possible in SEND verb (use send, or -c RC)")
+		}
+	default:
+		return fmt.Errorf("perftest: connection type %v is not implemented (RC, UC or UD)", c.Conn)
+	}
+	c.sizeGiven = c.Size != 0
 	if c.Test == Atomic {
 		if c.Size != 0 && c.Size != 8 {
 			return fmt.Errorf("perftest: atomic messages are 8 bytes, not %d", c.Size)
@@ -170,6 +206,12 @@ func (c *Config) defaults() error {
 	if c.RxDepth < 1 || c.RxDepth > verbs.MaxQPWR {
 		return fmt.Errorf("perftest: rx depth %d out of range 1..%d", c.RxDepth, verbs.MaxQPWR)
 	}
+	if c.Conn != verbs.QPTypeRC && c.RxDepth == 512 {
+		// perftest's rule for UC and UD: a receiver left at the default
+		// depth posts a receive for every message (up to 16000), since a
+		// message that finds none is lost, not retried.
+		c.RxDepth = min(c.Iters, ucMaxRx)
+	}
 	if c.CQMod <= 0 {
 		c.CQMod = 100
 	}
@@ -199,11 +241,18 @@ func (c *Config) defaults() error {
 	if c.Timeout == 0 {
 		c.Timeout = 60 * time.Second
 	}
+	if c.RecvIdle <= 0 {
+		c.RecvIdle = 10 * time.Second
+	}
 	return nil
 }
 
 // maxQPs bounds -q.
 const maxQPs = 64
+
+// ucMaxRx is perftest's UC_MAX_RX: the most receives a UC receiver posts
+// by default.
+const ucMaxRx = 16000
 
 // Result is what one run agreed on and measured.
 type Result struct {
@@ -227,6 +276,9 @@ type Result struct {
 	// Stats are the transport counters of softroce's QPs at the end,
 	// summed (retransmissions, timeouts, NAKs: what explains a slow run).
 	Stats verbs.QPStats
+	// Lost counts the messages a UC or UD receiver never got: it stopped
+	// waiting for them after RecvIdle and reported what arrived.
+	Lost int
 }
 
 // Active reports whether the side with this configuration posts the
@@ -246,6 +298,16 @@ func Run(ctx context.Context, dev *verbs.Device, cfg Config, out io.Writer) (*Re
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
+	if cfg.RDMACM {
+		ch, err := openCMChannel(ctx, dev, &cfg)
+		if err != nil {
+			return nil, err
+		}
+		s := &session{cfg: cfg, dev: dev, ch: ch, ctx: ctx, connector: cfg.Server != "", out: out}
+		res, err := s.run(ctx)
+		ch.close(err == nil)
+		return res, err
+	}
 	conn, err := connect(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -257,7 +319,7 @@ func Run(ctx context.Context, dev *verbs.Device, cfg Config, out io.Writer) (*Re
 	// Unblock a pending read or write as soon as ctx ends (e.g. Ctrl-C).
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
 	defer stop()
-	s := &session{cfg: cfg, dev: dev, conn: conn, connector: cfg.Server != "", out: out}
+	s := &session{cfg: cfg, dev: dev, conn: conn, ctx: ctx, connector: cfg.Server != "", out: out}
 	return s.run(ctx)
 }
 
@@ -308,7 +370,9 @@ func connect(ctx context.Context, cfg Config) (net.Conn, error) {
 type session struct {
 	cfg       Config
 	dev       *verbs.Device
-	conn      net.Conn
+	conn      net.Conn   // the TCP exchange, or
+	ch        *cmChannel // the rdma_cm one (-R)
+	ctx       context.Context
 	connector bool
 	out       io.Writer
 	res       Result
@@ -323,6 +387,7 @@ type session struct {
 	// in a region of region bytes; each QP owns part bytes of buf: a
 	// local area of local bytes, then a target area of region bytes.
 	inc, slots          int
+	grh                 int // UD: the GRH's room at the head of every receive
 	region, local, part int
 	rwr                 verbs.RecvWR // reused by postRecvs
 }
@@ -331,6 +396,9 @@ type session struct {
 // then reads the peer's, the listener the other way round. Each message is
 // one write of the whole buffer (perftest does not loop on short reads).
 func (s *session) xchg(step string, my, rem []byte) error {
+	if s.ch != nil {
+		return s.ch.xchg(s.ctx, step, my, rem)
+	}
 	if s.connector {
 		if _, err := s.conn.Write(my); err != nil {
 			return connErr(step, "send", err)
@@ -361,6 +429,13 @@ func connErr(step, op string, err error) error {
 // keysXchg exchanges KEYS messages; it also serves as perftest's barrier
 // (ctx_hand_shake).
 func (s *session) keysXchg(step string, k Keys) (Keys, error) {
+	if s.ch != nil {
+		rem := make([]byte, BinaryKeysLen)
+		if err := s.ch.xchg(s.ctx, step, k.MarshalBinary(s.cfg.GIDIndex), rem); err != nil {
+			return Keys{}, err
+		}
+		return ParseBinaryKeys(rem)
+	}
 	rem := make([]byte, KeysLen)
 	if err := s.xchg(step, k.Marshal(), rem); err != nil {
 		return Keys{}, err
@@ -421,11 +496,36 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 		mtu = r
 	}
 	s.res.MTU = mtu
+	if cfg.Conn == verbs.QPTypeUD && cfg.Size > mtu {
+		// A UD message is one packet.
+		if cfg.sizeGiven {
+			return nil, fmt.Errorf("perftest: Max message size in UD cannot be greater than MTU (%d; give -s %d or less)", mtu, mtu)
+		}
+		fmt.Fprintf(s.out, " Max msg size in UD is MTU %d\n Changing to this MTU\n", mtu)
+		cfg.Size = mtu
+	}
 
 	if err := s.setup(); err != nil {
 		return nil, err
 	}
 	defer s.teardown()
+	if s.ch != nil {
+		// The test QPs connect through the CM between two barriers.
+		if err := s.barrier("barrier before the rdma_cm connections"); err != nil {
+			return nil, err
+		}
+		if err := s.ch.connectTests(ctx, s); err != nil {
+			return nil, err
+		}
+		if err := s.barrier("barrier after the rdma_cm connections"); err != nil {
+			return nil, err
+		}
+		if cfg.Conn == verbs.QPTypeRC {
+			// The CM chose the path MTU (both ports' active MTU, the smaller).
+			a, _ := s.qps[0].qp.Query()
+			s.res.MTU = a.PathMTU
+		}
+	}
 
 	// Keys, first round (step 5): one message per QP, in QP order; then
 	// the GID-type check on QP 0 (step 6).
@@ -439,13 +539,15 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 		s.res.LocalQPs = append(s.res.LocalQPs, c.local)
 		s.res.RemoteQPs = append(s.res.RemoteQPs, c.remote)
 	}
-	if l, r := s.res.Local.GID, s.res.Remote.GID; l.Addr().Is4() != r.Addr().Is4() {
-		return nil, fmt.Errorf("perftest: GID type mismatch (local %v, remote %v): use the same IP version on both sides", l, r)
-	}
-	// QP bring-up (step 7).
-	for i, c := range s.qps {
-		if err := s.connectQP(c); err != nil {
-			return nil, fmt.Errorf("QP %d: %w", i, err)
+	if s.ch == nil {
+		if l, r := s.res.Local.GID, s.res.Remote.GID; l.Addr().Is4() != r.Addr().Is4() {
+			return nil, fmt.Errorf("perftest: GID type mismatch (local %v, remote %v): use the same IP version on both sides", l, r)
+		}
+		// QP bring-up (step 7); with -R the CM did it.
+		for i, c := range s.qps {
+			if err := s.connectQP(c); err != nil {
+				return nil, fmt.Errorf("QP %d: %w", i, err)
+			}
 		}
 	}
 	fmt.Fprintln(s.out, dashes)
@@ -565,8 +667,10 @@ func (s *session) finish() (*Result, error) {
 	if err := s.barrier("closing barrier"); err != nil {
 		return nil, err
 	}
-	if _, err := s.conn.Write([]byte("done\x00")); err != nil {
-		return nil, fmt.Errorf("perftest close: send done: %w", err)
+	if s.conn != nil {
+		if _, err := s.conn.Write([]byte("done\x00")); err != nil {
+			return nil, fmt.Errorf("perftest close: send done: %w", err)
+		}
 	}
 	s.res.Stats = s.stats()
 	var checkErr error

@@ -24,11 +24,18 @@ func roundUp(n, m int) int { return (n + m - 1) / m * m }
 type qpCtx struct {
 	qp            *verbs.QP
 	local, remote Keys
-	off           int // offset of this QP's part of the buffer: its local area
-	tOff          int // offset of its target area, the one the peer accesses
-	posted, done  int // send WRs posted and completed (active side)
-	recvPosted    int // receives posted (send test, receiving side)
+	off           int       // offset of this QP's part of the buffer: its local area
+	tOff          int       // offset of its target area, the one the peer accesses
+	posted, done  int       // send WRs posted and completed (active side)
+	recvPosted    int       // receives posted (send test, receiving side)
+	recvDone      int       // receives completed (send test, receiving side)
+	ah            *verbs.AH // UD: the peer's QP's address (active side)
+	destQPN       uint32    // UD: where the sends go (the KEYS', or SIDR's with -R)
+	destQKey      uint32
 }
+
+// QKey is the Q_Key of perftest's UD QPs, and the one its UD sends name.
+const QKey = 0x11111111
 
 // wrID packs the QP index and the WR's sequence number into a wr_id.
 func wrID(q, n int) uint64 { return uint64(q)<<32 | uint64(uint32(n)) }
@@ -63,12 +70,18 @@ func pattern(i int) byte {
 func (s *session) setup() error {
 	cfg := &s.cfg
 	cl, cyc := s.res.CacheLine, s.res.CycleBuffer
-	s.inc = max(roundUp(cfg.Size, cl), cl)
+	// A UD receive starts with the GRH: each slot has room for it.
+	msg := cfg.Size
+	if cfg.Conn == verbs.QPTypeUD {
+		s.grh = verbs.GRHLen
+		msg += s.grh
+	}
+	s.inc = max(roundUp(msg, cl), cl)
 	s.slots = 1
-	if cfg.Size <= cyc/2 {
+	if msg <= cyc/2 {
 		s.slots = cyc / s.inc
 	}
-	s.region = roundUp(max(cfg.Size, cyc), cl)
+	s.region = roundUp(max(msg, cyc), cl)
 	switch cfg.Test {
 	case Read:
 		s.local = 2 * s.region
@@ -122,7 +135,7 @@ func (s *session) setup() error {
 		return fmt.Errorf("perftest: GID index %d: %w", cfg.GIDIndex, err)
 	}
 	for i := range cfg.QPs {
-		qp, err := s.pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
+		qp, err := s.pd.CreateQP(verbs.QPInitAttr{Type: cfg.Conn, SendCQ: s.cq, RecvCQ: s.cq,
 			Cap: verbs.QPCap{MaxSendWR: cfg.TxDepth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1}})
 		if err != nil {
 			return fmt.Errorf("perftest: create QP %d: %w", i, err)
@@ -157,6 +170,9 @@ func (s *session) stats() verbs.QPStats {
 
 func (s *session) teardown() {
 	for _, c := range s.qps {
+		if c.ah != nil {
+			c.ah.Destroy()
+		}
 		c.qp.Destroy()
 	}
 	if s.mr != nil {
@@ -167,34 +183,72 @@ func (s *session) teardown() {
 	}
 }
 
+// The attribute masks perftest's ctx_modify_qp_to_rtr and _rts use for RC
+// and for UC.
+const (
+	ucRTR = qpstate.AttrState | qpstate.AttrAV | qpstate.AttrPathMTU | qpstate.AttrDestQPN | qpstate.AttrRQPSN
+	rcRTR = ucRTR | qpstate.AttrMaxDestRDAtomic | qpstate.AttrMinRNRTimer
+	ucRTS = qpstate.AttrState | qpstate.AttrSQPSN
+	rcRTS = ucRTS | qpstate.AttrTimeout | qpstate.AttrRetryCnt | qpstate.AttrRNRRetry | qpstate.AttrMaxQPRDAtomic
+)
+
 // connectQP moves QP i to RTR and RTS with perftest's attributes
 // (catalogue B.3): the tool's single remote right, rq_psn = the peer's
 // PSN, max_dest_rd_atomic = our announced out_reads, min RNR timer 12,
 // timeout -u (14), retry and RNR retry 7, max_rd_atomic = the peer's
-// out_reads. perftest leaves its passive QPs in RTR; softroce's passive
-// QPs go to RTS too, which changes nothing for a responder.
+// out_reads; a UC QP takes only the path and the PSNs. perftest leaves its
+// passive QPs in RTR; softroce's passive QPs go to RTS too, which changes
+// nothing for a responder.
 func (s *session) connectQP(c *qpCtx) error {
 	cfg, rem := &s.cfg, c.remote
+	if cfg.Conn == verbs.QPTypeUD {
+		return s.readyUD(c)
+	}
 	if err := c.qp.Init(cfg.Test.access()); err != nil {
 		return fmt.Errorf("perftest: QP to INIT: %w", err)
 	}
 	a := verbs.QPAttr{State: verbs.StateRTR, PathMTU: s.res.MTU, DestQPN: rem.QPN, RQPSN: rem.PSN,
 		MaxDestRDAtomic: uint8(cfg.OutReads), MinRNRTimer: 12,
 		AV: verbs.AddressVector{DGID: rem.GID, SGIDIndex: uint8(cfg.GIDIndex), HopLimit: 0xff}}
-	if err := c.qp.Modify(&a, qpstate.AttrState|qpstate.AttrAV|qpstate.AttrPathMTU|qpstate.AttrDestQPN|
-		qpstate.AttrRQPSN|qpstate.AttrMaxDestRDAtomic|qpstate.AttrMinRNRTimer); err != nil {
+	rtr, rts := rcRTR, rcRTS
+	if cfg.Conn == verbs.QPTypeUC {
+		rtr, rts = ucRTR, ucRTS // UC has no READ depth, RNR timer, timeout or retries
+	}
+	if err := c.qp.Modify(&a, rtr); err != nil {
 		return fmt.Errorf("perftest: QP to RTR: %w", err)
 	}
 	rd := min(max(int(rem.OutReads), 1), cfg.OutReads)
 	a = verbs.QPAttr{State: verbs.StateRTS, SQPSN: c.local.PSN, Timeout: cfg.QPTimeout, RetryCnt: 7, RNRRetry: 7,
 		MaxRDAtomic: uint8(rd)}
-	if err := c.qp.Modify(&a, qpstate.AttrState|qpstate.AttrSQPSN|qpstate.AttrTimeout|qpstate.AttrRetryCnt|
-		qpstate.AttrRNRRetry|qpstate.AttrMaxQPRDAtomic); err != nil {
+	if err := c.qp.Modify(&a, rts); err != nil {
 		return fmt.Errorf("perftest: QP to RTS: %w", err)
 	}
 	if cfg.RemotePort != 0 {
 		c.qp.SetRemotePort(cfg.RemotePort)
 	}
+	return nil
+}
+
+// readyUD brings a UD QP to RTS with perftest's Q_Key and, on the
+// sending side, makes the address handle of the peer's QP from its GID
+// (hop limit 0xff, traffic class 0, as perftest's ah_attr).
+func (s *session) readyUD(c *qpCtx) error {
+	if err := c.qp.ReadyUD(QKey, c.local.PSN); err != nil {
+		return fmt.Errorf("perftest: UD QP to RTS: %w", err)
+	}
+	if !s.connector {
+		return nil
+	}
+	return s.udDest(c, c.remote.GID, c.remote.QPN, QKey)
+}
+
+// udDest makes the address handle a UD sender sends through.
+func (s *session) udDest(c *qpCtx, gid verbs.GID, qpn, qkey uint32) error {
+	ah, err := s.pd.CreateAH(verbs.AHAttr{DGID: gid, SGIDIndex: s.cfg.GIDIndex, HopLimit: 0xff})
+	if err != nil {
+		return fmt.Errorf("perftest: address handle for %v: %w", gid, err)
+	}
+	c.ah, c.destQPN, c.destQKey = ah, qpn, qkey
 	return nil
 }
 
@@ -248,6 +302,9 @@ func (s *session) traffic(ctx context.Context) (Report, error) {
 				slot := uint64(c.posted % s.slots)
 				wr.ID = wrID(qi, c.posted)
 				wr.RKey = c.remote.RKey
+				if c.ah != nil {
+					wr.AH, wr.RemoteQPN, wr.RemoteQKey = c.ah.AV(), c.destQPN, c.destQKey
+				}
 				if cfg.Test != Send {
 					wr.RemoteAddr = c.remote.VAddr + slot*uint64(s.inc)
 				}
@@ -281,7 +338,8 @@ func (s *session) traffic(ctx context.Context) (Report, error) {
 			if qi >= len(s.qps) {
 				return Report{}, fmt.Errorf("perftest: completion for unknown wr_id %#x", wc.WRID)
 			}
-			// RC completes in order: a signaled WR retires all before it.
+			// A send queue completes in order: a signaled WR retires all
+			// before it.
 			if c := s.qps[qi]; seq+1 > c.done {
 				done += seq + 1 - c.done
 				c.done = seq + 1
@@ -289,18 +347,17 @@ func (s *session) traffic(ctx context.Context) (Report, error) {
 		}
 		meter.update(time.Now(), done, cfg.Size, done == total)
 	}
-	rep := s.report(time.Since(start), meter.peak)
+	rep := s.report(total, time.Since(start), meter.peak)
 	if err := s.checkActive(ctx); err != nil {
 		return rep, err
 	}
 	return rep, nil
 }
 
-// report turns a run's duration and peak rate (bytes/s) into perftest's
-// numbers; iterations count all QPs, as perftest's do.
-func (s *session) report(el time.Duration, peak float64) Report {
+// report turns a run's messages (over all QPs, as perftest counts them),
+// duration and peak rate (bytes/s) into perftest's numbers.
+func (s *session) report(iters int, el time.Duration, peak float64) Report {
 	cfg := &s.cfg
-	iters := cfg.Iters * cfg.QPs
 	sec := el.Seconds()
 	avg := float64(iters) * float64(cfg.Size) / sec
 	peak = max(peak, avg)
@@ -326,7 +383,7 @@ func (s *session) postRecvs(qi, n int) error {
 	for range n {
 		slot := uint64(c.recvPosted % s.slots)
 		wr.ID = wrID(qi, c.recvPosted)
-		wr.SGL[0] = verbs.SGE{Addr: s.mr.Addr() + uint64(c.tOff) + slot*uint64(s.inc), Length: uint32(s.cfg.Size), LKey: s.mr.LKey()}
+		wr.SGL[0] = verbs.SGE{Addr: s.mr.Addr() + uint64(c.tOff) + slot*uint64(s.inc), Length: uint32(s.grh + s.cfg.Size), LKey: s.mr.LKey()}
 		if err := c.qp.PostRecv(wr); err != nil {
 			return fmt.Errorf("perftest: post receive %d on QP %d: %w", c.recvPosted, qi, err)
 		}
@@ -336,21 +393,41 @@ func (s *session) postRecvs(qi, n int) error {
 }
 
 // receive is ib_send_bw's receiver: it waits for Iters receive
-// completions of exactly Size bytes on every QP, keeping receives posted,
-// and measures the rate it received at (the clock starts at the first
-// completion).
+// completions of exactly Size bytes (behind the GRH with UD) on every QP,
+// keeping receives posted, and measures the rate it received at (the
+// clock starts at the first completion). Over UC or UD, where a lost
+// message is never resent, it stops after RecvIdle without one and
+// reports what arrived, as perftest's receiver gives up on a silent
+// sender.
 func (s *session) receive(ctx context.Context) (Report, error) {
 	cfg := &s.cfg
 	total := cfg.Iters * len(s.qps)
 	wcs := make([]verbs.WC, 32)
 	done := 0
-	var start time.Time
+	var start, last time.Time
 	var meter peakMeter
+	wctx := ctx
+	var idle *time.Timer
+	if cfg.Conn != verbs.QPTypeRC {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		idle = time.AfterFunc(cfg.RecvIdle, cancel)
+		defer idle.Stop()
+	}
 	for done < total {
-		n, err := s.cq.Wait(ctx, wcs)
+		n, err := s.cq.Wait(wctx, wcs)
+		if err != nil && idle != nil && ctx.Err() == nil {
+			s.res.Lost = total - done
+			fmt.Fprintf(s.out, " No message for %v: %d of %d messages lost, reporting the %d received\n", cfg.RecvIdle, total-done, total, done)
+			break
+		}
 		if err != nil {
 			return Report{}, fmt.Errorf("perftest: waiting for receives after %d of %d: %w (QP stats %+v)",
 				done, total, err, s.stats())
+		}
+		if idle != nil {
+			idle.Reset(cfg.RecvIdle)
 		}
 		if done == 0 {
 			start = time.Now()
@@ -364,20 +441,26 @@ func (s *session) receive(ctx context.Context) (Report, error) {
 			if qi >= len(s.qps) {
 				return Report{}, fmt.Errorf("perftest: completion for unknown wr_id %#x", wc.WRID)
 			}
-			if wc.ByteLen != uint32(cfg.Size) {
+			if wc.ByteLen != uint32(s.grh+cfg.Size) {
 				return Report{}, fmt.Errorf("perftest: data check: receive %d on QP %d got %d bytes, want %d (use the same -s on both sides)",
-					seq, qi, wc.ByteLen, cfg.Size)
+					seq, qi, int(wc.ByteLen)-s.grh, cfg.Size)
 			}
 			done++
+			s.qps[qi].recvDone++
 			if c := s.qps[qi]; c.recvPosted < cfg.Iters {
 				if err := s.postRecvs(qi, 1); err != nil {
 					return Report{}, err
 				}
 			}
 		}
-		meter.update(time.Now(), done, cfg.Size, done == total)
+		last = time.Now()
+		meter.update(last, done, cfg.Size, done == total)
 	}
-	return s.report(max(time.Since(start), time.Microsecond), meter.peak), nil
+	if done == 0 {
+		return Report{}, fmt.Errorf("perftest: no message arrived in %v (QP stats %+v)", cfg.RecvIdle, s.stats())
+	}
+	// The rates are those of what arrived, in the time it took.
+	return s.report(done, max(last.Sub(start), time.Microsecond), meter.peak), nil
 }
 
 // checkActive verifies what the active side can see of the peer's memory
@@ -467,10 +550,11 @@ func (s *session) checkTarget(peer Report) error {
 	if peer.Size != uint64(cfg.Size) {
 		return fmt.Errorf("perftest: peer reported %d-byte messages, this side was set up for %d (use the same -s)", peer.Size, cfg.Size)
 	}
-	if peer.Iters%uint64(len(s.qps)) != 0 {
+	if cfg.Test != Send && peer.Iters%uint64(len(s.qps)) != 0 {
 		return fmt.Errorf("perftest: peer reported %d iterations, not a multiple of %d QPs (use the same -q)", peer.Iters, len(s.qps))
 	}
 	iters := int(peer.Iters) / len(s.qps) // per QP
+	received, slotsSeen := 0, 0
 	guard := s.buf[len(s.qps)*s.part:]
 	if !allByte(guard, canary) {
 		return fmt.Errorf("perftest: data check: the guard area behind the last QP's buffer changed")
@@ -478,6 +562,11 @@ func (s *session) checkTarget(peer Report) error {
 	var sum uint64
 	for qi, c := range s.qps {
 		target := s.buf[c.tOff : c.tOff+s.region]
+		if cfg.Test == Send {
+			// What this side received itself (fewer when UC or UD lost some).
+			iters = c.recvDone
+			received += iters
+		}
 		switch cfg.Test {
 		case Read:
 			for i, b := range target {
@@ -487,13 +576,16 @@ func (s *session) checkTarget(peer Report) error {
 			}
 		case Write, Send:
 			written := make([]bool, len(target))
+			slotsSeen += min(s.slots, iters)
 			for k := 0; k < min(s.slots, iters); k++ {
-				msg := target[k*s.inc : k*s.inc+cfg.Size]
+				// A UD receive has the GRH, then the message.
+				at := k*s.inc + s.grh
+				msg := target[at : at+cfg.Size]
 				if cfg.Size >= 8 && allByte(msg, canary) {
-					return fmt.Errorf("perftest: data check: QP %d %v slot %d (offset %d) was never written", qi, cfg.Test, k, k*s.inc)
+					return fmt.Errorf("perftest: data check: QP %d %v slot %d (offset %d) was never written", qi, cfg.Test, k, at)
 				}
-				for i := range msg {
-					written[k*s.inc+i] = true
+				for i := k * s.inc; i < at+cfg.Size; i++ {
+					written[i] = true
 				}
 			}
 			for i, b := range target {
@@ -525,9 +617,9 @@ func (s *session) checkTarget(peer Report) error {
 	case Read:
 		s.res.Checked = "exposed buffer unchanged"
 	case Write, Send:
-		s.res.Checked = fmt.Sprintf("%d %v slots written, no byte outside them changed", min(s.slots, iters)*len(s.qps), cfg.Test)
+		s.res.Checked = fmt.Sprintf("%d %v slots written, no byte outside them changed", slotsSeen, cfg.Test)
 		if cfg.Test == Send {
-			s.res.Checked = fmt.Sprintf("%d receives of %d bytes; ", iters*len(s.qps), cfg.Size) + s.res.Checked
+			s.res.Checked = fmt.Sprintf("%d receives of %d bytes; ", received, cfg.Size) + s.res.Checked
 		}
 	case Atomic:
 		s.res.Checked = fmt.Sprintf("atomic slots sum to %d", sum)

@@ -439,6 +439,10 @@ func (l *Link) rxPacket(x *xsk, c, e uint32, p *nic.Packet) bool {
 		id       uint16
 		simpleV4 bool
 		ipHdr    []byte
+		// What a UD receiver writes into its GRH.
+		ipKnown     bool
+		ttl, tclass uint8
+		flowLabel   uint32
 	)
 	switch binary.BigEndian.Uint16(f0[12:]) {
 	case unix.ETH_P_IP:
@@ -464,6 +468,7 @@ func (l *Link) rxPacket(x *xsk, c, e uint32, p *nic.Packet) bool {
 		id = binary.BigEndian.Uint16(ip[4:])
 		simpleV4 = ihl == ipv4Len && ip[6] == 0x40 // DF, nothing else
 		ipHdr = ip[:ihl]
+		ipKnown, ttl, tclass = ihl == ipv4Len, ip[8], ip[1]
 	case unix.ETH_P_IPV6:
 		ip := f0[ethLen:]
 		if len(ip) < ipv6Len+udpLen || ip[0]>>4 != 6 || ip[6] != unix.IPPROTO_UDP {
@@ -477,6 +482,8 @@ func (l *Link) rxPacket(x *xsk, c, e uint32, p *nic.Packet) bool {
 			return false
 		}
 		src, dst = netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
+		v := binary.BigEndian.Uint32(ip[0:])
+		ipKnown, ttl, tclass, flowLabel = true, ip[7], uint8(v>>20), v&0xfffff
 	default:
 		l.rxMalformed.Add(1)
 		return false
@@ -522,6 +529,7 @@ func (l *Link) rxPacket(x *xsk, c, e uint32, p *nic.Packet) bool {
 	p.Local = dst
 	p.SrcPort = 0
 	p.ICRC = nic.ICRCVerified
+	p.IPKnown, p.HopLimit, p.TClass, p.IPID, p.FlowLabel = ipKnown, ttl, tclass, id, flowLabel
 	l.rxPackets.Add(1)
 	l.rxBytes.Add(uint64(roceLen))
 	return true

@@ -87,6 +87,9 @@ func TestFrameRoundTrip(t *testing.T) {
 					in.Remote != netip.AddrPortFrom(l.addrs4or6(dst), 50000) || in.Local.String() != dst {
 					t.Fatalf("%s %d bytes: got %d bytes from %v to %v (%v)", dst, n, in.N, in.Remote, in.Local, in.ICRC)
 				}
+				if !in.IPKnown || in.HopLimit != 64 {
+					t.Fatalf("%s: IP fields known %v, hop limit %d", dst, in.IPKnown, in.HopLimit)
+				}
 				// The UDP checksum is right: summing the pseudo-header and
 				// the segment with its checksum gives all ones.
 				if err := checkUDP(frame); err != "" {
@@ -160,6 +163,10 @@ func TestRxRealIPv4Header(t *testing.T) {
 		in := nic.Packet{Buf: make([]byte, 2000)}
 		if !l.rxPacket(x, 0, e, &in) || in.ICRC != nic.ICRCVerified || in.N != len(payload) {
 			t.Fatalf("IHL %d: rejected or wrong (%+v)", ihl, l.Stats())
+		}
+		// The header's fields, for a UD receiver's GRH (20-byte headers only).
+		if in.IPKnown != (ihl == 5) || in.IPID != 0x1234 || in.HopLimit != 64 {
+			t.Fatalf("IHL %d: IP fields known %v ID %#x TTL %d", ihl, in.IPKnown, in.IPID, in.HopLimit)
 		}
 		frame[len(frame)-10] ^= 1
 		x, e = fakeRX([][]byte{frame})

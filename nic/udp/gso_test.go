@@ -97,6 +97,11 @@ func TestGSO(t *testing.T) {
 				if string(p.Bytes()) != string(out[i].Bytes()) || p.ICRC != c.want || p.Remote != a.LocalAddrPort() {
 					t.Fatalf("packet %d: %d bytes %v from %v", i, p.N, p.ICRC, p.Remote)
 				}
+				// IPv4: the ID the segment carried, read off the
+				// split header (raw) or solved from the ICRC.
+				if c.addr == "127.0.0.1" && (!p.IPKnown || p.IPID != ids[i]) {
+					t.Errorf("packet %d: IP ID known %v, %d, want %d", i, p.IPKnown, p.IPID, ids[i])
+				}
 				want, _ := synthID(a.LocalAddrPort(), b.LocalAddrPort(), ids[i], out[i].Bytes())
 				if icrc.Wire(p.Bytes()) != want {
 					t.Errorf("packet %d: ICRC %08x, want the one for ID %d %08x", i, icrc.Wire(p.Bytes()), ids[i], want)

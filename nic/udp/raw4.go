@@ -146,6 +146,9 @@ func (l *Link) acceptRaw(n int, flags int32, h []byte, p *nic.Packet) bool {
 	p.Local = dst.Addr()
 	p.SrcPort = 0
 	p.ICRC = nic.ICRCVerified
+	// The header as received, for a UD receiver's GRH (which holds a
+	// 20-byte header only).
+	p.IPKnown, p.HopLimit, p.TClass, p.IPID, p.FlowLabel = ihl == 20, ip[8], ip[1], binary.BigEndian.Uint16(ip[4:]), 0
 	l.rxVerified.Add(1)
 	l.rxPackets.Add(1)
 	l.rxBytes.Add(uint64(p.N))

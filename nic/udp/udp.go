@@ -183,9 +183,13 @@ type Link struct {
 var _ nic.RawSender = (*Link)(nil)
 
 // oobSize fits the control messages a datagram can carry: IP_PKTINFO (or
-// IPV6_PKTINFO), IP_RECVFRAGSIZE, UDP_GRO and up to 40 bytes of
-// IP_OPTIONS.
+// IPV6_PKTINFO), IP_RECVFRAGSIZE, the TTL and TOS (hop limit, traffic
+// class and flow information), UDP_GRO and up to 40 bytes of IP_OPTIONS.
 const oobSize = 256
+
+// ipv6FlowInfo is IPV6_FLOWINFO (linux/in6.h): as a socket option it asks
+// for the flow information of received datagrams.
+const ipv6FlowInfo = 11
 
 // Open binds the socket and prepares its batches.
 func Open(cfg Config) (*Link, error) {
@@ -315,6 +319,19 @@ func (l *Link) setup(cfg Config) error {
 	if err != nil {
 		return err
 	}
+	// The received header's TTL and TOS (IPv6: hop limit, traffic class,
+	// flow label), which a UD receiver writes into its GRH. Best effort:
+	// without them packets say IPKnown false.
+	rc.Control(func(fd uintptr) {
+		if l.v6 {
+			unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVHOPLIMIT, 1)
+			unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVTCLASS, 1)
+			unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, ipv6FlowInfo, 1)
+		} else {
+			unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTTL, 1)
+			unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTOS, 1)
+		}
+	})
 	if l.v6 {
 		pc := ipv6.NewPacketConn(l.conn)
 		if err := pc.SetControlMessage(ipv6.FlagDst, true); err != nil {
@@ -606,6 +623,9 @@ func (l *Link) accept(n int, flags int32, src netip.AddrPort, oob []byte, p *nic
 	p.N = n
 	p.Remote = src
 	p.Local = l.local.Addr()
+	// The header's TTL and TOS (or hop limit, traffic class and flow
+	// label) come in control messages; the IPv4 ID only as solved below.
+	p.IPKnown, p.HopLimit, p.TClass, p.IPID, p.FlowLabel = l.v6 && c.hasTTL, c.ttl, c.tos, 0, c.flow
 	if c.hasDst {
 		p.Local = c.dst
 	}
@@ -636,7 +656,7 @@ func (l *Link) accept(n int, flags int32, src netip.AddrPort, oob []byte, p *nic
 	default:
 		// The peer's ID is not visible: solve for it (package doc). A
 		// reassembled datagram was sent without DF.
-		_, ok, err := solveV4(p.Remote, local, !c.fragmented, p.Buf[:p.N])
+		id, ok, err := solveV4(p.Remote, local, !c.fragmented, p.Buf[:p.N])
 		if err != nil {
 			l.rxMalformed.Add(1)
 			return false
@@ -645,6 +665,7 @@ func (l *Link) accept(n int, flags int32, src netip.AddrPort, oob []byte, p *nic
 			l.rxBad.Add(1)
 			return false
 		}
+		p.IPKnown, p.IPID = c.hasTTL && !c.fragmented, id
 		p.ICRC = nic.ICRCPartial
 		l.rxPartial.Add(1)
 	}
@@ -667,6 +688,9 @@ type cmsgs struct {
 	hasDst     bool
 	options    bool // IP_RECVOPTS: the IPv4 header had options
 	fragmented bool // IP_RECVFRAGSIZE: the kernel reassembled the datagram
+	hasTTL     bool // IP_TTL or IPV6_HOPLIMIT came
+	ttl, tos   uint8
+	flow       uint32 // IPV6_FLOWINFO: the flow label
 }
 
 // parseCmsgs decodes the control messages, by hand so that nothing
@@ -695,6 +719,16 @@ func parseCmsgs(oob []byte, v6 bool) cmsgs {
 			c.options = true
 		case !v6 && level == unix.IPPROTO_IP && typ == unix.IP_RECVFRAGSIZE:
 			c.fragmented = true
+		case !v6 && level == unix.IPPROTO_IP && typ == unix.IP_TTL && len(data) >= 4:
+			c.ttl, c.hasTTL = uint8(binary.NativeEndian.Uint32(data)), true
+		case !v6 && level == unix.IPPROTO_IP && typ == unix.IP_TOS && len(data) >= 1:
+			c.tos = data[0]
+		case v6 && level == unix.IPPROTO_IPV6 && typ == unix.IPV6_HOPLIMIT && len(data) >= 4:
+			c.ttl, c.hasTTL = uint8(binary.NativeEndian.Uint32(data)), true
+		case v6 && level == unix.IPPROTO_IPV6 && typ == unix.IPV6_TCLASS && len(data) >= 4:
+			c.tos = uint8(binary.NativeEndian.Uint32(data))
+		case v6 && level == unix.IPPROTO_IPV6 && typ == ipv6FlowInfo && len(data) >= 4:
+			c.flow = binary.BigEndian.Uint32(data) & 0xfffff
 		}
 		adv := cmsgAlign(ln)
 		if adv > len(oob) {

@@ -134,6 +134,10 @@ func TestIPv4(t *testing.T) {
 		if in[i].ICRC != nic.ICRCPartial || in[i].ICRC.CheckBits() != 16 {
 			t.Fatalf("IPv4 packet %d marked %v", i, in[i].ICRC)
 		}
+		// TTL from a control message, the ID as solved (Linux sends 0).
+		if !in[i].IPKnown || in[i].HopLimit != 64 || in[i].IPID != 0 {
+			t.Fatalf("IPv4 packet %d: IP fields known %v TTL %d ID %#x", i, in[i].IPKnown, in[i].HopLimit, in[i].IPID)
+		}
 	}
 	if st := b.Stats(); st.RxPackets != 40 || st.RxICRCPartial != 40 || st.RxICRCUnverified != 0 || st.RxICRCVerified != 0 || st.RxICRCBad != 0 {
 		t.Errorf("receiver stats %+v", st)
@@ -185,6 +189,11 @@ func TestIPv4CheckModes(t *testing.T) {
 			if p.ICRC != c.want {
 				t.Errorf("%v: packet marked %v, want %v", c.l.IPv4Check(), p.ICRC, c.want)
 			}
+			// The raw socket shows the header, the solving socket its
+			// TTL and solved ID; unchecked, the ID is unknown (for a UD GRH).
+			if known := c.want != nic.ICRCUnverified; p.IPKnown != known || known && p.HopLimit != 64 {
+				t.Errorf("%v: IPKnown %v TTL %d", c.l.IPv4Check(), p.IPKnown, p.HopLimit)
+			}
 		}
 		st := c.l.Stats()
 		if st.RxICRCVerified+st.RxICRCPartial+st.RxICRCUnverified != st.RxPackets || st.RxPackets != 3 {
@@ -201,6 +210,9 @@ func TestIPv6(t *testing.T) {
 	for i := range in {
 		if in[i].ICRC != nic.ICRCVerified {
 			t.Fatalf("IPv6 packet %d marked %v", i, in[i].ICRC)
+		}
+		if !in[i].IPKnown || in[i].HopLimit != 64 {
+			t.Fatalf("IPv6 packet %d: IP fields known %v hop limit %d", i, in[i].IPKnown, in[i].HopLimit)
 		}
 	}
 	if st := b.Stats(); st.RxPackets != 40 || st.RxICRCUnverified != 0 || st.RxICRCVerified != 40 {

@@ -18,6 +18,7 @@ import (
 type wire struct {
 	ep  [2]*simEP
 	now time.Time
+	typ qpstate.Type // service of the QPs connect makes (zero: RC)
 }
 
 func newWire(tb testing.TB) *wire {
@@ -29,7 +30,7 @@ func (w *wire) connect(tb testing.TB, n, pmtu, depth int) [][2]*QP {
 	s := &sim{t: tb, ep: w.ep, now: w.now}
 	var out [][2]*QP
 	for i := 0; i < n; i++ {
-		out = append(out, s.connect(qpOpts{pmtu: pmtu, timeout: 14, retry: 7, rnrRetry: 7, depth: depth, maxRD: 16}))
+		out = append(out, s.connect(qpOpts{typ: w.typ, pmtu: pmtu, timeout: 14, retry: 7, rnrRetry: 7, depth: depth, maxRD: 16}))
 	}
 	return out
 }
@@ -59,7 +60,13 @@ func (w *wire) step() int {
 }
 
 func benchmarkOp(b *testing.B, nqp int, op wr.Opcode, size, pmtu int) {
+	benchmarkService(b, qpstate.RC, nqp, op, size, pmtu)
+}
+
+// benchmarkService runs op over QPs of service typ.
+func benchmarkService(b *testing.B, typ qpstate.Type, nqp int, op wr.Opcode, size, pmtu int) {
 	w := newWire(b)
+	w.typ = typ
 	const depth = 128
 	pairs := w.connect(b, nqp, pmtu, depth)
 	lbuf := make([]byte, size)

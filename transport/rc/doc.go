@@ -6,6 +6,10 @@
 // them in order), after IBTA vol. 1 ch. 9.7 and the behaviour of the
 // kernel's rdma_rxe. The work requests it runs are package wr's.
 //
+// The same engine runs Unreliable Connection QPs (uc.go): RC's
+// segmentation and memory placement without ACKs, retransmission or
+// timers, sequenced by the rules of package transport/uc.
+//
 // The package does no I/O and reads no clock: an Engine is fed received
 // packet batches and the current time, and hands back packet batches to
 // send and the next time it wants to be woken. Driver runs an Engine on a

@@ -50,6 +50,13 @@ type Engine struct {
 	// OnLastWQE is called (under the engine lock) when a QP created on an
 	// SRQ enters ERR, like IBV_EVENT_QP_LAST_WQE_REACHED.
 	OnLastWQE func(qpn uint32)
+	// OnCommEst is called (under the engine lock) when an RC or UC QP
+	// takes the first packet from its peer since it entered RTR: the
+	// connection works, whether or not the CM's RTU arrived (IBTA
+	// §12.7.2). rtr says the QP is still in RTR, where IBTA §11.6.3 raises
+	// IBV_EVENT_COMM_EST; a QP already in RTS learns it too, for a CM that
+	// moved it there before its REP.
+	OnCommEst func(qpn uint32, rtr bool)
 	// Wake is called (under the engine lock, must not block) when posted
 	// work is waiting for Progress.
 	Wake func()
@@ -59,6 +66,8 @@ type Engine struct {
 
 	stats   EngineStats
 	srqNext uint32 // number of the last SRQ created
+
+	ud udEngine // UD's scratch state (ud.go)
 }
 
 // EngineStats count what the engine dropped and why.
@@ -69,6 +78,10 @@ type EngineStats struct {
 	RxUnknownQP   uint64 // no such QP, or QP not ready (IBTA: silently dropped)
 	RxBadHeader   uint64 // TVer != 0, P_Key mismatch, not an RC opcode
 	RxWrongSource uint64 // source IP does not match the QP's address vector
+	// UD receives dropped (IBTA: silently), see ud.go.
+	RxBadQKey   uint64 // DETH Q_Key is not the QP's (rxe's qkey violation counter)
+	RxUDTooLong uint64 // payload + 40-byte GRH larger than the receive WQE
+	RxUDNoRecv  uint64 // no receive WQE posted
 }
 
 // NewEngine returns an engine whose responders and requesters access
@@ -77,11 +90,14 @@ func NewEngine(mrs *memreg.Table) *Engine {
 	return &Engine{mrs: mrs, qps: map[uint32]*QP{}, timed: map[*QP]struct{}{}, MaxBatch: 64}
 }
 
-// CreateQP makes an RC QP in RESET with a random 24-bit QP number (never
+// CreateQP makes a QP (RC, UC or UD: cfg.Type) in RESET with a random 24-bit QP number (never
 // 0 or 1, which IBTA reserves for SMI and GSI).
-func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
+func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) { return e.createQP(cfg, 0) }
+
+// createQP makes a QP numbered num, or with a random number if num is 0.
+func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
 	switch cfg.Type {
-	case qpstate.RC:
+	case qpstate.RC, qpstate.UC, qpstate.UD:
 	default:
 		return nil, fmt.Errorf("rc: QP type %v is not implemented", cfg.Type)
 	}
@@ -103,13 +119,17 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
 	if s := cfg.SRQ; s != nil && (s.e != e || s.destroyed) {
 		return nil, fmt.Errorf("%w: create QP on SRQ %d", ErrNoSRQ, s.num)
 	}
-	var num uint32
-	for {
+	if num != 0 {
+		if _, used := e.qps[num]; used {
+			return nil, fmt.Errorf("%w: QP %d exists", ErrQPNumInUse, num)
+		}
+	}
+	for num == 0 {
 		var b [4]byte
 		rand.Read(b[:])
 		num = binary.LittleEndian.Uint32(b[:]) & bth.PSNMask
-		if _, used := e.qps[num]; num > 1 && !used {
-			break
+		if _, used := e.qps[num]; num <= 1 || used {
+			num = 0
 		}
 	}
 	qp := &QP{e: e, num: num, cfg: cfg, state: qpstate.Reset}
@@ -121,6 +141,9 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) {
 		cfg.SRQ.nQP++
 	} else {
 		qp.rq = newRecvRing(cfg.MaxRecvWR, cfg.MaxRecvSGE)
+	}
+	if cfg.Type == qpstate.UD {
+		qp.ud.ah = make([]wr.AH, cfg.MaxSendWR)
 	}
 	qp.setPathLocked(Path{PMTU: 1024})
 	e.qps[num] = qp
@@ -301,6 +324,10 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 			e.stats.RxBadHeader++
 			continue
 		}
+		if qp.cfg.Type == qpstate.UD {
+			qp.receiveUD(pk, &p) // any sender: no source filter
+			continue
+		}
 		if qp.path.Remote.IsValid() && pk.Remote.Addr() != qp.path.Remote.Addr() {
 			e.stats.RxWrongSource++
 			continue
@@ -309,6 +336,11 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 		if p.Info.Request {
 			if qp.state != qpstate.RTR && qp.state != qpstate.RTS && qp.state != qpstate.SQD {
 				e.stats.RxUnknownQP++
+				continue
+			}
+			qp.noteCommEst()
+			if qp.isUC() {
+				qp.respondUC(&p)
 				continue
 			}
 			if len(qp.resp.jobs) > 0 {
@@ -323,6 +355,7 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 				e.stats.RxUnknownQP++
 				continue
 			}
+			qp.noteCommEst()
 			qp.complete(&p)
 		}
 	}

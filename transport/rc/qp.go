@@ -10,6 +10,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/uc"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -57,6 +58,7 @@ type Path struct {
 	MaxRDAtomic     int
 	MaxDestRDAtomic int
 	Access          memreg.Access // remote access enabled on the QP (ibv_qp_attr.qp_access_flags)
+	QKey            uint32        // UD: the QP's Q_Key (ibv_qp_attr.qkey)
 }
 
 // Errors returned by Post*.
@@ -104,6 +106,9 @@ type QP struct {
 	cfg   QPConfig
 	path  Path
 	state qpstate.State
+	// commEst: a packet from the peer arrived since the QP entered RTR
+	// (OnCommEst was called for it).
+	commEst bool
 
 	// send queue ring: [sqHead, sqTail) occupied; sqSend is the next WQE
 	// to transmit from (as an offset from sqHead), sqPkt the packet index
@@ -127,6 +132,8 @@ type QP struct {
 	rq recvRing
 
 	resp responder
+	// UC: the responder's receive sequencing (unused on RC).
+	ucRecv uc.Receiver
 
 	// scheduling flags
 	txPending  bool // requester or responder may have packets to send
@@ -136,6 +143,8 @@ type QP struct {
 	destroyed  bool
 
 	stats QPStats
+
+	ud udQP // UD's per-QP state (ud.go)
 }
 
 // QPStats are per-QP counters, in the spirit of rxe's hw counters.
@@ -245,8 +254,10 @@ func (qp *QP) setStateLocked(s qpstate.State) {
 		qp.reset()
 	case qpstate.RTR:
 		if prev != qpstate.RTR {
+			qp.commEst = false
 			qp.resp.ePSN = qp.path.RQPSN & bth.PSNMask
 			qp.resp.msn = 0
+			qp.ucRecv.Reset(qp.path.RQPSN) // UC
 		}
 	case qpstate.RTS:
 		if prev == qpstate.RTR {
@@ -359,7 +370,10 @@ func (qp *QP) toError(reason string) {
 		return
 	}
 	qp.state = qpstate.Err
-	qp.stopSending(true)
+	// UC: every packet a UC QP has built belongs to a work request that
+	// has completed, or is its own failing one: they still leave, as rxe
+	// sends UC packets as it builds them.
+	qp.stopSending(!qp.isUC())
 	qp.flush()
 	if qp.e.OnAsyncError != nil {
 		qp.e.OnAsyncError(qp.num, reason)
@@ -409,9 +423,20 @@ func (qp *QP) PostSend(swr *wr.SendWR) error {
 	if !swr.Opcode.Known() {
 		return fmt.Errorf("rc: opcode %v is not supported on an RC QP", swr.Opcode)
 	}
+	if qp.isUC() {
+		if err := uc.CheckPost(swr.Opcode); err != nil { // UC: no READ, atomics or invalidate
+			return err
+		}
+	}
 	length := 0
 	for _, s := range swr.SGL {
 		length += int(s.Length)
+	}
+	if qp.cfg.Type == qpstate.UD {
+		if err := qp.checkSendUD(swr); err != nil {
+			return err
+		}
+		qp.ud.ah[qp.sqTail] = *swr.AH
 	}
 	switch {
 	case swr.Opcode.IsAtomic():
@@ -546,4 +571,16 @@ func wcOpcode(o wr.Opcode) cq.Opcode {
 		return cq.OpLocalInv
 	}
 	return cq.OpSend
+}
+
+// noteCommEst raises OnCommEst for the first packet from the peer since
+// the QP entered RTR; the caller holds the engine lock.
+func (qp *QP) noteCommEst() {
+	if qp.commEst {
+		return
+	}
+	qp.commEst = true
+	if qp.e.OnCommEst != nil {
+		qp.e.OnCommEst(qp.num, qp.state == qpstate.RTR)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/uc"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -23,6 +24,9 @@ func npackets(n, pmtu int) int {
 // send queue until the budget, the PSN window or max_rd_atomic stops it.
 // It reports whether it has nothing more to send right now.
 func (qp *QP) transmit(budget int) bool {
+	if qp.cfg.Type == qpstate.UD {
+		return qp.transmitUD(budget)
+	}
 	e := qp.e
 	if qp.state != qpstate.RTS || !qp.rnrDeadline.IsZero() {
 		return true
@@ -83,7 +87,7 @@ func (qp *QP) transmit(budget int) bool {
 			}
 		}
 		psn := bth.PSNAdd(w.firstPSN, qp.sqPkt)
-		if bth.PSNDiff(psn, qp.compPSN) >= maxUnackedPSNs {
+		if bth.PSNDiff(psn, qp.compPSN) >= maxUnackedPSNs && !qp.isUC() {
 			return true // window full: an ACK reopens it
 		}
 		if bth.PSNDiff(psn, qp.maxSentPSN) <= 0 && qp.sentAny {
@@ -100,11 +104,18 @@ func (qp *QP) transmit(budget int) bool {
 		if !qp.buildRequest(w, psn) {
 			return true // the WQE failed locally; the QP is in ERR
 		}
-		if w.wr.Opcode == wr.RDMARead || w.wr.Opcode.IsAtomic() || w.wr.Opcode == wr.AtomicWrite || qp.sqPkt+1 >= w.npsn {
+		lastPkt := w.wr.Opcode == wr.RDMARead || w.wr.Opcode.IsAtomic() || w.wr.Opcode == wr.AtomicWrite || qp.sqPkt+1 >= w.npsn
+		if lastPkt {
 			qp.sqSendOff++
 			qp.sqPkt = 0
 		} else {
 			qp.sqPkt++
+		}
+		if qp.isUC() { // UC: complete on the last packet; no ACK timer
+			if lastPkt {
+				qp.ucSent()
+			}
+			continue
 		}
 		if qp.retryDeadline.IsZero() && qp.path.Timeout != 0 {
 			qp.retryDeadline = e.now.Add(localAckTimeout(qp.path.Timeout))
@@ -149,6 +160,9 @@ func (qp *QP) buildRequest(w *sendWQE, psn uint32) bool {
 		f.BTH.Opcode = segOpcode(op, first, last)
 		f.BTH.AckReq = last || k%ackReqEvery == ackReqEvery-1
 		f.BTH.SE = last && w.wr.Flags&wr.Solicited != 0 && (op.IsSend() || op == wr.RDMAWriteWithImm)
+		if qp.isUC() { // UC: the same segment under the UC prefix, never AckReq
+			f.BTH.Opcode, f.BTH.AckReq = uc.Opcode(f.BTH.Opcode), false
+		}
 		if op.IsWrite() && first {
 			f.VA, f.RKey, f.DMALen = w.wr.RemoteAddr, w.wr.RKey, uint32(w.length)
 		}

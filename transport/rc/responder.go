@@ -174,11 +174,7 @@ func (qp *QP) respond(p *bth.Packet) {
 		qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "opcode sequence: no message started")
 		return
 	}
-	// Per-packet length (IBTA C9-92, rxe_resp_check_length).
-	plen, pmtu := len(p.Payload), qp.path.PMTU
-	switch {
-	case info.Payload == bth.PayloadPMTU && plen != pmtu,
-		info.Payload == bth.PayloadUpTo && (plen > pmtu || info.Pos == bth.PosLast && plen == 0):
+	if !pmtuLengthOK(info, len(p.Payload), qp.path.PMTU) {
 		qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "packet length does not fit the path MTU")
 		return
 	}
@@ -212,11 +208,79 @@ func (qp *QP) respond(p *bth.Packet) {
 	}
 }
 
-// takeRecv moves the oldest receive WQE (of the QP's receive queue or of
-// its SRQ) into the current message, or sends an RNR NAK when none is
-// posted (IBTA §9.7.5.2.8; the same with an empty SRQ, as rxe does).
-func (qp *QP) takeRecv(psn uint32) bool {
+// pmtuLengthOK checks a request packet's payload against the path MTU
+// (IBTA C9-92, rxe_resp_check_length): FIRST and MIDDLE carry exactly
+// the PMTU, LAST 1..PMTU, ONLY 0..PMTU.
+func pmtuLengthOK(info *bth.OpInfo, plen, pmtu int) bool {
+	switch {
+	case info.Payload == bth.PayloadPMTU && plen != pmtu,
+		info.Payload == bth.PayloadUpTo && (plen > pmtu || info.Pos == bth.PosLast && plen == 0):
+		return false
+	}
+	return true
+}
+
+// failKind sorts the reasons a responder cannot execute a SEND or WRITE
+// packet; each service decides what follows (RC NAKs, UC drops).
+type failKind uint8
+
+const (
+	failRNR     failKind = iota + 1 // no receive WQE posted (0: no failure)
+	failRequest                     // invalid request: lengths, QP access rights
+	failAccess                      // R_Key, bounds or permission of the target memory
+	failLocal                       // the receive WQE's own buffer is unusable
+)
+
+// respFail is why a packet could not be executed, with the NAK syndrome
+// and completion status RC answers it with; kind 0 is success. A value,
+// not a pointer, so a failure costs no allocation.
+type respFail struct {
+	kind failKind
+	syn  bth.Syndrome
+	st   cq.Status
+	why  string
+	err  error // the memory access error, formatted only when needed
+}
+
+// reason says why, for the async error event of a QP that goes to ERR.
+func (f *respFail) reason() string {
+	if f.err != nil {
+		return f.err.Error()
+	}
+	return f.why
+}
+
+// rcFail answers a failed SEND or WRITE packet as RC does: an RNR NAK
+// for a missing receive WQE, otherwise a fatal NAK and the QP to ERR.
+func (qp *QP) rcFail(psn uint32, f respFail) {
+	if f.kind == failRNR {
+		qp.stats.RNRNAKsSent++
+		qp.sendNAK(bth.RNRNAK(qp.path.MinRNRTimer), psn)
+		return
+	}
+	qp.responderError(f.syn, psn, f.st, f.reason())
+}
+
+// accessFail classifies a failed memory access as memreg reports it:
+// remote access error (0x62) or invalid request (0x61).
+func accessFail(err error) respFail {
+	if errors.Is(err, memreg.ErrInvalidRequest) {
+		return respFail{kind: failRequest, syn: bth.SyndromeInvalidRequest, st: cq.RemInvReqErr, err: err}
+	}
+	return respFail{kind: failAccess, syn: bth.SyndromeRemoteAccessError, st: cq.RemAccessErr, err: err}
+}
+
+// takeRecvWQE moves the oldest receive WQE (of the QP's receive queue or
+// of its SRQ) into the current message; false when none is posted (RC
+// answers an RNR NAK, IBTA §9.7.5.2.8, also with an empty SRQ as rxe
+// does). A WQE the current message already holds is kept:
+// on UC it is the one a broken message leaves for the next (on RC no
+// message holds one when a new one starts).
+func (qp *QP) takeRecvWQE() bool {
 	r := &qp.resp
+	if r.cur.hasRecv {
+		return true
+	}
 	var rw *recvWQE
 	if s := qp.cfg.SRQ; s != nil {
 		rw = s.take()
@@ -224,8 +288,6 @@ func (qp *QP) takeRecv(psn uint32) bool {
 		rw = qp.rq.pop()
 	}
 	if rw == nil {
-		qp.stats.RNRNAKsSent++
-		qp.sendNAK(bth.RNRNAK(qp.path.MinRNRTimer), psn)
 		return false
 	}
 	r.cur.recvID, r.cur.recvLen, r.cur.hasRecv = rw.id, rw.len, true
@@ -233,13 +295,13 @@ func (qp *QP) takeRecv(psn uint32) bool {
 	return true
 }
 
-func (qp *QP) recvSend(p *bth.Packet) bool {
+// sendData places one SEND packet in the receive WQE of its message,
+// taking a WQE on FIRST and ONLY. Shared by RC and UC.
+func (qp *QP) sendData(p *bth.Packet) respFail {
 	r := &qp.resp
-	info := p.Info
-	psn := p.BTH.PSN()
-	if info.Pos == bth.PosFirst || info.Pos == bth.PosOnly {
-		if !qp.takeRecv(psn) {
-			return false
+	if pos := p.Info.Pos; pos == bth.PosFirst || pos == bth.PosOnly {
+		if !qp.takeRecvWQE() {
+			return respFail{kind: failRNR}
 		}
 		r.cur.active, r.cur.op, r.cur.off = true, bth.OpSend, 0
 	}
@@ -247,22 +309,37 @@ func (qp *QP) recvSend(p *bth.Packet) bool {
 		// The SEND is longer than the posted buffer: the responder
 		// reports a local length error and NAKs invalid request (IBTA
 		// C9-102); rxe sends 0x63 here, a known deviation.
-		qp.responderError(bth.SyndromeInvalidRequest, psn, cq.LocLenErr, "SEND longer than the receive buffer")
-		return false
+		return respFail{kind: failRequest, syn: bth.SyndromeInvalidRequest, st: cq.LocLenErr, why: "SEND longer than the receive buffer"}
 	}
 	if len(p.Payload) > 0 {
 		if err := scatter(qp.e.mrs, qp.cfg.PD, r.cur.recvSGL, r.cur.off, p.Payload); err != nil {
-			qp.responderError(bth.SyndromeRemoteOpError, psn, cq.LocProtErr, "receive buffer: "+err.Error())
-			return false
+			return respFail{kind: failLocal, syn: bth.SyndromeRemoteOpError, st: cq.LocProtErr, why: "receive buffer: " + err.Error()}
 		}
 	}
 	r.cur.off += len(p.Payload)
+	return respFail{}
+}
+
+// sendWC is the receive completion of the SEND whose last packet is p.
+func (qp *QP) sendWC(p *bth.Packet) cq.WC {
+	wc := cq.WC{WRID: qp.resp.cur.recvID, Status: cq.Success, Opcode: cq.OpRecv, ByteLen: uint32(qp.resp.cur.off),
+		QPNum: qp.num, SrcQP: qp.path.DestQPN}
+	if p.Info.Imm {
+		wc.ImmData, wc.Flags = p.ImmDt.Imm(), cq.FlagWithImm
+	}
+	return wc
+}
+
+func (qp *QP) recvSend(p *bth.Packet) bool {
+	r := &qp.resp
+	info := p.Info
+	psn := p.BTH.PSN()
+	if f := qp.sendData(p); f.kind != 0 {
+		qp.rcFail(psn, f)
+		return false
+	}
 	if info.Pos == bth.PosLast || info.Pos == bth.PosOnly {
-		wc := cq.WC{WRID: r.cur.recvID, Status: cq.Success, Opcode: cq.OpRecv, ByteLen: uint32(r.cur.off),
-			QPNum: qp.num, SrcQP: qp.path.DestQPN}
-		if info.Imm {
-			wc.ImmData, wc.Flags = p.ImmDt.Imm(), cq.FlagWithImm
-		}
+		wc := qp.sendWC(p)
 		if info.Inv {
 			rkey := p.IETH.RKey()
 			if err := qp.remote().Invalidate(rkey); err != nil {
@@ -292,52 +369,68 @@ func (qp *QP) recvSend(p *bth.Packet) bool {
 	return true
 }
 
-func (qp *QP) recvWrite(p *bth.Packet) bool {
+// writeData checks an RDMA WRITE packet (the RETH, the QP's and the
+// key's rights on FIRST and ONLY) and writes its payload; the last packet
+// of a WRITE with immediate takes a receive WQE first. Shared by RC and
+// UC.
+func (qp *QP) writeData(p *bth.Packet) respFail {
 	r := &qp.resp
 	info := p.Info
-	psn := p.BTH.PSN()
 	if info.Pos == bth.PosFirst || info.Pos == bth.PosOnly {
 		if qp.path.Access&memreg.AccessRemoteWrite == 0 {
-			qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "QP does not allow remote write")
-			return false
+			return respFail{kind: failRequest, syn: bth.SyndromeInvalidRequest, st: cq.RemInvReqErr, why: "QP does not allow remote write"}
 		}
 		length := p.RETH.DMALen()
 		if length > 1<<31 {
-			qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "RETH length above 2^31")
-			return false
+			return respFail{kind: failRequest, syn: bth.SyndromeInvalidRequest, st: cq.RemInvReqErr, why: "RETH length above 2^31"}
 		}
 		va, rkey := p.RETH.VA(), p.RETH.RKey()
 		if err := qp.remote().Check(rkey, va, uint64(length), memreg.AccessRemoteWrite); err != nil {
-			qp.accessError(psn, err)
-			return false
+			return accessFail(err)
 		}
-		r.cur = curMsg{active: true, op: bth.OpWrite, va: va, rkey: rkey, remain: int(length), total: int(length), recvSGL: r.cur.recvSGL}
+		c := &r.cur
+		*c = curMsg{active: true, op: bth.OpWrite, va: va, rkey: rkey, remain: int(length), total: int(length),
+			recvSGL: c.recvSGL, recvID: c.recvID, recvLen: c.recvLen, hasRecv: c.hasRecv}
 	}
 	plen := len(p.Payload)
 	last := info.Pos == bth.PosLast || info.Pos == bth.PosOnly
 	if plen > r.cur.remain || last && plen != r.cur.remain {
-		qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "WRITE payload does not match the RETH length")
-		return false
+		return respFail{kind: failRequest, syn: bth.SyndromeInvalidRequest, st: cq.RemInvReqErr, why: "WRITE payload does not match the RETH length"}
 	}
 	// WRITE with immediate consumes a receive WQE; check before touching
 	// memory so an RNR NAK leaves nothing half done.
-	if last && info.Imm && !qp.takeRecv(psn) {
-		return false
+	if last && info.Imm && !qp.takeRecvWQE() {
+		return respFail{kind: failRNR}
 	}
 	if plen > 0 {
 		if err := qp.remote().Write(r.cur.rkey, r.cur.va, p.Payload); err != nil {
-			qp.accessError(psn, err)
-			return false
+			return accessFail(err)
 		}
 	}
 	r.cur.va += uint64(plen)
 	r.cur.remain -= plen
-	if last {
+	return respFail{}
+}
+
+// writeWC is the receive completion of a WRITE with immediate whose last
+// packet is p.
+func (qp *QP) writeWC(p *bth.Packet) cq.WC {
+	return cq.WC{WRID: qp.resp.cur.recvID, Status: cq.Success, Opcode: cq.OpRecvRDMAWithImm,
+		ByteLen: uint32(qp.resp.cur.total), ImmData: p.ImmDt.Imm(), Flags: cq.FlagWithImm,
+		QPNum: qp.num, SrcQP: qp.path.DestQPN}
+}
+
+func (qp *QP) recvWrite(p *bth.Packet) bool {
+	r := &qp.resp
+	info := p.Info
+	if f := qp.writeData(p); f.kind != 0 {
+		qp.rcFail(p.BTH.PSN(), f)
+		return false
+	}
+	if info.Pos == bth.PosLast || info.Pos == bth.PosOnly {
 		qp.resp.msn = bth.PSNAdd(qp.resp.msn, 1)
 		if info.Imm {
-			qp.pushRecvWC(cq.WC{WRID: r.cur.recvID, Status: cq.Success, Opcode: cq.OpRecvRDMAWithImm,
-				ByteLen: uint32(r.cur.total), ImmData: p.ImmDt.Imm(), Flags: cq.FlagWithImm,
-				QPNum: qp.num, SrcQP: qp.path.DestQPN}, p.BTH.SE())
+			qp.pushRecvWC(qp.writeWC(p), p.BTH.SE())
 		}
 		r.cur = curMsg{recvSGL: r.cur.recvSGL}
 	}
@@ -554,11 +647,7 @@ func (r *responder) transmit(qp *QP, budget int) bool {
 // accessError NAKs a failed memory access with the class memreg reports:
 // remote access error (0x62) or invalid request (0x61).
 func (qp *QP) accessError(psn uint32, err error) {
-	if errors.Is(err, memreg.ErrInvalidRequest) {
-		qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, err.Error())
-		return
-	}
-	qp.responderError(bth.SyndromeRemoteAccessError, psn, cq.RemAccessErr, err.Error())
+	qp.rcFail(psn, accessFail(err))
 }
 
 // responderError sends a fatal NAK (class C in rxe) with the PSN of the

@@ -100,7 +100,8 @@ type qpOpts struct {
 	minRNR          uint8
 	maxRD           int
 	depth           int
-	srq             [2]*SRQ // the SRQ each side's QP is created on (nil: its own receive queue)
+	srq             [2]*SRQ      // the SRQ each side's QP is created on (nil: its own receive queue)
+	typ             qpstate.Type // service of both QPs (zero: RC)
 }
 
 // connect makes an RC QP on each endpoint and brings both to RTS.
@@ -116,7 +117,7 @@ func (s *sim) connect(o qpOpts) [2]*QP {
 	}
 	var qps [2]*QP
 	for i, ep := range s.ep {
-		qp, err := ep.e.CreateQP(QPConfig{PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: o.depth, MaxRecvWR: o.depth, MaxSendSGE: 4, MaxRecvSGE: 4, MaxInline: 256, SRQ: o.srq[i]})
+		qp, err := ep.e.CreateQP(QPConfig{Type: o.typ, PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: o.depth, MaxRecvWR: o.depth, MaxSendSGE: 4, MaxRecvSGE: 4, MaxInline: 256, SRQ: o.srq[i]})
 		if err != nil {
 			s.t.Fatal(err)
 		}

@@ -3,7 +3,8 @@
  * inside the rdma_rxe guest. It listens on a TCP port and executes one
  * verbs operation per request line, so the harness can script a kernel
  * rxe endpoint step by step: open the device, allocate a PD, register
- * memory, create CQs, SRQs and RC QPs, walk a QP through INIT/RTR/RTS, post
+ * memory, create CQs, SRQs, RC and UD QPs and address handles, walk a QP
+ * through INIT/RTR/RTS, post
  * work requests, poll completions and async events, and read or write
  * registered memory.
  *
@@ -56,6 +57,7 @@ static struct cq cqs[MAXOBJ];
 static struct ibv_qp *qps[MAXOBJ];
 static struct ibv_srq *srqs[MAXOBJ];
 static struct ibv_mw *mws[MAXOBJ];
+static struct ibv_ah *ahs[MAXOBJ];
 
 static FILE *out;
 
@@ -127,6 +129,7 @@ static int slot_cq(void) { for (int i = 1; i < MAXOBJ; i++) if (!cqs[i].cq) retu
 static int slot_qp(void) { for (int i = 1; i < MAXOBJ; i++) if (!qps[i]) return i; return -1; }
 static int slot_srq(void) { for (int i = 1; i < MAXOBJ; i++) if (!srqs[i]) return i; return -1; }
 static int slot_mw(void) { for (int i = 1; i < MAXOBJ; i++) if (!mws[i]) return i; return -1; }
+static int slot_ah(void) { for (int i = 1; i < MAXOBJ; i++) if (!ahs[i]) return i; return -1; }
 
 static int hexval(int c)
 {
@@ -159,6 +162,10 @@ static void destroy_all(void)
 	for (int i = 0; i < MAXOBJ; i++) {
 		if (qps[i]) ibv_destroy_qp(qps[i]);
 		qps[i] = NULL;
+	}
+	for (int i = 0; i < MAXOBJ; i++) {
+		if (ahs[i]) ibv_destroy_ah(ahs[i]);
+		ahs[i] = NULL;
 	}
 	for (int i = 0; i < MAXOBJ; i++) {
 		if (srqs[i]) ibv_destroy_srq(srqs[i]);
@@ -269,6 +276,11 @@ static void cmd_qp(void)
 	OPT("inline", inl, 0);
 	OPT("srq", srq_id, 0);
 	if (srq_id && (srq_id >= MAXOBJ || !srqs[srq_id])) { reply("err no such srq %" PRIu64, srq_id); return; }
+	const char *type = arg("type");
+	enum ibv_qp_type qpt = IBV_QPT_RC;
+	if (type && strcmp(type, "uc") == 0) qpt = IBV_QPT_UC;
+	else if (type && strcmp(type, "ud") == 0) qpt = IBV_QPT_UD;
+	else if (type && strcmp(type, "rc") != 0) { reply("err type must be rc, uc or ud"); return; }
 	int i = slot_qp();
 	if (i < 0) { reply("err too many QPs"); return; }
 	struct ibv_qp_init_attr a = {
@@ -276,7 +288,7 @@ static void cmd_qp(void)
 		.recv_cq = cqs[rcq_id].cq,
 		.cap = { .max_send_wr = (uint32_t)sq, .max_recv_wr = (uint32_t)rq,
 			 .max_send_sge = 1, .max_recv_sge = 1, .max_inline_data = (uint32_t)inl },
-		.qp_type = IBV_QPT_RC,
+		.qp_type = qpt,
 		.srq = srq_id ? srqs[srq_id] : NULL,
 	};
 	qps[i] = ibv_create_qp(pds[pd_id], &a);
@@ -321,9 +333,13 @@ static void cmd_init(void)
 	OPT("access", access, 0);
 	OPT("port", port, 1);
 	OPT("pkey", pkey, 0);
+	OPT("qkey", qkey, 0);
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = (uint16_t)pkey,
-				 .port_num = (uint8_t)port, .qp_access_flags = (unsigned)access };
-	int rc = ibv_modify_qp(qps[qp_id], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+				 .port_num = (uint8_t)port, .qp_access_flags = (unsigned)access, .qkey = (uint32_t)qkey };
+	/* A UD QP takes a Q_Key at INIT instead of access flags. */
+	int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+		   (qps[qp_id]->qp_type == IBV_QPT_UD ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS);
+	int rc = ibv_modify_qp(qps[qp_id], &a, mask);
 	if (rc) { reply("err modify to INIT: %s", strerror(rc)); return; }
 	reply("ok");
 }
@@ -354,8 +370,10 @@ static void cmd_rtr(void)
 				      .traffic_class = (uint8_t)tc } },
 	};
 	if (unhex(dgid, a.ah_attr.grh.dgid.raw, 16)) { reply("err bad dgid %s", dgid); return; }
-	int rc = ibv_modify_qp(qps[qp_id], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+	if (qps[qp_id]->qp_type == IBV_QPT_RC)
+		mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	int rc = ibv_modify_qp(qps[qp_id], &a, mask);
 	if (rc) { reply("err modify to RTR: %s", strerror(rc)); return; }
 	reply("ok");
 }
@@ -371,10 +389,57 @@ static void cmd_rts(void)
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTS, .sq_psn = (uint32_t)spsn, .timeout = (uint8_t)timeout,
 				 .retry_cnt = (uint8_t)retry, .rnr_retry = (uint8_t)rnr_retry,
 				 .max_rd_atomic = (uint8_t)rd };
-	int rc = ibv_modify_qp(qps[qp_id], &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-				       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+	int mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+	if (qps[qp_id]->qp_type == IBV_QPT_RC)
+		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+	int rc = ibv_modify_qp(qps[qp_id], &a, mask);
 	if (rc) { reply("err modify to RTS: %s", strerror(rc)); return; }
 	reply("ok");
+}
+
+/* udrtr qp= and udrts qp= spsn=: the RTR and RTS steps of a UD QP, which
+ * take no path attributes. */
+static void cmd_udrtr(void)
+{
+	OBJ("qp", qps, , qp);
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR };
+	int rc = ibv_modify_qp(qps[qp_id], &a, IBV_QP_STATE);
+	if (rc) { reply("err modify to RTR: %s", strerror(rc)); return; }
+	reply("ok");
+}
+
+static void cmd_udrts(void)
+{
+	OBJ("qp", qps, , qp);
+	NUM("spsn", spsn);
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTS, .sq_psn = (uint32_t)spsn };
+	int rc = ibv_modify_qp(qps[qp_id], &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+	if (rc) { reply("err modify to RTS: %s", strerror(rc)); return; }
+	reply("ok");
+}
+
+/* ah pd= dgid= sgid= hop= tc= sl= fl=: an address handle for UD sends. */
+static void cmd_ah(void)
+{
+	NEEDCTX();
+	OBJ("pd", pds, , pd);
+	OPT("sgid", sgid, 1);
+	OPT("hop", hop, 64);
+	OPT("tc", tc, 0);
+	OPT("sl", sl, 0);
+	OPT("fl", fl, 0);
+	OPT("port", port, 1);
+	const char *dgid = arg("dgid");
+	if (!dgid) { reply("err missing argument dgid"); return; }
+	int i = slot_ah();
+	if (i < 0) { reply("err too many AHs"); return; }
+	struct ibv_ah_attr a = { .is_global = 1, .port_num = (uint8_t)port, .sl = (uint8_t)sl,
+				 .grh = { .sgid_index = (uint8_t)sgid, .hop_limit = (uint8_t)hop,
+					  .traffic_class = (uint8_t)tc, .flow_label = (uint32_t)fl } };
+	if (unhex(dgid, a.grh.dgid.raw, 16)) { reply("err bad dgid %s", dgid); return; }
+	ahs[i] = ibv_create_ah(pds[pd_id], &a);
+	if (!ahs[i]) { reply("err ibv_create_ah: %s", strerror(errno)); return; }
+	reply("ok ah=%d", i);
 }
 
 static void cmd_state(void)
@@ -397,14 +462,14 @@ static void cmd_query(void)
 	OBJ("qp", qps, , qp);
 	struct ibv_qp_attr a;
 	struct ibv_qp_init_attr ia;
-	int rc = ibv_query_qp(qps[qp_id], &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN | IBV_QP_PATH_MTU |
+	int rc = ibv_query_qp(qps[qp_id], &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN | IBV_QP_PATH_MTU | IBV_QP_QKEY |
 				      IBV_QP_DEST_QPN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 				      IBV_QP_MIN_RNR_TIMER | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &ia);
 	if (rc) { reply("err ibv_query_qp: %s", strerror(rc)); return; }
 	reply("ok state=%s sq_psn=0x%x rq_psn=0x%x mtu=%d dqpn=0x%x timeout=%u retry=%u rnr_retry=%u min_rnr=%u "
-	      "rd_atomic=%u dest_rd_atomic=%u",
+	      "rd_atomic=%u dest_rd_atomic=%u qkey=0x%x",
 	      state_name(a.qp_state), a.sq_psn, a.rq_psn, 128 << a.path_mtu, a.dest_qp_num, a.timeout,
-	      a.retry_cnt, a.rnr_retry, a.min_rnr_timer, a.max_rd_atomic, a.max_dest_rd_atomic);
+	      a.retry_cnt, a.rnr_retry, a.min_rnr_timer, a.max_rd_atomic, a.max_dest_rd_atomic, a.qkey);
 }
 
 /* local resolves mr/off/len into a scatter/gather element. */
@@ -442,9 +507,13 @@ static void cmd_send(void)
 	OPT("fence", fence, 0);
 	OPT("solicited", solicited, 0);
 	OPT("inline", inl, 0);
+	OPT("ah", ah_id, 0);
+	OPT("dqpn", dqpn, 0);
+	OPT("qkey", qkey, 0);
 	struct ibv_sge sge;
 	struct ibv_send_wr w = { .wr_id = wr_id, .sg_list = &sge }, *bad;
 	if (!op) { reply("err missing argument op"); return; }
+	if (ah_id && (ah_id >= MAXOBJ || !ahs[ah_id])) { reply("err no such ah %" PRIu64, ah_id); return; }
 	if (local(&sge, &w.num_sge))
 		return;
 	if (strcmp(op, "send") == 0) w.opcode = IBV_WR_SEND;
@@ -469,6 +538,11 @@ static void cmd_send(void)
 		w.wr.atomic.rkey = (uint32_t)rkey;
 		w.wr.atomic.compare_add = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? compare : add;
 		w.wr.atomic.swap = swap;
+	} else if (ah_id) {
+		/* UD: the address handle, remote QPN and Q_Key. */
+		w.wr.ud.ah = ahs[ah_id];
+		w.wr.ud.remote_qpn = (uint32_t)dqpn;
+		w.wr.ud.remote_qkey = (uint32_t)qkey;
 	} else {
 		w.wr.rdma.remote_addr = raddr;
 		w.wr.rdma.rkey = (uint32_t)rkey;
@@ -777,6 +851,9 @@ static void serve(int fd)
 		else if (strcmp(cmd, "init") == 0) cmd_init();
 		else if (strcmp(cmd, "rtr") == 0) cmd_rtr();
 		else if (strcmp(cmd, "rts") == 0) cmd_rts();
+		else if (strcmp(cmd, "udrtr") == 0) cmd_udrtr();
+		else if (strcmp(cmd, "udrts") == 0) cmd_udrts();
+		else if (strcmp(cmd, "ah") == 0) cmd_ah();
 		else if (strcmp(cmd, "state") == 0) cmd_state();
 		else if (strcmp(cmd, "query") == 0) cmd_query();
 		else if (strcmp(cmd, "send") == 0) cmd_send();

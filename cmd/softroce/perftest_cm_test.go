@@ -1,0 +1,28 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestPerftestCommandBadCombinations: perftest's own refusals. (-R and
+// -c UD themselves run in conformance/perftest's loopback tests, on an
+// in-memory link: both reach their peer on UDP port 4791 only, which two
+// commands on one host cannot share.)
+func TestPerftestCommandBadCombinations(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"write", "-c", "UD"}, "UD connection only possible in SEND verb"},
+		{[]string{"read", "-c", "UD"}, "UD connection only possible in SEND verb"},
+		{[]string{"write", "-c", "UC", "-R"}, "UC is not supported in librdmacm"},
+		{[]string{"send", "-c", "XRC"}, "RC, UC and UD"},
+	} {
+		var code int
+		out := perftestCapture(t, func() { code = runPerftest(tc.args) })
+		if code != 2 || !strings.Contains(out, tc.want) {
+			t.Errorf("%v: exit %d\n%s", tc.args, code, out)
+		}
+	}
+}

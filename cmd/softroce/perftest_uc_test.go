@@ -1,0 +1,42 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// TestPerftestCommandUC runs `softroce perftest write|send -c UC` as
+// server and client over 127.0.0.1: both finish, and the passive side's
+// data check passes.
+func TestPerftestCommandUC(t *testing.T) {
+	for i, test := range []string{"write", "send"} {
+		t.Run(test, func(t *testing.T) {
+			port := 48030 + 3*i
+			common := []string{"-c", "UC", "--bind", "127.0.0.1", "-p", strconv.Itoa(port + 2), "-n", "200", "-s", "3000", "-m", "1024", "--timeout", "20s"}
+			var wg sync.WaitGroup
+			var srv, cli int
+			out := perftestCapture(t, func() {
+				wg.Add(2)
+				go func() {
+					defer wg.Done()
+					srv = runPerftest(append([]string{test, "--udp-port", strconv.Itoa(port), "--peer-udp-port", strconv.Itoa(port + 1)}, common...))
+				}()
+				go func() {
+					defer wg.Done()
+					cli = runPerftest(append([]string{test, "--udp-port", strconv.Itoa(port + 1), "--peer-udp-port", strconv.Itoa(port), "127.0.0.1"}, common...))
+				}()
+				wg.Wait()
+			})
+			if srv != 0 || cli != 0 || strings.Count(out, "#bytes") != 2 || !strings.Contains(out, "data check:") {
+				t.Fatalf("exit codes: server %d, client %d\n%s", srv, cli, out)
+			}
+			// UC: nothing is acknowledged, so the receiver sends nothing
+			// and the sender receives nothing.
+			if !strings.Contains(out, " 0 received, 0 retransmitted") || !strings.Contains(out, "softroce QP: 0 packets sent") {
+				t.Fatalf("a UC side received or retransmitted packets:\n%s", out)
+			}
+		})
+	}
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/signal"
+
+	"github.com/softroce/softroce/conformance/rping"
+	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/verbs"
+)
+
+func init() {
+	register("rping", "RDMA READ/WRITE ping over an rdma_cm connection, compatible with rdmacm-utils' rping", runRping)
+}
+
+func runRping(args []string) int {
+	cfg, err := rping.Parse(args)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softroce rping: %v\n\n", err)
+		rping.Usage(os.Stderr)
+		return rping.ExitCode(err)
+	}
+	if cfg.Help {
+		rping.Usage(os.Stdout)
+		return 0
+	}
+	// A server binds to its -a address; a client to -I, or to the
+	// address that routes to the server.
+	lf := linkFlags{backend: cfg.Backend, udpPort: cfg.UDPPort}
+	peer := ""
+	if cfg.Server {
+		if cfg.Addr.IsValid() {
+			lf.bind = cfg.Addr.String()
+		}
+	} else {
+		if cfg.Source.IsValid() {
+			lf.bind = cfg.Source.String()
+		}
+		peer = cfg.Addr.String()
+	}
+	// openLink's advice names --bind, which rping spells -a (server) or
+	// -I (client): check the address here first.
+	if lf.bind != "" {
+		if _, err := udp.InterfaceOf(netip.MustParseAddr(lf.bind)); err != nil {
+			flag := "-I"
+			if cfg.Server {
+				flag = "-a"
+			}
+			fmt.Fprintf(os.Stderr, "softroce rping: %s %s: no local interface has this address\n", flag, lf.bind)
+			return rping.ExitFailed
+		}
+	} else if cfg.Server {
+		a, err := localAddr("", "")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "softroce rping: no local IPv4 address found: give the one to listen on with -a ADDR")
+			return rping.ExitFailed
+		}
+		lf.bind = a.String()
+	}
+	link, err := openLink(lf, peer)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "softroce rping:", err)
+		return rping.ExitFailed
+	}
+	dev, err := verbs.Open(link, nil)
+	if err != nil {
+		link.Close()
+		fmt.Fprintln(os.Stderr, "softroce rping:", err)
+		return rping.ExitFailed
+	}
+	defer dev.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	return rping.ExitCode(rping.Run(ctx, dev, nil, cfg, os.Stdout, os.Stderr))
+}
