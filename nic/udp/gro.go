@@ -214,8 +214,11 @@ func (l *Link) drainRaw(d []byte, flags int32, p *nic.Packet) bool {
 	p.Buf = p.Buf[:cap(p.Buf)]
 	ihl := int(d[0]&0x0f) * 4
 	ulen := int(binary.BigEndian.Uint16(d[24:]))
-	if r.off == 0 && (ihl != 20 || ulen-8 <= l.MaxPacket() || ulen+20 != len(d) || d[6]&^0x40 != 0 || d[7] != 0) {
-		// One packet, as acceptRaw takes it.
+	if r.off == 0 && (ihl != 20 || ulen-8 <= l.MaxPacket() || ulen+20 != len(d) || d[6] != 0x40 || d[7] != 0) {
+		// One packet, as acceptRaw takes it. A super-packet has DF
+		// set; a large datagram without it was reassembled from
+		// fragments, and is not searched for segments (a peer could
+		// make every such datagram cost a full search).
 		r.nextMessage()
 		if len(d)-rawHdrLen > len(p.Buf) {
 			l.rxTruncated.Add(1)

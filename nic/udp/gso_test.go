@@ -1,6 +1,7 @@
 package udp
 
 import (
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -320,5 +321,38 @@ func TestRawWithoutSplit(t *testing.T) {
 	}
 	if st := b.Stats(); st.RxPackets != 1 || st.RxICRCBad != 0 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestRawReassembledNotSplit: a datagram longer than a packet that the
+// kernel reassembled from fragments (DF clear) is not taken for a
+// super-packet: it is dropped whole, without a search for segments.
+func TestRawReassembledNotSplit(t *testing.T) {
+	h := newHdrincl(t)
+	ad := netip.MustParseAddr("127.0.0.1")
+	b, err := Open(Config{Addr: ad, Port: freePort(t, ad), MTU: 9000, IPv4Check: IPv4CheckRaw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r := rand.New(rand.NewPCG(1, 2))
+	// Two 6000-byte RoCE packets end to end, each with the ICRC of its
+	// segment (IDs 7 and 8, DF clear), sent as two fragments.
+	roce := append(roceBytes(r, 6000, 1), roceBytes(r, 6000, 2)...)
+	for j := 0; j < 2; j++ {
+		seg := roce[j*6000 : (j+1)*6000]
+		crc, _ := synthV4(h.src, b.LocalAddrPort(), uint16(7+j), false, seg)
+		icrc.Put(seg, crc)
+	}
+	d := h.datagram(b.LocalAddrPort(), 7, 0, nil, roce)
+	copy(d[28:], roce) // keep both segments' ICRCs (datagram rewrote the last)
+	h.fragments(t, d)
+	h.send(t, h.datagram(b.LocalAddrPort(), 9, 0x40, nil, roceBytes(r, 100, 3)))
+	in := recvN(t, b, packets(4, 9000), 1)
+	if in[0].N != 100 {
+		t.Fatalf("got %d bytes", in[0].N)
+	}
+	if st, ost := b.Stats(), b.OffloadStats(); ost.RxSplit != 0 || st.RxPackets != 1 || st.RxTruncated+st.RxICRCBad+st.RxMalformed != 1 {
+		t.Errorf("stats %+v %+v", st, ost)
 	}
 }
