@@ -159,6 +159,9 @@ func benchWrite(b *testing.B, be backend, nqp int) {
 		b.Logf("link a %+v", la.Stats())
 		b.Logf("link b %+v", lb.Stats())
 		b.Logf("engine a %+v, b %+v", da.Stats(), db.Stats())
+		for _, q := range qpa {
+			b.Logf("QP a %+v", q.Stats())
+		}
 		for _, l := range []nic.Link{la, lb} {
 			if x, ok := l.(*afxdp.Link); ok {
 				st, _ := x.SocketStats()
