@@ -51,7 +51,7 @@ func commandFlags(t *testing.T, cmd string) map[string]bool {
 // adviceSources says which commands print each source's messages.
 var adviceSources = map[string][]string{
 	"bw.go":                                  {"bw", "lat"},
-	"link.go":                                {"bw", "lat", "pingpong", "perftest"},
+	"link.go":                                {"bw", "lat", "pingpong", "perftest", "serve"},
 	"perftest.go":                            {"perftest"},
 	"pingpong.go":                            {"pingpong"},
 	"rping.go":                               {"rping"},
@@ -61,6 +61,8 @@ var adviceSources = map[string][]string{
 	"inspect.go":                             {"inspect", "demo"},
 	"conformance.go":                         {"conformance"},
 	"main.go":                                nil,
+	"serve.go":                               {"serve"}, // abi's and status's messages name no flag
+	"run.go":                                 {"run"},
 	"../../conformance/perftest/proto.go":    {"perftest"},
 	"../../conformance/perftest/run.go":      {"perftest"},
 	"../../conformance/perftest/traffic.go":  {"perftest"},

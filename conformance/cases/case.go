@@ -81,7 +81,13 @@ type X struct {
 	obs    []string
 	extra  []Session // further QPs the case opened (OpenQP)
 	never  []watch
+	after  []func() // Defer's functions
 }
+
+// Defer runs f when the case is over, after the final listening window of
+// its Never checks, before its QPs are closed: for what must stay up while
+// late packets are still judged (a listener on the target).
+func (x *X) Defer(f func()) { x.after = append(x.after, f) }
 
 // watch is a negative assertion that holds for the rest of a case.
 type watch struct {
@@ -107,6 +113,13 @@ func (x *X) Open(spec QPSpec) {
 	}
 	x.S, x.Spec = s, spec
 	x.C = x.Target.Peer().NewConv(x.Ctx, x.Target.Addr(), spec.PeerQPN, s.QPN())
+	x.res.conv = x.C
+}
+
+// OpenQP1 starts a conversation between the peer's QP1 and the target's
+// QP1 (GSI), where CM MADs travel, without opening a QP on the target.
+func (x *X) OpenQP1() {
+	x.C = x.Target.Peer().NewConv(x.Ctx, x.Target.Addr(), 1, 1)
 	x.res.conv = x.C
 }
 
@@ -232,6 +245,9 @@ func Run(ctx context.Context, t Target, c *Case) (res *Result) {
 				}()
 				x.checkNever()
 			}()
+		}
+		for i := len(x.after) - 1; i >= 0; i-- {
+			x.after[i]()
 		}
 		for i := len(x.extra) - 1; i >= 0; i-- {
 			if err := x.extra[i].Close(); err != nil {

@@ -97,7 +97,9 @@ func (nt *nakTarget) Open(ctx context.Context, spec QPSpec) (Session, error) {
 	return nakSession{}, nil
 }
 
-type nakSession struct{}
+// nakSession answers only what the class C cases use; the rest of
+// Session (SRQs, windows, events) is left unimplemented.
+type nakSession struct{ Session }
 
 func (nakSession) QPN() uint32 { return nakTargetQPN }
 func (nakSession) MR(i int) MR { return MR{Index: i, Addr: 0x10000, RKey: 0x1234, Len: 16384} }

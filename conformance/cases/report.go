@@ -24,6 +24,9 @@ type Report struct {
 	// Environment describes what ran (Go version, rxe guest kernel, ...).
 	Environment map[string]string `json:"environment"`
 	Cases       []*CaseReport     `json:"cases"`
+	// NotCovered are the catalogue entries no case implements, with why
+	// (docs/conformance-catalogue.md section A.5).
+	NotCovered map[string]string `json:"catalogue_not_covered,omitempty"`
 }
 
 // CaseReport is one case's row.
@@ -52,7 +55,7 @@ type Options struct {
 // returns the report. Harness errors are recorded per case, not returned;
 // the error is for the report's own failures (pcap directory).
 func RunAll(ctx context.Context, targets []Target, cases []*Case, o Options) (*Report, error) {
-	r := &Report{Generated: time.Now().UTC(), Environment: map[string]string{"go": runtime.Version()}}
+	r := &Report{Generated: time.Now().UTC(), Environment: map[string]string{"go": runtime.Version()}, NotCovered: catalogueNotCovered}
 	for k, v := range o.Environment {
 		r.Environment[k] = v
 	}
@@ -229,6 +232,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		}
 		b.WriteString("\n")
 	}
+	r.writeCoverage(&b)
 	var details strings.Builder
 	for _, c := range r.Cases {
 		for _, res := range c.Results {
@@ -287,4 +291,45 @@ func (r *Report) WriteFiles(dir string) error {
 		}
 	}
 	return nil
+}
+
+// writeCoverage lists the catalogue entries the report's cases implement,
+// the cases with no entry, and the entries no case implements, with why.
+func (r *Report) writeCoverage(b *strings.Builder) {
+	covered := map[string]bool{}
+	var none []string
+	for _, c := range r.Cases {
+		if c.Ref == "" {
+			none = append(none, "`"+c.ID+"`")
+			continue
+		}
+		for _, id := range strings.Split(c.Ref, ", ") {
+			covered[id] = true
+		}
+	}
+	ids := make([]string, 0, len(covered))
+	for id := range covered {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	fmt.Fprintf(b, "\n## Catalogue coverage\n\n%d cases; they implement %d entries of docs/conformance-catalogue.md section A: %s.\n",
+		len(r.Cases), len(ids), strings.Join(ids, ", "))
+	if len(none) > 0 {
+		fmt.Fprintf(b, "\nCases with no catalogue entry (the catalogue has none for shared receive queues, UC, UD and the "+
+			"connection manager, nor for a few RC checks of the project's own): %s.\n", strings.Join(none, ", "))
+	}
+	var missing []string
+	for id := range r.NotCovered {
+		if !covered[id] {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	sort.Strings(missing)
+	b.WriteString("\n### Catalogue entries not covered, and why\n\n| id | why |\n|---|---|\n")
+	for _, id := range missing {
+		fmt.Fprintf(b, "| %s | %s |\n", id, cell(r.NotCovered[id]))
+	}
 }

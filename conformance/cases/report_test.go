@@ -89,3 +89,59 @@ func TestPatternHasNoPeriod(t *testing.T) {
 		t.Error("seeds 1 and 2 give the same data")
 	}
 }
+
+// TestCatalogueCoverage keeps the cases' catalogue references, the
+// entries docs/conformance-catalogue.md lists as implemented (A.1 to A.4)
+// and those it lists as not implemented (A.5, catalogueNotCovered) in
+// step: every referenced entry is listed as implemented, every listed
+// entry is referenced, and the A.5 table is the map, reasons included.
+func TestCatalogueCoverage(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/conformance-catalogue.md")
+	if err != nil {
+		t.Skipf("catalogue not found: %v", err)
+	}
+	s := string(doc)
+	a, a5, c := strings.Index(s, "## A. Cases"), strings.Index(s, "### A.5"), strings.Index(s, "## C.")
+	if a < 0 || a5 < a || c < a5 {
+		t.Fatal("docs/conformance-catalogue.md lacks sections A, A.5 or C in that order")
+	}
+	row := regexp.MustCompile(`(?m)^\| ([A-Z]{2}-\d\d) \| (.*) \|$`)
+	listed := map[string]bool{}
+	for _, m := range row.FindAllStringSubmatch(s[a:a5], -1) {
+		listed[m[1]] = true
+	}
+	refd := map[string]bool{}
+	for _, c := range All {
+		if c.Ref == "" {
+			continue
+		}
+		for _, id := range strings.Split(c.Ref, ", ") {
+			refd[id] = true
+			if !listed[id] {
+				t.Errorf("case %s refers to %s, which sections A.1-A.4 do not list", c.ID, id)
+			}
+		}
+	}
+	for id := range listed {
+		if !refd[id] {
+			t.Errorf("%s is listed as implemented, but no case refers to it", id)
+		}
+	}
+	seen := map[string]bool{}
+	for _, m := range row.FindAllStringSubmatch(s[a5:c], -1) {
+		id := m[1]
+		seen[id] = true
+		cols := strings.Split(m[2], " | ")
+		if why := cols[len(cols)-1]; catalogueNotCovered[id] != why {
+			t.Errorf("A.5 says %s is not covered because %q; catalogueNotCovered says %q", id, why, catalogueNotCovered[id])
+		}
+		if refd[id] {
+			t.Errorf("%s is in A.5 but a case implements it", id)
+		}
+	}
+	for id := range catalogueNotCovered {
+		if !seen[id] {
+			t.Errorf("catalogueNotCovered has %s, which A.5 does not list", id)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -96,6 +97,11 @@ func (t *RxeTarget) Open(ctx context.Context, spec QPSpec) (Session, error) {
 		}
 		s.mrs = append(s.mrs, mr)
 	}
+	if spec.SRQ != nil {
+		if s.srq, _, err = ag.CreateSRQ(ctx, s.pd, spec.SRQ.MaxWR, spec.SRQ.Limit); err != nil {
+			return nil, fmt.Errorf("rxe: create SRQ: %w", err)
+		}
+	}
 	if err := s.connect(ctx, spec); err != nil {
 		return nil, err
 	}
@@ -109,10 +115,31 @@ func (s *rxeSession) connect(ctx context.Context, spec QPSpec) error {
 	if s.cq, err = ag.CreateCQ(ctx, 64); err != nil {
 		return fmt.Errorf("rxe: create CQ: %w", err)
 	}
-	if s.qp, err = ag.CreateQP(ctx, s.pd, s.cq, s.cq, agent.QPCap{SendWR: 16, RecvWR: 16}); err != nil {
+	cp := agent.QPCap{SendWR: 16, RecvWR: 16}
+	access := agent.Access(spec.Access)
+	switch spec.Type {
+	case "uc":
+		// UC carries SEND and WRITE only.
+		cp.Type, access = agent.QPTypeUC, access&(agent.AccessLocalWrite|agent.AccessRemoteWrite)
+	case "ud":
+		cp.Type = agent.QPTypeUD
+	}
+	if spec.SRQ != nil {
+		if s.srq == 0 {
+			return errors.New("rxe: the QP is to be on an SRQ, but the session has none")
+		}
+		cp.SRQ = s.srq
+	}
+	if s.qp, err = ag.CreateQP(ctx, s.pd, s.cq, s.cq, cp); err != nil {
 		return fmt.Errorf("rxe: create QP: %w", err)
 	}
-	if err := ag.ModifyToInit(ctx, s.qp, agent.Access(spec.Access)); err != nil {
+	if spec.Type == "ud" {
+		if err := ag.ReadyUD(ctx, s.qp, spec.QKey, spec.SendPSN); err != nil {
+			return fmt.Errorf("rxe: bring the UD QP to RTS: %w", err)
+		}
+		return nil
+	}
+	if err := ag.ModifyToInit(ctx, s.qp, access); err != nil {
 		return fmt.Errorf("rxe: modify QP to INIT: %w", err)
 	}
 	if err := ag.ModifyToRTR(ctx, s.qp, agent.RTRAttr{DestQPN: spec.PeerQPN, RecvPSN: spec.RecvPSN, DestGID: t.peer.GID(),
@@ -132,6 +159,7 @@ type rxeSession struct {
 	mrs []agent.MR
 	cq  agent.CQ
 	qp  agent.QP
+	srq agent.SRQ // 0: none
 	// shared marks a session from OpenQP: the agent has no verb to
 	// destroy one QP, so its objects go with the first session's.
 	shared bool
@@ -139,7 +167,7 @@ type rxeSession struct {
 
 func (s *rxeSession) OpenQP(ctx context.Context, spec QPSpec) (Session, error) {
 	spec.fill()
-	c := &rxeSession{t: s.t, pd: s.pd, mrs: s.mrs, shared: true}
+	c := &rxeSession{t: s.t, pd: s.pd, mrs: s.mrs, srq: s.srq, shared: true}
 	if err := c.connect(ctx, spec); err != nil {
 		return nil, err
 	}
@@ -155,6 +183,93 @@ func (s *rxeSession) MR(i int) MR {
 
 func (s *rxeSession) PostRecv(ctx context.Context, wrID uint64, off, n int) error {
 	return s.t.ag.PostRecv(ctx, s.qp, wrID, s.mrs[0], off, n)
+}
+
+func (s *rxeSession) PostSRQRecv(ctx context.Context, wrID uint64, off, n int) error {
+	if s.srq == 0 {
+		return errors.New("rxe: the session has no SRQ")
+	}
+	return s.t.ag.PostSRQRecv(ctx, s.srq, wrID, s.mrs[0], off, n)
+}
+
+func (s *rxeSession) SetSRQLimit(ctx context.Context, limit int) error {
+	if s.srq == 0 {
+		return errors.New("rxe: the session has no SRQ")
+	}
+	return s.t.ag.SetSRQLimit(ctx, s.srq, limit)
+}
+
+func (s *rxeSession) SRQLimit(ctx context.Context) (int, error) {
+	if s.srq == 0 {
+		return 0, errors.New("rxe: the session has no SRQ")
+	}
+	_, _, limit, err := s.t.ag.QuerySRQ(ctx, s.srq)
+	return limit, err
+}
+
+// Event: the agent's device context is the case's alone (Open closes the
+// previous one), so every QP or SRQ event it reports concerns the case;
+// device events (a port becoming active) are skipped.
+func (s *rxeSession) Event(ctx context.Context, d time.Duration) (*Event, error) {
+	end := time.Now().Add(d)
+	for {
+		left := time.Until(end)
+		if left <= 0 {
+			return nil, nil
+		}
+		ev, err := s.t.ag.AsyncEvent(ctx, left)
+		if err != nil || ev == nil {
+			return nil, err
+		}
+		if ev.QP == 0 && ev.SRQ == 0 {
+			continue
+		}
+		return &Event{Type: ev.Type, QPN: ev.QPN, SRQ: ev.SRQ != 0 && ev.SRQ == s.srq, Name: ev.Str}, nil
+	}
+}
+
+func (s *rxeSession) SetError(ctx context.Context) error { return s.t.ag.SetState(ctx, s.qp, "ERR") }
+
+func (s *rxeSession) AllocMW(ctx context.Context, typ int) (*MW, error) {
+	mw, err := s.t.ag.AllocMW(ctx, s.pd, typ)
+	if err != nil {
+		return nil, err
+	}
+	return &MW{Type: typ, RKey: mw.RKey, h: mw}, nil
+}
+
+// BindMW: the agent's error replies are the verb's own (ibv_bind_mw or
+// ibv_post_send failing), hence a refusal; anything else is the harness's.
+func (s *rxeSession) BindMW(ctx context.Context, wrID uint64, mw *MW, mr, off, n int, access Access) (string, error) {
+	amw := mw.h.(agent.MW)
+	err := s.t.ag.BindMW(ctx, s.qp, wrID, &amw, s.mrs[mr], off, n, agent.Access(access), true)
+	var aerr *agent.Error
+	if errors.As(err, &aerr) {
+		return aerr.Msg, nil
+	}
+	if err != nil {
+		return "", err
+	}
+	wc, err := s.Poll(ctx, 5*time.Second)
+	switch {
+	case err != nil:
+		return "", err
+	case wc == nil:
+		return "", errors.New("rxe: the bind did not complete")
+	case wc.WRID != wrID:
+		return "", fmt.Errorf("rxe: a completion of wr %d came while waiting for the bind (wr %d)", wc.WRID, wrID)
+	case wc.Status != 0:
+		return "bind completed " + wcStatusName(wc.Status), nil
+	}
+	mw.RKey, mw.h = amw.RKey, amw
+	return "", nil
+}
+
+func (s *rxeSession) LocalInv(ctx context.Context, wrID uint64, rkey uint32) (*Completion, error) {
+	if err := s.t.ag.LocalInv(ctx, s.qp, wrID, rkey, true); err != nil {
+		return nil, err
+	}
+	return s.Poll(ctx, 5*time.Second)
 }
 
 func (s *rxeSession) PostSend(ctx context.Context, r SendReq) error {
@@ -178,9 +293,15 @@ func (s *rxeSession) Poll(ctx context.Context, d time.Duration) (*Completion, er
 	if err != nil || wc == nil {
 		return nil, err
 	}
-	// IBV_WC_WITH_IMM is 2 in enum ibv_wc_flags.
-	return &Completion{WRID: wc.WRID, Status: int(wc.Status), Opcode: int(wc.Opcode), ByteLen: wc.ByteLen,
-		Imm: wc.Imm, WithImm: wc.Flags&2 != 0}, nil
+	// IBV_WC_WITH_IMM is 2 and IBV_WC_WITH_INV 8 in enum ibv_wc_flags;
+	// invalidated_rkey shares imm_data's field, which the agent prints
+	// byte-swapped (ntohl), as an immediate.
+	c := &Completion{WRID: wc.WRID, Status: int(wc.Status), Opcode: int(wc.Opcode), ByteLen: wc.ByteLen,
+		Imm: wc.Imm, WithImm: wc.Flags&2 != 0, WithInv: wc.Flags&8 != 0, Flags: wc.Flags, SrcQP: wc.SrcQP}
+	if c.WithInv {
+		c.InvRKey = bits.ReverseBytes32(wc.Imm)
+	}
+	return c, nil
 }
 
 func (s *rxeSession) ReadMem(ctx context.Context, i, off, n int) ([]byte, error) {
@@ -236,6 +357,25 @@ func BootRxeVM(ctx context.Context, log io.Writer) (*rxevm.VM, error) {
 		return nil, fmt.Errorf("boot the rxe guest: %w", err)
 	}
 	return vm, nil
+}
+
+// CMListen implements CMTarget with rping's server (rdmacm-utils), bound to
+// the guest's address.
+func (t *RxeTarget) CMListen(ctx context.Context, port uint16) (func(), error) {
+	p, err := t.vm.Start(ctx, fmt.Sprintf("rping -s -a %s -p %d -C 1", t.vm.GuestAddr(), port))
+	if err != nil {
+		return nil, err
+	}
+	return func() { p.Kill() }, nil
+}
+
+// CMConnect implements CMTarget with rping's client.
+func (t *RxeTarget) CMConnect(ctx context.Context, port uint16) (func(), error) {
+	p, err := t.vm.Start(ctx, fmt.Sprintf("rping -c -a %s -p %d -C 1", t.peer.Addr(), port))
+	if err != nil {
+		return nil, err
+	}
+	return func() { p.Kill() }, nil
 }
 
 // KernelRelease is the guest kernel's release (uname -r), for reports.

@@ -7,9 +7,12 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/softroce/softroce/cm"
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/internal/devsync"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/pipe"
+	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -18,6 +21,7 @@ import (
 // other end. It needs no privileges.
 type SoftroceTarget struct {
 	dev  *verbs.Device
+	cm   *cm.CM // the device's connection manager, on its QP1
 	peer *Peer
 	addr netip.Addr
 }
@@ -43,7 +47,86 @@ func NewSoftroceTarget() (*SoftroceTarget, error) {
 		b.Close()
 		return nil, err
 	}
-	return &SoftroceTarget{dev: dev, peer: peer, addr: a.Addrs()[0]}, nil
+	c, err := cm.Open(dev, nil)
+	if err != nil {
+		dev.Close()
+		peer.Close()
+		return nil, fmt.Errorf("open the device's CM: %w", err)
+	}
+	return &SoftroceTarget{dev: dev, cm: c, peer: peer, addr: a.Addrs()[0]}, nil
+}
+
+// cmQP makes an RC QP (with its PD and CQ) for a CM connection and
+// returns it with its cleanup.
+func (t *SoftroceTarget) cmQP() (*verbs.QP, func(), error) {
+	pd, err := t.dev.AllocPD()
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := t.dev.CreateCQ(16)
+	if err != nil {
+		pd.Dealloc()
+		return nil, nil, err
+	}
+	qp, err := pd.CreateQP(verbs.QPInitAttr{SendCQ: c, RecvCQ: c, Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4}})
+	if err != nil {
+		t.dev.DestroyCQ(c)
+		pd.Dealloc()
+		return nil, nil, err
+	}
+	return qp, func() { qp.Destroy(); t.dev.DestroyCQ(c); pd.Dealloc() }, nil
+}
+
+// CMListen implements CMTarget with a package cm listener that accepts
+// one connection on an RC QP of its own.
+func (t *SoftroceTarget) CMListen(ctx context.Context, port uint16) (func(), error) {
+	l, err := t.cm.Listen(cm.PortSpaceTCP, port)
+	if err != nil {
+		return nil, err
+	}
+	lctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, err := l.Next(lctx)
+		if err != nil {
+			return
+		}
+		qp, free, err := t.cmQP()
+		if err != nil {
+			req.Reject(nil)
+			return
+		}
+		defer free()
+		if conn, err := req.Accept(lctx, qp, nil); err == nil {
+			select {
+			case <-conn.Done():
+			case <-lctx.Done():
+			}
+		}
+	}()
+	return func() { cancel(); l.Close(); <-done }, nil
+}
+
+// CMConnect implements CMTarget with package cm's Dial.
+func (t *SoftroceTarget) CMConnect(ctx context.Context, port uint16) (func(), error) {
+	qp, free, err := t.cmQP()
+	if err != nil {
+		return nil, err
+	}
+	dctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer free()
+		if conn, err := t.cm.Dial(dctx, t.peer.Addr(), cm.PortSpaceTCP, port, qp, nil); err == nil {
+			select {
+			case <-conn.Done():
+			case <-dctx.Done():
+			}
+		}
+	}()
+	return func() { cancel(); <-done }, nil
 }
 
 // Name implements Target.
@@ -60,6 +143,7 @@ func (t *SoftroceTarget) Device() *verbs.Device { return t.dev }
 
 // Close implements Target.
 func (t *SoftroceTarget) Close() error {
+	t.cm.Close()
 	err := t.dev.Close()
 	if perr := t.peer.Close(); err == nil {
 		err = perr
@@ -70,11 +154,20 @@ func (t *SoftroceTarget) Close() error {
 // Open implements Target.
 func (t *SoftroceTarget) Open(ctx context.Context, spec QPSpec) (Session, error) {
 	spec.fill()
+	// The device outlives sessions: events of earlier cases are not this
+	// one's.
+	for drained := false; !drained; {
+		select {
+		case <-t.dev.AsyncEvents():
+		default:
+			drained = true
+		}
+	}
 	pd, err := t.dev.AllocPD()
 	if err != nil {
 		return nil, fmt.Errorf("alloc PD: %w", err)
 	}
-	s := &softSession{t: t, pd: pd}
+	s := &softSession{t: t, pd: pd, g: &softGroup{qpns: map[uint32]bool{}}}
 	for i, m := range spec.MRs {
 		buf := make([]byte, m.Len)
 		mr, err := pd.RegMR(buf, verbs.Access(m.Access))
@@ -84,6 +177,12 @@ func (t *SoftroceTarget) Open(ctx context.Context, spec QPSpec) (Session, error)
 		}
 		s.bufs = append(s.bufs, buf)
 		s.mrs = append(s.mrs, mr)
+	}
+	if spec.SRQ != nil {
+		if s.srq, err = pd.CreateSRQ(verbs.SRQInitAttr{MaxWR: spec.SRQ.MaxWR, Limit: spec.SRQ.Limit}); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("create SRQ: %w", err)
+		}
 	}
 	if err := s.connect(spec); err != nil {
 		s.Close()
@@ -99,10 +198,43 @@ func (s *softSession) connect(spec QPSpec) error {
 	if s.cq, err = t.dev.CreateCQ(64); err != nil {
 		return fmt.Errorf("create CQ: %w", err)
 	}
-	if s.qp, err = pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq, Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16}}); err != nil {
+	init := verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq, Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16}}
+	switch spec.Type {
+	case "uc":
+		init.Type = verbs.QPTypeUC
+	case "ud":
+		init.Type = verbs.QPTypeUD
+	}
+	if spec.SRQ != nil {
+		if s.srq == nil {
+			return errors.New("the QP is to be on an SRQ, but the session has none")
+		}
+		init.SRQ = s.srq
+	}
+	if s.qp, err = pd.CreateQP(init); err != nil {
 		return fmt.Errorf("create QP: %w", err)
 	}
+	s.g.qpns[s.qp.Num()] = true
+	if spec.Type == "ud" {
+		// INIT with the Q_Key, then RTR and RTS, which UD enters without a
+		// path (IBTA §11.2.4.2).
+		steps := []struct {
+			a verbs.QPAttr
+			m verbs.AttrMask
+		}{{verbs.QPAttr{State: verbs.StateInit, Port: 1, QKey: spec.QKey}, qpstate.AttrState | qpstate.AttrPKeyIndex | qpstate.AttrPort | qpstate.AttrQKey},
+			{verbs.QPAttr{State: verbs.StateRTR}, qpstate.AttrState},
+			{verbs.QPAttr{State: verbs.StateRTS, SQPSN: spec.SendPSN}, qpstate.AttrState | qpstate.AttrSQPSN}}
+		for _, st := range steps {
+			if err := s.qp.Modify(&st.a, st.m); err != nil {
+				return fmt.Errorf("modify UD QP to %v: %w", st.a.State, err)
+			}
+		}
+		return nil
+	}
 	access := verbs.Access(spec.Access &^ AccessLocalWrite)
+	if spec.Type == "uc" {
+		access &= verbs.AccessRemoteWrite
+	}
 	if access == 0 {
 		// ConnectOptions treats 0 as "all"; no case needs a QP without
 		// any remote access.
@@ -117,6 +249,12 @@ func (s *softSession) connect(spec QPSpec) error {
 	return nil
 }
 
+// softGroup is what a session and the sessions OpenQP makes from it share.
+type softGroup struct {
+	qpns map[uint32]bool
+	mws  []*verbs.MW
+}
+
 type softSession struct {
 	t    *SoftroceTarget
 	pd   *verbs.PD
@@ -124,13 +262,16 @@ type softSession struct {
 	mrs  []*verbs.MR
 	cq   *verbs.CQ
 	qp   *verbs.QP
-	// shared marks a session from OpenQP: its PD and MRs are another's.
+	srq  *verbs.SRQ
+	// g is what the case's sessions share: QP numbers and windows.
+	g *softGroup
+	// shared marks a session from OpenQP: its PD, MRs and SRQ are another's.
 	shared bool
 }
 
 func (s *softSession) OpenQP(ctx context.Context, spec QPSpec) (Session, error) {
 	spec.fill()
-	c := &softSession{t: s.t, pd: s.pd, bufs: s.bufs, mrs: s.mrs, shared: true}
+	c := &softSession{t: s.t, pd: s.pd, bufs: s.bufs, mrs: s.mrs, srq: s.srq, g: s.g, shared: true}
 	if err := c.connect(spec); err != nil {
 		c.Close()
 		return nil, err
@@ -146,6 +287,9 @@ func (s *softSession) MR(i int) MR {
 }
 
 func (s *softSession) PostRecv(ctx context.Context, wrID uint64, off, n int) error {
+	if s.srq != nil {
+		return errors.New("the QP is on an SRQ: post to it (PostSRQRecv)")
+	}
 	m := s.mrs[0]
 	return s.qp.PostRecv(&verbs.RecvWR{ID: wrID, SGL: []verbs.SGE{{Addr: m.Addr() + uint64(off), Length: uint32(n), LKey: m.LKey()}}})
 }
@@ -182,7 +326,105 @@ func (s *softSession) Poll(ctx context.Context, d time.Duration) (*Completion, e
 	}
 	w := wcs[0]
 	return &Completion{WRID: w.WRID, Status: int(w.Status), Opcode: int(w.Opcode), ByteLen: w.ByteLen,
-		Imm: w.ImmData, WithImm: w.Flags&cq.FlagWithImm != 0}, nil
+		Imm: w.ImmData, WithImm: w.Flags&cq.FlagWithImm != 0, WithInv: w.Flags&cq.FlagWithInv != 0,
+		InvRKey: w.InvalidatedRKey, Flags: uint32(w.Flags), SrcQP: w.SrcQP}, nil
+}
+
+func (s *softSession) PostSRQRecv(ctx context.Context, wrID uint64, off, n int) error {
+	if s.srq == nil {
+		return errors.New("the session has no SRQ")
+	}
+	m := s.mrs[0]
+	return s.srq.PostRecv(&verbs.RecvWR{ID: wrID, SGL: []verbs.SGE{{Addr: m.Addr() + uint64(off), Length: uint32(n), LKey: m.LKey()}}})
+}
+
+func (s *softSession) SetSRQLimit(ctx context.Context, limit int) error {
+	if s.srq == nil {
+		return errors.New("the session has no SRQ")
+	}
+	return s.srq.Modify(limit)
+}
+
+func (s *softSession) SRQLimit(ctx context.Context) (int, error) {
+	if s.srq == nil {
+		return 0, errors.New("the session has no SRQ")
+	}
+	return s.srq.Query().Limit, nil
+}
+
+// Event skips events of other cases' QPs: the device is shared.
+func (s *softSession) Event(ctx context.Context, d time.Duration) (*Event, error) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case ev := <-s.t.dev.AsyncEvents():
+			if ev.SRQ != nil && ev.SRQ == s.srq {
+				return &Event{Type: int(ev.Type), SRQ: true, Name: ev.Type.String()}, nil
+			}
+			if ev.SRQ == nil && ev.CQ == nil && s.g.qpns[ev.QPNum] {
+				return &Event{Type: int(ev.Type), QPN: ev.QPNum, Name: ev.Type.String()}, nil
+			}
+		case <-t.C:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (s *softSession) SetError(ctx context.Context) error {
+	return s.qp.Modify(&verbs.QPAttr{State: verbs.StateErr}, qpstate.AttrState)
+}
+
+func (s *softSession) AllocMW(ctx context.Context, typ int) (*MW, error) {
+	mw, err := s.pd.AllocMW(verbs.MWType(typ))
+	if err != nil {
+		return nil, err
+	}
+	s.g.mws = append(s.g.mws, mw)
+	return &MW{Type: typ, RKey: mw.RKey(), h: mw}, nil
+}
+
+// BindMW: MW.Bind (type 1) takes effect when it returns, with no
+// completion; a BIND_MW work request (type 2) completes on the send CQ.
+func (s *softSession) BindMW(ctx context.Context, wrID uint64, mw *MW, mr, off, n int, access Access) (string, error) {
+	vmw := mw.h.(*verbs.MW)
+	m := s.mrs[mr]
+	addr := m.Addr() + uint64(off)
+	if mw.Type == 1 {
+		k, err := vmw.Bind(s.qp, m, addr, uint64(n), verbs.Access(access))
+		if err != nil {
+			return err.Error(), nil
+		}
+		mw.RKey = k
+		return "", nil
+	}
+	k := verbs.IncRKey(vmw.RKey())
+	w := vmw.BindWR(wrID, verbs.SendSignaled, m, addr, uint64(n), verbs.Access(access), k)
+	if err := s.qp.PostSend(&w); err != nil {
+		return err.Error(), nil
+	}
+	wc, err := s.Poll(ctx, 5*time.Second)
+	switch {
+	case err != nil:
+		return "", err
+	case wc == nil:
+		return "", errors.New("the bind did not complete")
+	case wc.WRID != wrID:
+		return "", fmt.Errorf("a completion of wr %d came while waiting for the bind (wr %d)", wc.WRID, wrID)
+	case wc.Status != 0:
+		return "bind completed " + wcStatusName(wc.Status), nil
+	}
+	mw.RKey = vmw.RKey()
+	return "", nil
+}
+
+func (s *softSession) LocalInv(ctx context.Context, wrID uint64, rkey uint32) (*Completion, error) {
+	if err := s.qp.PostSend(&verbs.SendWR{ID: wrID, Opcode: verbs.WRLocalInv, Flags: verbs.SendSignaled, InvRKey: rkey}); err != nil {
+		return nil, err
+	}
+	return s.Poll(ctx, 5*time.Second)
 }
 
 func (s *softSession) ReadMem(ctx context.Context, i, off, n int) ([]byte, error) {
@@ -190,9 +432,11 @@ func (s *softSession) ReadMem(ctx context.Context, i, off, n int) ([]byte, error
 	if off < 0 || n < 0 || off+n > len(b) {
 		return nil, fmt.Errorf("read MR %d [%d,%d): out of range (%d bytes)", i, off, off+n, len(b))
 	}
-	// The transport may be writing concurrently only if a case is still
-	// sending; cases read memory after the exchange is over.
-	return append([]byte(nil), b[off:off+n]...), nil
+	// Under the engine's lock: UC and UD give no ACK to wait for, so the
+	// transport may still be placing a packet the case gave up waiting on.
+	var out []byte
+	devsync.Run(s.t.dev, func() { out = append([]byte(nil), b[off:off+n]...) })
+	return out, nil
 }
 
 func (s *softSession) WriteMem(ctx context.Context, i, off int, v []byte) error {
@@ -200,7 +444,7 @@ func (s *softSession) WriteMem(ctx context.Context, i, off int, v []byte) error 
 	if off < 0 || off+len(v) > len(b) {
 		return fmt.Errorf("write MR %d [%d,%d): out of range (%d bytes)", i, off, off+len(v), len(b))
 	}
-	copy(b[off:], v)
+	devsync.Run(s.t.dev, func() { copy(b[off:], v) })
 	return nil
 }
 
@@ -217,6 +461,12 @@ func (s *softSession) Close() error {
 	}
 	if s.shared {
 		return nil
+	}
+	for _, mw := range s.g.mws {
+		mw.Dealloc()
+	}
+	if s.srq != nil {
+		s.srq.Destroy()
 	}
 	for _, m := range s.mrs {
 		s.t.dev.DeregMR(m)

@@ -16,6 +16,7 @@ const (
 	AccessRemoteWrite  Access = 2
 	AccessRemoteRead   Access = 4
 	AccessRemoteAtomic Access = 8
+	AccessMWBind       Access = 16 // the MR may carry memory windows
 	AccessAll                 = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
 )
 
@@ -42,6 +43,20 @@ type QPSpec struct {
 	Retry, RNRRetry uint8
 	// MRs are the memory regions to register: their lengths and access.
 	MRs []MRSpec
+	// Type is the QP's transport service: "" (RC), "uc" or "ud".
+	Type string
+	// QKey is a UD QP's Q_Key.
+	QKey uint32
+	// SRQ, if set, puts the QP on a shared receive queue: Open creates it
+	// as SRQSpec says; OpenQP attaches the new QP to the session's SRQ
+	// (the spec's sizes are then ignored).
+	SRQ *SRQSpec
+}
+
+// SRQSpec sizes a shared receive queue: MaxWR WQEs of one SGE, the limit
+// armed at Limit (0: not armed).
+type SRQSpec struct {
+	MaxWR, Limit int
 }
 
 func (s *QPSpec) fill() {
@@ -96,6 +111,38 @@ type Completion struct {
 	// when WithImm is set.
 	Imm     uint32
 	WithImm bool
+	// WithInv says the completion reports a remote invalidation
+	// (IBV_WC_WITH_INV) of InvRKey.
+	WithInv bool
+	InvRKey uint32
+	// Flags are the wc_flags as the target reported them.
+	Flags uint32
+	// SrcQP is the sender's QP number (UD receives).
+	SrcQP uint32
+}
+
+// Async event types (enum ibv_event_type) the cases look for.
+const (
+	EventQPFatal         = 1
+	EventSRQLimitReached = 15
+	EventLastWQEReached  = 16
+)
+
+// Event is an asynchronous event of the target (ibv_get_async_event).
+type Event struct {
+	Type int // enum ibv_event_type
+	// QPN names the QP of a QP event; SRQ is set when the event names the
+	// session's SRQ.
+	QPN  uint32
+	SRQ  bool
+	Name string
+}
+
+// MW is a memory window of the target.
+type MW struct {
+	Type int    // 1 or 2 (type 2 windows are type 2B)
+	RKey uint32 // the current R_Key (after the last successful bind)
+	h    any    // the target's handle
 }
 
 // SendOp is a send work request opcode the target can post.
@@ -160,4 +207,43 @@ type Session interface {
 	OpenQP(ctx context.Context, spec QPSpec) (Session, error)
 	// Close destroys the QP and everything created for it.
 	Close() error
+
+	// PostSRQRecv posts a receive of n bytes at off in MR 0 to the
+	// session's SRQ (QPSpec.SRQ).
+	PostSRQRecv(ctx context.Context, wrID uint64, off, n int) error
+	// SetSRQLimit arms the SRQ limit (ibv_modify_srq); SRQLimit queries it.
+	SetSRQLimit(ctx context.Context, limit int) error
+	SRQLimit(ctx context.Context) (int, error)
+	// Event waits up to d for the next async event of the target that
+	// names a QP of the case (this session's or one OpenQP made from it) or
+	// its SRQ (nil when none came).
+	Event(ctx context.Context, d time.Duration) (*Event, error)
+	// SetError moves the QP to the error state (ibv_modify_qp).
+	SetError(ctx context.Context) error
+
+	// AllocMW allocates a window of type 1 or 2 in the session's PD.
+	AllocMW(ctx context.Context, typ int) (*MW, error)
+	// BindMW binds mw over [off, off+n) of MR mr with access, on this QP
+	// (a type 2 window is then usable through this QP only), and waits for
+	// the bind to finish: with ibv_bind_mw for type 1, a BIND_MW work
+	// request for type 2. On success mw.RKey is the new key and refused is
+	// empty; when the target refuses the bind (the verb fails or the bind
+	// completes in error), refused says how and mw is unchanged. err is a
+	// harness failure.
+	BindMW(ctx context.Context, wrID uint64, mw *MW, mr, off, n int, access Access) (refused string, err error)
+	// LocalInv posts a LOCAL_INV of rkey and returns its completion (nil
+	// when none came).
+	LocalInv(ctx context.Context, wrID uint64, rkey uint32) (*Completion, error)
+}
+
+// CMTarget is a target whose rdma_cm the cases can drive, so that its IB
+// CM on QP1 has a service to answer for or a connection to make. A target
+// without it can still be sent CM MADs (a REQ nobody listens for).
+type CMTarget interface {
+	// CMListen starts an rdma_cm server on the target at port (RDMA_PS_TCP)
+	// that accepts one connection; stop ends it.
+	CMListen(ctx context.Context, port uint16) (stop func(), err error)
+	// CMConnect makes the target connect over rdma_cm to the peer's address
+	// at port: its REQs come to the peer's QP1. stop ends the attempt.
+	CMConnect(ctx context.Context, port uint16) (stop func(), err error)
 }

@@ -1,0 +1,221 @@
+/*
+ * The wire between libibverbs.so.1 (this directory) and the softroce daemon
+ * (package serve). serve/proto.go mirrors every constant and offset here;
+ * a Go test compiles a C program against this header and compares.
+ *
+ * Control: a SOCK_SEQPACKET Unix socket, one connection per ibv_context
+ * (plus a short-lived one for ibv_get_device_list). Each message is one
+ * request (struct sr_req + the op's body) answered by one response
+ * (struct sr_resp + body). File descriptors ride as SCM_RIGHTS. All
+ * integers are little-endian, fixed size; no pointers cross.
+ *
+ * Data: per QP a memfd the daemon creates (control page, send ring, recv
+ * ring), per CQ a memfd (control page, CQE ring), both mapped MAP_SHARED by
+ * the library and the daemon. Indices are free-running uint32 counters;
+ * a ring's size is a power of two.
+ */
+#ifndef SOFTROCE_PROTO_H
+#define SOFTROCE_PROTO_H
+
+#include <stdint.h>
+
+#define SR_PROTO_VERSION 1
+#define SR_MAX_MSG 4096 /* largest request or response */
+#define SR_MAX_EXTENTS 64 /* memfd pieces of one MR */
+#define SR_NAME_LEN 64
+
+enum sr_op {
+	SR_OP_HELLO = 1,
+	SR_OP_OPEN = 2,
+	SR_OP_QUERY_DEVICE = 3,
+	SR_OP_QUERY_PORT = 4,
+	SR_OP_QUERY_GID = 5,
+	SR_OP_ALLOC_PD = 6,
+	SR_OP_DEALLOC_PD = 7,
+	SR_OP_REG_MR = 8,
+	SR_OP_DEREG_MR = 9,
+	SR_OP_CREATE_CQ = 10,
+	SR_OP_DESTROY_CQ = 11,
+	SR_OP_CREATE_QP = 12,
+	SR_OP_MODIFY_QP = 13,
+	SR_OP_QUERY_QP = 14,
+	SR_OP_DESTROY_QP = 15,
+	SR_OP_CREATE_CHANNEL = 16,
+	SR_OP_DESTROY_CHANNEL = 17,
+};
+
+struct sr_req {
+	uint32_t op;
+	uint32_t reserved;
+};
+
+struct sr_resp {
+	int32_t err; /* 0 or a positive errno */
+	uint32_t reserved;
+};
+
+/* HELLO: req sr_hello_req; resp sr_hello_resp + ndev x sr_dev_entry. */
+struct sr_hello_req {
+	uint32_t version;
+	uint32_t reserved;
+};
+struct sr_hello_resp {
+	uint32_t version;
+	uint32_t ndev;
+};
+struct sr_dev_entry {
+	char name[SR_NAME_LEN];
+	uint64_t guid;
+};
+
+/* OPEN: req sr_handle (device index); resp empty + the doorbell eventfd
+ * and the read end of the async event pipe, in that order. The daemon
+ * writes one struct sr_async_event per event to the pipe. */
+struct sr_handle {
+	uint32_t handle;
+	uint32_t reserved;
+};
+
+struct sr_async_event {
+	uint32_t type; /* enum ibv_event_type */
+	uint32_t handle; /* the QP's or CQ's handle; 0 for the device */
+};
+
+/* QUERY_DEVICE: resp sr_dev_attr. */
+struct sr_dev_attr {
+	uint64_t max_mr_size;
+	uint64_t node_guid;
+	uint32_t vendor_id, vendor_part_id, hw_ver;
+	uint32_t max_qp, max_qp_wr, max_sge, max_cq, max_cqe, max_mr, max_pd;
+	uint32_t max_qp_rd_atom, max_qp_init_rd_atom;
+	uint32_t max_srq, max_srq_wr, max_srq_sge, max_mw;
+	uint32_t device_cap_flags, atomic_cap, phys_port_cnt;
+	uint32_t reserved;
+};
+
+/* QUERY_PORT: req sr_handle (port number); resp sr_port_attr. */
+struct sr_port_attr {
+	uint32_t state, max_mtu, active_mtu; /* enum ibv_port_state, ibv_mtu */
+	uint32_t gid_tbl_len, pkey_tbl_len, max_msg_sz;
+	uint32_t link_mtu, reserved;
+};
+
+/* QUERY_GID: req sr_gid_req; resp sr_gid. */
+struct sr_gid_req {
+	uint32_t port, index;
+};
+struct sr_gid {
+	uint8_t raw[16];
+	uint32_t type; /* 1: RoCE v2 (enum ibv_gid_type_sysfs) */
+	uint32_t reserved;
+};
+
+/* ALLOC_PD: resp sr_handle. DEALLOC_PD, DEREG_MR, DESTROY_CQ,
+ * DESTROY_QP, QUERY_QP, DESTROY_CHANNEL: req sr_handle. */
+
+/* REG_MR: req sr_reg_mr + nextent x sr_extent, one SCM_RIGHTS fd per
+ * extent in order. The extents tile [addr rounded down to a page,
+ * addr+length rounded up) in ascending order; each fd is a sealed memfd
+ * (F_SEAL_SHRINK) holding that piece at offset off. resp sr_mr_resp. */
+struct sr_reg_mr {
+	uint32_t pd, access;
+	uint64_t addr, length;
+	uint32_t nextent, reserved;
+};
+struct sr_extent {
+	uint64_t va, len, off;
+};
+struct sr_mr_resp {
+	uint32_t handle, lkey, rkey, reserved;
+};
+
+/* CREATE_CQ: req sr_create_cq; resp sr_cq_resp + the ring memfd. */
+struct sr_create_cq {
+	uint32_t cqe;
+	uint32_t channel; /* 0: none */
+};
+struct sr_cq_resp {
+	uint32_t handle, size; /* size: CQE slots, a power of two */
+	uint64_t map_len;
+};
+
+/* CREATE_QP: req sr_create_qp; resp sr_qp_resp + the rings memfd. */
+struct sr_create_qp {
+	uint32_t pd, send_cq, recv_cq, qp_type;
+	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge;
+	uint32_t max_inline, sq_sig_all;
+};
+struct sr_qp_resp {
+	uint32_t handle, qpn;
+	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
+	uint32_t sq_size, rq_size, sq_stride, rq_stride, reserved;
+	uint64_t map_len, sq_off, rq_off;
+};
+
+/* MODIFY_QP: req sr_modify_qp. QUERY_QP: resp sr_qp_attr. Field meanings
+ * as struct ibv_qp_attr; path_mtu is enum ibv_mtu; mask is
+ * enum ibv_qp_attr_mask. */
+struct sr_qp_attr {
+	uint32_t qp_state, cur_state, path_mtu, qp_access_flags;
+	uint32_t rq_psn, sq_psn, dest_qp_num, flow_label;
+	uint32_t sgid_index, hop_limit, traffic_class, sl;
+	uint32_t timeout, retry_cnt, rnr_retry, min_rnr_timer;
+	uint32_t max_rd_atomic, max_dest_rd_atomic, port_num, pkey_index;
+	uint32_t is_global, qkey;
+	uint8_t dgid[16];
+	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
+	uint32_t reserved;
+};
+struct sr_modify_qp {
+	uint32_t handle, mask;
+	struct sr_qp_attr attr;
+};
+
+/* CREATE_CHANNEL: resp sr_handle + the read end of a pipe. The daemon
+ * writes a CQ's handle (uint32) to it when an armed CQ gets a CQE. */
+
+/* ---- shared memory ---- */
+
+#define SR_PAGE 4096
+
+/* QP control page: each index on its own cache line. */
+#define SR_QP_SQ_PROD 0 /* written by the library */
+#define SR_QP_SQ_CONS 64 /* written by the daemon */
+#define SR_QP_RQ_PROD 128
+#define SR_QP_RQ_CONS 192
+#define SR_QP_SLEEPING 256 /* daemon: 1 = ring the doorbell after posting */
+#define SR_QP_ERROR 260 /* daemon: nonzero once it put the QP in ERR for a bad WQE */
+
+/* Send WQE: this header, then num_sge x sr_sge or inline_len bytes. */
+struct sr_send_wqe {
+	uint64_t wr_id;
+	uint32_t opcode; /* enum ibv_wr_opcode */
+	uint32_t send_flags; /* enum ibv_send_flags */
+	uint8_t imm_data[4]; /* __be32 as in struct ibv_send_wr */
+	uint32_t num_sge;
+	uint32_t inline_len;
+	uint32_t rkey;
+	uint64_t remote_addr;
+	uint64_t compare_add;
+	uint64_t swap;
+	uint32_t invalidate_rkey;
+	uint32_t reserved;
+};
+struct sr_sge {
+	uint64_t addr;
+	uint32_t length, lkey;
+};
+/* Receive WQE: this header, then num_sge x sr_sge. */
+struct sr_recv_wqe {
+	uint64_t wr_id;
+	uint32_t num_sge, reserved;
+};
+
+/* CQ control page. */
+#define SR_CQ_PROD 0 /* written by the daemon */
+#define SR_CQ_CONS 64 /* written by the library */
+#define SR_CQ_ARMED 128 /* library: 1 any, 2 solicited; daemon clears on firing */
+#define SR_CQ_OVERRUN 192 /* daemon: nonzero after a CQE found the ring full */
+#define SR_CQE_SIZE 64 /* a struct ibv_wc in each slot, then padding */
+
+#endif

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/abi"
+	"github.com/softroce/softroce/serve"
+)
+
+func init() {
+	register("run", "run an unmodified libibverbs program on softroce: softroce run -- PROGRAM ARGS...", runRun)
+}
+
+func runRun(args []string) int {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	sock := fs.String("socket", "", "the daemon's socket (default as softroce serve)")
+	addr := fs.String("addr", "", "address of the private daemon started when none is running")
+	backend := fs.String("backend", "udp", "backend of the private daemon")
+	port := fs.Int("udp-port", 0, "UDP port of the private daemon (default 4791)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: softroce run [--socket PATH] [--addr IP] -- PROGRAM ARGS...\n\n"+
+			"Runs PROGRAM with softroce's libibverbs.so.1 (built on first use) and SOFTROCE_SOCKET set.\n"+
+			"When no daemon answers on the socket, a private one is started for the program and stopped after it.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	prog := fs.Args()
+	if len(prog) == 0 {
+		fs.Usage()
+		return 2
+	}
+	lib, err := abi.Build(abi.DefaultDir())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softroce run: %v\n", err)
+		return 1
+	}
+	path := *sock
+	if path == "" {
+		path = serve.DefaultSocket()
+	}
+	var daemon *exec.Cmd
+	if c, err := net.Dial("unixpacket", path); err == nil {
+		c.Close()
+	} else {
+		// A private daemon, on a private socket, for this program only.
+		dir, err := os.MkdirTemp("", "softroce-run-")
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "softroce run: %v\n", err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		path = filepath.Join(dir, "softroce.sock")
+		self, err := os.Executable()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "softroce run: %v\n", err)
+			return 1
+		}
+		dargs := []string{"serve", "-q", "--socket", path, "--backend", *backend}
+		if *addr != "" {
+			dargs = append(dargs, "--addr", *addr)
+		}
+		if *port != 0 {
+			dargs = append(dargs, "--udp-port", fmt.Sprint(*port))
+		}
+		daemon = exec.Command(self, dargs...)
+		daemon.Stderr = os.Stderr
+		if err := daemon.Start(); err != nil {
+			fmt.Fprintf(os.Stderr, "softroce run: start daemon: %v\n", err)
+			return 1
+		}
+		defer func() {
+			daemon.Process.Signal(syscall.SIGTERM)
+			daemon.Wait()
+		}()
+		if !waitSocket(path, daemon) {
+			fmt.Fprintf(os.Stderr, "softroce run: the private daemon did not start\n")
+			return 1
+		}
+	}
+	env := append(os.Environ(), "SOFTROCE_SOCKET="+path, "LD_LIBRARY_PATH="+lib+prefixed(os.Getenv("LD_LIBRARY_PATH")))
+	bin, err := exec.LookPath(prog[0])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softroce run: %v\n", err)
+		return 127
+	}
+	if daemon == nil {
+		// Nothing to clean up afterwards: become the program.
+		err := syscall.Exec(bin, prog, env)
+		fmt.Fprintf(os.Stderr, "softroce run: exec %s: %v\n", bin, err)
+		return 126
+	}
+	cmd := exec.Command(bin, prog[1:]...)
+	cmd.Args[0] = prog[0]
+	cmd.Env, cmd.Stdin, cmd.Stdout, cmd.Stderr = env, os.Stdin, os.Stdout, os.Stderr
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(os.Stderr, "softroce run: %v\n", err)
+		return 126
+	}
+	go func() {
+		for s := range sig {
+			cmd.Process.Signal(s)
+		}
+	}()
+	err = cmd.Wait()
+	if ee, ok := err.(*exec.ExitError); ok {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+func prefixed(s string) string {
+	if s == "" {
+		return ""
+	}
+	return ":" + s
+}
+
+// waitSocket waits until the daemon answers on path, or exits.
+func waitSocket(path string, d *exec.Cmd) bool {
+	exited := make(chan struct{})
+	go func() {
+		// Wait for the exit without reaping: the deferred Wait does that.
+		var info unix.Siginfo
+		unix.Waitid(unix.P_PID, d.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		close(exited)
+	}()
+	for range 200 {
+		if c, err := net.Dial("unixpacket", path); err == nil {
+			c.Close()
+			return true
+		}
+		select {
+		case <-exited:
+			return false
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+	return false
+}

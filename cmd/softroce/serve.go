@@ -1,0 +1,160 @@
+package main
+
+import (
+	"cmp"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/softroce/softroce/abi"
+	"github.com/softroce/softroce/serve"
+	"github.com/softroce/softroce/verbs"
+)
+
+func init() {
+	register("serve", "the daemon unmodified libibverbs programs use (through softroce run)", runServe)
+	register("status", "what the daemon serves: devices, client processes, their QPs, counters", runStatus)
+	register("abi", "build the libibverbs.so.1 that unmodified programs load: softroce abi build", runABI)
+}
+
+// addrList is a repeatable --addr flag.
+type addrList []string
+
+func (a *addrList) String() string     { return strings.Join(*a, ",") }
+func (a *addrList) Set(s string) error { *a = append(*a, s); return nil }
+
+func runServe(args []string) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var addrs addrList
+	fs.Var(&addrs, "addr", "local IP address of a device (repeat for more devices; default: the host's first IPv4 address)")
+	fs.Var(&addrs, "bind", "the same as --addr")
+	backend := fs.String("backend", "udp", "udp (portable, unprivileged) or afxdp (root)")
+	sock := fs.String("socket", "", "Unix socket path (default $SOFTROCE_SOCKET, /run/softroce/softroce.sock for root, $XDG_RUNTIME_DIR/softroce.sock)")
+	group := fs.String("group", "", "let this group use the daemon (socket mode 0770); default: only the daemon's user (0700)")
+	port := fs.Int("udp-port", 0, "UDP port to listen on (default 4791)")
+	peerPort := fs.Int("peer-udp-port", 0, "UDP port the peers listen on (default: --udp-port; change only against another softroce on the same address)")
+	quiet := fs.Bool("q", false, "print nothing but errors")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp] [--socket PATH] [--group NAME]\n\n"+
+			"Owns one softroce device per address and serves the programs that 'softroce run' starts.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if len(addrs) == 0 {
+		addrs = addrList{""}
+	}
+	var devs []*verbs.Device
+	for i, a := range addrs {
+		link, err := openLink(linkFlags{backend: *backend, bind: a, udpPort: *port}, "")
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
+			return 1
+		}
+		d, err := verbs.Open(link, &verbs.Options{Name: fmt.Sprintf("softroce%d", i)})
+		if err != nil {
+			link.Close()
+			fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
+			return 1
+		}
+		devs = append(devs, d)
+	}
+	var lg *log.Logger
+	if !*quiet {
+		lg = log.New(os.Stderr, "softroce serve: ", 0)
+	}
+	s, err := serve.New(devs, serve.Config{Socket: *sock, Group: *group, Log: lg, RemotePort: uint16(cmp.Or(*peerPort, *port))})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
+		return 1
+	}
+	if err := s.Listen(); err != nil {
+		s.Close()
+		fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
+		return 1
+	}
+	if !*quiet {
+		for i, d := range devs {
+			fmt.Fprintf(os.Stderr, "softroce serve: device %s on %s (%s)\n", d.Name(), d.Link().Addrs()[0], *backend)
+			_ = i
+		}
+		fmt.Fprintf(os.Stderr, "softroce serve: listening on %s\n", s.Socket())
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	go func() { <-sig; s.Close() }()
+	if err := s.Serve(); err != nil {
+		fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
+		s.Close()
+		return 1
+	}
+	return 0
+}
+
+func runABI(args []string) int {
+	fs := flag.NewFlagSet("abi", flag.ContinueOnError)
+	dir := fs.String("dir", "", "build directory (default $SOFTROCE_ABI_DIR or the user cache)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: softroce abi build [--dir DIR]\n\nBuilds libibverbs.so.1 (needs gcc and libibverbs-dev) and prints its directory.\n\n")
+		fs.PrintDefaults()
+	}
+	if len(args) == 0 || args[0] != "build" {
+		fs.Usage()
+		return 2
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	d := *dir
+	if d == "" {
+		d = abi.DefaultDir()
+	}
+	out, err := abi.Build(d)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softroce abi: %v\n", err)
+		return 1
+	}
+	fmt.Println(out)
+	return 0
+}
+
+func runStatus(args []string) int {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	sock := fs.String("socket", "", "the daemon's socket (default as softroce serve)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	p := *sock
+	if p == "" {
+		p = serve.DefaultSocket()
+	}
+	st, err := serve.QueryStatus(p)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softroce status: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		b, _ := json.MarshalIndent(st, "", "  ")
+		fmt.Println(string(b))
+		return 0
+	}
+	for _, d := range st.Devices {
+		fmt.Printf("device %s  %s  qps %d  rx %d tx %d packets\n", d.Name, strings.Join(d.Addrs, ","), d.QPs, d.RxPackets, d.TxPackets)
+	}
+	fmt.Printf("clients %d (accepted %d)  bad requests %d  bad WQEs %d  CQ overruns %d\n",
+		st.Stats.Clients, st.Stats.Accepted, st.Stats.BadRequests, st.Stats.BadWQEs, st.Stats.Overruns)
+	for _, c := range st.Clients {
+		fmt.Printf("  pid %d  %s  pds %d mrs %d cqs %d qps %d\n", c.PID, c.Device, c.PDs, c.MRs, c.CQs, len(c.QPs))
+		for _, q := range c.QPs {
+			fmt.Printf("    qp 0x%06x %s\n", q.QPN, q.State)
+		}
+	}
+	return 0
+}

@@ -1,0 +1,675 @@
+package serve
+
+import (
+	"fmt"
+	"net"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/memreg"
+	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/verbs"
+)
+
+const (
+	attrState = qpstate.AttrState
+	// Per-connection limits: a client cannot make the daemon allocate
+	// without bound (rings are daemon memory).
+	maxClientQP = 4096
+	maxClientCQ = 4096
+	maxClientCh = 256
+	maxClientMR = 1 << 14
+	maxRingWR   = verbs.MaxQPWR
+	maxCQSlots  = 1 << 16
+	// maxClientCQSlots bounds the CQ ring memory one client makes the
+	// daemon allocate (64 bytes a slot: 64 MiB). QP rings are bounded by
+	// the device's completion budget (goCQDepth).
+	maxClientCQSlots = 1 << 20
+)
+
+type mrObj struct {
+	handle       uint32
+	pd           uint32
+	mr           *verbs.MR
+	addr, length uint64 // the client's range
+	daddr        uint64 // the daemon's address of addr
+	mem          *clientMem
+}
+
+type pdObj struct {
+	handle uint32
+	pd     *verbs.PD
+	uses   int // MRs and QPs
+}
+
+// client is one connection: one ibv_context of one process.
+type client struct {
+	s    *Server
+	conn *net.UnixConn
+	dev  *device
+	bell int // the doorbell eventfd (its copy sent to the client)
+	evW  int // the write end of the async event pipe (non-blocking)
+	pid  int // the peer process (SO_PEERCRED), 0 when unknown
+	next uint32
+
+	// Guarded by dev.mu once dev is set (the poller reads mrByKey).
+	pds     map[uint32]*pdObj
+	mrs     map[uint32]*mrObj
+	mrByKey map[uint32]*mrObj
+	cqs     map[uint32]*cqObj
+	qps     map[uint32]*qpObj
+	chans   map[uint32]*chanObj
+
+	cqSlots int // slots of all its CQ rings
+
+	out []byte
+	ext []extent
+}
+
+func newClient(s *Server, conn *net.UnixConn) *client {
+	pid := 0
+	if conn != nil {
+		if rc, err := conn.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) {
+				if u, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+					pid = int(u.Pid)
+				}
+			})
+		}
+	}
+	return &client{s: s, conn: conn, bell: -1, evW: -1, pid: pid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
+		cqs: map[uint32]*cqObj{}, qps: map[uint32]*qpObj{}, chans: map[uint32]*chanObj{}}
+}
+
+// run serves requests until the connection closes, then frees everything.
+func (c *client) run() {
+	defer c.cleanup()
+	buf := make([]byte, maxMsg+1)
+	oob := make([]byte, unix.CmsgSpace(4*maxExtents))
+	for {
+		n, oobn, flags, _, err := c.conn.ReadMsgUnix(buf, oob)
+		if err != nil || n == 0 {
+			return
+		}
+		fds := parseFDs(oob[:oobn])
+		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+			closeAll(fds)
+			c.s.badReq.Add(1)
+			if c.reply(syscall.EMSGSIZE, nil, nil) != nil {
+				return
+			}
+			continue
+		}
+		resp, rfds, err := c.handle(buf[:n], fds)
+		if err != nil {
+			c.s.badReq.Add(1)
+		}
+		werr := c.reply(errno(err), resp, rfds)
+		for _, fd := range rfds {
+			unix.Close(fd)
+		}
+		if werr != nil {
+			return
+		}
+	}
+}
+
+func parseFDs(oob []byte) []int {
+	if len(oob) == 0 {
+		return nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for i := range msgs {
+		if f, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+			fds = append(fds, f...)
+		}
+	}
+	return fds
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+func (c *client) reply(e syscall.Errno, body []byte, fds []int) error {
+	c.out = le.AppendUint32(c.out[:0], uint32(e))
+	c.out = le.AppendUint32(c.out, 0)
+	c.out = append(c.out, body...)
+	var oob []byte
+	if len(fds) > 0 && e == 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	_, _, err := c.conn.WriteMsgUnix(c.out, oob, nil)
+	return err
+}
+
+// handle decodes and runs one request. Descriptors that came with it are
+// always closed or kept by the handler, never leaked.
+func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err error) {
+	r, err := parseRequest(msg)
+	if err != nil {
+		closeAll(fds)
+		return nil, nil, err
+	}
+	if r.op != opRegMR && len(fds) > 0 {
+		closeAll(fds)
+		return nil, nil, fmt.Errorf("%w: descriptors with op %d", errMsg, r.op)
+	}
+	switch r.op {
+	case opHello:
+		if v := u32(r.body, 0); v != protoVersion {
+			return nil, nil, fmt.Errorf("%w: protocol version %d, the daemon speaks %d", syscall.EPROTONOSUPPORT, v, protoVersion)
+		}
+		return c.hello(), nil, nil
+	case opOpen:
+		return c.open(u32(r.body, 0))
+	case opStatus:
+		return c.s.statusJSON(maxMsg-sizeResp, c), nil, nil
+	}
+	d := c.dev
+	if d == nil {
+		closeAll(fds)
+		return nil, nil, fmt.Errorf("%w: op %d before OPEN", syscall.EBADF, r.op)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch r.op {
+	case opQueryDevice:
+		return c.queryDevice(), nil, nil
+	case opQueryPort:
+		return c.queryPort(u32(r.body, 0))
+	case opQueryGID:
+		return c.queryGID(u32(r.body, 0), u32(r.body, 1))
+	case opAllocPD:
+		return c.allocPD()
+	case opDeallocPD:
+		return nil, nil, c.deallocPD(u32(r.body, 0))
+	case opRegMR:
+		rq := decodeRegMR(r.body, c.ext[:0])
+		defer closeAll(fds)
+		return c.regMR(&rq, fds)
+	case opDeregMR:
+		return nil, nil, c.deregMR(u32(r.body, 0))
+	case opCreateCQ:
+		return c.createCQ(u32(r.body, 0), u32(r.body, 1))
+	case opDestroyCQ:
+		return nil, nil, c.destroyCQ(u32(r.body, 0))
+	case opCreateQP:
+		return c.createQP(r.body)
+	case opModifyQP:
+		return nil, nil, c.modifyQP(u32(r.body, 0), u32(r.body, 1), decodeQPAttr(r.body[8:]))
+	case opQueryQP:
+		return c.queryQP(u32(r.body, 0))
+	case opDestroyQP:
+		return nil, nil, c.destroyQP(u32(r.body, 0))
+	case opCreateChannel:
+		return c.createChannel()
+	case opDestroyChannel:
+		return nil, nil, c.destroyChannel(u32(r.body, 0))
+	}
+	return nil, nil, fmt.Errorf("%w: op %d", errMsg, r.op)
+}
+
+func (c *client) handleID() uint32 {
+	c.next++
+	if c.next == 0 {
+		c.next = 1
+	}
+	return c.next
+}
+
+func (c *client) hello() []byte {
+	out := le.AppendUint32(nil, protoVersion)
+	out = le.AppendUint32(out, uint32(len(c.s.devs)))
+	for _, d := range c.s.devs {
+		var name [nameLen]byte
+		copy(name[:nameLen-1], d.name)
+		out = append(out, name[:]...)
+		out = le.AppendUint64(out, d.guid)
+	}
+	return out
+}
+
+func (c *client) open(i uint32) ([]byte, []int, error) {
+	if c.dev != nil {
+		return nil, nil, fmt.Errorf("%w: connection already opened a device", syscall.EBUSY)
+	}
+	if int(i) >= len(c.s.devs) {
+		return nil, nil, fmt.Errorf("%w: no device %d", syscall.ENODEV, i)
+	}
+	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ev [2]int
+	if err := unix.Pipe2(ev[:], unix.O_CLOEXEC); err != nil {
+		unix.Close(fd)
+		return nil, nil, err
+	}
+	unix.SetNonblock(ev[1], true)
+	d := c.s.devs[i]
+	if err := d.addDoorbell(fd); err != nil {
+		unix.Close(fd)
+		unix.Close(ev[0])
+		unix.Close(ev[1])
+		return nil, nil, err
+	}
+	c.s.mu.Lock() // Status and the device's event loop read dev and evW
+	c.dev, c.bell, c.evW = d, fd, ev[1]
+	c.s.mu.Unlock()
+	dup, err := unix.Dup(fd)
+	if err != nil {
+		unix.Close(ev[0])
+		return nil, nil, err
+	}
+	return nil, []int{dup, ev[0]}, nil
+}
+
+// Async event types (enum ibv_event_type).
+const (
+	evCQErr       = 0
+	evQPFatal     = 1
+	evDeviceFatal = 8
+)
+
+// raise queues an async event for the client. It never blocks: a client
+// that does not read its events loses the ones its pipe cannot hold.
+func (c *client) raise(typ, handle uint32) {
+	if c.evW < 0 {
+		return
+	}
+	var b [8]byte
+	le.PutUint32(b[:], typ)
+	le.PutUint32(b[4:], handle)
+	unix.Write(c.evW, b[:])
+}
+
+func (c *client) queryDevice() []byte {
+	a := c.dev.v.QueryDevice()
+	out := le.AppendUint64(nil, a.MaxMRSize)
+	out = le.AppendUint64(out, c.dev.guid)
+	for _, v := range []int{int(a.VendorID), 1, 0, a.MaxQP, a.MaxQPWR, a.MaxSGE, a.MaxCQ, min(a.MaxCQE, maxCQSlots), a.MaxMR, a.MaxPD,
+		a.MaxQPRDAtom, a.MaxQPInitRDAtom, 0, 0, 0, 0, 0, 1 /* IBV_ATOMIC_HCA */, a.PhysPortCnt, 0} {
+		out = le.AppendUint32(out, uint32(v))
+	}
+	return out
+}
+
+func (c *client) queryPort(port uint32) ([]byte, []int, error) {
+	if port != 1 {
+		return nil, nil, fmt.Errorf("%w: port %d", syscall.EINVAL, port)
+	}
+	p := c.dev.v.QueryPort()
+	out := le.AppendUint32(nil, 4) // IBV_PORT_ACTIVE
+	for _, v := range []uint32{mtuEnum(p.MaxMTU), mtuEnum(p.ActiveMTU), uint32(p.GIDTblLen), uint32(p.PKeyTblLen), verbs.MaxMsgSize, uint32(p.LinkMTU), 0} {
+		out = le.AppendUint32(out, v)
+	}
+	return out, nil, nil
+}
+
+func (c *client) queryGID(port, index uint32) ([]byte, []int, error) {
+	if port != 1 {
+		return nil, nil, fmt.Errorf("%w: port %d", syscall.EINVAL, port)
+	}
+	g, err := c.dev.v.QueryGID(int(index))
+	if index > 1<<16 || err != nil {
+		return nil, nil, fmt.Errorf("%w: GID index %d", syscall.EINVAL, index)
+	}
+	out := append([]byte(nil), g[:]...)
+	out = le.AppendUint32(out, gidTypeRoCEv2)
+	out = le.AppendUint32(out, 0)
+	return out, nil, nil
+}
+
+func handleResp(h uint32) []byte { return le.AppendUint32(le.AppendUint32(nil, h), 0) }
+
+func (c *client) allocPD() ([]byte, []int, error) {
+	pd, err := c.dev.v.AllocPD()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", syscall.ENOMEM, err)
+	}
+	h := c.handleID()
+	c.pds[h] = &pdObj{handle: h, pd: pd}
+	return handleResp(h), nil, nil
+}
+
+func (c *client) deallocPD(h uint32) error {
+	p := c.pds[h]
+	if p == nil {
+		return fmt.Errorf("%w: no PD %d", syscall.EINVAL, h)
+	}
+	if p.uses > 0 {
+		return fmt.Errorf("%w: PD %d in use", syscall.EBUSY, h)
+	}
+	if err := p.pd.Dealloc(); err != nil {
+		return err
+	}
+	delete(c.pds, h)
+	return nil
+}
+
+func (c *client) regMR(r *regMR, fds []int) ([]byte, []int, error) {
+	p := c.pds[r.pd]
+	if p == nil {
+		return nil, nil, fmt.Errorf("%w: no PD %d", syscall.EINVAL, r.pd)
+	}
+	const known = memreg.AccessLocalWrite | memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic | memreg.AccessMWBind
+	// Optional-range flags (relaxed ordering, ...) are hints; others are refused.
+	acc := memreg.Access(r.access) &^ (0xfff00000)
+	if acc&^known != 0 {
+		return nil, nil, fmt.Errorf("%w: access flags 0x%x", syscall.EOPNOTSUPP, r.access)
+	}
+	if len(c.mrs) >= maxClientMR {
+		return nil, nil, syscall.ENOMEM
+	}
+	m, err := mapClientMem(r, fds)
+	if err != nil {
+		return nil, nil, err
+	}
+	buf := m.buf(r)
+	mr, err := p.pd.RegMR(buf, acc)
+	if err != nil {
+		m.unmap()
+		return nil, nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
+	}
+	h := c.handleID()
+	o := &mrObj{handle: h, pd: r.pd, mr: mr, addr: r.addr, length: r.length, daddr: mr.Addr(), mem: m}
+	c.mrs[h] = o
+	c.mrByKey[mr.LKey()] = o
+	p.uses++
+	out := le.AppendUint32(nil, h)
+	out = le.AppendUint32(out, mr.LKey())
+	out = le.AppendUint32(out, mr.RKey())
+	out = le.AppendUint32(out, 0)
+	return out, nil, nil
+}
+
+func (c *client) deregMR(h uint32) error {
+	o := c.mrs[h]
+	if o == nil {
+		return fmt.Errorf("%w: no MR %d", syscall.EINVAL, h)
+	}
+	// verbs waits for in-flight accesses; only then is the mapping gone.
+	if err := c.dev.v.DeregMR(o.mr); err != nil {
+		return err
+	}
+	o.mem.unmap()
+	delete(c.mrByKey, o.mr.LKey())
+	delete(c.mrs, h)
+	c.pds[o.pd].uses--
+	return nil
+}
+
+func (c *client) createCQ(cqe, ch uint32) ([]byte, []int, error) {
+	if cqe == 0 || cqe > maxCQSlots {
+		return nil, nil, fmt.Errorf("%w: cqe %d", syscall.EINVAL, cqe)
+	}
+	if len(c.cqs) >= maxClientCQ {
+		return nil, nil, syscall.ENOMEM
+	}
+	var co *chanObj
+	if ch != 0 {
+		if co = c.chans[ch]; co == nil {
+			return nil, nil, fmt.Errorf("%w: no channel %d", syscall.EINVAL, ch)
+		}
+	}
+	size := ceilPow2(cqe)
+	if c.cqSlots+int(size) > maxClientCQSlots {
+		return nil, nil, fmt.Errorf("%w: the client's CQs hold %d slots already", syscall.ENOMEM, c.cqSlots)
+	}
+	m, err := newShm("softroce-cq", ctlPage+int(size)*cqeSize)
+	if err != nil {
+		return nil, nil, err
+	}
+	h := c.handleID()
+	c.cqs[h] = &cqObj{handle: h, mem: m, size: size, ch: co}
+	c.cqSlots += int(size)
+	if co != nil {
+		co.nCQ++
+	}
+	fd := m.fd
+	m.fd = -1 // sent, then closed by run
+	out := le.AppendUint32(nil, h)
+	out = le.AppendUint32(out, size)
+	out = le.AppendUint64(out, uint64(len(m.b)))
+	return out, []int{fd}, nil
+}
+
+func (c *client) destroyCQ(h uint32) error {
+	o := c.cqs[h]
+	if o == nil {
+		return fmt.Errorf("%w: no CQ %d", syscall.EINVAL, h)
+	}
+	if o.nQP > 0 {
+		return fmt.Errorf("%w: CQ %d in use", syscall.EBUSY, h)
+	}
+	if o.ch != nil {
+		o.ch.nCQ--
+	}
+	o.mem.free()
+	c.cqSlots -= int(o.size)
+	delete(c.cqs, h)
+	return nil
+}
+
+func (c *client) createQP(b []byte) ([]byte, []int, error) {
+	pdH, scqH, rcqH, typ := u32(b, 0), u32(b, 1), u32(b, 2), u32(b, 3)
+	msw, mrw, mss, mrs, mil, sigAll := u32(b, 4), u32(b, 5), u32(b, 6), u32(b, 7), u32(b, 8), u32(b, 9)
+	p, scq, rcq := c.pds[pdH], c.cqs[scqH], c.cqs[rcqH]
+	switch {
+	case p == nil || scq == nil || rcq == nil:
+		return nil, nil, fmt.Errorf("%w: PD %d, CQs %d/%d", syscall.EINVAL, pdH, scqH, rcqH)
+	case typ != 2: // IBV_QPT_RC
+		return nil, nil, fmt.Errorf("%w: QP type %d (RC only)", syscall.EOPNOTSUPP, typ)
+	case msw > maxRingWR || mrw > maxRingWR || mss > verbs.MaxSGE || mrs > verbs.MaxSGE || mil > verbs.MaxInline:
+		return nil, nil, fmt.Errorf("%w: QP capacities", syscall.EINVAL)
+	case len(c.qps) >= maxClientQP:
+		return nil, nil, syscall.ENOMEM
+	}
+	msw, mrw, mss, mrs = max(msw, 1), max(mrw, 1), max(mss, 1), max(mrs, 1)
+	sqSize, rqSize := ceilPow2(msw), ceilPow2(mrw)
+	d := c.dev
+	if d.reserved+int(sqSize+rqSize) > goCQDepth {
+		return nil, nil, fmt.Errorf("%w: the device's completion capacity is used up", syscall.ENOMEM)
+	}
+	sqStride := uint32(sizeSendWQE + (max(int(mss)*sizeSGE, int(mil))+15)&^15)
+	rqStride := uint32(sizeRecvWQE + int(mrs)*sizeSGE)
+	sqOff := ctlPage
+	rqOff := sqOff + int(sqSize*sqStride+pageSize-1)&^(pageSize-1)
+	total := rqOff + int(rqSize*rqStride+pageSize-1)&^(pageSize-1)
+	m, err := newShm("softroce-qp", total)
+	if err != nil {
+		return nil, nil, err
+	}
+	qp, err := p.pd.CreateQP(verbs.QPInitAttr{Type: verbs.QPTypeRC, SendCQ: d.sendCQ, RecvCQ: d.recvCQ, SQSigAll: sigAll != 0,
+		Cap: verbs.QPCap{MaxSendWR: int(sqSize), MaxRecvWR: int(rqSize), MaxSendSGE: int(mss), MaxRecvSGE: int(mrs), MaxInlineData: int(mil)}})
+	if err != nil {
+		m.free()
+		return nil, nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
+	}
+	if c.s.cfg.RemotePort != 0 {
+		qp.SetRemotePort(c.s.cfg.RemotePort)
+	}
+	h := c.handleID()
+	q := &qpObj{handle: h, c: c, pd: pdH, qp: qp, qpn: qp.Num(), mem: m, sqSize: sqSize, rqSize: rqSize, sqStride: sqStride, rqStride: rqStride,
+		sqOff: sqOff, rqOff: rqOff, maxSendSGE: int(mss), maxRecvSGE: int(mrs), maxInline: int(mil), sendCQ: scq, recvCQ: rcq,
+		sgl: make([]verbs.SGE, mss), rsgl: make([]verbs.SGE, mrs), inline: make([]byte, mil)}
+	// A QP born while the poller sleeps must ring: start with the flag set.
+	store32(m.b, offSleeping, 1)
+	c.qps[h] = q
+	d.qps = append(d.qps, q)
+	d.byQPN[q.qpn] = q
+	d.reserved += int(sqSize + rqSize)
+	p.uses++
+	scq.nQP++
+	rcq.nQP++
+	fd := m.fd
+	m.fd = -1
+	out := make([]byte, 0, sizeQP)
+	for _, v := range []uint32{h, q.qpn, sqSize, rqSize, mss, mrs, mil, sqSize, rqSize, sqStride, rqStride, 0} {
+		out = le.AppendUint32(out, v)
+	}
+	out = le.AppendUint64(out, uint64(total))
+	out = le.AppendUint64(out, uint64(sqOff))
+	out = le.AppendUint64(out, uint64(rqOff))
+	return out, []int{fd}, nil
+}
+
+func (c *client) modifyQP(h, mask uint32, a qpAttrWire) error {
+	q := c.qps[h]
+	if q == nil {
+		return fmt.Errorf("%w: no QP %d", syscall.EINVAL, h)
+	}
+	var attr verbs.QPAttr
+	m := verbs.AttrMask(mask)
+	if m&qpstate.AttrPathMTU != 0 {
+		if attr.PathMTU = mtuBytes(a.pathMTU); attr.PathMTU == 0 {
+			return fmt.Errorf("%w: path_mtu %d", syscall.EINVAL, a.pathMTU)
+		}
+	}
+	if a.state > 6 || a.curState > 6 {
+		return fmt.Errorf("%w: state %d", syscall.EINVAL, a.state)
+	}
+	attr.State, attr.CurState = verbs.QPState(a.state), verbs.QPState(a.curState)
+	attr.AccessFlags = a.access
+	attr.PKeyIndex = uint16(a.pk)
+	attr.Port = uint8(a.port)
+	attr.QKey = a.qkey
+	attr.AV = verbs.AddressVector{DGID: a.dgid, SGIDIndex: uint8(a.sgidIndex), HopLimit: uint8(a.hopLimit),
+		TrafficClass: uint8(a.trafficClass), FlowLabel: a.flowLabel & 0xfffff, SL: uint8(a.sl)}
+	attr.Timeout, attr.RetryCnt, attr.RNRRetry = uint8(a.timeout), uint8(a.retryCnt), uint8(a.rnrRetry)
+	attr.RQPSN, attr.SQPSN = a.rqPSN&0xffffff, a.sqPSN&0xffffff
+	attr.MaxRDAtomic, attr.MaxDestRDAtomic = uint8(min(a.maxRDAtomic, 255)), uint8(min(a.maxDestRDAtomic, 255))
+	attr.MinRNRTimer = uint8(a.minRNR)
+	attr.DestQPN = a.destQPN & 0xffffff
+	// Fields that do not fit their type are refused rather than truncated.
+	if a.port > 255 || a.pk > 0xffff || a.sgidIndex > 255 || a.hopLimit > 255 || a.trafficClass > 255 || a.sl > 15 ||
+		a.timeout > 31 || a.retryCnt > 7 || a.rnrRetry > 7 || a.minRNR > 31 {
+		return fmt.Errorf("%w: QP attribute out of range", syscall.EINVAL)
+	}
+	if m&qpstate.AttrAV != 0 && a.isGlobal == 0 {
+		return fmt.Errorf("%w: RoCE needs a GRH (is_global)", syscall.EINVAL)
+	}
+	if err := q.qp.Modify(&attr, m&^qpstate.AttrCap); err != nil {
+		return fmt.Errorf("%w: %v", syscall.EINVAL, err)
+	}
+	if m&attrState != 0 {
+		q.state = a.state
+	}
+	return nil
+}
+
+func (c *client) queryQP(h uint32) ([]byte, []int, error) {
+	q := c.qps[h]
+	if q == nil {
+		return nil, nil, fmt.Errorf("%w: no QP %d", syscall.EINVAL, h)
+	}
+	a, ia := q.qp.Query()
+	w := qpAttrWire{state: uint32(a.State), curState: uint32(a.CurState), pathMTU: mtuEnum(a.PathMTU), access: a.AccessFlags,
+		rqPSN: a.RQPSN, sqPSN: a.SQPSN, destQPN: a.DestQPN, flowLabel: a.AV.FlowLabel, sgidIndex: uint32(a.AV.SGIDIndex),
+		hopLimit: uint32(a.AV.HopLimit), trafficClass: uint32(a.AV.TrafficClass), sl: uint32(a.AV.SL), timeout: uint32(a.Timeout),
+		retryCnt: uint32(a.RetryCnt), rnrRetry: uint32(a.RNRRetry), minRNR: uint32(a.MinRNRTimer), maxRDAtomic: uint32(a.MaxRDAtomic),
+		maxDestRDAtomic: uint32(a.MaxDestRDAtomic), port: uint32(a.Port), pk: uint32(a.PKeyIndex), isGlobal: 1, qkey: a.QKey, dgid: a.AV.DGID,
+		maxSendWR: uint32(ia.Cap.MaxSendWR), maxRecvWR: uint32(ia.Cap.MaxRecvWR), maxSendSGE: uint32(ia.Cap.MaxSendSGE),
+		maxRecvSGE: uint32(ia.Cap.MaxRecvSGE), maxInline: uint32(ia.Cap.MaxInlineData)}
+	return w.encode(make([]byte, 0, sizeQPAttr)), nil, nil
+}
+
+func (c *client) destroyQP(h uint32) error {
+	q := c.qps[h]
+	if q == nil {
+		return fmt.Errorf("%w: no QP %d", syscall.EINVAL, h)
+	}
+	if err := q.qp.Destroy(); err != nil {
+		return err
+	}
+	d := c.dev
+	for i, x := range d.qps {
+		if x == q {
+			d.qps = append(d.qps[:i], d.qps[i+1:]...)
+			break
+		}
+	}
+	delete(d.byQPN, q.qpn)
+	d.reserved -= int(q.sqSize + q.rqSize)
+	q.mem.free()
+	delete(c.qps, h)
+	c.pds[q.pd].uses--
+	q.sendCQ.nQP--
+	q.recvCQ.nQP--
+	return nil
+}
+
+func (c *client) createChannel() ([]byte, []int, error) {
+	if len(c.chans) >= maxClientCh {
+		return nil, nil, syscall.ENOMEM
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, nil, err
+	}
+	if err := unix.SetNonblock(p[1], true); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return nil, nil, err
+	}
+	h := c.handleID()
+	c.chans[h] = &chanObj{handle: h, w: p[1]}
+	return handleResp(h), []int{p[0]}, nil
+}
+
+func (c *client) destroyChannel(h uint32) error {
+	o := c.chans[h]
+	if o == nil {
+		return fmt.Errorf("%w: no channel %d", syscall.EINVAL, h)
+	}
+	if o.nCQ > 0 {
+		return fmt.Errorf("%w: channel %d in use", syscall.EBUSY, h)
+	}
+	unix.Close(o.w)
+	delete(c.chans, h)
+	return nil
+}
+
+// cleanup frees what the connection left, as closing a uverbs file does:
+// QPs to ERR and destroyed first (nothing posts on the client's memory
+// any more), then MRs deregistered (verbs waits for in-flight accesses)
+// and unmapped, then CQs, channels and PDs.
+func (c *client) cleanup() {
+	c.conn.Close()
+	d := c.dev
+	if d == nil {
+		return
+	}
+	d.removeDoorbell(c.bell)
+	unix.Close(c.bell)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c.s.mu.Lock()
+	unix.Close(c.evW)
+	c.evW = -1
+	c.s.mu.Unlock()
+	for h, q := range c.qps {
+		q.toErr()
+		c.destroyQP(h)
+	}
+	for h := range c.mrs {
+		c.deregMR(h)
+	}
+	for h := range c.cqs {
+		c.destroyCQ(h)
+	}
+	for h := range c.chans {
+		c.destroyChannel(h)
+	}
+	for h := range c.pds {
+		c.deallocPD(h)
+	}
+}

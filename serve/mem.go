@@ -1,0 +1,163 @@
+package serve
+
+import (
+	"fmt"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// shm is a shared mapping the daemon created: a memfd of fixed size it
+// maps once and hands to a client. The daemon created the file, so a
+// client cannot shrink it under the daemon's feet (it could ftruncate its
+// own descriptor: the memfd is sealed against shrinking first).
+type shm struct {
+	b  []byte
+	fd int // closed once sent
+}
+
+func newShm(name string, size int) (*shm, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("ftruncate: %w", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("seal: %w", err)
+	}
+	b, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mmap: %w", err)
+	}
+	return &shm{b: b, fd: fd}, nil
+}
+
+func (m *shm) closeFD() {
+	if m.fd >= 0 {
+		unix.Close(m.fd)
+		m.fd = -1
+	}
+}
+
+func (m *shm) free() {
+	m.closeFD()
+	if m.b != nil {
+		unix.Munmap(m.b)
+		m.b = nil
+	}
+}
+
+// Shared indices and flags are read and written atomically: the other
+// side is another process.
+func load32(b []byte, off int) uint32 {
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&b[off])))
+}
+
+func store32(b []byte, off int, v uint32) {
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&b[off])), v)
+}
+
+func cas32(b []byte, off int, old, v uint32) bool {
+	return atomic.CompareAndSwapUint32((*uint32)(unsafe.Pointer(&b[off])), old, v)
+}
+
+// clientMem is a client's registered range mapped into the daemon: a
+// reservation of the page-rounded range with each memfd extent mapped
+// over its part. The daemon maps it at the client's own address when that
+// address is free here, so the region's VA (what peers use for RDMA) is
+// the one the program registered; otherwise anywhere, and local SGEs are
+// translated (remote access then sees the daemon's address, see
+// docs/abi.md).
+type clientMem struct {
+	base   uintptr // daemon address of the page-rounded start
+	length uintptr // page-rounded length
+}
+
+// mapClientMem checks the extents and fds of a REG_MR and maps them.
+// It never keeps the fds: the caller closes them.
+func mapClientMem(r *regMR, fds []int) (*clientMem, error) {
+	if r.length == 0 || r.addr+r.length < r.addr {
+		return nil, fmt.Errorf("%w: MR range 0x%x+%d", syscall.EINVAL, r.addr, r.length)
+	}
+	ps := r.addr &^ (pageSize - 1)
+	pe := (r.addr + r.length + pageSize - 1) &^ (pageSize - 1)
+	if pe < ps || pe == 0 {
+		return nil, fmt.Errorf("%w: MR range overflows", syscall.EINVAL)
+	}
+	if len(fds) != len(r.extents) {
+		return nil, fmt.Errorf("%w: %d extents but %d descriptors", syscall.EINVAL, len(r.extents), len(fds))
+	}
+	at := ps
+	for i, e := range r.extents {
+		if e.va != at || e.len == 0 || e.len%pageSize != 0 || e.off%pageSize != 0 || e.va+e.len < e.va || e.off+e.len < e.off {
+			return nil, fmt.Errorf("%w: extent %d (va 0x%x len %d off %d) does not tile the range", syscall.EINVAL, i, e.va, e.len, e.off)
+		}
+		seals, err := unix.FcntlInt(uintptr(fds[i]), unix.F_GET_SEALS, 0)
+		if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
+			return nil, fmt.Errorf("%w: extent %d is not a memfd sealed against shrinking", syscall.EINVAL, i)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fds[i], &st); err != nil || uint64(st.Size) < e.off+e.len {
+			return nil, fmt.Errorf("%w: extent %d's memfd is smaller than off+len", syscall.EINVAL, i)
+		}
+		at += e.len
+	}
+	if at != pe {
+		return nil, fmt.Errorf("%w: extents cover 0x%x..0x%x, not the page range 0x%x..0x%x", syscall.EINVAL, ps, at, ps, pe)
+	}
+	n := uintptr(pe - ps)
+	// Same address as the client when it is free here.
+	base, err := mmap(uintptr(ps), n, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE|unix.MAP_FIXED_NOREPLACE, -1, 0)
+	if err != nil || base != uintptr(ps) {
+		if err == nil {
+			munmap(base, n) // an old kernel took the hint as a hint
+		}
+		base, err = mmap(0, n, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE, -1, 0)
+		if err != nil {
+			return nil, fmt.Errorf("reserve %d bytes: %w", n, err)
+		}
+	}
+	m := &clientMem{base: base, length: n}
+	for i, e := range r.extents {
+		if _, err := mmap(m.base+uintptr(e.va-ps), uintptr(e.len), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED, fds[i], int64(e.off)); err != nil {
+			m.unmap()
+			return nil, fmt.Errorf("map extent %d: %w", i, err)
+		}
+	}
+	return m, nil
+}
+
+// buf is the registered bytes: [addr, addr+length) of the client, here.
+func (m *clientMem) buf(r *regMR) []byte {
+	ps := r.addr &^ (pageSize - 1)
+	return unsafe.Slice((*byte)(ptr(m.base+uintptr(r.addr-ps))), int(r.length))
+}
+
+func (m *clientMem) unmap() {
+	if m.base != 0 {
+		munmap(m.base, m.length)
+		m.base = 0
+	}
+}
+
+// mmap and munmap work on addresses outside Go's heap, as numbers.
+func mmap(addr, n uintptr, prot, flags, fd int, off int64) (uintptr, error) {
+	r, _, e := unix.Syscall6(unix.SYS_MMAP, addr, n, uintptr(prot), uintptr(flags), uintptr(fd), uintptr(off))
+	if e != 0 {
+		return 0, e
+	}
+	return r, nil
+}
+
+func munmap(addr, n uintptr) { unix.Syscall(unix.SYS_MUNMAP, addr, n, 0) }
+
+// ptr turns the address of memory the daemon mapped (never Go's heap)
+// into a pointer.
+func ptr(u uintptr) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&u)) }

@@ -1,0 +1,269 @@
+// Package serve is the softroce daemon: it owns verbs devices the way a
+// RNIC does and lets unmodified libibverbs programs use them through the
+// C library in abi/.
+//
+// Each client process talks to the daemon over a Unix SOCK_SEQPACKET
+// socket (one connection per ibv_context) for control: open a device,
+// allocate PDs, register memory, create CQs and QPs, modify and query
+// them. Work requests and completions never cross the socket: each QP has
+// a send and a receive ring and each CQ a completion ring in shared memory
+// (memfds the daemon creates and the client maps). The library writes
+// WQEs and bumps a producer index; one poller goroutine per device moves
+// them into verbs PostSend/PostRecv and writes completions into the CQ
+// rings, which the library polls without a system call. The library rings
+// a doorbell (an eventfd per connection) only when the poller said, in the
+// QP's shared control page, that it is going to sleep.
+//
+// Registered memory is the client's own: the library moves the
+// registered pages into sealed memfds mapped over the same addresses and
+// passes them with SCM_RIGHTS; the daemon maps them and registers that
+// mapping with verbs (docs/abi.md says what this costs and where it fails).
+//
+// Every request is untrusted. Handles are per connection, so another
+// client's handles do not exist for a client; lengths, counts, indices,
+// SGEs and memfds are checked before use. When a connection closes (the
+// process exited or was killed), its QPs are moved to ERR and destroyed,
+// then its MRs are deregistered (verbs waits for in-flight accesses) and
+// only then unmapped.
+package serve
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/softroce/softroce/verbs"
+)
+
+// Config configures a Server.
+type Config struct {
+	// Socket is the Unix socket path (DefaultSocket when empty).
+	Socket string
+	// Group, when set, is the group that may use the daemon: the socket
+	// becomes mode 0770 owned by that group. Otherwise it is 0700: only
+	// the daemon's user.
+	Group string
+	// RemotePort, when set, is the UDP port every QP sends to (peers
+	// listen on a port other than 4791, as a daemon started with
+	// --udp-port and its peers do).
+	RemotePort uint16
+	// Log receives a line per closed device context; nil discards.
+	Log *log.Logger
+}
+
+// DefaultSocket is where the daemon listens and clients look by default:
+// $SOFTROCE_SOCKET if set, else /run/softroce/softroce.sock for root,
+// else $XDG_RUNTIME_DIR/softroce.sock, else /tmp/softroce-UID/softroce.sock.
+func DefaultSocket() string {
+	if p := os.Getenv("SOFTROCE_SOCKET"); p != "" {
+		return p
+	}
+	if os.Geteuid() == 0 {
+		return "/run/softroce/softroce.sock"
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "softroce.sock")
+	}
+	return filepath.Join(os.TempDir(), "softroce-"+strconv.Itoa(os.Getuid()), "softroce.sock")
+}
+
+// Stats count what the daemon saw.
+type Stats struct {
+	Clients     int    // connections open now
+	Accepted    uint64 // connections ever accepted
+	BadRequests uint64 // malformed or refused requests
+	BadWQEs     uint64 // WQEs that moved their QP to ERR
+	Overruns    uint64 // CQEs dropped on a full client CQ ring
+	Backstops   uint64 // poller sleeps that ended on the backstop timer
+	QueueFull   uint64 // WQEs verbs refused as over the QP's capacity (retried)
+}
+
+// Server is a running daemon.
+type Server struct {
+	cfg  Config
+	devs []*device
+	ln   *net.UnixListener
+	log  *log.Logger
+
+	mu      sync.Mutex
+	clients map[*client]struct{}
+	closed  bool
+	wg      sync.WaitGroup
+
+	accepted, badReq, badWQE, overruns, backstops, queueFull atomic.Uint64
+}
+
+// New makes a server for devs; it takes them over (Close closes them).
+func New(devs []*verbs.Device, cfg Config) (*Server, error) {
+	if len(devs) == 0 {
+		return nil, errors.New("serve: no device")
+	}
+	if cfg.Socket == "" {
+		cfg.Socket = DefaultSocket()
+	}
+	s := &Server{cfg: cfg, log: cfg.Log, clients: map[*client]struct{}{}}
+	if s.log == nil {
+		s.log = log.New(io.Discard, "", 0)
+	}
+	for i, v := range devs {
+		d, err := newDevice(s, i, v)
+		if err != nil {
+			for _, d := range s.devs {
+				d.close()
+			}
+			return nil, err
+		}
+		s.devs = append(s.devs, d)
+	}
+	return s, nil
+}
+
+// Listen creates the socket. A stale socket file (nobody answers on it) is
+// replaced; a live one is an error.
+func (s *Server) Listen() error {
+	p := s.cfg.Socket
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("serve: socket directory: %w", err)
+	}
+	if c, err := net.Dial("unixpacket", p); err == nil {
+		c.Close()
+		return fmt.Errorf("serve: a daemon already listens on %s", p)
+	}
+	os.Remove(p)
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: p, Net: "unixpacket"})
+	if err != nil {
+		return fmt.Errorf("serve: listen on %s: %w", p, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	mode := os.FileMode(0o700)
+	if s.cfg.Group != "" {
+		g, err := user.LookupGroup(s.cfg.Group)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("serve: --group %s: %w", s.cfg.Group, err)
+		}
+		gid, _ := strconv.Atoi(g.Gid)
+		if err := os.Chown(p, -1, gid); err != nil {
+			ln.Close()
+			return fmt.Errorf("serve: chown %s to group %s: %w", p, s.cfg.Group, err)
+		}
+		mode = 0o770
+	}
+	if err := os.Chmod(p, mode); err != nil {
+		ln.Close()
+		return fmt.Errorf("serve: chmod %s: %w", p, err)
+	}
+	s.ln = ln
+	return nil
+}
+
+// Socket is the socket path.
+func (s *Server) Socket() string { return s.cfg.Socket }
+
+// Serve accepts clients until Close. Listen must have succeeded.
+func (s *Server) Serve() error {
+	for {
+		conn, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		c := newClient(s, conn)
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			conn.Close()
+			return nil
+		}
+		s.clients[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		s.accepted.Add(1)
+		go func() {
+			defer s.wg.Done()
+			c.run()
+			s.mu.Lock()
+			delete(s.clients, c)
+			s.mu.Unlock()
+			if c.dev != nil {
+				s.log.Printf("client pid %d closed its %s context; its resources are freed", c.pid, c.dev.name)
+			}
+		}()
+	}
+}
+
+// Close stops accepting, disconnects every client (cleaning up after each
+// as after a crash) and closes the devices.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	for c := range s.clients {
+		c.conn.Close()
+	}
+	s.mu.Unlock()
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	s.wg.Wait()
+	for _, d := range s.devs {
+		d.close()
+	}
+	return nil
+}
+
+// Stats returns the daemon's counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	n := len(s.clients)
+	s.mu.Unlock()
+	return Stats{Clients: n, Accepted: s.accepted.Load(), BadRequests: s.badReq.Load(), BadWQEs: s.badWQE.Load(), Overruns: s.overruns.Load(), Backstops: s.backstops.Load(), QueueFull: s.queueFull.Load()}
+}
+
+// QPs is how many client QPs exist on all devices.
+func (s *Server) QPs() int {
+	n := 0
+	for _, d := range s.devs {
+		d.mu.Lock()
+		n += len(d.qps)
+		d.mu.Unlock()
+	}
+	return n
+}
+
+// errno maps an error to the errno a client gets.
+func errno(err error) syscall.Errno {
+	var e syscall.Errno
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &e):
+		return e
+	case errors.Is(err, verbs.ErrBusy):
+		return syscall.EBUSY
+	case errors.Is(err, errMsg):
+		return syscall.EINVAL
+	}
+	return syscall.EINVAL
+}

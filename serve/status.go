@@ -1,0 +1,128 @@
+package serve
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+)
+
+// Status is what `softroce status` shows: devices, clients and their QPs.
+type Status struct {
+	Devices []DeviceStatus `json:"devices"`
+	Clients []ClientStatus `json:"clients"`
+	Stats   Stats          `json:"stats"`
+}
+
+// DeviceStatus is one device.
+type DeviceStatus struct {
+	Name      string   `json:"name"`
+	Addrs     []string `json:"addrs"`
+	QPs       int      `json:"qps"`
+	RxPackets uint64   `json:"rx_packets"`
+	TxPackets uint64   `json:"tx_packets"`
+}
+
+// ClientStatus is one connection (one ibv_context of one process).
+type ClientStatus struct {
+	PID    int            `json:"pid"`
+	Device string         `json:"device,omitempty"`
+	PDs    int            `json:"pds"`
+	MRs    int            `json:"mrs"`
+	CQs    int            `json:"cqs"`
+	QPs    []QPStatusLine `json:"qps"`
+}
+
+// QPStatusLine is one QP of a client.
+type QPStatusLine struct {
+	QPN   uint32 `json:"qpn"`
+	State string `json:"state"`
+}
+
+// Status returns a snapshot of the daemon.
+func (s *Server) Status() Status { return s.status(nil) }
+
+// status leaves out the connection that asks.
+func (s *Server) status(self *client) Status {
+	st := Status{Stats: s.Stats()}
+	if self != nil {
+		st.Stats.Clients-- // not the connection that asks
+	}
+	for _, d := range s.devs {
+		ds := DeviceStatus{Name: d.name}
+		for _, a := range d.v.Link().Addrs() {
+			ds.Addrs = append(ds.Addrs, a.String())
+		}
+		e := d.v.Stats()
+		ds.RxPackets, ds.TxPackets = e.RxPackets, e.TxPackets
+		d.mu.Lock()
+		ds.QPs = len(d.qps)
+		d.mu.Unlock()
+		st.Devices = append(st.Devices, ds)
+	}
+	type cd struct {
+		c *client
+		d *device
+	}
+	s.mu.Lock()
+	cs := make([]cd, 0, len(s.clients))
+	for c := range s.clients {
+		if c != self {
+			cs = append(cs, cd{c, c.dev})
+		}
+	}
+	s.mu.Unlock()
+	for _, x := range cs {
+		c := x.c
+		cl := ClientStatus{PID: c.pid}
+		if d := x.d; d != nil {
+			d.mu.Lock()
+			cl.Device, cl.PDs, cl.MRs, cl.CQs = d.name, len(c.pds), len(c.mrs), len(c.cqs)
+			for _, q := range c.qps {
+				cl.QPs = append(cl.QPs, QPStatusLine{QPN: q.qpn, State: q.qp.State().String()})
+			}
+			d.mu.Unlock()
+			sort.Slice(cl.QPs, func(i, j int) bool { return cl.QPs[i].QPN < cl.QPs[j].QPN })
+		}
+		st.Clients = append(st.Clients, cl)
+	}
+	sort.Slice(st.Clients, func(i, j int) bool { return st.Clients[i].PID < st.Clients[j].PID })
+	return st
+}
+
+// statusJSON is Status as JSON of at most n bytes: clients are dropped
+// from the end (and counted in Stats.Clients) until it fits.
+func (s *Server) statusJSON(n int, self *client) []byte {
+	st := s.status(self)
+	for {
+		b, _ := json.Marshal(st)
+		if len(b) <= n || len(st.Clients) == 0 {
+			return b
+		}
+		st.Clients = st.Clients[:len(st.Clients)/2]
+	}
+}
+
+// QueryStatus asks the daemon on socket for its Status.
+func QueryStatus(socket string) (Status, error) {
+	var st Status
+	c, err := net.Dial("unixpacket", socket)
+	if err != nil {
+		return st, fmt.Errorf("no daemon on %s: %w", socket, err)
+	}
+	defer c.Close()
+	if _, err := c.Write(le.AppendUint32(le.AppendUint32(nil, opStatus), 0)); err != nil {
+		return st, err
+	}
+	b := make([]byte, maxMsg+1)
+	n, err := c.Read(b)
+	if err != nil {
+		return st, err
+	}
+	if n < sizeResp || le.Uint32(b) != 0 {
+		return st, errors.New("the daemon refused STATUS")
+	}
+	err = json.Unmarshal(b[sizeResp:n], &st)
+	return st, err
+}
