@@ -24,7 +24,7 @@ type portLink struct {
 func retarget(l nic.Link, port uint16) nic.Link {
 	p := &portLink{Link: l}
 	p.port.Store(uint32(port))
-	return p
+	return withPoll(p)
 }
 
 // Send implements nic.Link.
@@ -37,6 +37,27 @@ func (p *portLink) Send(pkts []nic.Packet) (int, error) {
 		}
 	}
 	return p.Link.Send(pkts)
+}
+
+// tryRecver is a link that can receive without waiting, which a
+// busy-polling device uses (verbs.Options.BusyPoll).
+type tryRecver interface {
+	TryRecv(pkts []nic.Packet) (int, error)
+}
+
+// pollingPortLink is a portLink over a tryRecver, passing TryRecv on.
+type pollingPortLink struct{ *portLink }
+
+func (p pollingPortLink) TryRecv(pkts []nic.Packet) (int, error) {
+	return p.Link.(tryRecver).TryRecv(pkts)
+}
+
+// withPoll keeps p's link's TryRecv visible through the wrapper.
+func withPoll(p *portLink) nic.Link {
+	if _, ok := p.Link.(tryRecver); ok {
+		return pollingPortLink{p}
+	}
+	return p
 }
 
 // Local is the result of RunLocal: the report and both endpoints, still
@@ -66,11 +87,11 @@ func RunLocal(ctx context.Context, c Config, lat bool, links *[2]nic.Link, ports
 	} else {
 		lc, ls = retarget(links[0], ports[1]), retarget(links[1], ports[0])
 	}
-	dc, err := verbs.Open(lc, &verbs.Options{Name: "softroce-client"})
+	dc, err := verbs.Open(lc, &verbs.Options{Name: "softroce-client", BusyPoll: c.BusyPoll})
 	if err != nil {
 		return nil, fmt.Errorf("open client device: %w", err)
 	}
-	ds, err := verbs.Open(ls, &verbs.Options{Name: "softroce-server"})
+	ds, err := verbs.Open(ls, &verbs.Options{Name: "softroce-server", BusyPoll: c.BusyPoll})
 	if err != nil {
 		dc.Close()
 		return nil, fmt.Errorf("open server device: %w", err)

@@ -70,6 +70,8 @@ type ServerConfig struct {
 	// Receives is how many receive WRs per QP a send test keeps posted
 	// (default 512).
 	Receives int
+	// BusyPoll is the device's verbs.Options.BusyPoll (0: off).
+	BusyPoll time.Duration
 }
 
 // Serve answers one client on ln: it sets up an endpoint as the client
@@ -125,7 +127,7 @@ func Serve(ctx context.Context, ln net.Listener, sc ServerConfig) (*Report, erro
 		return refuse(fmt.Errorf("open the data link: %w", err))
 	}
 	link = retarget(link, h.Info.UDPPort)
-	dev, err := verbs.Open(link, nil)
+	dev, err := verbs.Open(link, &verbs.Options{BusyPoll: sc.BusyPoll})
 	if err != nil {
 		link.Close()
 		return refuse(fmt.Errorf("open device: %w", err))
@@ -231,7 +233,7 @@ func Run(ctx context.Context, cc ClientConfig, c Config, lat bool, row func(any)
 		return nil, fmt.Errorf("open the data link: %w", err)
 	}
 	pl := &portLink{Link: link}
-	dev, err := verbs.Open(pl, nil)
+	dev, err := verbs.Open(withPoll(pl), &verbs.Options{BusyPoll: c.BusyPoll})
 	if err != nil {
 		link.Close()
 		return nil, fmt.Errorf("open device: %w", err)

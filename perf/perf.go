@@ -67,6 +67,8 @@ type Config struct {
 	// Progress, if set, is called now and then with the operations done
 	// and the total (0 when running for a Duration).
 	Progress func(done, total int64)
+	// BusyPoll is the devices' verbs.Options.BusyPoll (0: off).
+	BusyPoll time.Duration
 }
 
 // Defaults and limits.

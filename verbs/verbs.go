@@ -32,6 +32,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/internal/devsync"
@@ -137,6 +138,10 @@ type Options struct {
 	// MaxQP and MaxCQ bound the QPs and CQs alive at once (max_qp, max_cq
 	// in QueryDevice); 0 means DefaultMaxQP, DefaultMaxCQ.
 	MaxQP, MaxCQ int
+	// BusyPoll, if positive, makes the device's receive loop poll the
+	// link for up to this long before it sleeps (rc.DriverConfig.BusyPoll):
+	// lower latency for a core's worth of CPU. Off by default.
+	BusyPoll time.Duration
 }
 
 // Error classes of the verbs; test with errors.Is.
@@ -309,7 +314,7 @@ func Open(link nic.Link, opts *Options) (*Device, error) {
 	d.eng.OnLastWQE = func(qpn uint32) {
 		d.raise(AsyncEvent{Type: EventQPLastWQEReached, QPNum: qpn})
 	}
-	d.drv = rc.NewDriverWith(d.eng, link, rc.DriverConfig{OnLinkError: func(err error) {
+	d.drv = rc.NewDriverWith(d.eng, link, rc.DriverConfig{BusyPoll: opts.BusyPoll, OnLinkError: func(err error) {
 		if d.closed.Load() {
 			return // an error from a link being closed is no news
 		}

@@ -51,10 +51,12 @@ func BenchmarkAccept(b *testing.B) {
 					if check == IPv4CheckRaw {
 						copy(l.rx.header(0), d[:rawHdrLen])
 						copy(p.Buf, d[rawHdrLen:])
-						ok = l.acceptRaw(0, &p)
+						m, fl, _, _ := l.rx.message(0)
+						ok = l.acceptRaw(m, fl, l.rx.header(0), &p)
 					} else {
 						copy(p.Buf, d[28:])
-						ok = l.accept(0, &p)
+						m, fl, src, oob := l.rx.message(0)
+						ok = l.accept(m, fl, src, oob, &p)
 					}
 					if !ok {
 						b.Fatalf("rejected: %+v", l.Stats())

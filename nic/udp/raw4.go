@@ -86,13 +86,11 @@ func attachFilter(fd int, prog []bpf.RawInstruction) error {
 
 // acceptRaw fills p from datagram i of the raw socket (IPv4 header, UDP
 // header, payload) and verifies the ICRC over the header as received.
-func (l *Link) acceptRaw(i int, p *nic.Packet) bool {
-	n, flags, _, _ := l.rx.message(i)
+func (l *Link) acceptRaw(n int, flags int32, h []byte, p *nic.Packet) bool {
 	if flags&unix.MSG_TRUNC != 0 {
 		l.rxTruncated.Add(1)
 		return false
 	}
-	h := l.rx.header(i)
 	if n < rawHdrLen || h[0]>>4 != 4 || h[9] != unix.IPPROTO_UDP {
 		l.rxMalformed.Add(1)
 		return false

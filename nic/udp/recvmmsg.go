@@ -28,9 +28,20 @@ type receiver struct {
 	names  []unix.RawSockaddrInet6 // large enough for IPv4 too
 	oob    []byte
 	fn     func(fd uintptr) bool // r.read, bound once
-	n      int                   // messages in the last call
-	want   int                   // messages asked for
-	errno  syscall.Errno
+	ctl    func(fd uintptr)      // r.read for Control, bound once
+	// nonblock makes recv and recvBig try once instead of waiting.
+	nonblock bool
+	n        int // messages in the last call
+	want     int // messages asked for
+	errno    syscall.Errno
+
+	// With GRO, datagrams land in big (a groBufSize buffer each) and are
+	// handed out segment by segment: cur is the next message, off the
+	// offset in it, seg its segment size.
+	big          []byte
+	cur, off     int
+	seg, lastSeg int
+	segHdr       [rawHdrLen]byte
 }
 
 func newReceiver(rc syscall.RawConn, batch, hdrLen int) *receiver {
@@ -38,6 +49,7 @@ func newReceiver(rc syscall.RawConn, batch, hdrLen int) *receiver {
 		names: make([]unix.RawSockaddrInet6, batch), oob: make([]byte, batch*oobSize),
 		hdrLen: hdrLen, hdr: make([]byte, batch*hdrLen)}
 	r.fn = r.read
+	r.ctl = func(fd uintptr) { r.read(fd) }
 	return r
 }
 
@@ -70,13 +82,21 @@ func (r *receiver) recv(pkts []nic.Packet) (int, error) {
 		r.hdrs[i].Len = 0
 	}
 	r.want, r.n, r.errno = n, 0, 0
-	if err := r.rc.Read(r.fn); err != nil {
+	if err := r.wait(); err != nil {
 		return 0, err
 	}
 	if r.errno != 0 {
 		return 0, r.errno
 	}
 	return r.n, nil
+}
+
+// wait runs read through the poller (blocking) or once (nonblock).
+func (r *receiver) wait() error {
+	if r.nonblock {
+		return r.rc.Control(r.ctl)
+	}
+	return r.rc.Read(r.fn)
 }
 
 // read is called by the runtime poller; false means "would block: wait".

@@ -95,6 +95,17 @@ type Config struct {
 	// sender bursts a whole message window: a receive buffer that cannot
 	// hold it drops the tail of every burst, and go-back-N resends it.
 	SocketBuffer int
+	// GSO chooses UDP segmentation offload on send (UDP_SEGMENT): the
+	// packets of one Send batch to one peer of one size go out as one
+	// super-packet, each packet's ICRC computed for the IPv4 ID the
+	// kernel gives its segment. OffloadAuto: on when the kernel supports
+	// it; a path that cannot segment turns it off at the first refusal.
+	GSO Offload
+	// GRO chooses UDP receive coalescing (UDP_GRO), with coalesced
+	// datagrams split by their segment size on Recv. It also makes the
+	// IPv4CheckRaw socket split super-packets from a GSO sender, which a
+	// raw socket sees unsegmented. OffloadAuto: on when supported.
+	GRO Offload
 }
 
 // IPv4Check is how a Link checks the ICRC of IPv4 packets it receives.
@@ -129,16 +140,9 @@ func (c IPv4Check) String() string {
 	return "unknown"
 }
 
-// batchConn is what ipv4.PacketConn and ipv6.PacketConn have in common
-// (their Message types are the same type).
-type batchConn interface {
-	WriteBatch(ms []ipv4.Message, flags int) (int, error)
-}
-
 // Link is a nic.Link over a kernel UDP socket.
 type Link struct {
 	conn   *net.UDPConn
-	bc     batchConn
 	local  netip.AddrPort
 	addrs  []netip.Addr
 	v6     bool
@@ -153,13 +157,16 @@ type Link struct {
 	rawFile    *os.File
 	rawScratch []byte
 
-	txMu   sync.Mutex
-	txMsgs []ipv4.Message
-	txBufs [][1][]byte
-	txIdx  []int // index in the caller's batch of each of txMsgs
-	// txAddrs caches the *net.UDPAddr of each destination so that sending
-	// does not allocate one per packet.
-	txAddrs map[netip.AddrPort]*net.UDPAddr
+	txMu  sync.Mutex
+	tx    *sender
+	gsoOn bool // under txMu: runs go out as GSO super-packets
+	gro   bool // the receiver coalesces (or splits super-packets)
+
+	gsoFallbacks atomic.Uint64
+	gsoSends     atomic.Uint64
+	gsoSegments  atomic.Uint64
+	rxPolled     atomic.Uint64
+	rxSplit      atomic.Uint64
 
 	rxPackets, txPackets atomic.Uint64
 	rxBytes, txBytes     atomic.Uint64
@@ -177,8 +184,8 @@ var _ nic.RawSender = (*Link)(nil)
 
 // oobSize fits the control messages a datagram can carry: IP_PKTINFO (or
 // IPV6_PKTINFO), IP_RECVFRAGSIZE, the TTL and TOS (hop limit, traffic
-// class and flow information) and up to 40 bytes of IP_OPTIONS.
-const oobSize = 192
+// class and flow information), UDP_GRO and up to 40 bytes of IP_OPTIONS.
+const oobSize = 256
 
 // ipv6FlowInfo is IPV6_FLOWINFO (linux/in6.h): as a socket option it asks
 // for the flow information of received datagrams.
@@ -234,7 +241,7 @@ func Open(cfg Config) (*Link, error) {
 		return nil, fmt.Errorf("udp: bind %v: %w", la, err)
 	}
 	l := &Link{conn: conn, local: netip.AddrPortFrom(addr, uint16(port)), addrs: []netip.Addr{addr},
-		v6: v6, mtu: mtu, batch: batch, txAddrs: make(map[netip.AddrPort]*net.UDPAddr)}
+		v6: v6, mtu: mtu, batch: batch}
 	if err := l.setup(cfg); err != nil {
 		conn.Close()
 		return nil, err
@@ -247,13 +254,14 @@ func Open(cfg Config) (*Link, error) {
 	l.rx = newReceiver(rc, batch, 0)
 	if !v6 {
 		if err := l.setupCheck(cfg); err != nil {
-			conn.Close()
+			l.Close()
 			return nil, err
 		}
 	}
-	l.txMsgs, l.txBufs, l.txIdx = make([]ipv4.Message, batch), make([][1][]byte, batch), make([]int, batch)
-	for i := range l.txMsgs {
-		l.txMsgs[i].Buffers = l.txBufs[i][:]
+	l.tx = newSender(rc, batch)
+	if err := l.setupOffload(cfg); err != nil {
+		l.Close()
+		return nil, err
 	}
 	return l, nil
 }
@@ -329,13 +337,11 @@ func (l *Link) setup(cfg Config) error {
 		if err := pc.SetControlMessage(ipv6.FlagDst, true); err != nil {
 			return fmt.Errorf("udp: enable IPV6_PKTINFO: %w", err)
 		}
-		l.bc = pc
 	} else {
 		pc := ipv4.NewPacketConn(l.conn)
 		if err := pc.SetControlMessage(ipv4.FlagDst, true); err != nil {
 			return fmt.Errorf("udp: enable IP_PKTINFO: %w", err)
 		}
-		l.bc = pc
 	}
 	return nil
 }
@@ -517,96 +523,57 @@ func (l *Link) PutICRC(p *nic.Packet) error {
 // firewall's EPERM...), Send returns its index and the error, as
 // nic.Link specifies: every packet before it was sent or dropped, none
 // after it was tried.
-func (l *Link) Send(pkts []nic.Packet) (int, error) {
-	for i := range pkts {
-		_ = l.PutICRC(&pkts[i]) // failures are counted by SendRaw
-	}
-	return l.SendRaw(pkts)
-}
+func (l *Link) Send(pkts []nic.Packet) (int, error) { return l.sendPackets(pkts, true) }
 
-// SendRaw implements nic.RawSender, with Send's contract.
-func (l *Link) SendRaw(pkts []nic.Packet) (int, error) {
-	l.txMu.Lock()
-	defer l.txMu.Unlock()
-	done := 0
-	for done < len(pkts) {
-		// Gather up to one batch of sendable packets; txIdx[k] is the
-		// index in pkts of message k.
-		k, next := 0, done
-		for next < len(pkts) && k < len(l.txMsgs) {
-			p := &pkts[next]
-			dst, ok := l.dest(p)
-			if !ok {
-				l.txErrors.Add(1)
-				next++
-				continue
-			}
-			m := &l.txMsgs[k]
-			m.Buffers[0] = p.Buf[:p.N]
-			m.Addr = l.udpAddr(dst)
-			l.txIdx[k] = next
-			next++
-			k++
-		}
-		sent := 0
-		var err error
-		for sent < k && err == nil {
-			var n int
-			n, err = l.bc.WriteBatch(l.txMsgs[sent:k], 0)
-			if err != nil {
-				n = 0 // x/net reports -1 with the error
-			} else if n <= 0 {
-				err = io.ErrNoProgress
-				n = 0
-			}
-			for _, m := range l.txMsgs[sent : sent+n] {
-				l.txBytes.Add(uint64(len(m.Buffers[0])))
-			}
-			l.txPackets.Add(uint64(n))
-			sent += n
-		}
-		for i := 0; i < k; i++ {
-			l.txMsgs[i].Buffers[0] = nil // do not pin the caller's buffers
-			l.txMsgs[i].Addr = nil
-		}
-		if err != nil {
-			if l.closed.Load() || errors.Is(err, net.ErrClosed) {
-				return l.txIdx[sent], net.ErrClosed
-			}
-			// sendmmsg reports the error of the first message it could
-			// not send: that one failed, the ones after it were not tried.
-			l.txErrors.Add(1)
-			return l.txIdx[sent], fmt.Errorf("udp: send from %v to %v: %w", l.local, pkts[l.txIdx[sent]].Remote, err)
-		}
-		done = next
-	}
-	return len(pkts), nil
-}
+// SendRaw implements nic.RawSender, with Send's contract. The ICRCs are
+// the caller's, computed for ID 0 (PutICRC): these packets never go out
+// as GSO segments.
+func (l *Link) SendRaw(pkts []nic.Packet) (int, error) { return l.sendPackets(pkts, false) }
 
-// udpAddr returns the cached *net.UDPAddr of a destination.
-func (l *Link) udpAddr(ap netip.AddrPort) *net.UDPAddr {
-	if a, ok := l.txAddrs[ap]; ok {
-		return a
-	}
-	if len(l.txAddrs) >= 4096 {
-		clear(l.txAddrs) // bound the cache; a busy server re-fills it
-	}
-	a := net.UDPAddrFromAddrPort(ap)
-	l.txAddrs[ap] = a
-	return a
+var (
+	errClosed     = net.ErrClosed
+	errNoProgress = io.ErrNoProgress
+)
+
+func sendError(l *Link, to netip.AddrPort, err error) error {
+	return fmt.Errorf("udp: send from %v to %v: %w", l.local, to, err)
 }
 
 // Recv implements nic.Link. It blocks until at least one packet is ready.
 // Packets whose ICRC fails its check are dropped and counted; how IPv4
 // packets are checked is in the package doc.
-func (l *Link) Recv(pkts []nic.Packet) (int, error) {
+func (l *Link) Recv(pkts []nic.Packet) (int, error) { return l.recv(pkts, false) }
+
+// TryRecv is Recv without waiting: it returns 0 and no error when no
+// packet is ready. A busy-polling receive loop calls it (rc.DriverConfig.BusyPoll).
+func (l *Link) TryRecv(pkts []nic.Packet) (int, error) {
+	n, err := l.recv(pkts, true)
+	l.rxPolled.Add(uint64(n))
+	return n, err
+}
+
+// Polled is the number of packets TryRecv returned.
+func (l *Link) Polled() uint64 { return l.rxPolled.Load() }
+
+func (l *Link) recv(pkts []nic.Packet, nonblock bool) (int, error) {
 	if len(pkts) == 0 {
 		return 0, nil
 	}
 	l.rxMu.Lock()
 	defer l.rxMu.Unlock()
+	l.rx.nonblock = nonblock
 	for {
-		n, err := l.rx.recv(pkts)
+		var n int
+		var err error
+		if l.gro {
+			// Segments left from the last batch first.
+			if k := l.drain(pkts); k > 0 {
+				return k, nil
+			}
+			err = l.rx.recvBig()
+		} else {
+			n, err = l.rx.recv(pkts)
+		}
 		if err != nil {
 			if l.closed.Load() || errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrClosed) {
 				return 0, net.ErrClosed
@@ -616,13 +583,17 @@ func (l *Link) Recv(pkts []nic.Packet) (int, error) {
 			}
 			return 0, fmt.Errorf("udp: recvmmsg on %v: %w", l.local, err)
 		}
+		if nonblock && (n == 0 && !l.gro || l.gro && l.rx.cur >= l.rx.n) {
+			return 0, nil // nothing was ready
+		}
 		k := 0
 		for i := 0; i < n; i++ {
 			var ok bool
+			m, flags, src, oob := l.rx.message(i)
 			if l.rawFile != nil {
-				ok = l.acceptRaw(i, &pkts[i])
+				ok = l.acceptRaw(m, flags, l.rx.header(i), &pkts[i])
 			} else {
-				ok = l.accept(i, &pkts[i])
+				ok = l.accept(m, flags, src, oob, &pkts[i])
 			}
 			if ok {
 				if k != i {
@@ -639,8 +610,7 @@ func (l *Link) Recv(pkts []nic.Packet) (int, error) {
 
 // accept fills p from received message i and reports whether it is
 // delivered.
-func (l *Link) accept(i int, p *nic.Packet) bool {
-	n, flags, src, oob := l.rx.message(i)
+func (l *Link) accept(n int, flags int32, src netip.AddrPort, oob []byte, p *nic.Packet) bool {
 	if flags&unix.MSG_TRUNC != 0 {
 		l.rxTruncated.Add(1)
 		return false
