@@ -30,6 +30,7 @@ func runConformance(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: softroce conformance rxe  [flags]   boot a kernel rdma_rxe VM (root) and run every case against rxe and softroce
        softroce conformance self [flags]   run every case against softroce only (no root, no VM)
+       softroce conformance replay CAPTURE replay a real NIC capture into softroce's responder (-h for its flags)
 
 Each case crafts exact RoCEv2 packets from a fake peer to a QP of the target
 and judges the answers against the IBTA specification.
@@ -41,6 +42,9 @@ Flags:
 	var mode string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		mode, args = args[0], args[1:]
+	}
+	if mode == "replay" {
+		return runReplay(args)
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
