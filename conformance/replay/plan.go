@@ -425,7 +425,7 @@ type access struct {
 	op     bth.Operation
 	va     uint64
 	n      uint64
-	failed bool // the real responder NAKed it with a remote access error
+	failed bool // the real responder NAKed it (other than for its PSN)
 	known  bool // the real responder answered it at all
 }
 
@@ -464,7 +464,8 @@ func (f *flow) keys() map[uint32]*keyPlan {
 		info := bth.Opcode(r.Opcode).Info()
 		failed, known := false, len(t.real) > 0
 		for _, a := range t.real {
-			if a.AETH != nil && a.AETH.Kind == "NAK" && a.AETH.NAKCode != nil && *a.AETH.NAKCode == bth.NAKRemoteAccessError {
+			// Any NAK but a PSN sequence error refused the access.
+			if a.AETH != nil && a.AETH.Kind == "NAK" && a.AETH.NAKCode != nil && *a.AETH.NAKCode != bth.NAKPSNSeqError {
 				failed = true
 			}
 		}

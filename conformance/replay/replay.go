@@ -329,7 +329,7 @@ func newSession(f *flow, fr *Flow) (s *session, err error) {
 			access |= verbs.AccessRemoteAtomic | verbs.AccessLocalWrite
 		}
 		if !k.anyUsed || access == 0 {
-			fr.Setup = append(fr.Setup, fmt.Sprintf("rkey 0x%08x: every access the capture shows failed: left unregistered", k.rkey))
+			fr.Setup = append(fr.Setup, fmt.Sprintf("rkey 0x%08x: every access the capture shows was NAKed: left unregistered", k.rkey))
 			continue
 		}
 		base := k.lo &^ 63
