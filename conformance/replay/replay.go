@@ -317,6 +317,7 @@ func newSession(f *flow, fr *Flow) (s *session, err error) {
 		return nil, fmt.Errorf("register the receive buffer: %w", err)
 	}
 	used := map[uint32]bool{s.recvMR.RKey(): true}
+	var total uint64 // memory mirrored so far
 	for _, k := range sortedKeys(f.keys()) {
 		var access verbs.Access
 		if k.ops[bth.OpWrite] {
@@ -334,10 +335,11 @@ func newSession(f *flow, fr *Flow) (s *session, err error) {
 		}
 		base := k.lo &^ 63
 		n := k.hi - base
-		if n > maxRegion {
+		if n > maxRegion || total+n > 2*maxRegion {
 			fr.Setup = append(fr.Setup, fmt.Sprintf("rkey 0x%08x: %d bytes accessed, more than the %d a replay mirrors: left unregistered", k.rkey, n, maxRegion))
 			continue
 		}
+		total += n
 		buf := make([]byte, n)
 		for va, b := range k.initial {
 			if va >= base && va-base < n {
