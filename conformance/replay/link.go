@@ -22,8 +22,9 @@ type tapLink struct {
 	once  sync.Once
 	idle  bool // the device is known to sit in Recv (replayer's side only)
 
-	mu  sync.Mutex
-	out []sent
+	mu   sync.Mutex
+	out  []sent
+	mark int // out[:mark] were returned by Inject already
 }
 
 // sent is a packet the device handed the link.
@@ -89,13 +90,20 @@ func (l *tapLink) Inject(roce []byte, from netip.AddrPort) []sent {
 	return l.take()
 }
 
-// take returns and forgets what the device sent so far.
+// take returns what the device sent since the last take.
 func (l *tapLink) take() []sent {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := l.out
-	l.out = nil
+	out := l.out[l.mark:]
+	l.mark = len(l.out)
 	return out
+}
+
+// all returns everything the device sent.
+func (l *tapLink) all() []sent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.out[:len(l.out):len(l.out)]
 }
 
 func (l *tapLink) BatchSize() int      { return 1 }

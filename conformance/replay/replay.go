@@ -104,6 +104,12 @@ type Report struct {
 	CMSkipped int            `json:"cm_skipped"`
 	Skipped   map[string]int `json:"skipped,omitempty"`
 
+	// The requester side: softroce's requester fed the real answers.
+	RequesterFlows []RequesterFlow `json:"requester_flows,omitempty"`
+	Completions    []Completion    `json:"completions,omitempty"`
+	ReqAgree       int             `json:"requester_agree"`
+	ReqDiffer      int             `json:"requester_differ"`
+
 	recs []inspect.Record
 	lost map[*inspect.Record]bool
 }
@@ -111,6 +117,11 @@ type Report struct {
 // Summary is the one-line outcome.
 func (r *Report) Summary() string {
 	return fmt.Sprintf("replayed %d requests: %d agree, %d allowed differences, %d differ", r.Requests, r.Agree, r.AllowedN, r.DifferN)
+}
+
+// RequesterSummary is the requester side's one-line outcome.
+func (r *Report) RequesterSummary() string {
+	return fmt.Sprintf("requester side: posted %d work requests: %d complete as the real answers complete them, %d differ", len(r.Completions), r.ReqAgree, r.ReqDiffer)
 }
 
 // File replays the capture at path.
@@ -128,6 +139,16 @@ func Records(name string, recs []inspect.Record) *Report {
 	rep := &Report{File: name, CMSkipped: pl.cm, Skipped: pl.skipped, recs: recs, lost: map[*inspect.Record]bool{}}
 	for i, f := range pl.flows {
 		rep.runFlow(i+1, f)
+		if len(f.resp) > 0 {
+			rep.checkRequester(i+1, f)
+		}
+	}
+	for _, c := range rep.Completions {
+		if c.Verdict == Agree {
+			rep.ReqAgree++
+		} else {
+			rep.ReqDiffer++
+		}
 	}
 	for _, e := range rep.Exchanges {
 		rep.Requests++

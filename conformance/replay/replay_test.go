@@ -213,6 +213,40 @@ func TestLossyMidConnection(t *testing.T) {
 			t.Errorf("frame %d: %s %v %v", f, e.Verdict, e.Allowed, e.Failures)
 		}
 	}
+	// The requester side: softroce's requester, fed the same answers,
+	// goes back to the NAKed PSN, lands the READ's bytes and the atomic's
+	// original value, and fails the WRITE the responder refused.
+	if len(rep.Completions) != 7 || rep.ReqDiffer != 0 {
+		t.Fatalf("%s: %+v", rep.RequesterSummary(), rep.Completions)
+	}
+	for i, c := range rep.Completions {
+		want := "success"
+		if i == 6 {
+			want = "remote access error"
+		}
+		if c.Want != want || c.Got != want {
+			t.Errorf("work request %d (%s): want %s, real answers %s, softroce %s", i, c.Op, want, c.Want, c.Got)
+		}
+	}
+}
+
+// TestRequesterDiffers: a completion of softroce's requester other than
+// the one the answers suggest is a difference. The READ response here
+// carries 4 of the 8 bytes asked for: the answers look complete, softroce
+// completes the READ with a bad response error.
+func TestRequesterDiffers(t *testing.T) {
+	s := &synth{t: t}
+	s.req(bth.RCReadRequest, 7, bth.Fields{VA: 0x100, RKey: rkey, DMALen: 8}, nil)
+	s.ack(bth.RCReadResponseOnly, 7, bth.SyndromeACKUnlimited, 1, bth.Fields{}, []byte("abcd"))
+	rep := Records("short-read", s.recs)
+	if len(rep.Completions) != 1 {
+		t.Fatalf("%s", rep.RequesterSummary())
+	}
+	c := rep.Completions[0]
+	t.Logf("%+v", c)
+	if c.Verdict != Differ {
+		t.Errorf("a READ answered with 4 of 8 bytes: %+v", c)
+	}
 }
 
 // TestDifferentSyndrome: a capture whose responder NAKed with another

@@ -76,8 +76,29 @@ func (r *Report) WriteText(w io.Writer, verbose bool) error {
 	for _, k := range sortedReasons(r.Skipped) {
 		fmt.Fprintf(&b, "skipped: %d %s\n", r.Skipped[k], k)
 	}
+	for _, rf := range r.RequesterFlows {
+		fmt.Fprintf(&b, "requester side, flow %d: %d work requests derived from the captured requests", rf.Flow, rf.Messages)
+		if rf.Note != "" {
+			fmt.Fprintf(&b, " (%s)", rf.Note)
+		}
+		b.WriteByte('\n')
+		for _, c := range r.Completions {
+			if c.Flow != rf.Flow || c.Verdict == Agree && !verbose {
+				continue
+			}
+			fmt.Fprintf(&b, "  frame %d %s psn %d, %d bytes: %s: real answers complete it %s, softroce %s", c.Frame, c.Op, c.PSN, c.Length, c.Verdict, c.Want, c.Got)
+			if c.Detail != "" {
+				fmt.Fprintf(&b, " (%s)", c.Detail)
+			}
+			b.WriteByte('\n')
+		}
+	}
 	b.WriteString(r.Summary())
 	b.WriteByte('\n')
+	if len(r.Completions) > 0 {
+		b.WriteString(r.RequesterSummary())
+		b.WriteByte('\n')
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -86,11 +107,12 @@ func (r *Report) WriteText(w io.Writer, verbose bool) error {
 func (r *Report) WriteJSON(w io.Writer) error {
 	type out struct {
 		*Report
-		Summary string `json:"summary"`
+		Summary          string `json:"summary"`
+		RequesterSummary string `json:"requester_summary"`
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(out{r, r.Summary()})
+	return enc.Encode(out{r, r.Summary(), r.RequesterSummary()})
 }
 
 // Sides returns the two conversations to draw: the capture's (every

@@ -1,0 +1,435 @@
+package replay
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/softroce/softroce/bth"
+	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/inspect"
+	"github.com/softroce/softroce/verbs"
+)
+
+// The other direction: softroce's requester posts the work requests the
+// captured requests show, the real responder's answers are fed to it in
+// capture order (each once softroce has sent the request it answers), and
+// softroce's completions are compared with what the answers complete.
+
+// Completion is one work request of the requester check.
+type Completion struct {
+	Flow    int     `json:"flow"`
+	Frame   int     `json:"frame"` // the message's first packet
+	Op      string  `json:"op"`
+	PSN     uint32  `json:"psn"`
+	Length  int     `json:"length"`
+	Want    string  `json:"want"` // what the real answers complete it with
+	Got     string  `json:"got"`  // softroce's completion
+	Verdict Verdict `json:"verdict"`
+	Detail  string  `json:"detail,omitempty"`
+}
+
+// RequesterFlow says whether and how far a flow's requester side was
+// checked.
+type RequesterFlow struct {
+	Flow     int    `json:"flow"`
+	Messages int    `json:"messages"`
+	Note     string `json:"note,omitempty"` // why it was not checked, or where it stopped
+}
+
+// message is one work request a captured request shows.
+type message struct {
+	first     *tx
+	info      *bth.OpInfo
+	psn, last uint32 // first and last PSN the message occupies
+	data      []byte
+	imm, inv  uint32
+	va        uint64
+	rkey      uint32
+	length    int
+	swap, cmp uint64
+}
+
+// requesterWait bounds how long the check waits for softroce to send a
+// request or complete work; only a broken replay ever waits that long.
+const requesterWait = 10 * time.Second
+
+// messages derives the flow's work requests from the first transmission
+// of every PSN. It stops at a PSN the capture misses.
+func (f *flow) messages() ([]*message, string) {
+	var ms []*message
+	var cur *message
+	next := f.startPSN
+	for _, t := range f.txs {
+		r := t.rec
+		info := bth.Opcode(r.Opcode).Info()
+		d := bth.PSNDiff(r.PSN, next)
+		if d < 0 {
+			continue // a retransmission
+		}
+		if d > 0 || !info.Valid {
+			if d > 0 {
+				return ms, fmt.Sprintf("the capture misses psn %d: checked up to there", next)
+			}
+			return ms, fmt.Sprintf("frame %d has an unknown opcode: checked up to there", r.Frame)
+		}
+		if r.ICRC == "truncated" && r.PayloadLen > 0 {
+			return ms, fmt.Sprintf("frame %d is cut by the capture: checked up to there", r.Frame)
+		}
+		start := info.Pos == bth.PosFirst || info.Pos == bth.PosOnly
+		if start == (cur != nil) {
+			return ms, fmt.Sprintf("frame %d is out of message order: checked up to there", r.Frame)
+		}
+		if start {
+			cur = &message{first: t, info: info, psn: r.PSN, last: r.PSN}
+			if r.RETH != nil {
+				cur.va, cur.rkey, cur.length = r.RETH.VA, r.RETH.RKey, int(r.RETH.DMALen)
+			}
+			if r.AtomicETH != nil {
+				cur.va, cur.rkey, cur.swap, cur.cmp, cur.length = r.AtomicETH.VA, r.AtomicETH.RKey, r.AtomicETH.SwapAdd, r.AtomicETH.Compare, 8
+			}
+		}
+		cur.data = append(cur.data, payload(r)...)
+		if r.Imm != nil {
+			cur.imm = *r.Imm
+		}
+		if r.IETH != nil {
+			cur.inv = r.IETH.RKey
+		}
+		cur.last = r.PSN
+		n := 1
+		if info.Op == bth.OpReadRequest {
+			n = readPackets(uint32(cur.length), f.mtu)
+			cur.last = bth.PSNAdd(r.PSN, n-1)
+		}
+		next = bth.PSNAdd(next, n)
+		if info.Pos == bth.PosLast || info.Pos == bth.PosOnly {
+			if info.Op == bth.OpSend || info.Op == bth.OpWrite && info.Pos == bth.PosOnly && cur.length == 0 {
+				cur.length = len(cur.data)
+			}
+			ms = append(ms, cur)
+			cur = nil
+		}
+		if len(ms) >= 4096 {
+			return ms, "more than 4096 messages: checked the first 4096"
+		}
+	}
+	if cur != nil {
+		return ms, "the capture ends inside a message"
+	}
+	return ms, ""
+}
+
+// wrOpcode maps a message onto a work request opcode.
+func wrOpcode(m *message) (verbs.WROpcode, bool) {
+	switch m.info.Op {
+	case bth.OpSend:
+		switch {
+		case m.info.Inv:
+			return verbs.WRSendWithInv, true
+		case m.imm != 0 || hasImm(m):
+			return verbs.WRSendWithImm, true
+		}
+		return verbs.WRSend, true
+	case bth.OpWrite:
+		if hasImm(m) {
+			return verbs.WRRDMAWriteWithImm, true
+		}
+		return verbs.WRRDMAWrite, true
+	case bth.OpReadRequest:
+		return verbs.WRRDMARead, true
+	case bth.OpCompareSwap:
+		return verbs.WRAtomicCmpAndSwp, true
+	case bth.OpFetchAdd:
+		return verbs.WRAtomicFetchAndAdd, true
+	}
+	return 0, false
+}
+
+// hasImm reports whether the message's last packet carries immediate data.
+func hasImm(m *message) bool {
+	return m.info.Imm || m.last != m.psn && m.imm != 0
+}
+
+// fed returns the real answers the check feeds: those within the PSNs of
+// the derived messages (answers beyond them answer requests softroce was
+// never asked to send).
+func (f *flow) fed(ms []*message) []*inspect.Record {
+	if len(ms) == 0 {
+		return nil
+	}
+	end := bth.PSNDiff(ms[len(ms)-1].last, f.startPSN)
+	var out []*inspect.Record
+	for _, r := range f.resp {
+		if d := bth.PSNDiff(r.PSN, f.startPSN); d >= 0 && d <= end {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// expectation is what the real answers complete a message with.
+type expectation struct {
+	done   bool
+	status cq.Status
+	data   []byte // READ payload, atomic original value (native order)
+	why    string
+}
+
+// expect derives each message's completion from the real answers: a
+// fatal NAK in a message fails it and flushes the rest (IBTA 9.7.5.1.3);
+// a SEND or WRITE completes once an ACK reaches its last PSN or any
+// answer passes it; a READ once its last response arrives; an atomic with
+// its atomic ACK.
+func (f *flow) expect(ms []*message) []expectation {
+	ex := make([]expectation, len(ms))
+	failed := -1
+	for i, m := range ms {
+		if failed >= 0 {
+			ex[i] = expectation{done: true, status: cq.WRFlushErr, why: fmt.Sprintf("flushed after the error of frame %d", ms[failed].first.rec.Frame)}
+			continue
+		}
+		reads := map[int][]byte{}
+		for _, r := range f.fed(ms) {
+			in := bth.PSNDiff(r.PSN, m.psn) >= 0 && bth.PSNDiff(m.last, r.PSN) >= 0
+			if r.AETH == nil {
+				if m.info.Op == bth.OpReadRequest && bth.Opcode(r.Opcode).Info().Op == bth.OpReadResponse && in {
+					reads[bth.PSNDiff(r.PSN, m.psn)] = payload(r)
+				}
+				continue
+			}
+			if r.AETH.Kind == "NAK" && r.AETH.NAKCode != nil && *r.AETH.NAKCode != bth.NAKPSNSeqError && in {
+				st := map[uint8]cq.Status{bth.NAKInvalidRequest: cq.RemInvReqErr, bth.NAKRemoteAccessError: cq.RemAccessErr,
+					bth.NAKRemoteOpError: cq.RemOpErr, bth.NAKInvalidRDRequest: cq.RemInvReqErr}[*r.AETH.NAKCode]
+				ex[i] = expectation{done: true, status: st, why: fmt.Sprintf("NAK of frame %d", r.Frame)}
+				failed = i
+				break
+			}
+			switch m.info.Op {
+			case bth.OpReadRequest:
+				if bth.Opcode(r.Opcode).Info().Op == bth.OpReadResponse && in {
+					reads[bth.PSNDiff(r.PSN, m.psn)] = payload(r)
+				}
+			case bth.OpCompareSwap, bth.OpFetchAdd:
+				if r.AtomicAck != nil && r.PSN == m.psn && !ex[i].done {
+					var b [8]byte
+					binary.NativeEndian.PutUint64(b[:], r.AtomicAck.Orig)
+					ex[i] = expectation{done: true, status: cq.Success, data: b[:], why: fmt.Sprintf("atomic ACK of frame %d", r.Frame)}
+				}
+			default:
+				if !ex[i].done && (r.AETH.Kind == "ACK" && bth.PSNDiff(r.PSN, m.last) >= 0 || bth.PSNDiff(r.PSN, m.last) > 0 && r.AETH.Kind != "RNR_NAK") {
+					ex[i] = expectation{done: true, status: cq.Success, why: fmt.Sprintf("answer of frame %d", r.Frame)}
+				}
+			}
+		}
+		if failed == i {
+			continue
+		}
+		if m.info.Op == bth.OpReadRequest {
+			n := bth.PSNDiff(m.last, m.psn) + 1
+			var data []byte
+			whole := true
+			for k := range n {
+				p, ok := reads[k]
+				if !ok {
+					whole = false
+					break
+				}
+				data = append(data, p...)
+			}
+			if whole {
+				ex[i] = expectation{done: true, status: cq.Success, data: data, why: "every READ response captured"}
+			}
+		}
+		if !ex[i].done {
+			ex[i].why = "the capture holds no answer completing it"
+		}
+	}
+	return ex
+}
+
+func statusText(done bool, s cq.Status) string {
+	if !done {
+		return "no completion"
+	}
+	return s.String()
+}
+
+// checkRequester runs the requester side of one flow.
+func (rep *Report) checkRequester(idx int, f *flow) {
+	rf := RequesterFlow{Flow: idx}
+	defer func() { rep.RequesterFlows = append(rep.RequesterFlows, rf) }()
+	ms, note := f.messages()
+	rf.Messages, rf.Note = len(ms), note
+	if len(ms) == 0 {
+		if rf.Note == "" {
+			rf.Note = "no complete message captured"
+		}
+		return
+	}
+	if !f.key.req.IsValid() || !f.key.resp.IsValid() || f.key.req.Unmap().Is4() != f.key.resp.Unmap().Is4() {
+		rf.Note = "addresses cannot be replayed"
+		return
+	}
+	want := f.expect(ms)
+	link := newTapLink(f.key.req.Unmap())
+	dev, err := verbs.Open(link, &verbs.Options{Name: "replay-requester"})
+	if err != nil {
+		link.Close()
+		rf.Note = "open softroce: " + err.Error()
+		return
+	}
+	defer func() {
+		dev.Close()
+		link.Close()
+	}()
+	fail := func(err error) { rf.Note = err.Error() }
+	pd, err := dev.AllocPD()
+	if err != nil {
+		fail(err)
+		return
+	}
+	cqq, err := dev.CreateCQ(len(ms) + 16)
+	if err != nil {
+		fail(err)
+		return
+	}
+	qp, err := pd.CreateQP(verbs.QPInitAttr{SendCQ: cqq, RecvCQ: cqq, Cap: verbs.QPCap{MaxSendWR: len(ms), MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		fail(err)
+		return
+	}
+	// One local buffer holds every message's data at its own offset.
+	offs := make([]int, len(ms))
+	total := 0
+	for i, m := range ms {
+		offs[i] = total
+		total += max(m.length, len(m.data), 8)
+	}
+	if total > maxRegion {
+		rf.Note = fmt.Sprintf("the messages need %d bytes, more than the %d a replay mirrors", total, maxRegion)
+		return
+	}
+	buf := make([]byte, total)
+	for i, m := range ms {
+		copy(buf[offs[i]:], m.data)
+	}
+	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
+	if err != nil {
+		fail(err)
+		return
+	}
+	err = qp.Connect(verbs.RemoteInfo{QPN: f.key.qp, PSN: 0, GID: verbs.GIDFromAddr(f.key.resp)},
+		&verbs.ConnectOptions{PathMTU: f.mtu, SQPSN: f.startPSN, Timeout: 20, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 16})
+	if err != nil {
+		fail(err)
+		return
+	}
+	for i, m := range ms {
+		op, ok := wrOpcode(m)
+		if !ok {
+			rf.Note = fmt.Sprintf("frame %d: no work request sends %s", m.first.rec.Frame, m.info.Name)
+			return
+		}
+		w := verbs.SendWR{ID: uint64(i), Opcode: op, Flags: verbs.SendSignaled, RemoteAddr: m.va, RKey: m.rkey, Imm: m.imm, InvRKey: m.inv}
+		if n := m.length; n > 0 {
+			w.SGL = []verbs.SGE{{Addr: mr.Addr() + uint64(offs[i]), Length: uint32(n), LKey: mr.LKey()}}
+		}
+		if op == verbs.WRAtomicCmpAndSwp {
+			w.CompareAdd, w.Swap = m.cmp, m.swap
+		} else if op == verbs.WRAtomicFetchAndAdd {
+			w.CompareAdd = m.swap
+		}
+		if err := qp.PostSend(&w); err != nil {
+			rf.Note = fmt.Sprintf("frame %d: post %s: %v", m.first.rec.Frame, m.info.Name, err)
+			return
+		}
+	}
+	// Feed the answers in capture order, each once softroce has sent a
+	// request at or past its PSN.
+	from := netip.AddrPortFrom(f.key.resp, f.respPort)
+	for _, r := range f.fed(ms) {
+		if !waitFor(func() bool { return sentUpTo(link.all(), r.PSN, f.mtu) }) {
+			rf.Note = fmt.Sprintf("softroce sent no request answered by frame %d (psn %d): stopped there", r.Frame, r.PSN)
+			break
+		}
+		b := roceBytes(r)
+		if b == nil || r.ICRC == "truncated" {
+			continue
+		}
+		pkt := append([]byte(nil), b...)
+		bth.BTH(pkt[:bth.BTHLen]).SetDestQP(qp.Num())
+		link.Inject(pkt, from)
+	}
+	// Collect completions: as many as the answers complete, then what
+	// else is already there.
+	expected := 0
+	for _, w := range want {
+		if w.done {
+			expected++
+		}
+	}
+	got := map[uint64]verbs.WC{}
+	wcs := make([]verbs.WC, 64)
+	collect := func() bool {
+		for {
+			n := cqq.Poll(wcs)
+			if n == 0 {
+				break
+			}
+			for _, w := range wcs[:n] {
+				got[w.WRID] = w
+			}
+		}
+		return len(got) >= expected
+	}
+	waitFor(collect)
+	collect()
+	for i, m := range ms {
+		c := Completion{Flow: idx, Frame: m.first.rec.Frame, Op: m.info.Name, PSN: m.psn, Length: m.length, Want: statusText(want[i].done, want[i].status), Detail: want[i].why}
+		w, ok := got[uint64(i)]
+		c.Got = statusText(ok, w.Status)
+		c.Verdict = Agree
+		if c.Got != c.Want {
+			c.Verdict = Differ
+		} else if ok && w.Status == cq.Success && want[i].data != nil {
+			if d := buf[offs[i] : offs[i]+len(want[i].data)]; !bytes.Equal(d, want[i].data) {
+				c.Verdict = Differ
+				c.Detail = "data landed differs from the real answers: " + firstDiff(want[i].data, d)
+			}
+		}
+		rep.Completions = append(rep.Completions, c)
+	}
+}
+
+// sentUpTo reports whether softroce has sent a request whose PSNs reach psn.
+func sentUpTo(out []sent, psn uint32, mtu int) bool {
+	for i := len(out) - 1; i >= 0; i-- {
+		var p bth.Packet
+		if bth.Parse(&p, out[i].roce) != nil || !p.Info.Request {
+			continue
+		}
+		last := p.BTH.PSN()
+		if p.Info.Op == bth.OpReadRequest && p.RETH != nil {
+			last = bth.PSNAdd(last, readPackets(p.RETH.DMALen(), mtu)-1)
+		}
+		if bth.PSNDiff(last, psn) >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// waitFor polls cond until it holds or requesterWait passes.
+func waitFor(cond func() bool) bool {
+	deadline := time.Now().Add(requesterWait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return true
+}
