@@ -53,7 +53,7 @@ type message struct {
 }
 
 // requesterWait bounds how long the check waits for softroce to send a
-// request or complete work; only a broken replay ever waits that long.
+// request while it keeps sending new ones.
 const requesterWait = 10 * time.Second
 
 // messages derives the flow's work requests from the first transmission
@@ -322,7 +322,7 @@ func (rep *Report) checkRequester(idx int, f *flow) {
 		return
 	}
 	err = qp.Connect(verbs.RemoteInfo{QPN: f.key.qp, PSN: 0, GID: verbs.GIDFromAddr(f.key.resp)},
-		&verbs.ConnectOptions{PathMTU: f.mtu, SQPSN: f.startPSN, Timeout: 20, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 16})
+		&verbs.ConnectOptions{PathMTU: f.mtu, SQPSN: f.startPSN, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 16})
 	if err != nil {
 		fail(err)
 		return
@@ -350,8 +350,9 @@ func (rep *Report) checkRequester(idx int, f *flow) {
 	// Feed the answers in capture order, each once softroce has sent a
 	// request at or past its PSN.
 	from := netip.AddrPortFrom(f.key.resp, f.respPort)
+	rt := &reachTracker{start: f.startPSN, mtu: f.mtu, reach: -1}
 	for _, r := range f.fed(ms) {
-		if !waitFor(func() bool { return sentUpTo(link.all(), r.PSN, f.mtu) }) {
+		if !waitSent(link, rt, r.PSN) {
 			rf.Note = fmt.Sprintf("softroce sent no request answered by frame %d (psn %d): stopped there", r.Frame, r.PSN)
 			break
 		}
@@ -385,8 +386,12 @@ func (rep *Report) checkRequester(idx int, f *flow) {
 		}
 		return len(got) >= expected
 	}
-	waitFor(collect)
-	collect()
+	// Wait for them while completions keep coming.
+	for n, since := -1, time.Now(); !collect() && time.Since(since) < requesterQuiet; time.Sleep(200 * time.Microsecond) {
+		if len(got) > n {
+			n, since = len(got), time.Now()
+		}
+	}
 	for i, m := range ms {
 		c := Completion{Flow: idx, Frame: m.first.rec.Frame, Op: m.info.Name, PSN: m.psn, Length: m.length, Want: statusText(want[i].done, want[i].status), Detail: want[i].why}
 		w, ok := got[uint64(i)]
@@ -404,32 +409,57 @@ func (rep *Report) checkRequester(idx int, f *flow) {
 	}
 }
 
-// sentUpTo reports whether softroce has sent a request whose PSNs reach psn.
-func sentUpTo(out []sent, psn uint32, mtu int) bool {
-	for i := len(out) - 1; i >= 0; i-- {
+// reachTracker follows how far past start the PSNs of softroce's
+// requests reach (-1 before any), reading each sent packet once.
+type reachTracker struct {
+	start uint32
+	mtu   int
+	n     int
+	reach int
+}
+
+func (rt *reachTracker) update(out []sent) int {
+	for i := rt.n; i < len(out); i++ {
 		var p bth.Packet
 		if bth.Parse(&p, out[i].roce) != nil || !p.Info.Request {
 			continue
 		}
 		last := p.BTH.PSN()
 		if p.Info.Op == bth.OpReadRequest && p.RETH != nil {
-			last = bth.PSNAdd(last, readPackets(p.RETH.DMALen(), mtu)-1)
+			last = bth.PSNAdd(last, readPackets(p.RETH.DMALen(), rt.mtu)-1)
 		}
-		if bth.PSNDiff(last, psn) >= 0 {
-			return true
-		}
+		rt.reach = max(rt.reach, bth.PSNDiff(last, rt.start))
 	}
-	return false
+	rt.n = len(out)
+	return rt.reach
 }
 
-// waitFor polls cond until it holds or requesterWait passes.
-func waitFor(cond func() bool) bool {
-	deadline := time.Now().Add(requesterWait)
-	for !cond() {
-		if time.Now().After(deadline) {
+// requesterQuiet is how long softroce's requester may send nothing new
+// (retransmissions aside) before the check stops waiting for it: longer
+// than the longest RNR timer (655 ms), much shorter than requesterWait.
+// (A variable: the fuzz test, whose inputs stall the requester on
+// purpose, shortens it.)
+var requesterQuiet = time.Second
+
+// waitSent waits until softroce has sent a request reaching psn. It gives
+// up when softroce's requests have reached no further for requesterQuiet,
+// or after requesterWait.
+func waitSent(link *tapLink, rt *reachTracker, psn uint32) bool {
+	want := bth.PSNDiff(psn, rt.start)
+	best, since := -2, time.Now()
+	deadline := since.Add(requesterWait)
+	for {
+		reach := rt.update(link.all())
+		if reach >= want {
+			return true
+		}
+		now := time.Now()
+		if reach > best {
+			best, since = reach, now
+		}
+		if now.Sub(since) > requesterQuiet || now.After(deadline) {
 			return false
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
-	return true
 }
