@@ -87,7 +87,7 @@ func FuzzReplayMapping(f *testing.F) {
 			return // the replay itself opens devices: keep executions cheap
 		}
 		for i := range recs {
-			if r := recs[i].RETH; r != nil && r.DMALen > 1<<20 {
+			if r := recs[i].RETH; r != nil && r.DMALen > 64<<10 {
 				return // a long READ is answered in full: correct, but slow to fuzz
 			}
 		}
