@@ -311,3 +311,43 @@ func TestDiagramAndJSON(t *testing.T) {
 		t.Errorf("JSON: %s", b.String())
 	}
 }
+
+// TestOddPackets: a capture that starts inside a message, a WRITE cut by
+// the snap length, a reserved opcode and an unknown QP's answer are each
+// handled and named, never a panic.
+func TestOddPackets(t *testing.T) {
+	s := &synth{t: t}
+	s.req(bth.RCSendMiddle, 9, bth.Fields{}, make([]byte, 256))
+	s.req(bth.RCSendLast, 10, bth.Fields{}, []byte("end"))
+	s.req(bth.RCSendOnly, 11, bth.Fields{}, []byte("hello"))
+	s.ack(bth.RCAck, 11, bth.SyndromeACKUnlimited, 5, bth.Fields{}, nil)
+	s.req(bth.RCWriteOnly, 12, bth.Fields{VA: 0x40, RKey: rkey, DMALen: 64}, make([]byte, 64))
+	cut := &s.recs[len(s.recs)-1]
+	*cut = inspect.Decode(cut.Data[:70], gopacket.CaptureInfo{Timestamp: cut.Time, CaptureLength: 70, Length: len(cut.Data)})
+	cut.Frame = len(s.recs)
+	s.ack(bth.RCAck, 12, bth.SyndromeACKUnlimited, 6, bth.Fields{}, nil)
+	s.req(bth.RCSendOnly, 13, bth.Fields{}, []byte("odd"))
+	odd := &s.recs[len(s.recs)-1]
+	odd.Data[42] = 0x1e // a reserved RC opcode
+	*odd = inspect.Decode(odd.Data, gopacket.CaptureInfo{Timestamp: odd.Time, CaptureLength: len(odd.Data), Length: len(odd.Data)})
+	odd.Frame = len(s.recs)
+	// An ACK to a QP no captured request came from.
+	s.ack(bth.RCAck, 99, bth.SyndromeACKUnlimited, 1, bth.Fields{}, nil)
+	s.recs[len(s.recs)-1].Dst = netip.MustParseAddr("10.0.0.9")
+	rep := Records("odd", s.recs)
+	var b bytes.Buffer
+	rep.WriteText(&b, true)
+	t.Log("\n" + b.String())
+	if n := rep.Flows[0].NotReplayed["capture starts inside this message"]; n != 2 {
+		t.Errorf("mid-message packets not replayed: %d, want 2", n)
+	}
+	if e := exchange(t, rep, 5); !strings.Contains(strings.Join(e.Allowed, ";"), "zero-filled") || e.Verdict == Differ {
+		t.Errorf("cut WRITE: %s %v %v", e.Verdict, e.Allowed, e.Failures)
+	}
+	if e := exchange(t, rep, 7); e.Opcode == "" || e.Verdict == Differ {
+		t.Errorf("reserved opcode: %+v", e)
+	}
+	if rep.Skipped["answers to no captured request"] != 1 || rep.DifferN != 0 {
+		t.Errorf("skipped %v; %s", rep.Skipped, rep.Summary())
+	}
+}
