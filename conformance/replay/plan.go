@@ -420,40 +420,83 @@ func (f *flow) markLost(i int, expected uint32) {
 	}
 }
 
-// access is one remote memory access of the capture, for the MR set-up.
-type access struct {
-	op     bth.Operation
-	va     uint64
-	n      uint64
-	failed bool // the real responder NAKed it (other than for its PSN)
-	known  bool // the real responder answered it at all
-}
-
 // keyPlan is what a replay registers for one captured rkey.
 type keyPlan struct {
-	rkey     uint32
-	lo, hi   uint64 // the accessed range [lo, hi) of accesses that did not fail
-	ops      map[bth.Operation]bool
-	initial  map[uint64]byte // memory contents the capture reveals, by VA
-	written  map[uint64]bool
-	anyUsed  bool
+	rkey    uint32
+	lo, hi  uint64 // the accessed range [lo, hi) of accesses that did not fail
+	ops     map[bth.Operation]bool
+	anyUsed bool
+	// base is the VA of img[0]; img is the memory as the capture shows
+	// it before the replay (nil when too large to mirror), known and
+	// written bitmaps of its bytes: revealed by an answer, changed by a
+	// captured request.
+	base     uint64
+	img      []byte
+	known    []uint64
+	written  []uint64
+	nKnown   int
 	tooLarge bool
 }
 
-// maxRegion bounds the memory a replay mirrors per rkey.
+// maxRegion bounds the memory a replay mirrors per rkey; a flow mirrors
+// at most twice that.
 const maxRegion = 64 << 20
 
 // keys gathers every rkey's accesses and the memory the capture reveals.
 func (f *flow) keys() map[uint32]*keyPlan {
 	ks := map[uint32]*keyPlan{}
-	get := func(k uint32) *keyPlan {
-		p := ks[k]
-		if p == nil {
-			p = &keyPlan{rkey: k, ops: map[bth.Operation]bool{}, initial: map[uint64]byte{}, written: map[uint64]bool{}}
-			ks[k] = p
+	// access describes the memory access of a transmission.
+	access := func(t *tx) (k *keyPlan, va, n uint64, failed bool) {
+		r := t.rec
+		for _, a := range t.real {
+			// Any NAK but a PSN sequence error refused the access.
+			if a.AETH != nil && a.AETH.Kind == "NAK" && a.AETH.NAKCode != nil && *a.AETH.NAKCode != bth.NAKPSNSeqError {
+				failed = true
+			}
 		}
-		return p
+		var key uint32
+		switch {
+		case r.RETH != nil:
+			key, va, n = r.RETH.RKey, r.RETH.VA, uint64(r.RETH.DMALen)
+		case r.AtomicETH != nil:
+			key, va, n = r.AtomicETH.RKey, r.AtomicETH.VA, 8
+		default:
+			return nil, 0, 0, failed
+		}
+		k = ks[key]
+		if k == nil {
+			k = &keyPlan{rkey: key, ops: map[bth.Operation]bool{}}
+			ks[key] = k
+		}
+		return k, va, n, failed
 	}
+	// Pass 1: the ranges and permissions.
+	for _, t := range f.txs {
+		if t.skip != "" || t.lost {
+			continue
+		}
+		if k, va, n, failed := access(t); k != nil && n > 0 && !failed {
+			k.note(bth.Opcode(t.rec.Opcode).Info().Op, va, n)
+		}
+	}
+	var total uint64
+	for _, k := range sortedKeys(ks) {
+		if !k.anyUsed {
+			continue
+		}
+		k.base = k.lo &^ 63
+		size := k.hi - k.base
+		if size > maxRegion || total+size > 2*maxRegion {
+			k.tooLarge = true
+			continue
+		}
+		total += size
+		k.img = make([]byte, size)
+		k.known = make([]uint64, (size+63)/64)
+		k.written = make([]uint64, (size+63)/64)
+	}
+	// Pass 2: what the answers reveal of memory no captured request had
+	// changed yet.
 	var wkey *keyPlan // the WRITE in progress and where it writes next
 	var wva uint64
 	for _, t := range f.txs {
@@ -462,34 +505,15 @@ func (f *flow) keys() map[uint32]*keyPlan {
 		}
 		r := t.rec
 		info := bth.Opcode(r.Opcode).Info()
-		failed, known := false, len(t.real) > 0
-		for _, a := range t.real {
-			// Any NAK but a PSN sequence error refused the access.
-			if a.AETH != nil && a.AETH.Kind == "NAK" && a.AETH.NAKCode != nil && *a.AETH.NAKCode != bth.NAKPSNSeqError {
-				failed = true
-			}
-		}
-		var va uint64
-		var n uint64
-		var kp *keyPlan
-		switch {
-		case r.RETH != nil:
-			kp, va, n = get(r.RETH.RKey), r.RETH.VA, uint64(r.RETH.DMALen)
-		case r.AtomicETH != nil:
-			kp, va, n = get(r.AtomicETH.RKey), r.AtomicETH.VA, 8
-		}
-		if kp != nil && n > 0 {
-			kp.note(access{op: info.Op, va: va, n: n, failed: failed, known: known})
-		}
+		kp, va, _, failed := access(t)
 		switch info.Op {
 		case bth.OpWrite:
 			if r.RETH != nil {
 				wkey, wva = kp, va
 			}
 			if wkey != nil && !failed {
-				pay := payload(r)
-				for i := range pay {
-					wkey.written[wva+uint64(i)] = true
+				for i := range payload(r) {
+					wkey.mark(wva + uint64(i))
 				}
 				wva += uint64(r.PayloadLen)
 			}
@@ -524,7 +548,7 @@ func (f *flow) keys() map[uint32]*keyPlan {
 			}
 			if !failed {
 				for i := range uint64(8) {
-					kp.written[va+i] = true
+					kp.mark(va + i)
 				}
 			}
 		}
@@ -532,17 +556,14 @@ func (f *flow) keys() map[uint32]*keyPlan {
 	return ks
 }
 
-func (k *keyPlan) note(a access) {
-	if a.failed {
+func (k *keyPlan) note(op bth.Operation, va, n uint64) {
+	k.ops[op] = true
+	end := va + n
+	if end < va { // wraps: no region can hold it
 		return
 	}
-	k.ops[a.op] = true
-	end := a.va + a.n
-	if end < a.va { // wraps: no region can hold it
-		return
-	}
-	if !k.anyUsed || a.va < k.lo {
-		k.lo = a.va
+	if !k.anyUsed || va < k.lo {
+		k.lo = va
 	}
 	if !k.anyUsed || end > k.hi {
 		k.hi = end
@@ -550,15 +571,31 @@ func (k *keyPlan) note(a access) {
 	k.anyUsed = true
 }
 
+// index returns va's byte in img, or false outside it.
+func (k *keyPlan) index(va uint64) (uint64, bool) {
+	if k.img == nil || va < k.base || va-k.base >= uint64(len(k.img)) {
+		return 0, false
+	}
+	return va - k.base, true
+}
+
+// mark records that a captured request changed the byte at va.
+func (k *keyPlan) mark(va uint64) {
+	if i, ok := k.index(va); ok {
+		k.written[i/64] |= 1 << (i % 64)
+	}
+}
+
 // reveal records a byte the capture shows memory held before the replay
 // wrote it.
 func (k *keyPlan) reveal(va uint64, b byte) {
-	if k.written[va] {
+	i, ok := k.index(va)
+	if !ok || k.written[i/64]&(1<<(i%64)) != 0 || k.known[i/64]&(1<<(i%64)) != 0 {
 		return
 	}
-	if _, ok := k.initial[va]; !ok && len(k.initial) < maxRegion {
-		k.initial[va] = b
-	}
+	k.known[i/64] |= 1 << (i % 64)
+	k.img[i] = b
+	k.nKnown++
 }
 
 // payload returns the packet's payload as captured (nil when cut).

@@ -338,7 +338,6 @@ func newSession(f *flow, fr *Flow) (s *session, err error) {
 		return nil, fmt.Errorf("register the receive buffer: %w", err)
 	}
 	used := map[uint32]bool{s.recvMR.RKey(): true}
-	var total uint64 // memory mirrored so far
 	for _, k := range sortedKeys(f.keys()) {
 		var access verbs.Access
 		if k.ops[bth.OpWrite] {
@@ -354,19 +353,11 @@ func newSession(f *flow, fr *Flow) (s *session, err error) {
 			fr.Setup = append(fr.Setup, fmt.Sprintf("rkey 0x%08x: every access the capture shows was NAKed: left unregistered", k.rkey))
 			continue
 		}
-		base := k.lo &^ 63
-		n := k.hi - base
-		if n > maxRegion || total+n > 2*maxRegion {
-			fr.Setup = append(fr.Setup, fmt.Sprintf("rkey 0x%08x: %d bytes accessed, more than the %d a replay mirrors: left unregistered", k.rkey, n, maxRegion))
+		if k.tooLarge {
+			fr.Setup = append(fr.Setup, fmt.Sprintf("rkey 0x%08x: %d bytes accessed, more than a replay mirrors (%d per rkey, %d per flow): left unregistered", k.rkey, k.hi-k.lo, maxRegion, 2*maxRegion))
 			continue
 		}
-		total += n
-		buf := make([]byte, n)
-		for va, b := range k.initial {
-			if va >= base && va-base < n {
-				buf[va-base] = b
-			}
-		}
+		base, n, buf := k.base, len(k.img), k.img
 		mr, err := pd.RegMR(buf, access)
 		if err != nil {
 			return nil, fmt.Errorf("register the MR of rkey 0x%08x: %w", k.rkey, err)
@@ -374,7 +365,7 @@ func newSession(f *flow, fr *Flow) (s *session, err error) {
 		used[mr.RKey()] = true
 		s.keys[k.rkey] = &mapped{mr: mr, base: base}
 		fr.Setup = append(fr.Setup, fmt.Sprintf("rkey 0x%08x: MR of %d bytes at va 0x%x (%s), %d bytes of it known from READ responses and atomic original values",
-			k.rkey, n, base, accessNames(access), len(k.initial)))
+			k.rkey, n, base, accessNames(access), k.nKnown))
 	}
 	s.badKey = 0x5eed0000
 	for used[s.badKey] {
