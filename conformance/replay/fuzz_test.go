@@ -76,7 +76,7 @@ func fuzzEncode(pkts [][]byte, toResp []bool) []byte {
 func FuzzReplayMapping(f *testing.F) {
 	f.Add([]byte{0, 12, 0x04, 0, 0xff, 0xff, 0, 0, 0, 0x22, 0x80, 0, 0, 100})
 	requesterQuiet = 20 * time.Millisecond
-	f.Cleanup(func() { requesterQuiet = time.Second })
+	f.Cleanup(func() { requesterQuiet = 3 * time.Second })
 	f.Fuzz(func(t *testing.T, data []byte) {
 		recs := fuzzRecords(data)
 		for i := range recs {

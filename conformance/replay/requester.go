@@ -436,10 +436,10 @@ func (rt *reachTracker) update(out []sent) int {
 
 // requesterQuiet is how long softroce's requester may send nothing new
 // (retransmissions aside) before the check stops waiting for it: longer
-// than the longest RNR timer (655 ms), much shorter than requesterWait.
+// than the longest RNR timer (655 ms) with room for a loaded machine, shorter than requesterWait.
 // (A variable: the fuzz test, whose inputs stall the requester on
 // purpose, shortens it.)
-var requesterQuiet = time.Second
+var requesterQuiet = 3 * time.Second
 
 // waitSent waits until softroce has sent a request reaching psn. It gives
 // up when softroce's requests have reached no further for requesterQuiet,
