@@ -70,7 +70,7 @@ type plan struct {
 
 func (pl *plan) skip(reason string) { pl.skipped[reason]++ }
 
-// reqInfo classifies a record: a RC request, a RC response, or neither.
+// kindOf classifies a record: an RC request, an RC response, or neither.
 func kindOf(r *inspect.Record) (info *bth.OpInfo, request, response bool) {
 	info = bth.Opcode(r.Opcode).Info()
 	if !info.Valid || info.Transport != bth.TransportRC {
@@ -352,17 +352,29 @@ func (f *flow) learnPSN() {
 // marks the transmissions the real responder's PSN sequence error NAKs
 // show it never received.
 func (f *flow) pair() {
-	last := -1 // latest transmission before the answer
+	last := -1       // latest transmission before the answer
+	var high uint32  // highest request PSN so far
+	dupLast := false // the latest transmission is behind high: a duplicate
 	for pos, o := range f.order {
 		if o >= 0 {
+			p := f.txs[o].rec.PSN
+			dupLast = last >= 0 && bth.PSNDiff(p, high) < 0
+			if last < 0 || bth.PSNDiff(p, high) > 0 {
+				high = p
+			}
 			last = o
 			f.txs[o].pos = pos
 			continue
 		}
 		r := f.resp[-o-1]
 		seqNAK := r.AETH != nil && r.AETH.Kind == "NAK" && r.AETH.NAKCode != nil && *r.AETH.NAKCode == bth.NAKPSNSeqError
+		// A responder re-ACKs a duplicate SEND or WRITE with the PSN of
+		// the last request it took, not the duplicate's (rxe does):
+		// an ACK right after an unanswered duplicate answers it.
+		dupACK := dupLast && len(f.txs[last].real) == 0 && r.AETH != nil && r.AETH.Kind == "ACK" &&
+			bth.Opcode(r.Opcode).Info().Op == bth.OpAck && bth.Opcode(f.txs[last].rec.Opcode).Info().Op != bth.OpReadRequest
 		target := last
-		if !seqNAK {
+		if !seqNAK && !dupACK {
 			target = -1
 			for i := last; i >= 0 && last-i < 4096; i-- {
 				if covers(f.txs[i], r.PSN, f.mtu) {

@@ -351,3 +351,26 @@ func TestOddPackets(t *testing.T) {
 		t.Errorf("skipped %v; %s", rep.Skipped, rep.Summary())
 	}
 }
+
+// TestDuplicateWrite: a duplicate WRITE is re-ACKed with the PSN of the
+// last request taken (as rxe answers it); softroce answers the same, and
+// the ACK is tied to the duplicate, not to the original.
+func TestDuplicateWrite(t *testing.T) {
+	s := &synth{t: t}
+	w := bth.Fields{VA: 0x200, RKey: rkey, DMALen: 4}
+	s.req(bth.RCWriteOnly, 5, w, []byte("five"))
+	s.ack(bth.RCAck, 5, bth.SyndromeACKUnlimited, 1, bth.Fields{}, nil)
+	s.req(bth.RCWriteOnly, 6, w, []byte("six!"))
+	s.ack(bth.RCAck, 6, bth.SyndromeACKUnlimited, 2, bth.Fields{}, nil)
+	s.req(bth.RCWriteOnly, 5, w, []byte("five")) // 5: the duplicate
+	s.ack(bth.RCAck, 6, bth.SyndromeACKUnlimited, 2, bth.Fields{}, nil)
+	rep := Records("dup", s.recs)
+	var b bytes.Buffer
+	rep.WriteText(&b, true)
+	if rep.Agree != 3 || rep.Requests != 3 {
+		t.Fatalf("%s\n%s", rep.Summary(), b.String())
+	}
+	if e := exchange(t, rep, 5); len(e.real) != 1 || e.real[0].Frame != 6 {
+		t.Errorf("the duplicate's answer: %v", e.Real)
+	}
+}
