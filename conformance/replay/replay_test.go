@@ -374,3 +374,50 @@ func TestDuplicateWrite(t *testing.T) {
 		t.Errorf("the duplicate's answer: %v", e.Real)
 	}
 }
+
+// TestRNRAndRereads: an RNR NAK then the retransmission the receive
+// arrived for; a READ, a duplicate of it, and a re-read of its second
+// half (answered from MIDDLE on, as rxe does). Both sides agree, the RNR
+// timer aside.
+func TestRNRAndRereads(t *testing.T) {
+	s := &synth{t: t}
+	s.req(bth.RCSendOnly, 20, bth.Fields{}, []byte("early"))
+	s.ack(bth.RCAck, 20, bth.RNRNAK(1), 0, bth.Fields{}, nil)
+	s.req(bth.RCSendOnly, 20, bth.Fields{}, []byte("early")) // 3: after the RNR timer
+	s.ack(bth.RCAck, 20, bth.SyndromeACKUnlimited, 1, bth.Fields{}, nil)
+	data := make([]byte, 600)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	rd := bth.Fields{VA: 0x1000, RKey: rkey, DMALen: 600}
+	s.req(bth.RCReadRequest, 21, rd, nil) // 5: PSNs 21..23 at MTU 256
+	s.ack(bth.RCReadResponseFirst, 21, bth.SyndromeACKUnlimited, 2, bth.Fields{}, data[:256])
+	s.ack(bth.RCReadResponseMiddle, 22, 0, 0, bth.Fields{}, data[256:512])
+	s.ack(bth.RCReadResponseLast, 23, bth.SyndromeACKUnlimited, 2, bth.Fields{}, data[512:])
+	s.req(bth.RCReadRequest, 21, rd, nil) // 9: a duplicate
+	s.ack(bth.RCReadResponseFirst, 21, bth.SyndromeACKUnlimited, 2, bth.Fields{}, data[:256])
+	s.ack(bth.RCReadResponseMiddle, 22, 0, 0, bth.Fields{}, data[256:512])
+	s.ack(bth.RCReadResponseLast, 23, bth.SyndromeACKUnlimited, 2, bth.Fields{}, data[512:])
+	s.req(bth.RCReadRequest, 22, bth.Fields{VA: 0x1100, RKey: rkey, DMALen: 344}, nil) // 13: a re-read from PSN 22
+	s.ack(bth.RCReadResponseMiddle, 22, 0, 0, bth.Fields{}, data[256:512])
+	s.ack(bth.RCReadResponseLast, 23, bth.SyndromeACKUnlimited, 2, bth.Fields{}, data[512:])
+	rep := Records("rereads", s.recs)
+	var b bytes.Buffer
+	rep.WriteText(&b, true)
+	if rep.DifferN != 0 || rep.Requests != 5 || rep.ReqDiffer != 0 {
+		t.Fatalf("%s\n%s", rep.Summary(), b.String())
+	}
+	if e := exchange(t, rep, 1); e.Verdict != Allowed || !strings.Contains(e.Allowed[0], "RNR NAK timer") {
+		t.Errorf("RNR NAK: %s %v", e.Verdict, e.Allowed)
+	}
+	for _, f := range []int{3, 5, 9, 13} {
+		if e := exchange(t, rep, f); e.Verdict != Agree || len(e.soft) != len(e.real) {
+			t.Errorf("frame %d: %s %v %v\n%s", f, e.Verdict, e.Allowed, e.Failures, b.String())
+		}
+	}
+	// The requester side: softroce waits out the RNR timer, resends the
+	// SEND and lands the READ's 600 bytes.
+	if len(rep.Completions) != 2 || rep.Completions[0].Got != "success" || rep.Completions[1].Got != "success" {
+		t.Errorf("%s: %+v", rep.RequesterSummary(), rep.Completions)
+	}
+}
