@@ -78,6 +78,9 @@ func (r *Report) WriteText(w io.Writer, verbose bool) error {
 	}
 	for _, rf := range r.RequesterFlows {
 		fmt.Fprintf(&b, "requester side, flow %d: %d work requests derived from the captured requests", rf.Flow, rf.Messages)
+		if rf.Segments > 1 {
+			fmt.Fprintf(&b, ", on %d QPs", rf.Segments)
+		}
 		if rf.Note != "" {
 			fmt.Fprintf(&b, " (%s)", rf.Note)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/softroce/softroce/bth"
@@ -34,9 +35,12 @@ type Completion struct {
 // RequesterFlow says whether and how far a flow's requester side was
 // checked.
 type RequesterFlow struct {
-	Flow     int    `json:"flow"`
-	Messages int    `json:"messages"`
-	Note     string `json:"note,omitempty"` // why it was not checked, or where it stopped
+	Flow     int `json:"flow"`
+	Messages int `json:"messages"`
+	// Segments counts the runs of messages checked on a QP each: the
+	// capture's gaps end one and the next message start begins another.
+	Segments int    `json:"segments"`
+	Note     string `json:"note,omitempty"` // gaps, and why the check stopped if it did
 }
 
 // message is one work request a captured request shows.
@@ -56,31 +60,76 @@ type message struct {
 // request while it keeps sending new ones.
 const requesterWait = 10 * time.Second
 
-// messages derives the flow's work requests from the first transmission
-// of every PSN. It stops at a PSN the capture misses.
-func (f *flow) messages() ([]*message, string) {
-	var ms []*message
+// segment is a run of messages with no PSN the capture misses: softroce's
+// requester replays each on a QP of its own, starting at start.
+type segment struct {
+	start uint32
+	ms    []*message
+}
+
+// segments derives the flow's work requests from the first transmission
+// of every PSN. Where the capture misses a PSN (or cuts or garbles a
+// packet), the segment ends and the next starts at the next message
+// start; notes say where.
+func (f *flow) segments() (segs []segment, notes []string) {
+	var seg *segment
 	var cur *message
 	next := f.startPSN
+	seeking := false // after a gap: waiting for a message start
+	total := 0
+	gaps, firstGap := 0, ""
+	defer func() {
+		switch {
+		case gaps == 1:
+			notes = append([]string{"the capture misses psn " + firstGap}, notes...)
+		case gaps > 1:
+			notes = append([]string{fmt.Sprintf("the capture misses %d PSN ranges, the first psn %s", gaps, firstGap)}, notes...)
+		}
+	}()
+	stop := func(why string) {
+		if seg != nil && len(seg.ms) > 0 {
+			segs = append(segs, *seg)
+		}
+		seg, cur, seeking = nil, nil, true
+		if why != "" {
+			notes = append(notes, why)
+		}
+	}
 	for _, t := range f.txs {
 		r := t.rec
 		info := bth.Opcode(r.Opcode).Info()
 		d := bth.PSNDiff(r.PSN, next)
-		if d < 0 {
-			continue // a retransmission
-		}
-		if d > 0 || !info.Valid {
-			if d > 0 {
-				return ms, fmt.Sprintf("the capture misses psn %d: checked up to there", next)
+		start := info.Valid && (info.Pos == bth.PosFirst || info.Pos == bth.PosOnly)
+		if seeking {
+			if !start || d < 0 {
+				continue
 			}
-			return ms, fmt.Sprintf("frame %d has an unknown opcode: checked up to there", r.Frame)
+			seeking, next, d = false, r.PSN, 0
 		}
-		if r.ICRC == "truncated" && r.PayloadLen > 0 {
-			return ms, fmt.Sprintf("frame %d is cut by the capture: checked up to there", r.Frame)
+		switch {
+		case d < 0:
+			continue // a retransmission
+		case d > 0:
+			if gaps++; gaps == 1 {
+				firstGap = fmt.Sprintf("%d..%d", next, bth.PSNAdd(r.PSN, -1))
+			}
+			stop("")
+			if !start {
+				continue
+			}
+			seeking, next = false, r.PSN
+		case !info.Valid:
+			stop(fmt.Sprintf("frame %d has an unknown opcode", r.Frame))
+			continue
+		case r.ICRC == "truncated" && r.PayloadLen > 0:
+			stop(fmt.Sprintf("frame %d is cut by the capture", r.Frame))
+			continue
+		case start == (cur != nil):
+			stop(fmt.Sprintf("frame %d is out of message order", r.Frame))
+			continue
 		}
-		start := info.Pos == bth.PosFirst || info.Pos == bth.PosOnly
-		if start == (cur != nil) {
-			return ms, fmt.Sprintf("frame %d is out of message order: checked up to there", r.Frame)
+		if seg == nil {
+			seg = &segment{start: r.PSN}
 		}
 		if start {
 			cur = &message{first: t, info: info, psn: r.PSN, last: r.PSN}
@@ -109,17 +158,21 @@ func (f *flow) messages() ([]*message, string) {
 			if info.Op == bth.OpSend || info.Op == bth.OpWrite && info.Pos == bth.PosOnly && cur.length == 0 {
 				cur.length = len(cur.data)
 			}
-			ms = append(ms, cur)
+			seg.ms = append(seg.ms, cur)
 			cur = nil
-		}
-		if len(ms) >= 4096 {
-			return ms, "more than 4096 messages: checked the first 4096"
+			if total++; total >= 4096 {
+				stop("more than 4096 messages: checked the first 4096")
+				return segs, notes
+			}
 		}
 	}
 	if cur != nil {
-		return ms, "the capture ends inside a message"
+		notes = append(notes, "the capture ends inside a message")
 	}
-	return ms, ""
+	if seg != nil && len(seg.ms) > 0 {
+		segs = append(segs, *seg)
+	}
+	return segs, notes
 }
 
 // wrOpcode maps a message onto a work request opcode.
@@ -156,14 +209,14 @@ func hasImm(m *message) bool {
 // fed returns the real answers the check feeds: those within the PSNs of
 // the derived messages (answers beyond them answer requests softroce was
 // never asked to send).
-func (f *flow) fed(ms []*message) []*inspect.Record {
+func (f *flow) fed(start uint32, ms []*message) []*inspect.Record {
 	if len(ms) == 0 {
 		return nil
 	}
-	end := bth.PSNDiff(ms[len(ms)-1].last, f.startPSN)
+	end := bth.PSNDiff(ms[len(ms)-1].last, start)
 	var out []*inspect.Record
 	for _, r := range f.resp {
-		if d := bth.PSNDiff(r.PSN, f.startPSN); d >= 0 && d <= end {
+		if d := bth.PSNDiff(r.PSN, start); d >= 0 && d <= end {
 			out = append(out, r)
 		}
 	}
@@ -183,7 +236,7 @@ type expectation struct {
 // a SEND or WRITE completes once an ACK reaches its last PSN or any
 // answer passes it; a READ once its last response arrives; an atomic with
 // its atomic ACK.
-func (f *flow) expect(ms []*message) []expectation {
+func (f *flow) expect(start uint32, ms []*message) []expectation {
 	ex := make([]expectation, len(ms))
 	failed := -1
 	for i, m := range ms {
@@ -192,7 +245,7 @@ func (f *flow) expect(ms []*message) []expectation {
 			continue
 		}
 		reads := map[int][]byte{}
-		for _, r := range f.fed(ms) {
+		for _, r := range f.fed(start, ms) {
 			in := bth.PSNDiff(r.PSN, m.psn) >= 0 && bth.PSNDiff(m.last, r.PSN) >= 0
 			if r.AETH == nil {
 				if m.info.Op == bth.OpReadRequest && bth.Opcode(r.Opcode).Info().Op == bth.OpReadResponse && in {
@@ -261,46 +314,64 @@ func statusText(done bool, s cq.Status) string {
 func (rep *Report) checkRequester(idx int, f *flow) {
 	rf := RequesterFlow{Flow: idx}
 	defer func() { rep.RequesterFlows = append(rep.RequesterFlows, rf) }()
-	ms, note := f.messages()
-	rf.Messages, rf.Note = len(ms), note
-	if len(ms) == 0 {
-		if rf.Note == "" {
-			rf.Note = "no complete message captured"
-		}
+	segs, notes := f.segments()
+	for _, g := range segs {
+		rf.Messages += len(g.ms)
+	}
+	rf.Segments = len(segs)
+	if len(segs) == 0 {
+		notes = append(notes, "no complete message captured")
+	}
+	defer func() { rf.Note = strings.Join(notes, "; ") }()
+	if len(segs) == 0 {
 		return
 	}
 	if !f.key.req.IsValid() || !f.key.resp.IsValid() || f.key.req.Unmap().Is4() != f.key.resp.Unmap().Is4() {
-		rf.Note = "addresses cannot be replayed"
+		notes = append(notes, "addresses cannot be replayed")
 		return
 	}
-	want := f.expect(ms)
 	link := newTapLink(f.key.req.Unmap())
 	dev, err := verbs.Open(link, &verbs.Options{Name: "replay-requester"})
 	if err != nil {
 		link.Close()
-		rf.Note = "open softroce: " + err.Error()
+		notes = append(notes, "open softroce: "+err.Error())
 		return
 	}
 	defer func() {
 		dev.Close()
 		link.Close()
 	}()
-	fail := func(err error) { rf.Note = err.Error() }
 	pd, err := dev.AllocPD()
 	if err != nil {
-		fail(err)
+		notes = append(notes, err.Error())
 		return
 	}
+	for _, g := range segs {
+		cs, err := rep.runSegment(idx, f, link, dev, pd, g)
+		rep.Completions = append(rep.Completions, cs...)
+		if err != "" {
+			notes = append(notes, err)
+			return
+		}
+	}
+}
+
+// runSegment posts one segment's messages on a fresh softroce QP, feeds
+// it the real answers and compares its completions with theirs. The
+// string says why the check stopped early, if it did.
+func (rep *Report) runSegment(idx int, f *flow, link *tapLink, dev *verbs.Device, pd *verbs.PD, g segment) ([]Completion, string) {
+	ms := g.ms
+	want := f.expect(g.start, ms)
 	cqq, err := dev.CreateCQ(len(ms) + 16)
 	if err != nil {
-		fail(err)
-		return
+		return nil, err.Error()
 	}
+	defer dev.DestroyCQ(cqq)
 	qp, err := pd.CreateQP(verbs.QPInitAttr{SendCQ: cqq, RecvCQ: cqq, Cap: verbs.QPCap{MaxSendWR: len(ms), MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	if err != nil {
-		fail(err)
-		return
+		return nil, err.Error()
 	}
+	defer qp.Destroy()
 	// One local buffer holds every message's data at its own offset.
 	offs := make([]int, len(ms))
 	total := 0
@@ -309,8 +380,7 @@ func (rep *Report) checkRequester(idx int, f *flow) {
 		total += max(m.length, len(m.data), 8)
 	}
 	if total > maxRegion {
-		rf.Note = fmt.Sprintf("the messages need %d bytes, more than the %d a replay mirrors", total, maxRegion)
-		return
+		return nil, fmt.Sprintf("the messages from frame %d need %d bytes, more than the %d a replay mirrors", ms[0].first.rec.Frame, total, maxRegion)
 	}
 	buf := make([]byte, total)
 	for i, m := range ms {
@@ -318,20 +388,19 @@ func (rep *Report) checkRequester(idx int, f *flow) {
 	}
 	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
 	if err != nil {
-		fail(err)
-		return
+		return nil, err.Error()
 	}
+	defer dev.DeregMR(mr)
 	err = qp.Connect(verbs.RemoteInfo{QPN: f.key.qp, PSN: 0, GID: verbs.GIDFromAddr(f.key.resp)},
-		&verbs.ConnectOptions{PathMTU: f.mtu, SQPSN: f.startPSN, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 16})
+		&verbs.ConnectOptions{PathMTU: f.mtu, SQPSN: g.start, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 16})
 	if err != nil {
-		fail(err)
-		return
+		return nil, err.Error()
 	}
+	before := len(link.all()) // packets of earlier segments' QPs
 	for i, m := range ms {
 		op, ok := wrOpcode(m)
 		if !ok {
-			rf.Note = fmt.Sprintf("frame %d: no work request sends %s", m.first.rec.Frame, m.info.Name)
-			return
+			return nil, fmt.Sprintf("frame %d: no work request sends %s", m.first.rec.Frame, m.info.Name)
 		}
 		w := verbs.SendWR{ID: uint64(i), Opcode: op, Flags: verbs.SendSignaled, RemoteAddr: m.va, RKey: m.rkey, Imm: m.imm, InvRKey: m.inv}
 		if n := m.length; n > 0 {
@@ -343,17 +412,17 @@ func (rep *Report) checkRequester(idx int, f *flow) {
 			w.CompareAdd = m.swap
 		}
 		if err := qp.PostSend(&w); err != nil {
-			rf.Note = fmt.Sprintf("frame %d: post %s: %v", m.first.rec.Frame, m.info.Name, err)
-			return
+			return nil, fmt.Sprintf("frame %d: post %s: %v", m.first.rec.Frame, m.info.Name, err)
 		}
 	}
 	// Feed the answers in capture order, each once softroce has sent a
 	// request at or past its PSN.
+	stopped := ""
 	from := netip.AddrPortFrom(f.key.resp, f.respPort)
-	rt := &reachTracker{start: f.startPSN, mtu: f.mtu, reach: -1}
-	for _, r := range f.fed(ms) {
+	rt := &reachTracker{start: g.start, mtu: f.mtu, reach: -1, n: before}
+	for _, r := range f.fed(g.start, ms) {
 		if !waitSent(link, rt, r.PSN) {
-			rf.Note = fmt.Sprintf("softroce sent no request answered by frame %d (psn %d): stopped there", r.Frame, r.PSN)
+			stopped = fmt.Sprintf("softroce sent no request answered by frame %d (psn %d): stopped there", r.Frame, r.PSN)
 			break
 		}
 		b := roceBytes(r)
@@ -392,6 +461,7 @@ func (rep *Report) checkRequester(idx int, f *flow) {
 			n, since = len(got), time.Now()
 		}
 	}
+	var cs []Completion
 	for i, m := range ms {
 		c := Completion{Flow: idx, Frame: m.first.rec.Frame, Op: m.info.Name, PSN: m.psn, Length: m.length, Want: statusText(want[i].done, want[i].status), Detail: want[i].why}
 		w, ok := got[uint64(i)]
@@ -405,8 +475,9 @@ func (rep *Report) checkRequester(idx int, f *flow) {
 				c.Detail = "data landed differs from the real answers: " + firstDiff(want[i].data, d)
 			}
 		}
-		rep.Completions = append(rep.Completions, c)
+		cs = append(cs, c)
 	}
+	return cs, stopped
 }
 
 // reachTracker follows how far past start the PSNs of softroce's
