@@ -14,10 +14,11 @@ func TestPerftestCommandUC(t *testing.T) {
 	for i, test := range []string{"write", "send"} {
 		t.Run(test, func(t *testing.T) {
 			port := 48030 + 3*i
-			// 50 x 3000 B: 150 packets, less than the receive socket
-			// holds (rmem_max caps it at 208 KiB by default). UC has no
-			// retransmission, so a burst that overflowed it while the
-			// receiver was descheduled would fail the data check.
+			// 50 x 3000 B: 150 packets (165 KB), less than the receive
+			// socket holds even where net.core.rmem_max is Linux's
+			// default 208 KiB. UC has no retransmission, so a burst that
+			// overflowed it while the receiver was descheduled would fail
+			// the data check.
 			common := []string{"-c", "UC", "--bind", "127.0.0.1", "-p", strconv.Itoa(port + 2), "-n", "50", "-s", "3000", "-m", "1024", "--timeout", "20s"}
 			var wg sync.WaitGroup
 			var srv, cli int
