@@ -106,7 +106,11 @@ type Bind struct {
 	Addr   uint64
 	Length uint64
 	Access Access // REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC
-	RKey   uint32 // type 2 only
+	RKey   uint32 // type 2, and type 1 with Verb: the new R_Key
+	// Verb marks the work request the bind-MW verb (ibv_bind_mw) posts
+	// for a type 1 window: the window takes the key RKey, chosen when the
+	// verb was called. It is refused for a type 2 window.
+	Verb bool
 }
 
 // BindMW binds mw on behalf of QP qpn of protection domain pd and returns
@@ -142,7 +146,25 @@ func (t *Table) BindMWKey(mwKey uint32, pd *PD, qpn uint32, b Bind) (uint32, err
 	if uint64(idx) >= uint64(len(t.slots)) || t.slots[idx].mw == nil || t.slots[idx].mw.key != mwKey {
 		return 0, fmt.Errorf("memreg: bind MW %#08x: %w: no such window", mwKey, ErrInvalidArgument)
 	}
+	if mw := t.slots[idx].mw; mw.typ == MWType1 {
+		// IBTA vol. 1 §10.6.7.2.1: a type 1 window is bound only by the
+		// bind-MW verb, never by a BIND_MW work request.
+		return 0, fmt.Errorf("memreg: bind MW %#08x: %w: a type 1 window is bound by the bind-MW verb, not a BIND_MW work request", mwKey, ErrInvalidArgument)
+	}
 	return t.bindLocked(t.slots[idx].mw, pd, qpn, b)
+}
+
+// WindowType reports the type of the window whose R_Key has the index of
+// key (its key byte may differ: a bind may be pending), and whether there
+// is one.
+func (t *Table) WindowType(key uint32) (MWType, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	idx := t.perm.decode(key >> 8)
+	if uint64(idx) >= uint64(len(t.slots)) || t.slots[idx].mw == nil {
+		return 0, false
+	}
+	return t.slots[idx].mw.typ, true
 }
 
 // bindLocked is BindMW with t.mu held for writing.
@@ -161,6 +183,10 @@ func (t *Table) bindLocked(mw *MW, pd *PD, qpn uint32, b Bind) (uint32, error) {
 		return bad("new rkey %#08x does not keep the window's index", b.RKey)
 	case mw.typ == MWType2 && qpn == NoQP:
 		return bad("a type 2 window is bound by a work request on a QP")
+	case mw.typ == MWType2 && b.Verb:
+		return bad("a type 2 window is bound by a BIND_MW work request, not the bind-MW verb")
+	case mw.typ == MWType1 && b.Verb && b.RKey>>8 != mw.key>>8:
+		return bad("new rkey %#08x does not keep the window's index", b.RKey)
 	case b.Access&^windowAccess != 0:
 		return bad("access %v not allowed in a window", b.Access&^windowAccess)
 	}
@@ -169,7 +195,7 @@ func (t *Table) bindLocked(mw *MW, pd *PD, qpn uint32, b Bind) (uint32, error) {
 			return bad("zero-length bind of a type 2 window")
 		}
 		mw.unbind()
-		mw.prevKey, mw.key = mw.key, mw.key&^0xFF|newKeyByte(mw.key)
+		mw.prevKey, mw.key = mw.key, mw.type1Key(b)
 		return mw.key, nil
 	}
 	mr := t.lookupMR(b.MRKey)
@@ -200,9 +226,18 @@ func (t *Table) bindLocked(mw *MW, pd *PD, qpn uint32, b Bind) (uint32, error) {
 	if mw.typ == MWType2 {
 		mw.key, mw.qpn = b.RKey, qpn
 	} else {
-		mw.key = mw.key&^0xFF | newKeyByte(mw.key)
+		mw.key = mw.type1Key(b)
 	}
 	return mw.key, nil
+}
+
+// type1Key is a type 1 window's key after bind b: the verb's choice, or
+// else a new key byte.
+func (mw *MW) type1Key(b Bind) uint32 {
+	if b.Verb {
+		return b.RKey
+	}
+	return mw.key&^0xFF | newKeyByte(mw.key)
 }
 
 // lookupMR finds the registered region whose current key is key; t.mu is

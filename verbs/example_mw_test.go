@@ -44,3 +44,32 @@ func Example_memoryWindow() {
 	// through a window
 	// success true
 }
+
+// A type 1 window is bound with MW.Bind (ibv_bind_mw): the bind is a work
+// request on the QP's send queue, runs after what was posted before it,
+// and completes with BIND_MW; its new rkey is known at once.
+func Example_memoryWindowType1() {
+	a, b := pair()
+	defer a.dev.Close()
+	defer b.dev.Close()
+
+	shared := make([]byte, 4096)
+	smr, _ := b.pd.RegMR(shared, verbs.AccessLocalWrite|verbs.AccessMWBind)
+	mw, _ := b.pd.AllocMW(verbs.MWType1)
+	rkey, err := mw.Bind(b.qp, verbs.MWBindInfo{MR: smr, Addr: smr.Addr(), Length: 256, Access: verbs.AccessRemoteRead}, 1, verbs.SendSignaled)
+	if err != nil {
+		panic(err)
+	}
+	wc := b.wait()
+	fmt.Println(wc.Opcode, wc.Status, rkey == mw.RKey())
+
+	copy(shared, "read me")
+	a.qp.PostSend(&verbs.SendWR{ID: 2, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+		SGL: []verbs.SGE{{Addr: a.mr.Addr(), Length: 7, LKey: a.mr.LKey()}}, RemoteAddr: smr.Addr(), RKey: rkey})
+	fmt.Println(a.wait().Status)
+	fmt.Printf("%s\n", a.buf[:7])
+	// Output:
+	// BIND_MW success true
+	// success
+	// read me
+}

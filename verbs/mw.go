@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/wr"
@@ -13,7 +14,7 @@ type MWType = memreg.MWType
 // Window types. Type 2 windows are type 2B: usable only through the QP the
 // BIND_MW work request was posted on.
 const (
-	MWType1 = memreg.MWType1 // IBV_MW_TYPE_1: bound with MW.Bind
+	MWType1 = memreg.MWType1 // IBV_MW_TYPE_1: bound with MW.Bind (ibv_bind_mw)
 	MWType2 = memreg.MWType2 // IBV_MW_TYPE_2: bound with a WRBindMW work request
 )
 
@@ -25,6 +26,11 @@ type MWBind = wr.MWBind
 type MW struct {
 	pd *PD
 	mw *memreg.MW
+
+	// Type 1: the key the last Bind returned, as ibv_mw.rkey, which the
+	// bind-MW verb updates when it posts; mu orders concurrent Binds.
+	mu  sync.Mutex
+	key uint32
 }
 
 // AllocMW allocates an unbound memory window of type typ in the PD
@@ -37,24 +43,54 @@ func (pd *PD) AllocMW(typ MWType) (*MW, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &MW{pd: pd, mw: mw}, nil
+	return &MW{pd: pd, mw: mw, key: mw.RKey()}, nil
 }
 
-// RKey is the window's current R_Key: the one to give a peer once bound.
-func (mw *MW) RKey() uint32 { return mw.mw.RKey() }
+// RKey is the window's R_Key: the one to give a peer once bound. For a
+// type 1 window it is the key the last Bind returned, from the moment
+// Bind returns (as ibv_mw.rkey): if that bind then completes in error the
+// window keeps its earlier binding and key, and RKey names no binding
+// until the next successful Bind.
+func (mw *MW) RKey() uint32 {
+	if mw.Type() == MWType1 {
+		mw.mu.Lock()
+		defer mw.mu.Unlock()
+		return mw.key
+	}
+	return mw.mw.RKey()
+}
 
 // Type is the window's type.
 func (mw *MW) Type() MWType { return mw.mw.Type() }
 
-// Bind binds a type 1 window to [addr, addr+length) of mr with the remote
-// rights in access (REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC), on behalf
-// of qp, and returns the new R_Key (ibv_bind_mw); every bind gives a new
-// key, so the previous one stops working. A length of 0 (mr may be nil)
-// unbinds. mr needs AccessMWBind, and REMOTE_WRITE or REMOTE_ATOMIC need
-// AccessLocalWrite on mr. Unlike ibv_bind_mw, the bind takes effect when
-// Bind returns, and produces no completion. A failed Bind changes nothing.
-// Type 2 windows are bound with a WRBindMW work request (BindWR).
-func (mw *MW) Bind(qp *QP, mr *MR, addr, length uint64, access Access) (uint32, error) {
+// MWBindInfo is what a type 1 window is bound to (struct
+// ibv_mw_bind_info): [Addr, Addr+Length) of MR with the remote rights in
+// Access (REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC). A Length of 0 with a
+// nil MR unbinds.
+type MWBindInfo struct {
+	MR     *MR
+	Addr   uint64
+	Length uint64
+	Access Access
+}
+
+// Bind binds a type 1 window (ibv_bind_mw): it posts a bind work request
+// with ID wrID and flags (SendSignaled, SendFence) on qp's send queue and
+// returns the window's new R_Key at once, which RKey reports from then on.
+// The bind runs in order with qp's other send work requests, so an
+// operation posted before it still sees the previous binding; every bind
+// gives a new key, so the previous one stops working once it has run. It
+// completes as a BIND_MW work request (a work completion with OpBindMW
+// when signaled, or always with sq_sig_all). Bind itself refuses what the
+// verb checks when posting: a type 2 window (bound with BindWR), a range
+// without a region, a region of another protection domain than the
+// window's, and whatever ibv_post_send refuses (a QP not in RTS, a full
+// send queue). The binding rules proper (MW_BIND on the region, the range
+// inside it, REMOTE_WRITE or REMOTE_ATOMIC only over a region with
+// LOCAL_WRITE, rights a window may grant, QP and window in one PD) are
+// checked when the bind runs: a failure completes with MW_BIND_ERR and
+// moves the QP to ERR, as rxe does.
+func (mw *MW) Bind(qp *QP, info MWBindInfo, wrID uint64, flags SendFlags) (uint32, error) {
 	if err := qp.usable("bind MW"); err != nil {
 		return 0, err
 	}
@@ -64,13 +100,27 @@ func (mw *MW) Bind(qp *QP, mr *MR, addr, length uint64, access Access) (uint32, 
 	if qp.pd.d != mw.pd.d {
 		return 0, fmt.Errorf("verbs: bind MW: QP of another device")
 	}
-	var key uint32
-	if mr != nil {
-		key = mr.LKey()
-	} else if length != 0 {
-		return 0, fmt.Errorf("verbs: bind MW: no MR for %d bytes", length)
+	var lkey uint32
+	switch {
+	case info.MR == nil && (info.Addr != 0 || info.Length != 0):
+		return 0, fmt.Errorf("verbs: bind MW: no MR for [%#x, +%d)", info.Addr, info.Length)
+	case info.Access&memreg.AccessZeroBased != 0:
+		return 0, fmt.Errorf("verbs: bind MW: zero-based windows are not supported")
+	case info.MR != nil && info.MR.PD() != mw.pd.pd:
+		return 0, fmt.Errorf("verbs: bind MW: MR of another protection domain than the window's")
+	case info.MR != nil:
+		lkey = info.MR.LKey()
 	}
-	return mw.pd.d.mrs.BindMW(mw.mw, qp.pd.pd, qp.Num(), memreg.Bind{MRKey: key, Addr: addr, Length: length, Access: access})
+	mw.mu.Lock()
+	defer mw.mu.Unlock()
+	key := IncRKey(mw.key)
+	w := SendWR{ID: wrID, Opcode: WRBindMW, Flags: flags, Bind: MWBind{RKey: key, MRKey: lkey,
+		Addr: info.Addr, Length: info.Length, Access: uint32(info.Access)}}
+	if err := qp.rc.PostBindMW(&w, mw.mw); err != nil {
+		return 0, err
+	}
+	mw.key = key
+	return key, nil
 }
 
 // BindWR returns the WRBindMW work request that binds this type 2 window

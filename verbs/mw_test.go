@@ -73,24 +73,27 @@ func TestMWOverPipe(t *testing.T) {
 		t.Fatal(err)
 	}
 	k0 := mw1.RKey()
-	if _, err := mw1.Bind(p.qb, mrb, mrb.Addr(), 8192, AccessRemoteRead|AccessRemoteWrite|AccessLocalWrite); err == nil || mw1.RKey() != k0 {
-		t.Fatalf("bind with LOCAL_WRITE in a window: %v, key %#x -> %#x", err, k0, mw1.RKey())
-	}
-	k1, err := mw1.Bind(p.qb, mrb, mrb.Addr(), 8192, AccessRemoteRead|AccessRemoteWrite)
-	if err != nil || k1 == k0 || mw1.RKey() != k1 {
+	k1, err := mw1.Bind(p.qb, MWBindInfo{MR: mrb, Addr: mrb.Addr(), Length: 8192, Access: AccessRemoteRead | AccessRemoteWrite}, 31, SendSignaled)
+	if err != nil || k1 == k0 || k1 != IncRKey(k0) || mw1.RKey() != k1 {
 		t.Fatalf("type 1 bind: %#x %v", k1, err)
+	}
+	if wc := waitOne(t, p.cb, "type 1 bind"); wc.Status != cq.Success || wc.Opcode != cq.OpBindMW || wc.WRID != 31 {
+		t.Fatalf("type 1 bind completion %+v", wc)
 	}
 	check("type 1", k1, 100)
 	if err := b.DeregMR(mrb); !errors.Is(err, ErrBusy) {
 		t.Fatalf("dereg with a window bound: %v", err)
 	}
-	if _, err := mw1.Bind(p.qb, nil, 0, 0, 0); err != nil {
+	if _, err := mw1.Bind(p.qb, MWBindInfo{}, 32, SendSignaled); err != nil {
 		t.Fatalf("unbind: %v", err)
+	}
+	if wc := waitOne(t, p.cb, "type 1 unbind"); wc.Status != cq.Success || wc.WRID != 32 {
+		t.Fatalf("type 1 unbind completion %+v", wc)
 	}
 
 	// Type 2.
 	mw2, _ := pdb.AllocMW(MWType2)
-	if _, err := mw2.Bind(p.qb, mrb, mrb.Addr(), 8, AccessRemoteRead); err == nil {
+	if _, err := mw2.Bind(p.qb, MWBindInfo{MR: mrb, Addr: mrb.Addr(), Length: 8, Access: AccessRemoteRead}, 1, 0); err == nil {
 		t.Fatal("MW.Bind accepted a type 2 window")
 	}
 	k2 := IncRKey(mw2.RKey())
@@ -125,5 +128,61 @@ func TestMWOverPipe(t *testing.T) {
 	}
 	if err := b.DeregMR(mrb); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The bind-MW verb checks at post time what ibv_bind_mw checks (a range
+// without a region, a region of another PD than the window's); what the
+// bind rules refuse (here LOCAL_WRITE among a window's rights) completes
+// MW_BIND_ERR after the send work requests before it and moves the QP to
+// ERR. The key Bind returned is then the window's RKey, naming no binding.
+func TestMWType1BindErrors(t *testing.T) {
+	a, b := openPair(t)
+	pda, _ := a.AllocPD()
+	pdb, _ := b.AllocPD()
+	other, _ := b.AllocPD()
+	bufa := make([]byte, 4096)
+	mra, _ := pda.RegMR(bufa, AccessLocalWrite|AccessRemoteWrite)
+	bufb := make([]byte, 4096)
+	mrb, _ := pdb.RegMR(bufb, AccessLocalWrite|AccessMWBind)
+	mro, _ := other.RegMR(make([]byte, 64), AccessLocalWrite|AccessMWBind)
+	p := connectPair(t, a, b, pda, pdb, &ConnectOptions{Timeout: 8, RetryCnt: 2})
+	mw1, _ := pdb.AllocMW(MWType1)
+	k0 := mw1.RKey()
+	if _, err := mw1.Bind(p.qb, MWBindInfo{Addr: 64, Length: 8}, 1, SendSignaled); err == nil {
+		t.Fatal("bind of a range without a region")
+	}
+	if _, err := mw1.Bind(p.qb, MWBindInfo{MR: mro, Addr: mro.Addr(), Length: 8, Access: AccessRemoteRead}, 1, SendSignaled); err == nil {
+		t.Fatal("bind to a region of another PD")
+	}
+	if mw1.RKey() != k0 {
+		t.Fatal("a bind refused at post time changed the key")
+	}
+	// A WRITE to a, then the bad bind, then a SEND: WRITE succeeds, the
+	// bind fails, the SEND is flushed.
+	if err := p.qb.PostSend(&SendWR{ID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled, RemoteAddr: mra.Addr(), RKey: mra.RKey(),
+		SGL: []SGE{{Addr: mrb.Addr(), Length: 1000, LKey: mrb.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	k, err := mw1.Bind(p.qb, MWBindInfo{MR: mrb, Addr: mrb.Addr(), Length: 64, Access: AccessRemoteRead | AccessLocalWrite}, 2, 0)
+	if err != nil || k != IncRKey(k0) || mw1.RKey() != k {
+		t.Fatalf("bind posted: %#x %v", k, err)
+	}
+	if err := p.qb.PostSend(&SendWR{ID: 3, Opcode: WRSend, Flags: SendSignaled, SGL: []SGE{{Addr: mrb.Addr(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		id uint64
+		st cq.Status
+		op cq.Opcode
+	}{{1, cq.Success, cq.OpRDMAWrite}, {2, cq.MWBindErr, cq.OpBindMW}, {3, cq.WRFlushErr, 0}}
+	for _, w := range want {
+		wc := waitOne(t, p.cb, "completion")
+		if wc.WRID != w.id || wc.Status != w.st || (w.op != 0 && wc.Opcode != w.op) {
+			t.Fatalf("completion %+v, want WR %d %v", wc, w.id, w.st)
+		}
+	}
+	if st := p.qb.State(); st != StateErr {
+		t.Fatalf("QP state %v", st)
 	}
 }

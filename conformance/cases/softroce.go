@@ -386,24 +386,24 @@ func (s *softSession) AllocMW(ctx context.Context, typ int) (*MW, error) {
 	return &MW{Type: typ, RKey: mw.RKey(), h: mw}, nil
 }
 
-// BindMW: MW.Bind (type 1) takes effect when it returns, with no
-// completion; a BIND_MW work request (type 2) completes on the send CQ.
+// BindMW: MW.Bind (type 1, ibv_bind_mw) and a BIND_MW work request
+// (type 2) both complete on the send CQ; an error from the verb itself is
+// a refusal.
 func (s *softSession) BindMW(ctx context.Context, wrID uint64, mw *MW, mr, off, n int, access Access) (string, error) {
 	vmw := mw.h.(*verbs.MW)
 	m := s.mrs[mr]
 	addr := m.Addr() + uint64(off)
 	if mw.Type == 1 {
-		k, err := vmw.Bind(s.qp, m, addr, uint64(n), verbs.Access(access))
-		if err != nil {
+		info := verbs.MWBindInfo{MR: m, Addr: addr, Length: uint64(n), Access: verbs.Access(access)}
+		if _, err := vmw.Bind(s.qp, info, wrID, verbs.SendSignaled); err != nil {
 			return err.Error(), nil
 		}
-		mw.RKey = k
-		return "", nil
-	}
-	k := verbs.IncRKey(vmw.RKey())
-	w := vmw.BindWR(wrID, verbs.SendSignaled, m, addr, uint64(n), verbs.Access(access), k)
-	if err := s.qp.PostSend(&w); err != nil {
-		return err.Error(), nil
+	} else {
+		k := verbs.IncRKey(vmw.RKey())
+		w := vmw.BindWR(wrID, verbs.SendSignaled, m, addr, uint64(n), verbs.Access(access), k)
+		if err := s.qp.PostSend(&w); err != nil {
+			return err.Error(), nil
+		}
 	}
 	wc, err := s.Poll(ctx, 5*time.Second)
 	switch {

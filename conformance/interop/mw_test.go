@@ -13,8 +13,8 @@ import (
 
 // TestMWAgainstRxe: kernel rxe as the requester through softroce's memory
 // windows. rxe WRITEs and READs through a type 1 window (bound with
-// MW.Bind) and a type 2 window (bound by a BIND_MW work request on the
-// connected QP), every byte checked on both sides; then rxe's SEND_WITH_INV
+// MW.Bind, whose work request completes BIND_MW) and a type 2 window
+// (bound by a BIND_MW work request on the connected QP), every byte checked on both sides; then rxe's SEND_WITH_INV
 // invalidates the type 2 window, softroce's receive completes WITH_INV
 // with its rkey, and rxe's next READ through it fails REM_ACCESS_ERR.
 func TestMWAgainstRxe(t *testing.T) {
@@ -60,13 +60,26 @@ func TestMWAgainstRxe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k1, err := mw1.Bind(p.qp, wmr, winAddr, winLen, verbs.AccessRemoteRead|verbs.AccessRemoteWrite)
+	wcs := make([]verbs.WC, 1)
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	// ibv_bind_mw: the bind is a work request on the QP; its key is known
+	// at once, and it completes with BIND_MW.
+	p.wrID++
+	k1, err := mw1.Bind(p.qp, verbs.MWBindInfo{MR: wmr, Addr: winAddr, Length: winLen, Access: verbs.AccessRemoteRead | verbs.AccessRemoteWrite}, p.wrID, verbs.SendSignaled)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := p.cq.Wait(wctx, wcs); err != nil || wcs[0].Status != 0 || wcs[0].Opcode != cq.OpBindMW || wcs[0].WRID != p.wrID || mw1.RKey() != k1 {
+		t.Fatalf("type 1 bind completion %+v (%v)", wcs[0], err)
+	}
 	through("type 1", k1, 11)
-	if _, err := mw1.Bind(p.qp, nil, 0, 0, 0); err != nil {
+	p.wrID++
+	if _, err := mw1.Bind(p.qp, verbs.MWBindInfo{}, p.wrID, verbs.SendSignaled); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := p.cq.Wait(wctx, wcs); err != nil || wcs[0].Status != 0 || wcs[0].WRID != p.wrID {
+		t.Fatalf("type 1 unbind completion %+v (%v)", wcs[0], err)
 	}
 
 	mw2, err := p.pd.AllocMW(verbs.MWType2)
@@ -79,9 +92,6 @@ func TestMWAgainstRxe(t *testing.T) {
 	if err := p.qp.PostSend(&bw); err != nil {
 		t.Fatal(err)
 	}
-	wcs := make([]verbs.WC, 1)
-	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
-	defer wcancel()
 	if _, err := p.cq.Wait(wctx, wcs); err != nil || wcs[0].Status != 0 || wcs[0].Opcode != cq.OpBindMW || mw2.RKey() != k2 {
 		t.Fatalf("BIND_MW completion %+v (%v)", wcs[0], err)
 	}

@@ -28,8 +28,16 @@ func (qp *QP) execLocal(w *sendWQE) {
 		}
 	case wr.BindMW:
 		b := w.wr.Bind
-		_, err := qp.e.mrs.BindMWKey(b.MWKey, qp.cfg.PD, qp.num, memreg.Bind{MRKey: b.MRKey, Addr: b.Addr,
-			Length: b.Length, Access: memreg.Access(b.Access), RKey: b.RKey})
+		mb := memreg.Bind{MRKey: b.MRKey, Addr: b.Addr, Length: b.Length, Access: memreg.Access(b.Access), RKey: b.RKey}
+		var err error
+		if w.bindMW != nil {
+			// The bind-MW verb names its type 1 window itself, not by key:
+			// binds posted before it may not have run yet.
+			mb.Verb = true
+			_, err = qp.e.mrs.BindMW(w.bindMW, qp.cfg.PD, qp.num, mb)
+		} else {
+			_, err = qp.e.mrs.BindMWKey(b.MWKey, qp.cfg.PD, qp.num, mb)
+		}
 		if err != nil {
 			w.localSt, w.localErr = cq.MWBindErr, err.Error()
 		}

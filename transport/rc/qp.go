@@ -91,6 +91,9 @@ type sendWQE struct {
 	reRead   int       // READ: response index the latest (re-)issued request starts at
 	localSt  cq.Status // LOCAL_INV, BIND_MW: the status of its execution
 	localErr string    // and why it failed
+	// bindMW: the type 1 window a bind-MW verb's work request binds
+	// (PostBindMW); nil for every other WQE.
+	bindMW *memreg.MW
 }
 
 type recvWQE struct {
@@ -403,6 +406,30 @@ func (qp *QP) responderToError(reason string) {
 // post time (queue depth, SGE count, inline size, opcode); protection
 // problems with lkeys surface as completions, as with hardware.
 func (qp *QP) PostSend(swr *wr.SendWR) error {
+	if swr.Opcode == wr.BindMW {
+		if t, ok := qp.e.mrs.WindowType(swr.Bind.MWKey); ok && t == memreg.MWType1 {
+			// IBTA vol. 1 §10.6.7.2.1: only the bind-MW verb binds a
+			// type 1 window (PostBindMW).
+			return fmt.Errorf("rc: BIND_MW work request for type 1 window %#08x: type 1 windows are bound by the bind-MW verb", swr.Bind.MWKey)
+		}
+	}
+	return qp.postSend(swr, nil)
+}
+
+// PostBindMW posts the work request of the bind-MW verb (ibv_bind_mw) that
+// binds type 1 window mw: swr is a BIND_MW work request whose Bind.RKey is
+// the window's new key (chosen by the caller, as the verb returns it at
+// once); Bind.MWKey is not used. It runs in order with the send queue's
+// other work requests and completes as a BIND_MW one: a failed bind
+// completes with MW_BIND_ERR and moves the QP to ERR.
+func (qp *QP) PostBindMW(swr *wr.SendWR, mw *memreg.MW) error {
+	if swr.Opcode != wr.BindMW || mw == nil || mw.Type() != memreg.MWType1 {
+		return fmt.Errorf("rc: bind MW verb: needs a BIND_MW work request and a type 1 window")
+	}
+	return qp.postSend(swr, mw)
+}
+
+func (qp *QP) postSend(swr *wr.SendWR, bindMW *memreg.MW) error {
 	e := qp.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -481,6 +508,7 @@ func (qp *QP) PostSend(swr *wr.SendWR) error {
 		w.isInline = true
 	}
 	w.wr.InlineData = nil
+	w.bindMW = bindMW
 	w.length = length
 	w.state = wqeQueued
 	w.readDone = 0
