@@ -95,16 +95,39 @@ func (s *SRQ) PostRecv(wr *RecvWR) error {
 	return s.rc.PostRecv(wr)
 }
 
-// Modify arms the SRQ limit (ibv_modify_srq with IBV_SRQ_LIMIT): when a
-// WQE taken from the SRQ leaves fewer than limit posted, EventSRQLimitReached
-// is raised once and the limit disarms; 0 disarms it. Resizing
-// (IBV_SRQ_MAX_WR) is not supported. A limit above max_wr is refused and
-// changes nothing.
-func (s *SRQ) Modify(limit int) error {
+// SRQAttrMask says which SRQAttr fields Modify changes (enum
+// ibv_srq_attr_mask).
+type SRQAttrMask int
+
+// SRQ attribute mask bits.
+const (
+	SRQMaxWR SRQAttrMask = 1 << 0 // IBV_SRQ_MAX_WR: resize to MaxWR
+	SRQLimit SRQAttrMask = 1 << 1 // IBV_SRQ_LIMIT: arm the limit at Limit
+)
+
+// Modify changes the SRQ's attributes named in mask (ibv_modify_srq), all
+// or nothing; MaxSGE is never changed. SRQMaxWR resizes the SRQ to
+// attr.MaxWR (the device reports DeviceSRQResize): the posted WQEs are
+// kept in order, QPs on the SRQ go on taking them, and the SRQ may shrink
+// as long as they fit; a size above max_srq_wr, below 1, below the posted
+// WQEs or below the armed limit is refused (as rxe_srq_chk_attr and
+// rxe_queue_resize; rxe also rounds the size up to a power of 2 minus 1,
+// softroce keeps it exact). SRQLimit arms the limit: when a WQE taken from
+// the SRQ leaves fewer than attr.Limit posted, EventSRQLimitReached is
+// raised once and the limit disarms; 0 disarms it; a limit above max_wr
+// (the new one when resizing too) is refused.
+func (s *SRQ) Modify(attr SRQAttr, mask SRQAttrMask) error {
 	if err := s.usable("modify SRQ"); err != nil {
 		return err
 	}
-	if err := s.rc.SetLimit(limit); err != nil {
+	switch {
+	case mask&^(SRQMaxWR|SRQLimit) != 0:
+		return fmt.Errorf("verbs: modify SRQ: unknown attribute mask bits %#x", int(mask&^(SRQMaxWR|SRQLimit)))
+	case mask&SRQMaxWR != 0 && attr.MaxWR > MaxSRQWR:
+		return fmt.Errorf("verbs: modify SRQ: max_wr %d exceeds the device limit max_srq_wr %d", attr.MaxWR, MaxSRQWR)
+	}
+	c := rc.SRQChange{MaxWR: attr.MaxWR, Limit: attr.Limit, Resize: mask&SRQMaxWR != 0, SetLimit: mask&SRQLimit != 0}
+	if err := s.rc.Modify(c); err != nil {
 		return fmt.Errorf("verbs: modify SRQ: %w", err)
 	}
 	return nil

@@ -68,10 +68,10 @@ func TestSRQOverPipe(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := srq.Modify(17); err == nil {
+	if err := srq.Modify(SRQAttr{Limit: 17}, SRQLimit); err == nil {
 		t.Fatal("limit above max_wr accepted")
 	}
-	if err := srq.Modify(6); err != nil {
+	if err := srq.Modify(SRQAttr{Limit: 6}, SRQLimit); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -434,9 +434,10 @@ type DeviceCapFlags uint32
 
 // Device capabilities softroce reports.
 const (
+	DeviceSRQResize        DeviceCapFlags = 1 << 13 // IBV_DEVICE_SRQ_RESIZE: SRQ.Modify with SRQMaxWR
 	DeviceMemWindow        DeviceCapFlags = 1 << 17 // IBV_DEVICE_MEM_WINDOW: type 1 windows
 	DeviceMemWindowType2B  DeviceCapFlags = 1 << 24 // IBV_DEVICE_MEM_WINDOW_TYPE_2B
-	deviceCapFlagsSoftroce                = DeviceMemWindow | DeviceMemWindowType2B
+	deviceCapFlagsSoftroce                = DeviceSRQResize | DeviceMemWindow | DeviceMemWindowType2B
 )
 
 // QueryDevice returns the device attributes (ibv_query_device).

@@ -342,7 +342,7 @@ func (s *softSession) SetSRQLimit(ctx context.Context, limit int) error {
 	if s.srq == nil {
 		return errors.New("the session has no SRQ")
 	}
-	return s.srq.Modify(limit)
+	return s.srq.Modify(verbs.SRQAttr{Limit: limit}, verbs.SRQLimit)
 }
 
 func (s *softSession) SRQLimit(ctx context.Context) (int, error) {

@@ -64,7 +64,7 @@ func TestSRQResponderAgainstRxe(t *testing.T) {
 	for i := range nWQE {
 		must(srq.PostRecv(&verbs.RecvWR{ID: uint64(5000 + i), SGL: []verbs.SGE{{Addr: mr.Addr() + uint64(i*wqeLen), Length: wqeLen, LKey: mr.LKey()}}}))
 	}
-	must(srq.Modify(3))
+	must(srq.Modify(verbs.SRQAttr{Limit: 3}, verbs.SRQLimit))
 
 	mem := func(f func()) { devsync.Run(dev, f) }
 	sizes := []int{0, 1, 1023, 1024, 4097, 70000}

@@ -15,10 +15,24 @@ type recvRing struct {
 
 func newRecvRing(n, maxSGE int) recvRing {
 	r := recvRing{wqes: make([]recvWQE, n)}
+	// One backing array for every slot's SGL: posting never allocates.
+	sges := make([]wr.SGE, n*maxSGE)
 	for i := range r.wqes {
-		r.wqes[i].sgl = make([]wr.SGE, 0, maxSGE)
+		r.wqes[i].sgl = sges[i*maxSGE : i*maxSGE : (i+1)*maxSGE]
 	}
 	return r
+}
+
+// moveTo copies the posted WQEs, oldest first, into the empty ring to
+// (which has room for them) and leaves r empty.
+func (r *recvRing) moveTo(to *recvRing) {
+	for r.count > 0 {
+		w := r.pop()
+		d := &to.wqes[(to.head+to.count)%len(to.wqes)]
+		d.id, d.len = w.id, w.len
+		d.sgl = append(d.sgl[:0], w.sgl...)
+		to.count++
+	}
 }
 
 func (r *recvRing) full() bool { return r.count == len(r.wqes) }
@@ -45,7 +59,7 @@ func (r *recvRing) pop() *recvWQE {
 
 func (r *recvRing) reset() { r.head, r.count = 0, 0 }
 
-// SRQConfig is fixed at creation, except Limit (SRQ.SetLimit).
+// SRQConfig is fixed at creation, except Limit and MaxWR (SRQ.Modify).
 type SRQConfig struct {
 	MaxWR  int
 	MaxSGE int // SGEs per receive WR (0 means 1)
@@ -135,14 +149,50 @@ func (s *SRQ) PostRecv(rwr *wr.RecvWR) error {
 // WQE taken leaves fewer than limit posted, OnLimit is called once and the
 // limit disarms (IBTA §10.2.9; rxe checks it as it takes a WQE, not when
 // it is armed). 0 disarms.
-func (s *SRQ) SetLimit(limit int) error {
+func (s *SRQ) SetLimit(limit int) error { return s.Modify(SRQChange{Limit: limit, SetLimit: true}) }
+
+// SRQChange is a modify-SRQ request (ibv_modify_srq): MaxWR applies with
+// Resize (IBV_SRQ_MAX_WR), Limit with SetLimit (IBV_SRQ_LIMIT).
+type SRQChange struct {
+	MaxWR, Limit     int
+	Resize, SetLimit bool
+}
+
+// Modify resizes the SRQ and/or arms its limit, all or nothing. A resize
+// to MaxWR keeps the posted WQEs in order, and may shrink the SRQ as long
+// as they fit (rxe_queue_resize refuses fewer slots than posted WQEs); it
+// is refused below the armed limit (the new one if SetLimit), as
+// rxe_srq_chk_attr does. A limit is refused above max_wr (the new one if
+// Resize). QPs taking WQEs from the SRQ see the change at once: it is made
+// under the engine lock, between packets.
+func (s *SRQ) Modify(c SRQChange) error {
 	s.e.mu.Lock()
 	defer s.e.mu.Unlock()
 	if s.destroyed {
 		return fmt.Errorf("%w: modify destroyed SRQ %d", ErrState, s.num)
 	}
-	if limit < 0 || limit > len(s.ring.wqes) {
-		return fmt.Errorf("rc: SRQ %d limit %d outside 0..max_wr %d", s.num, limit, len(s.ring.wqes))
+	size, limit := len(s.ring.wqes), s.limit
+	if c.Resize {
+		size = c.MaxWR
+	}
+	if c.SetLimit {
+		limit = c.Limit
+	}
+	switch {
+	case c.Resize && size < 1:
+		return fmt.Errorf("rc: resize SRQ %d: max_wr must be at least 1 (got %d)", s.num, size)
+	case c.Resize && size < s.ring.count:
+		return fmt.Errorf("rc: resize SRQ %d to %d: it holds %d posted WQEs", s.num, size, s.ring.count)
+	case c.SetLimit && (limit < 0 || limit > size):
+		return fmt.Errorf("rc: SRQ %d limit %d outside 0..max_wr %d", s.num, limit, size)
+	case c.Resize && limit > size:
+		return fmt.Errorf("rc: resize SRQ %d to %d: below its armed limit %d", s.num, size, limit)
+	}
+	if c.Resize && size != len(s.ring.wqes) {
+		r := newRecvRing(size, s.cfg.MaxSGE)
+		s.ring.moveTo(&r)
+		s.ring = r
+		s.cfg.MaxWR = size
 	}
 	s.limit = limit
 	return nil
