@@ -44,6 +44,7 @@
 //	srq pd= wr= limit=                             -> ok srq=ID srqn= max_wr=
 //	srecv srq= wr= mr= off= len=                   -> ok
 //	srqlimit srq= limit=                           -> ok
+//	srqmod srq= wr=                                -> ok max_wr= (ibv_modify_srq IBV_SRQ_MAX_WR)
 //	srqquery srq=                                  -> ok max_wr= max_sge= limit=
 //	event timeout=MS                               -> ok none | ok type= qp=ID qpn= srq=ID str=<text>
 //	mw pd= type=1|2                                -> ok mw=ID rkey=

@@ -723,6 +723,17 @@ func (c *Client) SetSRQLimit(ctx context.Context, srq SRQ, limit int) error {
 	return err
 }
 
+// ResizeSRQ resizes srq to maxWR WQEs (ibv_modify_srq with
+// IBV_SRQ_MAX_WR) and returns the max_wr the device chose.
+func (c *Client) ResizeSRQ(ctx context.Context, srq SRQ, maxWR int) (int, error) {
+	r, err := c.Do(ctx, "srqmod", kv("srq", int(srq)), kv("wr", maxWR))
+	if err != nil {
+		return 0, err
+	}
+	n, err := r.Uint("max_wr")
+	return int(n), err
+}
+
 // QuerySRQ returns srq's max_wr, max_sge and armed limit (ibv_query_srq).
 func (c *Client) QuerySRQ(ctx context.Context, srq SRQ) (maxWR, maxSGE, limit int, err error) {
 	r, err := c.Do(ctx, "srqquery", kv("srq", int(srq)))

@@ -671,6 +671,20 @@ static void cmd_srqlimit(void)
 	reply("ok");
 }
 
+/* cmd_srqmod is ibv_modify_srq with IBV_SRQ_MAX_WR (a resize); it
+ * replies the max_wr the device chose. */
+static void cmd_srqmod(void)
+{
+	OBJ("srq", srqs, , srq);
+	NUM("wr", wr);
+	struct ibv_srq_attr a = { .max_wr = (uint32_t)wr };
+	int rc = ibv_modify_srq(srqs[srq_id], &a, IBV_SRQ_MAX_WR);
+	if (rc) { reply("err ibv_modify_srq: %s", strerror(rc)); return; }
+	rc = ibv_query_srq(srqs[srq_id], &a);
+	if (rc) { reply("err ibv_query_srq: %s", strerror(rc)); return; }
+	reply("ok max_wr=%u", a.max_wr);
+}
+
 static void cmd_srqquery(void)
 {
 	OBJ("srq", srqs, , srq);
@@ -861,6 +875,7 @@ static void serve(int fd)
 		else if (strcmp(cmd, "srq") == 0) cmd_srq();
 		else if (strcmp(cmd, "srecv") == 0) cmd_srecv();
 		else if (strcmp(cmd, "srqlimit") == 0) cmd_srqlimit();
+		else if (strcmp(cmd, "srqmod") == 0) cmd_srqmod();
 		else if (strcmp(cmd, "srqquery") == 0) cmd_srqquery();
 		else if (strcmp(cmd, "event") == 0) cmd_event();
 		else if (strcmp(cmd, "mw") == 0) cmd_mw();
