@@ -132,10 +132,10 @@ func TestMWOverPipe(t *testing.T) {
 }
 
 // The bind-MW verb checks at post time what ibv_bind_mw checks (a range
-// without a region, a region of another PD than the window's); what the
-// bind rules refuse (here LOCAL_WRITE among a window's rights) completes
-// MW_BIND_ERR after the send work requests before it and moves the QP to
-// ERR. The key Bind returned is then the window's RKey, naming no binding.
+// without a region, a region of another PD than the window's, a QP not
+// ready to send); what the bind rules refuse (here LOCAL_WRITE among a
+// window's rights) completes MW_BIND_ERR after the send work requests
+// before it and moves the QP to ERR. The key Bind returned is then the window's RKey, naming no binding.
 func TestMWType1BindErrors(t *testing.T) {
 	a, b := openPair(t)
 	pda, _ := a.AllocPD()
@@ -154,6 +154,11 @@ func TestMWType1BindErrors(t *testing.T) {
 	}
 	if _, err := mw1.Bind(p.qb, MWBindInfo{MR: mro, Addr: mro.Addr(), Length: 8, Access: AccessRemoteRead}, 1, SendSignaled); err == nil {
 		t.Fatal("bind to a region of another PD")
+	}
+	cq0, _ := b.CreateCQ(4)
+	idle, _ := pdb.CreateQP(QPInitAttr{SendCQ: cq0, RecvCQ: cq0})
+	if _, err := mw1.Bind(idle, MWBindInfo{MR: mrb, Addr: mrb.Addr(), Length: 8, Access: AccessRemoteRead}, 1, SendSignaled); err == nil {
+		t.Fatal("bind on a QP in RESET")
 	}
 	if mw1.RKey() != k0 {
 		t.Fatal("a bind refused at post time changed the key")
