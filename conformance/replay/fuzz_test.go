@@ -107,10 +107,11 @@ type discard struct{}
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // TestWriteFuzzSeeds writes the seed corpus from the synthetic and the
-// recorded captures when SOFTROCE_WRITE_FUZZ_SEEDS=1.
+// recorded captures when SOFTROCE_WRITE_SEEDS=1 (as the other packages'
+// seed writers).
 func TestWriteFuzzSeeds(t *testing.T) {
-	if os.Getenv("SOFTROCE_WRITE_FUZZ_SEEDS") != "1" {
-		t.Skip("SOFTROCE_WRITE_FUZZ_SEEDS=1 rewrites testdata/fuzz/FuzzReplayMapping")
+	if os.Getenv("SOFTROCE_WRITE_SEEDS") != "1" {
+		t.Skip("set SOFTROCE_WRITE_SEEDS=1 to regenerate the fuzz seeds")
 	}
 	dir := filepath.Join("testdata", "fuzz", "FuzzReplayMapping")
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -606,11 +606,13 @@ func (s *soak) newLongPair(id int, da, db *verbs.Device, mtu int, rng *rand.Rand
 		}
 		return rng.Uint32() & bth.PSNMask
 	}
-	// Local ACK timeout 2^15 * 4.096 us (134 ms), 7 retries: exhausting
-	// them takes a second without any progress, which neither 1% loss nor
-	// a loaded machine under -race produces; a shorter timeout made the
-	// long-lived QPs fail on scheduling stalls rather than on defects.
-	if err := connect(lp.req, lp.resp, mtu, 15, psn(), psn()); err != nil {
+	// Local ACK timeout 2^17 * 4.096 us (537 ms), 7 retries: exhausting
+	// them takes over 4 s without any progress, which 1% loss does not
+	// produce. 134 ms (a second of retries) was seen to fail on a 2-core
+	// machine under -race with other test packages running, when the
+	// pipe's queue overflowed during scheduling stalls: a stall, not a
+	// defect.
+	if err := connect(lp.req, lp.resp, mtu, 17, psn(), psn()); err != nil {
 		return nil, err
 	}
 	// Non-zero, non-periodic initial contents, mirrored in the shadows.
