@@ -92,6 +92,19 @@ func (l *Link) OffloadStats() OffloadStats {
 // recvBig reads up to a batch of datagrams, each into its own 64 KiB
 // buffer, for drain to split.
 func (r *receiver) recvBig() error {
+	r.setupBig()
+	if err := r.wait(); err != nil {
+		return err
+	}
+	if r.errno != 0 {
+		r.n = 0
+		return r.errno
+	}
+	return nil
+}
+
+// setupBig points the message headers at the 64 KiB buffers.
+func (r *receiver) setupBig() {
 	n := len(r.hdrs)
 	for i := 0; i < n; i++ {
 		h := &r.hdrs[i].Hdr
@@ -109,14 +122,6 @@ func (r *receiver) recvBig() error {
 	}
 	r.want, r.n, r.errno = n, 0, 0
 	r.cur, r.off = 0, 0
-	if err := r.wait(); err != nil {
-		return err
-	}
-	if r.errno != 0 {
-		r.n = 0
-		return r.errno
-	}
-	return nil
 }
 
 // groSize finds the UDP_GRO control message: the segment size of a

@@ -34,6 +34,7 @@ type receiver struct {
 	n        int // messages in the last call
 	want     int // messages asked for
 	errno    syscall.Errno
+	calls    uint64 // recvmmsg system calls made (tests count them)
 
 	// With GRO, datagrams land in big (a groBufSize buffer each) and are
 	// handed out segment by segment: cur is the next message, off the
@@ -56,6 +57,19 @@ func newReceiver(rc syscall.RawConn, batch, hdrLen int) *receiver {
 // recv fills the buffers of pkts (up to the batch size) and returns how
 // many datagrams arrived.
 func (r *receiver) recv(pkts []nic.Packet) (int, error) {
+	r.setup(pkts)
+	if err := r.wait(); err != nil {
+		return 0, err
+	}
+	if r.errno != 0 {
+		return 0, r.errno
+	}
+	return r.n, nil
+}
+
+// setup points the message headers at the buffers of pkts for the next
+// read.
+func (r *receiver) setup(pkts []nic.Packet) {
 	n := min(len(pkts), len(r.hdrs))
 	for i := 0; i < n; i++ {
 		b := pkts[i].Buf[:cap(pkts[i].Buf)]
@@ -82,13 +96,6 @@ func (r *receiver) recv(pkts []nic.Packet) (int, error) {
 		r.hdrs[i].Len = 0
 	}
 	r.want, r.n, r.errno = n, 0, 0
-	if err := r.wait(); err != nil {
-		return 0, err
-	}
-	if r.errno != 0 {
-		return 0, r.errno
-	}
-	return r.n, nil
 }
 
 // wait runs read through the poller (blocking) or once (nonblock).
@@ -101,6 +108,7 @@ func (r *receiver) wait() error {
 
 // read is called by the runtime poller; false means "would block: wait".
 func (r *receiver) read(fd uintptr) bool {
+	r.calls++
 	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(r.want), unix.MSG_DONTWAIT, 0, 0)
 	if errno == unix.EAGAIN {
 		return false

@@ -586,26 +586,97 @@ func (l *Link) recv(pkts []nic.Packet, nonblock bool) (int, error) {
 		if nonblock && (n == 0 && !l.gro || l.gro && l.rx.cur >= l.rx.n) {
 			return 0, nil // nothing was ready
 		}
-		k := 0
-		for i := 0; i < n; i++ {
-			var ok bool
-			m, flags, src, oob := l.rx.message(i)
-			if l.rawFile != nil {
-				ok = l.acceptRaw(m, flags, l.rx.header(i), &pkts[i])
-			} else {
-				ok = l.accept(m, flags, src, oob, &pkts[i])
-			}
-			if ok {
-				if k != i {
-					pkts[k], pkts[i] = pkts[i], pkts[k]
-				}
-				k++
-			}
-		}
-		if k > 0 {
+		if k := l.acceptBatch(pkts, n); k > 0 {
 			return k, nil
 		}
 	}
+}
+
+// acceptBatch checks the n datagrams the receiver read into pkts and moves
+// the delivered ones to the front; it returns how many.
+func (l *Link) acceptBatch(pkts []nic.Packet, n int) int {
+	k := 0
+	for i := 0; i < n; i++ {
+		var ok bool
+		m, flags, src, oob := l.rx.message(i)
+		if l.rawFile != nil {
+			ok = l.acceptRaw(m, flags, l.rx.header(i), &pkts[i])
+		} else {
+			ok = l.accept(m, flags, src, oob, &pkts[i])
+		}
+		if ok {
+			if k != i {
+				pkts[k], pkts[i] = pkts[i], pkts[k]
+			}
+			k++
+		}
+	}
+	return k
+}
+
+// RecvEach receives into pkts until the link is closed (it then returns
+// net.ErrClosed) or fails, and calls deliver with the number of packets
+// each time some arrived; deliver must be done with them before it
+// returns. Unlike a loop over Recv, it waits in the poller as soon as a
+// recvmmsg returns fewer datagrams than it asked for (the socket was empty
+// then) instead of first trying once more and getting EAGAIN, which saves
+// a system call per wait. That is only safe inside one poller read: each
+// Recv starts by clearing the readiness a packet that arrived meanwhile
+// set. Recv and TryRecv wait while it runs.
+func (l *Link) RecvEach(pkts []nic.Packet, deliver func(n int)) error {
+	if len(pkts) == 0 {
+		return errors.New("udp: RecvEach with no buffers")
+	}
+	l.rxMu.Lock()
+	defer l.rxMu.Unlock()
+	r := l.rx
+	r.nonblock = false
+	var fail error
+	fn := func(fd uintptr) bool {
+		for {
+			if l.gro {
+				if k := l.drain(pkts); k > 0 {
+					deliver(k)
+					continue
+				}
+				r.setupBig()
+			} else {
+				r.setup(pkts)
+			}
+			if !r.read(fd) {
+				return false // EAGAIN: wait
+			}
+			if r.errno != 0 {
+				if r.errno == syscall.ECONNREFUSED || r.errno == syscall.EHOSTUNREACH {
+					continue // an ICMP error for something we sent earlier
+				}
+				fail = r.errno
+				r.n = 0
+				return true
+			}
+			full := r.n == r.want
+			if l.gro {
+				for r.cur < r.n {
+					if k := l.drain(pkts); k > 0 {
+						deliver(k)
+					}
+				}
+			} else if k := l.acceptBatch(pkts, r.n); k > 0 {
+				deliver(k)
+			}
+			if !full {
+				return false // the queue was empty: wait for the next packet
+			}
+		}
+	}
+	err := r.rc.Read(fn)
+	if err == nil {
+		err = fail
+	}
+	if l.closed.Load() || errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrClosed) {
+		return net.ErrClosed
+	}
+	return fmt.Errorf("udp: recvmmsg on %v: %w", l.local, err)
 }
 
 // accept fills p from received message i and reports whether it is
