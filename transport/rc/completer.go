@@ -233,6 +233,7 @@ func (qp *QP) retry(w *sendWQE, why string, free bool) {
 // re-issued for the missing part only (rxe req_retry).
 func (qp *QP) goBackN() {
 	qp.sqSendOff, qp.sqPkt = 0, 0
+	qp.rtt.timing = false // Karn: an ACK may now answer either copy
 	if qp.sqCount == 0 {
 		return
 	}
@@ -261,11 +262,12 @@ func (qp *QP) progress(next uint32) {
 		return
 	}
 	qp.compPSN = next
+	qp.rtt.acked(qp, next)
 	qp.retryLeft = int(qp.path.RetryCnt)
 	qp.rnrLeft = int(qp.path.RNRRetry)
 	qp.retrying = false
 	if qp.outstanding() && qp.path.Timeout != 0 {
-		qp.retryDeadline = qp.e.now.Add(localAckTimeout(qp.path.Timeout))
+		qp.retryDeadline = qp.e.now.Add(qp.ackTimeout())
 	} else {
 		qp.retryDeadline = time.Time{}
 	}
@@ -311,6 +313,7 @@ func (qp *QP) checkTimers() {
 	if !qp.retryDeadline.IsZero() && !now.Before(qp.retryDeadline) {
 		qp.retryDeadline = time.Time{}
 		qp.stats.Timeouts++
+		qp.rtt.backoff()
 		if qp.outstanding() && qp.state == qpstate.RTS {
 			qp.retrying = false // a timeout always retries
 			qp.retry(&qp.sq[qp.sqHead], "local ACK timeout", false)
@@ -329,4 +332,83 @@ func (qp *QP) outstanding() bool {
 		}
 	}
 	return bth.PSNDiff(next, qp.compPSN) > 0
+}
+
+// The adaptive local ACK timeout (Path.AdaptiveTimeout) estimates the
+// round trip as TCP does (RFC 6298): one PSN at a time is timed from its
+// first transmission to the ACK that covers it, and never a PSN sent again
+// (Karn's rule: go-back-N cancels the sample). The timeout is SRTT +
+// 4*RTTVAR, doubled on each expiry until the next sample, and bounded
+// below by the QP's IBTA timeout (IBTA §9.7.6.1.3 makes that the least
+// time to wait, so adapting may only lengthen it) and above by
+// maxAdaptiveTimeout.
+
+// maxAdaptiveTimeout caps the adaptive timeout (when the IBTA one is
+// shorter): a lost packet is still retried within this.
+const maxAdaptiveTimeout = time.Second
+
+// rttEstimator is one QP's round-trip estimate.
+type rttEstimator struct {
+	srtt, rttvar time.Duration
+	valid        bool      // srtt holds a sample
+	timing       bool      // psn, sent time one sample
+	psn          uint32    // the PSN being timed
+	sent         time.Time // when it was first sent
+	shift        uint8     // expiries since the last sample: timeout << shift
+}
+
+// start times psn, sent for the first time now, unless a sample runs.
+func (r *rttEstimator) start(qp *QP, psn uint32) {
+	if !qp.path.AdaptiveTimeout || r.timing {
+		return
+	}
+	r.timing, r.psn, r.sent = true, psn, qp.e.now
+}
+
+// acked takes a sample when every PSN before next is acknowledged and the
+// timed one is among them.
+func (r *rttEstimator) acked(qp *QP, next uint32) {
+	if !r.timing || bth.PSNDiff(next, r.psn) <= 0 {
+		return
+	}
+	r.timing = false
+	m := qp.e.now.Sub(r.sent)
+	if m < 0 {
+		return
+	}
+	r.shift = 0
+	if !r.valid {
+		r.srtt, r.rttvar, r.valid = m, m/2, true
+		return
+	}
+	d := r.srtt - m
+	if d < 0 {
+		d = -d
+	}
+	r.rttvar += (d - r.rttvar) / 4 // beta = 1/4
+	r.srtt += (m - r.srtt) / 8     // alpha = 1/8
+}
+
+// backoff doubles the timeout after an expiry (RFC 6298 §5.5).
+func (r *rttEstimator) backoff() {
+	if r.shift < 16 {
+		r.shift++
+	}
+}
+
+// ackTimeout is the time the requester waits for an ACK before it
+// retries: the IBTA local ACK timeout, or with AdaptiveTimeout the
+// estimate above, never less than the IBTA one.
+func (qp *QP) ackTimeout() time.Duration {
+	base := localAckTimeout(qp.path.Timeout)
+	r := &qp.rtt
+	if !qp.path.AdaptiveTimeout || !r.valid && r.shift == 0 {
+		return base
+	}
+	t := base
+	if r.valid {
+		t = max(base, r.srtt+max(4*r.rttvar, time.Microsecond))
+	}
+	t = min(t<<r.shift, max(maxAdaptiveTimeout, base))
+	return max(t, base)
 }

@@ -59,6 +59,9 @@ type Path struct {
 	MaxDestRDAtomic int
 	Access          memreg.Access // remote access enabled on the QP (ibv_qp_attr.qp_access_flags)
 	QKey            uint32        // UD: the QP's Q_Key (ibv_qp_attr.qkey)
+	// AdaptiveTimeout makes the local ACK timeout follow the measured
+	// round trip (RC requester), never shorter than Timeout gives.
+	AdaptiveTimeout bool
 }
 
 // Errors returned by Post*.
@@ -128,7 +131,8 @@ type QP struct {
 	rnrDeadline               time.Time // zero: not waiting
 	retryFrom                 uint32    // compPSN of the go-back-N in progress
 	retrying                  bool
-	maxSentPSN                uint32 // highest PSN sent (a READ: its last response PSN); beyond it, responses are ghosts
+	rtt                       rttEstimator // Path.AdaptiveTimeout
+	maxSentPSN                uint32       // highest PSN sent (a READ: its last response PSN); beyond it, responses are ghosts
 	sentAny                   bool
 
 	// receive queue ring (unused with an SRQ)
@@ -320,6 +324,7 @@ func (qp *QP) reset() {
 	qp.rdOutstanding = 0
 	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
 	qp.retrying, qp.sentAny, qp.maxSentPSN = false, false, 0
+	qp.rtt = rttEstimator{}
 	qp.resp = responder{resources: qp.resp.resources, backlog: qp.resp.backlog, backlogLen: qp.resp.backlogLen}
 	clear(qp.resp.resources)
 }

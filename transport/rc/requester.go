@@ -94,6 +94,7 @@ func (qp *QP) transmit(budget int) bool {
 			qp.stats.Retransmits++
 		} else {
 			qp.maxSentPSN, qp.sentAny = psn, true
+			qp.rtt.start(qp, psn)
 			if w.wr.Opcode == wr.RDMARead {
 				qp.maxSentPSN = w.lastPSN
 			}
@@ -118,7 +119,7 @@ func (qp *QP) transmit(budget int) bool {
 			continue
 		}
 		if qp.retryDeadline.IsZero() && qp.path.Timeout != 0 {
-			qp.retryDeadline = e.now.Add(localAckTimeout(qp.path.Timeout))
+			qp.retryDeadline = e.now.Add(qp.ackTimeout())
 			qp.updateTimerSet()
 		}
 	}

@@ -102,6 +102,7 @@ type qpOpts struct {
 	depth           int
 	srq             [2]*SRQ      // the SRQ each side's QP is created on (nil: its own receive queue)
 	typ             qpstate.Type // service of both QPs (zero: RC)
+	adaptive        bool         // Path.AdaptiveTimeout on both QPs
 }
 
 // connect makes an RC QP on each endpoint and brings both to RTS.
@@ -129,7 +130,7 @@ func (s *sim) connect(o qpOpts) [2]*QP {
 		qp.SetPath(Path{Remote: Remote(s.ep[peer].addr), Local: s.ep[i].addr, DestQPN: qps[peer].Num(), PMTU: o.pmtu,
 			RQPSN: o.psn[peer], SQPSN: o.psn[i], Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnrRetry,
 			MinRNRTimer: o.minRNR, MaxRDAtomic: o.maxRD, MaxDestRDAtomic: o.maxRD,
-			Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic | memreg.AccessLocalWrite})
+			Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic | memreg.AccessLocalWrite, AdaptiveTimeout: o.adaptive})
 		qp.SetState(qpstate.RTR)
 		qp.SetState(qpstate.RTS)
 	}

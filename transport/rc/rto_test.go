@@ -1,0 +1,128 @@
+package rc
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/wr"
+)
+
+// slowWrites runs n 4 KiB WRITEs one after another over a path whose
+// one-way delay is 200 us (a 400 us round trip) with a 65.5 us IBTA local
+// ACK timeout (Timeout 4), and returns the requester's timeouts after the
+// first WRITE and after all of them.
+func slowWrites(t *testing.T, adaptive bool, n int) (first, all uint64, qps [2]*QP) {
+	s := newSim(t, 1, impairment{delay: 200 * time.Microsecond})
+	qps = s.connect(qpOpts{pmtu: 1024, timeout: 4, retry: 7, adaptive: adaptive})
+	lmr, _ := s.reg(0, 4096)
+	rmr, _ := s.reg(1, 4096*n)
+	for i := 0; i < n; i++ {
+		mustPost(t, qps[0], &wr.SendWR{ID: uint64(i), Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+			SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 4096, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + uint64(4096*i), RKey: rmr.RKey()})
+		wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]
+		if wc.Status != cq.Success {
+			t.Fatalf("WRITE %d: %v", i, wc.Status)
+		}
+		if i == 0 {
+			first = qps[0].Stats().Timeouts
+		}
+	}
+	return first, qps[0].Stats().Timeouts, qps
+}
+
+// TestAdaptiveTimeoutFollowsSlowRTT: with a round trip six times the IBTA
+// timeout, the fixed timeout expires for every WRITE (a spurious go-back-N
+// each time), while the adaptive one backs off over the first WRITE, then
+// learns the round trip from the next and never expires again.
+func TestAdaptiveTimeoutFollowsSlowRTT(t *testing.T) {
+	const n = 20
+	_, fixed, _ := slowWrites(t, false, n)
+	if fixed < n {
+		t.Fatalf("fixed timeout: %d expiries over %d WRITEs, want at least one each (the test's premise)", fixed, n)
+	}
+	first, all, qps := slowWrites(t, true, n)
+	if first == 0 {
+		t.Fatalf("adaptive: no expiry on the first WRITE, before any sample (it starts at the IBTA timeout)")
+	}
+	// The first WRITE's ACK answers a retransmission (no sample, Karn);
+	// the second is timed under the backed-off timeout.
+	if all > first+1 {
+		t.Fatalf("adaptive: %d expiries after the first WRITE's %d", all-first, first)
+	}
+	base := localAckTimeout(4)
+	got := qps[0].ackTimeout()
+	if got <= 400*time.Microsecond || got > maxAdaptiveTimeout {
+		t.Fatalf("adaptive timeout %v after a 400 us round trip (IBTA %v, cap %v)", got, base, maxAdaptiveTimeout)
+	}
+	if r := qps[0].rtt; r.srtt < 400*time.Microsecond || r.srtt > 450*time.Microsecond {
+		t.Fatalf("srtt %v, want about 400 us", r.srtt)
+	}
+}
+
+// TestAdaptiveTimeoutNeverBelowIBTA: on a fast path the estimate falls far
+// below the IBTA timeout, which stays the floor.
+func TestAdaptiveTimeoutNeverBelowIBTA(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	qps := s.connect(qpOpts{pmtu: 1024, timeout: 10, retry: 3, adaptive: true})
+	lmr, _ := s.reg(0, 4096)
+	rmr, _ := s.reg(1, 4096)
+	for i := 0; i < 10; i++ {
+		mustPost(t, qps[0], &wr.SendWR{ID: uint64(i), Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+			SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+		if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success {
+			t.Fatalf("status %v", wc.Status)
+		}
+	}
+	if !qps[0].rtt.valid || qps[0].rtt.srtt >= localAckTimeout(10) {
+		t.Fatalf("no fast sample: %+v", qps[0].rtt)
+	}
+	if got := qps[0].ackTimeout(); got != localAckTimeout(10) {
+		t.Fatalf("timeout %v, want the IBTA %v", got, localAckTimeout(10))
+	}
+	// The backed-off timeout is still capped.
+	qps[0].rtt.shift = 16
+	if got := qps[0].ackTimeout(); got != maxAdaptiveTimeout {
+		t.Fatalf("backed-off timeout %v, want the cap %v", got, maxAdaptiveTimeout)
+	}
+}
+
+// TestAdaptiveTimeoutRecoversLoss: once the timeout has adapted to a slow
+// round trip, a lost packet is still retransmitted after it (one expiry,
+// later than the IBTA timeout, earlier than the cap) and the WRITE completes.
+func TestAdaptiveTimeoutRecoversLoss(t *testing.T) {
+	s := newSim(t, 1, impairment{delay: 200 * time.Microsecond})
+	s.keep = true
+	qps := s.connect(qpOpts{pmtu: 1024, timeout: 4, retry: 7, adaptive: true})
+	lmr, _ := s.reg(0, 4096)
+	rmr, _ := s.reg(1, 4096)
+	write := func(id uint64) time.Duration {
+		t0 := s.now
+		mustPost(t, qps[0], &wr.SendWR{ID: id, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+			SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 4096, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+		if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success {
+			t.Fatalf("WRITE %d: %v", id, wc.Status)
+		}
+		return s.now.Sub(t0)
+	}
+	for i := 0; i < 10; i++ {
+		write(uint64(i))
+	}
+	rto := qps[0].ackTimeout()
+	before := qps[0].Stats()
+	// The next WRITE's last packet (10 WRITEs of 4 packets came before):
+	// nothing follows it, so only the timeout can recover it.
+	s.rules = []rule{{from: 0, opcode: -1, psn: 43, nth: 1, action: "drop"}}
+	el := write(10)
+	after := qps[0].Stats()
+	if s.rules[0].matched != 1 {
+		t.Fatalf("the drop rule matched %d times\n%s", s.rules[0].matched, strings.Join(s.trace, "\n"))
+	}
+	if after.Timeouts != before.Timeouts+1 || after.Retransmits == before.Retransmits {
+		t.Fatalf("timeouts %d -> %d, retransmits %d -> %d", before.Timeouts, after.Timeouts, before.Retransmits, after.Retransmits)
+	}
+	if el < rto || el > maxAdaptiveTimeout {
+		t.Fatalf("recovered after %v, want the adaptive timeout %v plus a round trip", el, rto)
+	}
+}
