@@ -25,6 +25,12 @@ type Driver struct {
 	smu  sync.Mutex // serialises Send on the link
 	once sync.Once
 
+	// inRecv (under e.mu) is set while the receive goroutine handles a
+	// batch and flushes after it: a wake-up of the timer goroutine then
+	// would only find the work already done, so it is noted in missed and
+	// sent afterwards only if still needed.
+	inRecv, missed bool
+
 	fatal     atomic.Pointer[error] // the Recv error that stopped the receive loop
 	txDropped atomic.Uint64
 	lastTxErr atomic.Pointer[error]
@@ -76,9 +82,52 @@ func NewDriverWith(e *Engine, link nic.Link, cfg DriverConfig) *Driver {
 func newDriver(e *Engine, link nic.Link, cfg DriverConfig) *Driver {
 	d := &Driver{e: e, link: link, cfg: cfg, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	e.mu.Lock()
-	e.Wake = d.kick
+	e.Wake = d.wakeLocked
 	e.mu.Unlock()
 	return d
+}
+
+// wakeLocked is the engine's Wake (called under e.mu).
+func (d *Driver) wakeLocked() {
+	if d.inRecv {
+		d.missed = true
+		return
+	}
+	d.kick()
+}
+
+// handle runs a received batch and sends what follows from it, then wakes
+// the timer goroutine only if posted work is left over or a timer now
+// expires before the time it sleeps until.
+func (d *Driver) handle(pkts []nic.Packet) {
+	e := d.e
+	e.mu.Lock()
+	d.inRecv = true
+	e.mu.Unlock()
+	e.Receive(time.Now(), pkts)
+	d.flush()
+	e.mu.Lock()
+	d.inRecv = false
+	need := d.missed && (len(e.pending) > 0 || d.timerEarlierLocked())
+	d.missed = false
+	e.mu.Unlock()
+	if need {
+		d.kick()
+	}
+}
+
+// timerEarlierLocked reports whether a timer is due before the time the
+// timer goroutine last chose to sleep until (as updateTimerSet decides).
+func (d *Driver) timerEarlierLocked() bool {
+	e := d.e
+	for qp := range e.timed {
+		for _, t := range [2]time.Time{qp.retryDeadline, qp.rnrDeadline} {
+			if !t.IsZero() && (e.sleepUntil.IsZero() || t.Before(e.sleepUntil)) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (d *Driver) kick() {
@@ -91,6 +140,12 @@ func (d *Driver) kick() {
 // Kick asks the driver to run Progress soon (after posting work).
 func (d *Driver) Kick() { d.kick() }
 
+// eachRecver is a link that runs the receive loop itself and waits in
+// the poller without a final empty read (nic/udp).
+type eachRecver interface {
+	RecvEach(pkts []nic.Packet, deliver func(n int)) error
+}
+
 func (d *Driver) recvLoop() {
 	defer d.wg.Done()
 	batch := make([]nic.Packet, d.link.BatchSize())
@@ -100,6 +155,13 @@ func (d *Driver) recvLoop() {
 	poll, _ := d.link.(tryRecver)
 	if d.cfg.BusyPoll <= 0 {
 		poll = nil
+	}
+	if each, ok := d.link.(eachRecver); ok && poll == nil {
+		err := each.RecvEach(batch, func(n int) { d.handle(batch[:n]) })
+		if err != nil && !errors.Is(err, net.ErrClosed) {
+			d.linkFailed(err)
+		}
+		return
 	}
 	for {
 		var n int
@@ -116,8 +178,7 @@ func (d *Driver) recvLoop() {
 			}
 			return
 		}
-		d.e.Receive(time.Now(), batch[:n])
-		d.flush()
+		d.handle(batch[:n])
 	}
 }
 
