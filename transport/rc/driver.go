@@ -100,12 +100,20 @@ func (d *Driver) wakeLocked() {
 // the timer goroutine only if posted work is left over or a timer now
 // expires before the time it sleeps until.
 func (d *Driver) handle(pkts []nic.Packet) {
-	e := d.e
-	e.mu.Lock()
-	d.inRecv = true
-	e.mu.Unlock()
-	e.Receive(time.Now(), pkts)
+	d.beginBatch()
+	d.e.Receive(time.Now(), pkts)
 	d.flush()
+	d.endBatch()
+}
+
+func (d *Driver) beginBatch() {
+	d.e.mu.Lock()
+	d.inRecv = true
+	d.e.mu.Unlock()
+}
+
+func (d *Driver) endBatch() {
+	e := d.e
 	e.mu.Lock()
 	d.inRecv = false
 	need := d.missed && (len(e.pending) > 0 || d.timerEarlierLocked())

@@ -193,3 +193,60 @@ func TestCloseSendsBuiltACKs(t *testing.T) {
 		t.Fatalf("%d packets left before the link closed, want the 1 ACK", n)
 	}
 }
+
+// TestBatchWakesTimerOnlyWhenNeeded: wake-ups the engine asks for while the
+// receive goroutine handles a batch (and flushes after it) reach the timer
+// goroutine only if that flush left work behind or armed a timer earlier
+// than the one it sleeps for.
+func TestBatchWakesTimerOnlyWhenNeeded(t *testing.T) {
+	f := newDriverFixture(t)
+	link := &fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
+	d := newDriver(f.e, link, DriverConfig{})
+	qp := f.rtsQP(t, "10.0.0.2")
+	post := func(id uint64) {
+		t.Helper()
+		mustPost(t, qp, &wr.SendWR{ID: id, Opcode: wr.RDMAWrite, RemoteAddr: 0x1000, RKey: 1})
+	}
+	wakes := func() int {
+		n := len(d.wake)
+		select {
+		case <-d.wake:
+		default:
+		}
+		return n
+	}
+	// Sending the first WRITE arms the ACK timer: the timer goroutine,
+	// sleeping with no deadline, must hear of it.
+	d.beginBatch()
+	post(1)
+	d.flush()
+	d.endBatch()
+	if n := wakes(); n != 1 {
+		t.Fatalf("new timer: %d wake-ups, want 1", n)
+	}
+	f.e.NextDeadline() // the timer goroutine re-arms
+	// A second WRITE sent by the same flush changes nothing for it.
+	d.beginBatch()
+	post(2)
+	d.flush()
+	d.endBatch()
+	if n := wakes(); n != 0 {
+		t.Fatalf("work done in the batch: %d wake-ups, want 0", n)
+	}
+	// Work posted after the batch's flush is left for the timer goroutine.
+	d.beginBatch()
+	post(3)
+	d.endBatch()
+	if n := wakes(); n != 1 {
+		t.Fatalf("work left over: %d wake-ups, want 1", n)
+	}
+	// Outside a batch every wake-up goes through.
+	d.flush()
+	post(4)
+	if n := wakes(); n != 1 {
+		t.Fatalf("posted outside a batch: %d wake-ups, want 1", n)
+	}
+	if got := link.sent[netip.MustParseAddr("10.0.0.2")]; got != 3 {
+		t.Fatalf("%d packets sent, want 3", got)
+	}
+}
