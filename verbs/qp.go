@@ -42,10 +42,12 @@ type QP struct {
 	rc   *rc.QP
 	init QPInitAttr
 
-	// mu guards attr and remotePort. It is taken before the engine lock.
+	// mu guards attr, remotePort and adaptive. It is taken before the
+	// engine lock.
 	mu         sync.Mutex
 	attr       QPAttr
 	remotePort uint16
+	adaptive   bool        // rc.Path.AdaptiveTimeout
 	destroyed  atomic.Bool // set by Destroy under the device's mu
 
 	// estMu guards estCh and estDone; a leaf lock, taken under the
@@ -290,7 +292,8 @@ func (qp *QP) path() rc.Path {
 	}
 	p := rc.Path{DestQPN: a.DestQPN, PMTU: a.PathMTU, RQPSN: a.RQPSN, SQPSN: a.SQPSN, Timeout: a.Timeout,
 		RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry, MinRNRTimer: a.MinRNRTimer, MaxRDAtomic: int(a.MaxRDAtomic),
-		MaxDestRDAtomic: int(a.MaxDestRDAtomic), Access: memreg.Access(a.AccessFlags), Local: local, QKey: a.QKey}
+		MaxDestRDAtomic: int(a.MaxDestRDAtomic), Access: memreg.Access(a.AccessFlags), Local: local, QKey: a.QKey,
+		AdaptiveTimeout: qp.adaptive}
 	if p.PMTU == 0 {
 		p.PMTU = 1024
 	}
@@ -396,6 +399,9 @@ type ConnectOptions struct {
 	// not a standard RoCEv2 endpoint (a second softroce on the same
 	// address) listens elsewhere.
 	RemotePort uint16
+	// AdaptiveTimeout lets the local ACK timeout follow the measured round
+	// trip, never shorter than Timeout gives (see QP.SetAdaptiveTimeout).
+	AdaptiveTimeout bool
 }
 
 // Init moves a RESET QP to INIT with pkey index 0, port 1 and the given
@@ -471,6 +477,12 @@ func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 		}
 		s = next
 	}
+	if o.AdaptiveTimeout {
+		// Taken into the path by the Modify calls below.
+		qp.mu.Lock()
+		qp.adaptive = true
+		qp.mu.Unlock()
+	}
 	for i := range steps {
 		if err := qp.Modify(&steps[i].attr, steps[i].mask); err != nil {
 			return err
@@ -480,6 +492,17 @@ func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 		qp.SetRemotePort(o.RemotePort)
 	}
 	return nil
+}
+
+// SetAdaptiveTimeout makes the RC requester's local ACK timeout follow the
+// round trip it measures (an RFC 6298 estimate, Karn's rule), bounded below
+// by the IBTA timeout of the Timeout attribute and above by one second or
+// that timeout. Off by default: the IBTA timeout alone, as on RDMA NICs.
+func (qp *QP) SetAdaptiveTimeout(on bool) {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	qp.adaptive = on
+	qp.rc.SetPath(qp.path())
 }
 
 // SetRemotePort sends to the peer on a UDP port other than 4791.
