@@ -263,6 +263,12 @@ func (qp *QP) progress(next uint32) {
 	}
 	qp.compPSN = next
 	qp.rtt.acked(qp, next)
+	if qp.rtt.valid {
+		// Progress ends a loss episode: back to the estimate. Before the
+		// first sample the backed-off timeout stays, or a round trip
+		// longer than the IBTA timeout would never be sampled (Karn).
+		qp.rtt.shift = 0
+	}
 	qp.retryLeft = int(qp.path.RetryCnt)
 	qp.rnrLeft = int(qp.path.RNRRetry)
 	qp.retrying = false
@@ -338,7 +344,8 @@ func (qp *QP) outstanding() bool {
 // round trip as TCP does (RFC 6298): one PSN at a time is timed from its
 // first transmission to the ACK that covers it, and never a PSN sent again
 // (Karn's rule: go-back-N cancels the sample). The timeout is SRTT +
-// 4*RTTVAR, doubled on each expiry until the next sample, and bounded
+// 4*RTTVAR, doubled on each expiry until the next progress (before the
+// first sample: until that sample), and bounded
 // below by the QP's IBTA timeout (IBTA §9.7.6.1.3 makes that the least
 // time to wait, so adapting may only lengthen it) and above by
 // maxAdaptiveTimeout.

@@ -126,3 +126,21 @@ func TestAdaptiveTimeoutRecoversLoss(t *testing.T) {
 		t.Fatalf("recovered after %v, want the adaptive timeout %v plus a round trip", el, rto)
 	}
 }
+
+// TestPropertyLossyAdaptive runs TestPropertyLossy's workloads (10% loss,
+// duplication, reordering, corruption) with the adaptive timeout: every
+// work request still completes once, in order, byte-exact. The backoff
+// must end with progress, or a long recovery waits at the cap.
+func TestPropertyLossyAdaptive(t *testing.T) {
+	simAdaptive = true
+	defer func() { simAdaptive = false }()
+	n := 200
+	if testing.Short() || raceEnabled {
+		n = 30
+	}
+	for seed := uint64(1); seed <= uint64(n); seed++ {
+		if err := runWorkload(t, seed); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+}

@@ -71,6 +71,9 @@ type simEP struct {
 
 var simEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
+// simAdaptive turns Path.AdaptiveTimeout on for every QP connect makes.
+var simAdaptive bool
+
 func newSim(t testing.TB, seed uint64, imp impairment) *sim {
 	return newSimCQ(t, seed, imp, 1<<16)
 }
@@ -130,7 +133,7 @@ func (s *sim) connect(o qpOpts) [2]*QP {
 		qp.SetPath(Path{Remote: Remote(s.ep[peer].addr), Local: s.ep[i].addr, DestQPN: qps[peer].Num(), PMTU: o.pmtu,
 			RQPSN: o.psn[peer], SQPSN: o.psn[i], Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnrRetry,
 			MinRNRTimer: o.minRNR, MaxRDAtomic: o.maxRD, MaxDestRDAtomic: o.maxRD,
-			Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic | memreg.AccessLocalWrite, AdaptiveTimeout: o.adaptive})
+			Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic | memreg.AccessLocalWrite, AdaptiveTimeout: o.adaptive || simAdaptive})
 		qp.SetState(qpstate.RTR)
 		qp.SetState(qpstate.RTS)
 	}
