@@ -46,15 +46,15 @@ func TestDataPathNoAllocs(t *testing.T) {
 	var sq, rq, cons uint32
 	d := s.devs[0]
 	round := func() {
-		w := ring[sqOff+int(sq&3)*80:]
+		w := ring[sqOff+int(sq&3)*(sizeSendWQE+sizeSGE):]
 		le.PutUint64(w, uint64(sq))
 		le.PutUint32(w[8:], 2)  // IBV_WR_SEND
 		le.PutUint32(w[12:], 2) // SIGNALED
 		le.PutUint32(w[20:], 1)
 		le.PutUint32(w[24:], 0)
-		le.PutUint64(w[64:], base)
-		le.PutUint32(w[72:], 64)
-		le.PutUint32(w[76:], key)
+		le.PutUint64(w[sizeSendWQE:], base)
+		le.PutUint32(w[sizeSendWQE+8:], 64)
+		le.PutUint32(w[sizeSendWQE+12:], key)
 		sq++
 		store32(ring, offSQProd, sq)
 		r := ring[rqOff+int(rq&3)*32:]

@@ -60,6 +60,8 @@ type client struct {
 	cqs     map[uint32]*cqObj
 	qps     map[uint32]*qpObj
 	chans   map[uint32]*chanObj
+	ahs     map[uint32]*ahObj  // ud.go
+	srqs    map[uint32]*srqObj // srq.go
 
 	cqSlots int // slots of all its CQ rings
 
@@ -79,7 +81,8 @@ func newClient(s *Server, conn *net.UnixConn) *client {
 		}
 	}
 	return &client{s: s, conn: conn, bell: -1, evW: -1, pid: pid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
-		cqs: map[uint32]*cqObj{}, qps: map[uint32]*qpObj{}, chans: map[uint32]*chanObj{}}
+		cqs: map[uint32]*cqObj{}, qps: map[uint32]*qpObj{}, chans: map[uint32]*chanObj{},
+		ahs: map[uint32]*ahObj{}, srqs: map[uint32]*srqObj{}}
 }
 
 // run serves requests until the connection closes, then frees everything.
@@ -214,6 +217,9 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 	case opDestroyChannel:
 		return nil, nil, c.destroyChannel(u32(r.body, 0))
 	}
+	if resp, rfds, err, ok := c.handleUD(r); ok {
+		return resp, rfds, err
+	}
 	return nil, nil, fmt.Errorf("%w: op %d", errMsg, r.op)
 }
 
@@ -296,7 +302,7 @@ func (c *client) queryDevice() []byte {
 	out := le.AppendUint64(nil, a.MaxMRSize)
 	out = le.AppendUint64(out, c.dev.guid)
 	for _, v := range []int{int(a.VendorID), 1, 0, a.MaxQP, a.MaxQPWR, a.MaxSGE, a.MaxCQ, min(a.MaxCQE, maxCQSlots), a.MaxMR, a.MaxPD,
-		a.MaxQPRDAtom, a.MaxQPInitRDAtom, 0, 0, 0, 0, 0, 1 /* IBV_ATOMIC_HCA */, a.PhysPortCnt, 0} {
+		a.MaxQPRDAtom, a.MaxQPInitRDAtom, verbs.MaxSRQ, min(verbs.MaxSRQWR, maxRingWR), verbs.MaxSRQSGE, 0, 0, 1 /* IBV_ATOMIC_HCA */, a.PhysPortCnt, 0} {
 		out = le.AppendUint32(out, uint32(v))
 	}
 	return out
@@ -463,17 +469,28 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 	pdH, scqH, rcqH, typ := u32(b, 0), u32(b, 1), u32(b, 2), u32(b, 3)
 	msw, mrw, mss, mrs, mil, sigAll := u32(b, 4), u32(b, 5), u32(b, 6), u32(b, 7), u32(b, 8), u32(b, 9)
 	p, scq, rcq := c.pds[pdH], c.cqs[scqH], c.cqs[rcqH]
+	vt, typOK := qpType(typ)
+	var srqH uint32
+	if len(b) >= sizeCreateQP {
+		srqH = u32(b, 10)
+	}
+	srq, srqErr := c.srqFor(srqH, pdH)
 	switch {
 	case p == nil || scq == nil || rcq == nil:
 		return nil, nil, fmt.Errorf("%w: PD %d, CQs %d/%d", syscall.EINVAL, pdH, scqH, rcqH)
-	case typ != 2: // IBV_QPT_RC
-		return nil, nil, fmt.Errorf("%w: QP type %d (RC only)", syscall.EOPNOTSUPP, typ)
+	case !typOK:
+		return nil, nil, fmt.Errorf("%w: QP type %d (RC, UC and UD only)", syscall.EOPNOTSUPP, typ)
+	case srqErr != nil:
+		return nil, nil, srqErr
 	case msw > maxRingWR || mrw > maxRingWR || mss > verbs.MaxSGE || mrs > verbs.MaxSGE || mil > verbs.MaxInline:
 		return nil, nil, fmt.Errorf("%w: QP capacities", syscall.EINVAL)
 	case len(c.qps) >= maxClientQP:
 		return nil, nil, syscall.ENOMEM
 	}
 	msw, mrw, mss, mrs = max(msw, 1), max(mrw, 1), max(mss, 1), max(mrs, 1)
+	if srq != nil {
+		mrw, mrs = 1, 1 // its receives come from the SRQ
+	}
 	sqSize, rqSize := ceilPow2(msw), ceilPow2(mrw)
 	d := c.dev
 	if d.reserved+int(sqSize+rqSize) > goCQDepth {
@@ -488,7 +505,11 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	qp, err := p.pd.CreateQP(verbs.QPInitAttr{Type: verbs.QPTypeRC, SendCQ: d.sendCQ, RecvCQ: d.recvCQ, SQSigAll: sigAll != 0,
+	var vsrq *verbs.SRQ
+	if srq != nil {
+		vsrq = srq.srq
+	}
+	qp, err := p.pd.CreateQP(verbs.QPInitAttr{Type: vt, SRQ: vsrq, SendCQ: d.sendCQ, RecvCQ: d.recvCQ, SQSigAll: sigAll != 0,
 		Cap: verbs.QPCap{MaxSendWR: int(sqSize), MaxRecvWR: int(rqSize), MaxSendSGE: int(mss), MaxRecvSGE: int(mrs), MaxInlineData: int(mil)}})
 	if err != nil {
 		m.free()
@@ -500,7 +521,10 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 	h := c.handleID()
 	q := &qpObj{handle: h, c: c, pd: pdH, qp: qp, qpn: qp.Num(), mem: m, sqSize: sqSize, rqSize: rqSize, sqStride: sqStride, rqStride: rqStride,
 		sqOff: sqOff, rqOff: rqOff, maxSendSGE: int(mss), maxRecvSGE: int(mrs), maxInline: int(mil), sendCQ: scq, recvCQ: rcq,
-		sgl: make([]verbs.SGE, mss), rsgl: make([]verbs.SGE, mrs), inline: make([]byte, mil)}
+		sgl: make([]verbs.SGE, mss), rsgl: make([]verbs.SGE, mrs), inline: make([]byte, mil), typ: vt, srq: srq}
+	if srq != nil {
+		srq.nQP++
+	}
 	// A QP born while the poller sleeps must ring: start with the flag set.
 	store32(m.b, offSleeping, 1)
 	c.qps[h] = q
@@ -604,6 +628,9 @@ func (c *client) destroyQP(h uint32) error {
 	c.pds[q.pd].uses--
 	q.sendCQ.nQP--
 	q.recvCQ.nQP--
+	if q.srq != nil {
+		q.srq.nQP--
+	}
 	return nil
 }
 
@@ -660,6 +687,7 @@ func (c *client) cleanup() {
 		q.toErr()
 		c.destroyQP(h)
 	}
+	c.cleanupUD()
 	for h := range c.mrs {
 		c.deregMR(h)
 	}

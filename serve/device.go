@@ -41,7 +41,9 @@ type device struct {
 	mu       sync.Mutex
 	qps      []*qpObj
 	byQPN    map[uint32]*qpObj
-	reserved int // send+recv capacity the QPs claim of goCQDepth
+	reserved int                    // send+recv capacity the QPs and SRQs claim of goCQDepth
+	srqs     []*srqObj              // srq.go
+	bySRQ    map[*verbs.SRQ]*srqObj // srq.go: for the limit event
 	asleep   bool
 
 	sendCQ, recvCQ *verbs.CQ
@@ -55,7 +57,7 @@ type device struct {
 }
 
 func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
-	d := &device{s: s, index: i, v: v, name: v.Name(), byQPN: map[uint32]*qpObj{},
+	d := &device{s: s, index: i, v: v, name: v.Name(), byQPN: map[uint32]*qpObj{}, bySRQ: map[*verbs.SRQ]*srqObj{},
 		dbCh: make(chan struct{}, 1), quit: make(chan struct{})}
 	if g := v.GIDTable(); len(g) > 0 {
 		// An EUI-64-like GUID from the first address: stable per address.
@@ -195,6 +197,9 @@ func (d *device) setAsleep(v bool) {
 	for _, q := range d.qps {
 		store32(q.mem.b, offSleeping, f)
 	}
+	for _, o := range d.srqs {
+		store32(o.mem.b, offSleeping, f)
+	}
 	d.mu.Unlock()
 }
 
@@ -204,6 +209,11 @@ func (d *device) pass() bool {
 	work := false
 	for _, q := range d.qps {
 		if q.drain() {
+			work = true
+		}
+	}
+	for _, o := range d.srqs {
+		if o.drain() {
 			work = true
 		}
 	}
@@ -260,6 +270,14 @@ func (d *device) events() {
 					q.c.raise(evQPFatal, q.handle)
 				}
 				d.mu.Unlock()
+			case verbs.EventQPLastWQEReached:
+				d.mu.Lock()
+				if q := d.byQPN[ev.QPNum]; q != nil {
+					q.c.raise(evQPLastWQE, q.handle)
+				}
+				d.mu.Unlock()
+			case verbs.EventSRQLimitReached:
+				d.srqEvent(ev.SRQ)
 			case verbs.EventDeviceFatal:
 				d.s.mu.Lock()
 				for c := range d.s.clients {

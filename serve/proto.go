@@ -39,7 +39,14 @@ const (
 	opCreateChannel  = 16
 	opDestroyChannel = 17
 	opStatus         = 18 // resp: the daemon's Status as JSON, cut at maxMsg
-	opLast           = opStatus
+	// UD address handles and SRQs: 19..39 (ud.go, srq.go).
+	opCreateAH   = 19
+	opDestroyAH  = 20
+	opCreateSRQ  = 21
+	opModifySRQ  = 22
+	opQuerySRQ   = 23
+	opDestroySRQ = 24
+	opLast       = opDestroySRQ
 )
 
 // Sizes of the fixed structs.
@@ -58,11 +65,12 @@ const (
 	sizeMR        = 16
 	sizeCreateCQ  = 8
 	sizeCQ        = 16
-	sizeCreateQP  = 40
+	sizeCreateQP  = 48 // with the appended srq field; sizeCreateQP1 without
+	sizeCreateQP1 = 40
 	sizeQP        = 72
 	sizeQPAttr    = 128
 	sizeModifyQP  = 8 + sizeQPAttr
-	sizeSendWQE   = 64
+	sizeSendWQE   = 80
 	sizeSGE       = 16
 	sizeRecvWQE   = 16
 	cqeSize       = 64
@@ -114,7 +122,13 @@ func parseRequest(b []byte) (request, error) {
 	case opCreateCQ:
 		want = sizeCreateCQ
 	case opCreateQP:
+		// The body without the appended srq field is a QP with no SRQ.
 		want = sizeCreateQP
+		if len(r.body) == sizeCreateQP1 {
+			want = sizeCreateQP1
+		}
+	case opCreateAH, opCreateSRQ, opModifySRQ, opDestroyAH, opQuerySRQ, opDestroySRQ:
+		want = udBodySize(r.op)
 	case opModifyQP:
 		want = sizeModifyQP
 	case opRegMR:

@@ -96,6 +96,8 @@ type qpObj struct {
 	maxInline          int
 	state              uint32 // as the client last set it
 	sendCQ, recvCQ     *cqObj
+	typ                verbs.QPType // ud.go
+	srq                *srqObj      // srq.go: receives come from it
 
 	// Reused for every WQE: the data path allocates nothing.
 	swr    verbs.SendWR
@@ -234,6 +236,9 @@ func (q *qpObj) buildSend(w []byte) bool {
 	s.InvRKey = le.Uint32(w[56:])
 	s.InlineData = nil
 	s.SGL = q.sgl[:0]
+	if !q.buildUD(w) {
+		return false
+	}
 	if flags&verbs.SendInline != 0 {
 		if inl > q.maxInline || sizeSendWQE+inl > len(w) {
 			q.bad("inline data over max_inline_data")

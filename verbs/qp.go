@@ -301,6 +301,10 @@ func (qp *QP) path() rc.Path {
 		// A UD QP has no path MTU attribute: its messages may be as
 		// long as the port's active MTU (rxe uses the port's MTU).
 		p.PMTU = d.QueryPort().ActiveMTU
+		if qp.remotePort != 0 {
+			// No peer address, only the UDP port its datagrams go to.
+			p.Remote = netip.AddrPortFrom(netip.IPv6Unspecified(), qp.remotePort)
+		}
 	}
 	if a.AV.DGID != ([16]byte{}) {
 		p.Remote = rc.Remote(GID(a.AV.DGID).Addr())

@@ -42,6 +42,14 @@ enum sr_op {
 	SR_OP_DESTROY_QP = 15,
 	SR_OP_CREATE_CHANNEL = 16,
 	SR_OP_DESTROY_CHANNEL = 17,
+	/* 18: STATUS (the daemon's JSON status, for softroce status) */
+	/* UD address handles and SRQs: 19..39 */
+	SR_OP_CREATE_AH = 19,
+	SR_OP_DESTROY_AH = 20,
+	SR_OP_CREATE_SRQ = 21,
+	SR_OP_MODIFY_SRQ = 22,
+	SR_OP_QUERY_SRQ = 23,
+	SR_OP_DESTROY_SRQ = 24,
 };
 
 struct sr_req {
@@ -144,6 +152,9 @@ struct sr_create_qp {
 	uint32_t pd, send_cq, recv_cq, qp_type;
 	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge;
 	uint32_t max_inline, sq_sig_all;
+	/* Appended: the SRQ the QP takes its receives from (0: none). The
+	 * daemon also accepts the 40-byte body without them. */
+	uint32_t srq, reserved;
 };
 struct sr_qp_resp {
 	uint32_t handle, qpn;
@@ -171,6 +182,35 @@ struct sr_modify_qp {
 	struct sr_qp_attr attr;
 };
 
+/* CREATE_AH: req sr_create_ah (struct ibv_ah_attr; RoCE needs
+ * is_global); resp sr_handle. DESTROY_AH: req sr_handle. */
+struct sr_create_ah {
+	uint32_t pd, is_global, sgid_index, flow_label;
+	uint32_t hop_limit, traffic_class, sl, port_num;
+	uint8_t dgid[16];
+};
+
+/* CREATE_SRQ: req sr_create_srq; resp sr_srq_resp + the ring memfd (a
+ * control page with SR_SRQ_PROD/SR_SRQ_CONS/SR_QP_SLEEPING/SR_QP_ERROR,
+ * then size x stride receive WQEs at rq_off, struct sr_recv_wqe each).
+ * MODIFY_SRQ: req sr_modify_srq (mask: enum ibv_srq_attr_mask).
+ * QUERY_SRQ: req sr_handle; resp sr_srq_attr. DESTROY_SRQ: sr_handle.
+ * The limit event is IBV_EVENT_SRQ_LIMIT_REACHED with the SRQ's handle. */
+struct sr_create_srq {
+	uint32_t pd, max_wr, max_sge, srq_limit;
+};
+struct sr_srq_resp {
+	uint32_t handle, srqn, max_wr, max_sge;
+	uint32_t size, stride;
+	uint64_t map_len, rq_off;
+};
+struct sr_modify_srq {
+	uint32_t handle, mask, max_wr, srq_limit;
+};
+struct sr_srq_attr {
+	uint32_t max_wr, max_sge, srq_limit, reserved;
+};
+
 /* CREATE_CHANNEL: resp sr_handle + the read end of a pipe. The daemon
  * writes a CQ's handle (uint32) to it when an armed CQ gets a CQE. */
 
@@ -185,6 +225,9 @@ struct sr_modify_qp {
 #define SR_QP_RQ_CONS 192
 #define SR_QP_SLEEPING 256 /* daemon: 1 = ring the doorbell after posting */
 #define SR_QP_ERROR 260 /* daemon: nonzero once it put the QP in ERR for a bad WQE */
+/* SRQ control page: the receive ring's indices where a QP has its own. */
+#define SR_SRQ_PROD SR_QP_RQ_PROD
+#define SR_SRQ_CONS SR_QP_RQ_CONS
 
 /* Send WQE: this header, then num_sge x sr_sge or inline_len bytes. */
 struct sr_send_wqe {
@@ -200,6 +243,11 @@ struct sr_send_wqe {
 	uint64_t swap;
 	uint32_t invalidate_rkey;
 	uint32_t reserved;
+	/* Appended: UD sends (struct ibv_send_wr's wr.ud); 0 on RC and UC. */
+	uint32_t ah; /* the AH's handle */
+	uint32_t remote_qpn;
+	uint32_t remote_qkey;
+	uint32_t reserved2;
 };
 struct sr_sge {
 	uint64_t addr;

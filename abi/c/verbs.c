@@ -45,7 +45,7 @@
 _Static_assert(sizeof(struct ibv_wc) <= SR_CQE_SIZE, "ibv_wc fits a CQE slot");
 _Static_assert(offsetof(struct ibv_wc, qp_num) == 28, "ibv_wc layout");
 _Static_assert(offsetof(struct ibv_wc, wc_flags) == 36, "ibv_wc layout");
-_Static_assert(sizeof(struct sr_send_wqe) == 64, "send WQE");
+_Static_assert(sizeof(struct sr_send_wqe) == 80, "send WQE");
 _Static_assert(sizeof(struct sr_qp_attr) == 128, "qp attr");
 _Static_assert(sizeof(struct sr_dev_attr) == 96, "dev attr");
 
@@ -202,6 +202,7 @@ struct sr_context {
 	pthread_mutex_t cqs_lock;
 	struct sr_cq *cqs; /* for ibv_get_cq_event */
 	struct sr_qp *qps; /* for ibv_get_async_event */
+	struct sr_srq *srqs; /* verbs_ud.c: for ibv_get_async_event */
 };
 
 struct sr_pd {
@@ -372,12 +373,11 @@ static struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *c, struct ibv_cq_in
 static int sr_query_device_ex(struct ibv_context *c, const struct ibv_query_device_ex_input *in,
 			      struct ibv_device_attr_ex *attr, size_t size);
 
-static int sr_post_srq_recv(struct ibv_srq *s, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
-{
-	(void)s;
-	*bad = wr;
-	return EOPNOTSUPP;
-}
+/* verbs_ud.c: address handles, SRQs, UD sends. */
+static int sr_post_srq_recv(struct ibv_srq *s, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+static uint32_t sr_srq_handle(struct ibv_srq *s);
+static void sr_ud_wqe(struct sr_qp *q, const struct ibv_send_wr *wr, struct sr_send_wqe *w);
+static struct ibv_srq *sr_srq_of_event(struct sr_context *x, uint32_t handle);
 
 static struct ibv_mw *sr_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type t)
 {
@@ -1396,10 +1396,12 @@ static struct sr_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
 		errno = EINVAL;
 		return NULL;
 	}
-	if (ia->srq || ia->qp_type != IBV_QPT_RC) {
+	if (ia->qp_type != IBV_QPT_RC && ia->qp_type != IBV_QPT_UC && ia->qp_type != IBV_QPT_UD) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
+	if (ia->srq)
+		req.srq = sr_srq_handle(ia->srq);
 	req.pd = ((struct sr_pd *)pd)->h;
 	req.send_cq = ((struct sr_cq *)ia->send_cq)->h;
 	req.recv_cq = ((struct sr_cq *)ia->recv_cq)->h;
@@ -1433,6 +1435,7 @@ static struct sr_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
 	q->qp.pd = pd;
 	q->qp.send_cq = ia->send_cq;
 	q->qp.recv_cq = ia->recv_cq;
+	q->qp.srq = ia->srq;
 	q->qp.handle = r.handle;
 	q->qp.qp_num = r.qpn;
 	q->qp.state = IBV_QPS_RESET;
@@ -1528,6 +1531,8 @@ static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 		default:
 			break;
 		}
+		if (qp->qp_type == IBV_QPT_UD)
+			sr_ud_wqe(q, wr, &w);
 		if (wr->send_flags & IBV_SEND_INLINE) {
 			size_t len = 0;
 			for (int i = 0; i < wr->num_sge; i++)
@@ -1571,7 +1576,7 @@ static int sr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_re
 	int e = 0, posted = 0;
 
 	pthread_spin_lock(&q->rq_lock);
-	if (qp->state == IBV_QPS_RESET) {
+	if (qp->state == IBV_QPS_RESET || qp->srq) { /* a QP on an SRQ has no receive queue */
 		e = EINVAL;
 		*bad = wr;
 		goto out;
@@ -1689,6 +1694,7 @@ EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask, stru
 		ia->qp_context = qp->qp_context;
 		ia->send_cq = qp->send_cq;
 		ia->recv_cq = qp->recv_cq;
+		ia->srq = qp->srq;
 		ia->cap = q->cap;
 		ia->qp_type = qp->qp_type;
 	}
@@ -1992,6 +1998,12 @@ EXPORT int ibv_get_async_event(struct ibv_context *c, struct ibv_async_event *ev
 			ev->element.qp = &q->qp;
 			return 0;
 		}
+		case IBV_EVENT_SRQ_ERR:
+		case IBV_EVENT_SRQ_LIMIT_REACHED:
+			ev->element.srq = sr_srq_of_event(x, a.handle);
+			if (!ev->element.srq)
+				continue;
+			return 0;
 		default:
 			ev->element.port_num = 1;
 			return 0;
@@ -2024,6 +2036,15 @@ EXPORT void ibv_ack_async_event(struct ibv_async_event *ev)
 		pthread_cond_signal(&qp->cond);
 		pthread_mutex_unlock(&qp->mutex);
 		break;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED: {
+		struct ibv_srq *srq = ev->element.srq;
+		pthread_mutex_lock(&srq->mutex);
+		srq->events_completed++;
+		pthread_cond_signal(&srq->cond);
+		pthread_mutex_unlock(&srq->mutex);
+		break;
+	}
 	default:
 		break;
 	}
@@ -2179,50 +2200,7 @@ EXPORT enum ibv_rate mbps_to_ibv_rate(int mbps)
 	return mbps % 2500 ? IBV_RATE_MAX : mult_to_ibv_rate(mbps / 2500);
 }
 
-/* ---- not supported yet (UD address handles, SRQ, multicast) ---- */
-
-EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
-{
-	(void)pd;
-	(void)attr;
-	errno = EOPNOTSUPP;
-	return NULL;
-}
-
-EXPORT int ibv_destroy_ah(struct ibv_ah *ah)
-{
-	(void)ah;
-	return EOPNOTSUPP;
-}
-
-EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
-{
-	(void)pd;
-	(void)attr;
-	errno = EOPNOTSUPP;
-	return NULL;
-}
-
-EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask)
-{
-	(void)srq;
-	(void)attr;
-	(void)mask;
-	return EOPNOTSUPP;
-}
-
-EXPORT int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
-{
-	(void)srq;
-	(void)attr;
-	return EOPNOTSUPP;
-}
-
-EXPORT int ibv_destroy_srq(struct ibv_srq *srq)
-{
-	(void)srq;
-	return EOPNOTSUPP;
-}
+/* ---- not supported yet (multicast) ---- */
 
 EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
 {
@@ -2246,3 +2224,5 @@ EXPORT void ibv_register_driver(const char *name, void *init)
 	(void)name;
 	(void)init;
 }
+
+#include "verbs_ud.c"

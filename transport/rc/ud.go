@@ -91,7 +91,11 @@ func (qp *QP) transmitUD(budget int) bool {
 		s := ud.Send{Opcode: w.wr.Opcode, DestQP: w.wr.RemoteQPN, SrcQP: qp.num,
 			QKey: ud.QKeyToSend(qp.num, w.wr.RemoteQKey, qp.path.QKey), PSN: psn, Imm: w.wr.Imm,
 			Solicited: w.wr.Flags&wr.Solicited != 0}
-		e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: netip.AddrPortFrom(ah.Remote.Unmap(), nic.RoCEv2Port),
+		port := uint16(nic.RoCEv2Port)
+		if p := qp.path.Remote.Port(); p != 0 {
+			port = p // SetRemotePort: a peer on another UDP port
+		}
+		e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: netip.AddrPortFrom(ah.Remote.Unmap(), port),
 			Local: ah.Local.Unmap(), SrcPort: ud.SrcPort(ah.FlowLabel, srcPort(qp.num))})
 		e.txQP = append(e.txQP, qp)
 		buf := e.tx[len(e.tx)-1].Buf

@@ -1,0 +1,159 @@
+package serve
+
+import (
+	"fmt"
+	"syscall"
+
+	"github.com/softroce/softroce/verbs"
+)
+
+// UD address handles, and the QP types other than RC.
+
+const (
+	sizeCreateAH   = 48
+	sizeCreateSRQ  = 16
+	sizeSRQResp    = 40
+	sizeModifySRQ  = 16
+	sizeSRQAttr    = 16
+	offWQEAH       = 64 // struct sr_send_wqe's appended UD fields
+	offWQERemQPN   = 68
+	offWQERemQKey  = 72
+	ibvQPTRC       = 2 // enum ibv_qp_type
+	ibvQPTUC       = 3
+	ibvQPTUD       = 4
+	evSRQLimit     = 15 // IBV_EVENT_SRQ_LIMIT_REACHED
+	evQPLastWQE    = 16 // IBV_EVENT_QP_LAST_WQE_REACHED
+	ibvSRQMaxWR    = 1  // enum ibv_srq_attr_mask
+	ibvSRQLimit    = 2
+	maxClientAH    = 1 << 14
+	maxClientSRQ   = 1024
+	ahPortFirstOne = 1
+)
+
+// udBodySize is the exact body length of the ops of this file and srq.go.
+func udBodySize(op uint32) int {
+	switch op {
+	case opCreateAH:
+		return sizeCreateAH
+	case opCreateSRQ:
+		return sizeCreateSRQ
+	case opModifySRQ:
+		return sizeModifySRQ
+	}
+	return sizeHandle // DESTROY_AH, QUERY_SRQ, DESTROY_SRQ
+}
+
+// qpType maps enum ibv_qp_type to the verbs type the daemon serves.
+func qpType(t uint32) (verbs.QPType, bool) {
+	switch t {
+	case ibvQPTRC:
+		return verbs.QPTypeRC, true
+	case ibvQPTUC:
+		return verbs.QPTypeUC, true
+	case ibvQPTUD:
+		return verbs.QPTypeUD, true
+	}
+	return 0, false
+}
+
+// ahObj is a client's address handle.
+type ahObj struct {
+	handle uint32
+	pd     uint32
+	ah     *verbs.AH
+}
+
+// handleUD runs the ops of this file and srq.go; d.mu is held. ok is
+// false for an op that is none of them.
+func (c *client) handleUD(r request) (resp []byte, rfds []int, err error, ok bool) {
+	b := r.body
+	switch r.op {
+	case opCreateAH:
+		resp, err = c.createAH(b)
+	case opDestroyAH:
+		err = c.destroyAH(u32(b, 0))
+	case opCreateSRQ:
+		resp, rfds, err = c.createSRQ(u32(b, 0), u32(b, 1), u32(b, 2), u32(b, 3))
+	case opModifySRQ:
+		err = c.modifySRQ(u32(b, 0), u32(b, 1), u32(b, 2), u32(b, 3))
+	case opQuerySRQ:
+		resp, err = c.querySRQ(u32(b, 0))
+	case opDestroySRQ:
+		err = c.destroySRQ(u32(b, 0))
+	default:
+		return nil, nil, nil, false
+	}
+	return resp, rfds, err, true
+}
+
+func (c *client) createAH(b []byte) ([]byte, error) {
+	pdH, global, sgid, fl := u32(b, 0), u32(b, 1), u32(b, 2), u32(b, 3)
+	hop, tc, sl, port := u32(b, 4), u32(b, 5), u32(b, 6), u32(b, 7)
+	p := c.pds[pdH]
+	switch {
+	case p == nil:
+		return nil, fmt.Errorf("%w: no PD %d", syscall.EINVAL, pdH)
+	case global == 0:
+		// RoCE addresses are GIDs: an AH without a GRH names no one.
+		return nil, fmt.Errorf("%w: RoCE needs a GRH (is_global)", syscall.EINVAL)
+	case port != ahPortFirstOne && port != 0:
+		return nil, fmt.Errorf("%w: port %d", syscall.EINVAL, port)
+	case sgid > 255 || hop > 255 || tc > 255 || sl > 15 || fl > 0xfffff:
+		return nil, fmt.Errorf("%w: AH attribute out of range", syscall.EINVAL)
+	case len(c.ahs) >= maxClientAH:
+		return nil, syscall.ENOMEM
+	}
+	var a verbs.AHAttr
+	copy(a.DGID[:], b[32:48])
+	a.SGIDIndex, a.FlowLabel, a.HopLimit, a.TrafficClass, a.SL = int(sgid), fl, uint8(hop), uint8(tc), uint8(sl)
+	ah, err := p.pd.CreateAH(a)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
+	}
+	h := c.handleID()
+	c.ahs[h] = &ahObj{handle: h, pd: pdH, ah: ah}
+	p.uses++
+	return handleResp(h), nil
+}
+
+func (c *client) destroyAH(h uint32) error {
+	o := c.ahs[h]
+	if o == nil {
+		return fmt.Errorf("%w: no AH %d", syscall.EINVAL, h)
+	}
+	if err := o.ah.Destroy(); err != nil {
+		return err
+	}
+	delete(c.ahs, h)
+	c.pds[o.pd].uses--
+	return nil
+}
+
+// buildUD fills a UD send's destination from the WQE's appended fields:
+// the AH must be one of the client's own, of the QP's PD.
+func (q *qpObj) buildUD(w []byte) bool {
+	s := &q.swr
+	if q.typ != verbs.QPTypeUD {
+		s.AH, s.RemoteQPN, s.RemoteQKey = nil, 0, 0
+		return true
+	}
+	o := q.c.ahs[le.Uint32(w[offWQEAH:])]
+	if o == nil || o.pd != q.pd {
+		q.bad("UD send with an address handle that is not the client's, of the QP's PD")
+		return false
+	}
+	s.AH = o.ah.AV()
+	s.RemoteQPN = le.Uint32(w[offWQERemQPN:]) & 0xffffff
+	s.RemoteQKey = le.Uint32(w[offWQERemQKey:])
+	return true
+}
+
+// cleanupUD frees the client's SRQs and AHs once its QPs are gone.
+func (c *client) cleanupUD() {
+	for h := range c.srqs {
+		c.destroySRQ(h)
+	}
+	for h := range c.ahs {
+		c.destroyAH(h)
+	}
+}
