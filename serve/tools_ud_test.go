@@ -51,3 +51,8 @@ func TestIbvUDUCSRQPingpong(t *testing.T) {
 		})
 	}
 }
+
+// SRQ (limit event through ibv_get_async_event, no ibv_post_recv on a QP
+// on it, no destroy under a QP) and UD (the GRH at the head of the
+// receive, src_qp, ibv_create_ah_from_wc) from a C program.
+func TestCProgramUDSRQ(t *testing.T) { runC(t, "udsrq.c") }
