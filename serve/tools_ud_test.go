@@ -2,6 +2,7 @@ package serve
 
 import (
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -56,3 +57,42 @@ func TestIbvUDUCSRQPingpong(t *testing.T) {
 // on it, no destroy under a QP) and UD (the GRH at the head of the
 // receive, src_qp, ibv_create_ah_from_wc) from a C program.
 func TestCProgramUDSRQ(t *testing.T) { runC(t, "udsrq.c") }
+
+// perftest over UD and UC, and ibv_ud_pingpong, between two daemons on
+// two UDP ports: UD datagrams follow the QP's remote port too.
+func TestTwoDaemonsUDUC(t *testing.T) {
+	for _, c := range []struct {
+		tool string
+		args []string
+	}{
+		{"ib_send_bw", []string{"-c", "UD", "-x", "0", "-s", "1024", "-n", "200"}},
+		{"ib_write_bw", []string{"-c", "UC", "-x", "0", "-s", "65536", "-n", "500"}},
+		{"ibv_ud_pingpong", []string{"-g", "0", "-s", "1024", "-n", "200"}},
+	} {
+		t.Run(c.tool+"/"+strings.Join(c.args[:2], ""), func(t *testing.T) {
+			_, lib := tool(t, "ibv_devinfo")
+			p, err := exec.LookPath(c.tool)
+			if err != nil {
+				t.Skipf("%s is not installed (Debian: apt-get install perftest ibverbs-utils)", c.tool)
+			}
+			x, y := freeUDPPort(t), freeUDPPort(t)
+			s1, s2 := startPorts(t, x, y), startPorts(t, y, x)
+			args := append([]string{"-p", fmt.Sprint(freeTCPPort(t))}, c.args...)
+			srv := startPingpong(t, s1, lib, p, args...)
+			time.Sleep(time.Second) // the server listens once its QP exists
+			cli := startPingpong(t, s2, lib, p, append(args, "127.0.0.1")...)
+			cli.wait(t, c.tool+" client")
+			srv.wait(t, c.tool+" server")
+			want := "#bytes"
+			if c.tool == "ibv_ud_pingpong" {
+				want = "200 iters in"
+			}
+			for _, pp := range []*pingpong{srv, cli} {
+				if !strings.Contains(pp.output(), want) {
+					t.Errorf("no %q line:\n%s", want, pp.output())
+				}
+			}
+			t.Logf("%s", lastLines(cli.output(), 3))
+		})
+	}
+}
