@@ -378,6 +378,7 @@ static int sr_post_srq_recv(struct ibv_srq *s, struct ibv_recv_wr *wr, struct ib
 static uint32_t sr_srq_handle(struct ibv_srq *s);
 static void sr_ud_wqe(struct sr_qp *q, const struct ibv_send_wr *wr, struct sr_send_wqe *w);
 static struct ibv_srq *sr_srq_of_event(struct sr_context *x, uint32_t handle);
+static void sr_wr_set_ud_addr(struct ibv_qp_ex *x, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey);
 
 static struct ibv_mw *sr_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type t)
 {
@@ -1951,6 +1952,8 @@ static struct ibv_qp *sr_create_qp_ex(struct ibv_context *c, struct ibv_qp_init_
 		x->wr_start = wr_start;
 		x->wr_complete = wr_complete;
 		x->wr_abort = wr_abort;
+		if (a->qp_type == IBV_QPT_UD)
+			x->wr_set_ud_addr = sr_wr_set_ud_addr;
 	}
 	return &q->qp;
 }

@@ -154,6 +154,19 @@ static void sr_ud_wqe(struct sr_qp *q, const struct ibv_send_wr *wr, struct sr_s
 	w->remote_qkey = wr->wr.ud.remote_qkey;
 }
 
+/* ibv_wr_set_ud_addr: the destination of the WQE ibv_wr_send began. */
+static void sr_wr_set_ud_addr(struct ibv_qp_ex *x, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey)
+{
+	struct sr_qp *q = (struct sr_qp *)x;
+	struct sr_send_wqe *w = (struct sr_send_wqe *)q->wr_cur;
+
+	if (!w)
+		return;
+	w->ah = ah ? ((struct sr_ah *)ah)->h : 0;
+	w->remote_qpn = qpn;
+	w->remote_qkey = qkey;
+}
+
 /* ---- shared receive queues ---- */
 
 static uint32_t sr_srq_handle(struct ibv_srq *s)

@@ -185,6 +185,37 @@ int main(void)
 	if (wc.src_qp != u2->qp_num || strcmp(r1 + 40, "answer"))
 		die("UD answer: src_qp %u data %s", wc.src_qp, r1 + 40);
 
+	/* The extended send API on a UD QP: ibv_wr_set_ud_addr. */
+	struct ibv_qp_init_attr_ex ix = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_UD, .pd = pd,
+					  .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+					  .send_ops_flags = IBV_QP_EX_WITH_SEND,
+					  .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp *u3 = ibv_create_qp_ex(c, &ix);
+	if (!u3)
+		die("create UD qp ex failed");
+	struct ibv_qp_attr ua = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = 0x11111111 };
+	if (ibv_modify_qp(u3, &ua, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+		die("modify UD qp ex failed");
+	ud_ready(u3);
+	if (ibv_post_recv(u2, &w2, &badr))
+		die("UD post recv failed");
+	strcpy(buf + 40200, "extended");
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(u3);
+	ibv_wr_start(qx);
+	qx->wr_id = 5;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(qx);
+	ibv_wr_set_ud_addr(qx, ah, u2->qp_num, 0x11111111);
+	ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)buf + 40200, 9);
+	if (ibv_wr_complete(qx))
+		die("wr_complete failed");
+	wait_wc(5);
+	wc = wait_wc(200);
+	if (wc.src_qp != u3->qp_num || strcmp(r2 + 40, "extended"))
+		die("UD extended send: src_qp %u data %s", wc.src_qp, r2 + 40);
+	if (ibv_destroy_qp(u3))
+		die("destroy qp ex failed");
+
 	if (ibv_destroy_ah(ah) || ibv_destroy_ah(back) || ibv_destroy_qp(u1) || ibv_destroy_qp(u2) || ibv_destroy_qp(b) ||
 	    ibv_destroy_qp(a) || ibv_destroy_srq(srq) || ibv_destroy_cq(cq) || ibv_dereg_mr(mr) || ibv_dealloc_pd(pd) ||
 	    ibv_close_device(c))
