@@ -1,8 +1,11 @@
 package serve
 
 import (
+	"bufio"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -94,5 +97,53 @@ func TestTwoDaemonsUDUC(t *testing.T) {
 			}
 			t.Logf("%s", lastLines(cli.output(), 3))
 		})
+	}
+}
+
+// ibv_post_recv on a UD QP returns only once the daemon has taken the
+// receive: with the data path stopped it does not return; once it runs,
+// it does.
+func TestUDPostRecvWaitsForDaemon(t *testing.T) {
+	_, lib := tool(t, "ibv_devinfo")
+	bin := filepath.Join(t.TempDir(), "prog")
+	if out, err := exec.Command("gcc", "-O1", "-o", bin, filepath.Join("testdata", "udpost.c"), "-L"+lib, "-l:libibverbs.so.1").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	s := startUDP(t)
+	cmd := exec.Command(bin)
+	cmd.Env = env(s, lib)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	lines := make(chan string, 2)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	if l := <-lines; l != "ready" {
+		t.Fatalf("program said %q", l)
+	}
+	d := s.devs[0]
+	d.mu.Lock() // the poller and the doorbell goroutine stop here
+	in.Write([]byte("go\n"))
+	select {
+	case l := <-lines:
+		d.mu.Unlock()
+		t.Fatalf("ibv_post_recv returned (%q) before the daemon took the receive", l)
+	case <-time.After(300 * time.Millisecond):
+	}
+	d.mu.Unlock()
+	if l := <-lines; l != "posted" {
+		t.Fatalf("program said %q", l)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -379,6 +379,7 @@ static uint32_t sr_srq_handle(struct ibv_srq *s);
 static void sr_ud_wqe(struct sr_qp *q, const struct ibv_send_wr *wr, struct sr_send_wqe *w);
 static struct ibv_srq *sr_srq_of_event(struct sr_context *x, uint32_t handle);
 static void sr_wr_set_ud_addr(struct ibv_qp_ex *x, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey);
+static void sr_wait_taken(uint8_t *map, uint32_t cons_off, uint32_t prod);
 
 static struct ibv_mw *sr_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type t)
 {
@@ -1613,6 +1614,10 @@ static int sr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_re
 	}
 out:
 	pthread_spin_unlock(&q->rq_lock);
+	/* UD and UC have no RNR retry: a message that finds no receive is
+	 * lost, so the receives must be the transport's before we return. */
+	if (posted && qp->qp_type != IBV_QPT_RC)
+		sr_wait_taken(q->map, SR_QP_RQ_CONS, q->rq_prod);
 	return e;
 }
 

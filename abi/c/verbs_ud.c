@@ -6,6 +6,8 @@
  * system call, as ibv_post_recv does a QP's.
  */
 
+#include <time.h>
+
 struct sr_ah {
 	struct ibv_ah ah;
 	uint32_t h;
@@ -165,6 +167,28 @@ static void sr_wr_set_ud_addr(struct ibv_qp_ex *x, struct ibv_ah *ah, uint32_t q
 	w->ah = ah ? ((struct sr_ah *)ah)->h : 0;
 	w->remote_qpn = qpn;
 	w->remote_qkey = qkey;
+}
+
+/* sr_wait_taken waits until the daemon has consumed the ring up to prod
+ * (it posted those WQEs to the transport, or refused them and flagged the
+ * queue). The caller rang the doorbell if the daemon slept. Bounded: a
+ * daemon that does not answer in a second leaves the WQEs in the ring. */
+static void sr_wait_taken(uint8_t *map, uint32_t cons_off, uint32_t prod)
+{
+	struct timespec t0, t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (unsigned i = 0;; i++) {
+		uint32_t cons = atomic_load_explicit(at32(map, cons_off), memory_order_acquire);
+		if ((int32_t)(prod - cons) <= 0 || atomic_load_explicit(at32(map, SR_QP_ERROR), memory_order_relaxed))
+			return;
+		if (i < 64)
+			continue;
+		sched_yield();
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if (t.tv_sec - t0.tv_sec >= 2 || (t.tv_sec - t0.tv_sec == 1 && t.tv_nsec >= t0.tv_nsec))
+			return;
+	}
 }
 
 /* ---- shared receive queues ---- */
