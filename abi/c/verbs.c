@@ -380,6 +380,7 @@ static void sr_ud_wqe(struct sr_qp *q, const struct ibv_send_wr *wr, struct sr_s
 static struct ibv_srq *sr_srq_of_event(struct sr_context *x, uint32_t handle);
 static void sr_wr_set_ud_addr(struct ibv_qp_ex *x, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey);
 static void sr_wait_taken(uint8_t *map, uint32_t cons_off, uint32_t prod);
+static void sr_srq_unreliable(struct ibv_srq *s);
 
 static struct ibv_mw *sr_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type t)
 {
@@ -1404,6 +1405,8 @@ static struct sr_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
 	}
 	if (ia->srq)
 		req.srq = sr_srq_handle(ia->srq);
+	if (ia->srq && ia->qp_type != IBV_QPT_RC)
+		sr_srq_unreliable(ia->srq);
 	req.pd = ((struct sr_pd *)pd)->h;
 	req.send_cq = ((struct sr_cq *)ia->send_cq)->h;
 	req.recv_cq = ((struct sr_cq *)ia->recv_cq)->h;
@@ -1612,12 +1615,13 @@ static int sr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_re
 		atomic_store_explicit(at32(q->map, SR_QP_RQ_PROD), q->rq_prod, memory_order_release);
 		doorbell(q);
 	}
-out:
+out:;
+	uint32_t until = q->rq_prod;
 	pthread_spin_unlock(&q->rq_lock);
 	/* UD and UC have no RNR retry: a message that finds no receive is
 	 * lost, so the receives must be the transport's before we return. */
 	if (posted && qp->qp_type != IBV_QPT_RC)
-		sr_wait_taken(q->map, SR_QP_RQ_CONS, q->rq_prod);
+		sr_wait_taken(q->map, SR_QP_RQ_CONS, until);
 	return e;
 }
 

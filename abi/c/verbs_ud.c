@@ -20,6 +20,7 @@ struct sr_srq {
 	size_t len;
 	uint8_t *rq;
 	uint32_t size, stride, prod, max_sge;
+	_Atomic bool unreliable; /* a UD or UC QP uses it: posts wait for the daemon */
 	int bell;
 	pthread_spinlock_t lock;
 	struct sr_srq *next;
@@ -198,6 +199,11 @@ static uint32_t sr_srq_handle(struct ibv_srq *s)
 	return ((struct sr_srq *)s)->h;
 }
 
+static void sr_srq_unreliable(struct ibv_srq *s)
+{
+	atomic_store(&((struct sr_srq *)s)->unreliable, true);
+}
+
 static struct ibv_srq *sr_srq_of_event(struct sr_context *x, uint32_t handle)
 {
 	struct sr_srq *s;
@@ -355,6 +361,9 @@ static int sr_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct 
 			(void)n;
 		}
 	}
+	uint32_t until = s->prod;
 	pthread_spin_unlock(&s->lock);
+	if (posted && atomic_load_explicit(&s->unreliable, memory_order_relaxed))
+		sr_wait_taken(s->map, SR_SRQ_CONS, until);
 	return e;
 }

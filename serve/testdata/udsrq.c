@@ -153,6 +153,19 @@ int main(void)
 		die("the limit did not disarm: %u", sa.srq_limit);
 	if (ibv_destroy_srq(srq) == 0)
 		die("destroyed an SRQ with a QP on it");
+	struct ibv_qp_attr ea = { .qp_state = IBV_QPS_ERR };
+	if (ibv_modify_qp(b, &ea, IBV_QP_STATE))
+		die("modify to ERR failed");
+	if (ibv_get_async_event(c, &ev))
+		die("get async event failed");
+	if (ev.event_type != IBV_EVENT_QP_LAST_WQE_REACHED || ev.element.qp != b)
+		die("event %s, want last WQE reached for the SRQ's QP", ibv_event_type_str(ev.event_type));
+	ibv_ack_async_event(&ev);
+	{
+		struct ibv_wc fw;
+		while (ibv_poll_cq(cq, 1, &fw) > 0) /* the SRQ's WQEs stay; nothing of b's is left to flush */
+			;
+	}
 
 	/* UD */
 	struct ibv_qp *u1 = qp(IBV_QPT_UD, NULL), *u2 = qp(IBV_QPT_UD, NULL);
