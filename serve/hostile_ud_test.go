@@ -330,3 +330,18 @@ func FuzzHandleUD(f *testing.F) {
 		c.dev.mu.Unlock()
 	})
 }
+
+// The status lists each client's SRQs and AHs.
+func TestStatusSRQsAHs(t *testing.T) {
+	s := startPipe(t)
+	h := dial(t, s)
+	h.open()
+	pd := h.handle(opAllocPD, nil)
+	h.srq(pd, 4)
+	h.handle(opCreateAH, ahBody(pd, 1, 0, 0, 64, 0, 0, 1, h.gid0()))
+	h.handle(opCreateAH, ahBody(pd, 1, 0, 0, 64, 0, 0, 1, h.gid0()))
+	st := s.Status()
+	if len(st.Clients) != 1 || st.Clients[0].SRQs != 1 || st.Clients[0].AHs != 2 {
+		t.Fatalf("status: %+v", st.Clients)
+	}
+}

@@ -31,6 +31,8 @@ type ClientStatus struct {
 	PDs    int            `json:"pds"`
 	MRs    int            `json:"mrs"`
 	CQs    int            `json:"cqs"`
+	SRQs   int            `json:"srqs,omitempty"`
+	AHs    int            `json:"ahs,omitempty"`
 	QPs    []QPStatusLine `json:"qps"`
 }
 
@@ -79,6 +81,7 @@ func (s *Server) status(self *client) Status {
 		if d := x.d; d != nil {
 			d.mu.Lock()
 			cl.Device, cl.PDs, cl.MRs, cl.CQs = d.name, len(c.pds), len(c.mrs), len(c.cqs)
+			cl.SRQs, cl.AHs = len(c.srqs), len(c.ahs)
 			for _, q := range c.qps {
 				cl.QPs = append(cl.QPs, QPStatusLine{QPN: q.qpn, State: q.qp.State().String()})
 			}

@@ -151,7 +151,11 @@ func runStatus(args []string) int {
 	fmt.Printf("clients %d (accepted %d)  bad requests %d  bad WQEs %d  CQ overruns %d\n",
 		st.Stats.Clients, st.Stats.Accepted, st.Stats.BadRequests, st.Stats.BadWQEs, st.Stats.Overruns)
 	for _, c := range st.Clients {
-		fmt.Printf("  pid %d  %s  pds %d mrs %d cqs %d qps %d\n", c.PID, c.Device, c.PDs, c.MRs, c.CQs, len(c.QPs))
+		fmt.Printf("  pid %d  %s  pds %d mrs %d cqs %d qps %d", c.PID, c.Device, c.PDs, c.MRs, c.CQs, len(c.QPs))
+		if c.SRQs+c.AHs > 0 {
+			fmt.Printf(" srqs %d ahs %d", c.SRQs, c.AHs)
+		}
+		fmt.Println()
 		for _, q := range c.QPs {
 			fmt.Printf("    qp 0x%06x %s\n", q.QPN, q.State)
 		}
