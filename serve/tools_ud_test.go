@@ -3,12 +3,16 @@ package serve
 import (
 	"bufio"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/verbs"
 )
 
 // Two unmodified ibv_ud_pingpong, ibv_uc_pingpong and ibv_srq_pingpong
@@ -145,5 +149,40 @@ func TestUDPostRecvWaitsForDaemon(t *testing.T) {
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The UD and SRQ C program on an IPv6 device: the GRH is the IPv6 header,
+// which ibv_create_ah_from_wc reads back; and ibv_ud_pingpong over ::1.
+func TestUDIPv6(t *testing.T) {
+	p, lib := tool(t, "ibv_ud_pingpong")
+	port := freeUDPPort(t)
+	l, err := udp.Open(udp.Config{Addr: netip.MustParseAddr("::1"), Port: port})
+	if err != nil {
+		t.Skipf("open ::1: %v", err)
+	}
+	d, err := verbs.Open(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := start(t, d, uint16(port))
+	bin := filepath.Join(t.TempDir(), "prog")
+	if out, err := exec.Command("gcc", "-O1", "-o", bin, filepath.Join("testdata", "udsrq.c"), "-L"+lib, "-l:libibverbs.so.1").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = env(s, lib)
+	if out, err := cmd.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "ok" {
+		t.Fatalf("udsrq over IPv6: %v\n%s", err, out)
+	}
+	tcp := fmt.Sprint(freeTCPPort(t))
+	args := []string{"-g", "0", "-p", tcp, "-n", "200", "-s", "1024"}
+	srv := startPingpong(t, s, lib, p, args...)
+	time.Sleep(200 * time.Millisecond)
+	cli := startPingpong(t, s, lib, p, append(args, "localhost")...)
+	cli.wait(t, "client")
+	srv.wait(t, "server")
+	if o := cli.output(); !strings.Contains(o, "GID ::1") || !strings.Contains(o, "200 iters in") {
+		t.Errorf("no IPv6 exchange:\n%s", o)
 	}
 }
