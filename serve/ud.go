@@ -10,24 +10,23 @@ import (
 // UD address handles, and the QP types other than RC.
 
 const (
-	sizeCreateAH   = 48
-	sizeCreateSRQ  = 16
-	sizeSRQResp    = 40
-	sizeModifySRQ  = 16
-	sizeSRQAttr    = 16
-	offWQEAH       = 64 // struct sr_send_wqe's appended UD fields
-	offWQERemQPN   = 68
-	offWQERemQKey  = 72
-	ibvQPTRC       = 2 // enum ibv_qp_type
-	ibvQPTUC       = 3
-	ibvQPTUD       = 4
-	evSRQLimit     = 15 // IBV_EVENT_SRQ_LIMIT_REACHED
-	evQPLastWQE    = 16 // IBV_EVENT_QP_LAST_WQE_REACHED
-	ibvSRQMaxWR    = 1  // enum ibv_srq_attr_mask
-	ibvSRQLimit    = 2
-	maxClientAH    = 1 << 14
-	maxClientSRQ   = 1024
-	ahPortFirstOne = 1
+	sizeCreateAH  = 48
+	sizeCreateSRQ = 16
+	sizeSRQResp   = 40
+	sizeModifySRQ = 16
+	sizeSRQAttr   = 16
+	offWQEAH      = 64 // struct sr_send_wqe's appended UD fields
+	offWQERemQPN  = 68
+	offWQERemQKey = 72
+	ibvQPTRC      = 2 // enum ibv_qp_type
+	ibvQPTUC      = 3
+	ibvQPTUD      = 4
+	evSRQLimit    = 15 // IBV_EVENT_SRQ_LIMIT_REACHED
+	evQPLastWQE   = 16 // IBV_EVENT_QP_LAST_WQE_REACHED
+	ibvSRQMaxWR   = 1  // enum ibv_srq_attr_mask
+	ibvSRQLimit   = 2
+	maxClientAH   = 1 << 14
+	maxClientSRQ  = 1024
 )
 
 // udBodySize is the exact body length of the ops of this file and srq.go.
@@ -96,7 +95,7 @@ func (c *client) createAH(b []byte) ([]byte, error) {
 	case global == 0:
 		// RoCE addresses are GIDs: an AH without a GRH names no one.
 		return nil, fmt.Errorf("%w: RoCE needs a GRH (is_global)", syscall.EINVAL)
-	case port != ahPortFirstOne && port != 0:
+	case port > 1: // one port; 0 is taken as port 1
 		return nil, fmt.Errorf("%w: port %d", syscall.EINVAL, port)
 	case sgid > 255 || hop > 255 || tc > 255 || sl > 15 || fl > 0xfffff:
 		return nil, fmt.Errorf("%w: AH attribute out of range", syscall.EINVAL)
