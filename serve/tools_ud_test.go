@@ -65,8 +65,8 @@ func TestIbvUDUCSRQPingpong(t *testing.T) {
 // receive, src_qp, ibv_create_ah_from_wc) from a C program.
 func TestCProgramUDSRQ(t *testing.T) { runC(t, "udsrq.c") }
 
-// perftest over UD and UC, and ibv_ud_pingpong, between two daemons on
-// two UDP ports: UD datagrams follow the QP's remote port too.
+// perftest over UD and UC, and the UD, UC and SRQ pingpongs, between two
+// daemons on two UDP ports: UD datagrams follow the QP's remote port too.
 func TestTwoDaemonsUDUC(t *testing.T) {
 	for _, c := range []struct {
 		tool string
@@ -75,6 +75,8 @@ func TestTwoDaemonsUDUC(t *testing.T) {
 		{"ib_send_bw", []string{"-c", "UD", "-x", "0", "-s", "1024", "-n", "200"}},
 		{"ib_write_bw", []string{"-c", "UC", "-x", "0", "-s", "65536", "-n", "500"}},
 		{"ibv_ud_pingpong", []string{"-g", "0", "-s", "1024", "-n", "200"}},
+		{"ibv_uc_pingpong", []string{"-g", "0", "-s", "4096", "-n", "200"}},
+		{"ibv_srq_pingpong", []string{"-g", "0", "-s", "4096", "-n", "200"}},
 	} {
 		t.Run(c.tool+"/"+strings.Join(c.args[:2], ""), func(t *testing.T) {
 			_, lib := tool(t, "ibv_devinfo")
@@ -91,7 +93,7 @@ func TestTwoDaemonsUDUC(t *testing.T) {
 			cli.wait(t, c.tool+" client")
 			srv.wait(t, c.tool+" server")
 			want := "#bytes"
-			if c.tool == "ibv_ud_pingpong" {
+			if strings.HasPrefix(c.tool, "ibv_") {
 				want = "200 iters in"
 			}
 			for _, pp := range []*pingpong{srv, cli} {
