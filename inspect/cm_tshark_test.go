@@ -23,39 +23,9 @@ const (
 	cmGolden  = "testdata/rxe-cm/rxe-cm.tshark"
 )
 
-// cmTsharkFields are the Wireshark 4.0 fields compared with our decoding
-// of CM MADs (the same list as the golden file's). Left out on purpose:
-// the REQ paths' flow label and packet rate, which Wireshark 4.0 reads
-// from other bytes than the ones IBTA table 106 and the kernel's CM use
-// (docs/cm-wire.md), and the MRA and SIDR messages, which it does not
-// dissect.
-var cmTsharkFields = []string{"frame.number", "infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.deth.q_key",
-	"infiniband.deth.srcqp",
-	"infiniband.mad.baseversion", "infiniband.mad.mgmtclass", "infiniband.mad.classversion", "infiniband.mad.method",
-	"infiniband.mad.status", "infiniband.mad.classspecific", "infiniband.mad.transactionid", "infiniband.mad.attributeid",
-	"infiniband.mad.attributemodifier",
-	"infiniband.cm.req", "infiniband.cm.req.serviceid", "infiniband.cm.req.localcaguid", "infiniband.cm.req.localqkey",
-	"infiniband.cm.req.localqpn", "infiniband.cm.req.responderres", "infiniband.cm.req.localeecn",
-	"infiniband.cm.req.initdepth", "infiniband.cm.req.remoteeecn", "infiniband.cm.req.remoteresptout",
-	"infiniband.cm.req.transpsvctype", "infiniband.cm.req.e2eflowctrl", "infiniband.cm.req.startpsn",
-	"infiniband.cm.req.localresptout", "infiniband.cm.req.retrcount", "infiniband.cm.req.pkey",
-	"infiniband.cm.req.pppmtu", "infiniband.cm.req.rdcexist", "infiniband.cm.req.rnrretrcount",
-	"infiniband.cm.req.maxcmretr", "infiniband.cm.req.srq", "infiniband.cm.req.ext_transport",
-	"infiniband.cm.req.prim_locallid", "infiniband.cm.req.prim_remotelid", "infiniband.cm.req.prim_localgid_ipv4",
-	"infiniband.cm.req.prim_remotegid_ipv4", "infiniband.cm.req.prim_tfcclass", "infiniband.cm.req.prim_hoplim",
-	"infiniband.cm.req.prim_sl", "infiniband.cm.req.prim_subnetlocal", "infiniband.cm.req.prim_localacktout",
-	"infiniband.cm.req.ip_cm.ipv", "infiniband.cm.req.ip_cm.sport", "infiniband.cm.req.ip_cm.sip4",
-	"infiniband.cm.req.ip_cm.dip4", "infiniband.cm.req.ip_cm.private",
-	"infiniband.cm.rep", "infiniband.cm.rep.remotecommid", "infiniband.cm.rep.localqkey", "infiniband.cm.rep.localqpn",
-	"infiniband.cm.rep.localeecn", "infiniband.cm.rep.startpsn", "infiniband.cm.rep.respres", "infiniband.cm.rep.initdepth",
-	"infiniband.cm.rep.tgtackdelay", "infiniband.cm.rep.failoveracc", "infiniband.cm.rep.e2eflowctrl",
-	"infiniband.cm.rep.rnrretrcount", "infiniband.cm.rep.srq", "infiniband.cm.rep.localcaguid", "infiniband.cm.rep.private",
-	"infiniband.cm.rtu.localcommid", "infiniband.cm.rtu.remotecommid", "infiniband.cm.rtu.private",
-	"infiniband.cm.rej.localcommid", "infiniband.cm.rej.remotecommid", "infiniband.cm.rej.msgrej",
-	"infiniband.cm.rej.rejinfolen", "infiniband.cm.rej.reason", "infiniband.cm.rej.private",
-	"infiniband.cm.dreq.localcommid", "infiniband.cm.dreq.remotecommid", "infiniband.cm.req.remoteqpneecn",
-	"infiniband.cm.dreq.private",
-	"infiniband.cm.drsp.localcommid", "infiniband.cm.drsp.remotecommid", "infiniband.cm.drsp.private"}
+// cmTsharkFields are the fields compared with our decoding of CM MADs,
+// the golden file's.
+var cmTsharkFields = golden.CMTsharkFields
 
 // value is one of our values for a tshark field: a number, an address, or
 // (bytes fields) a length.
@@ -334,16 +304,9 @@ func compareCM(t *testing.T, fields []string, rows [][]string, recs []Record) (p
 // runTshark returns tshark's rows for fields over path.
 func runTshark(t *testing.T, tshark, path string, fields []string) [][]string {
 	t.Helper()
-	args := []string{"-r", path, "-T", "fields", "-E", "separator=|", "-E", "occurrence=f"}
-	for _, f := range fields {
-		args = append(args, "-e", f)
-	}
-	cmd := exec.Command(tshark, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	out, err := golden.Fields(tshark, path, fields)
 	if err != nil {
-		t.Fatalf("tshark: %v: %s", err, stderr.String())
+		t.Fatal(err)
 	}
 	var rows [][]string
 	sc := bufio.NewScanner(bytes.NewReader(out))
