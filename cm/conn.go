@@ -266,6 +266,15 @@ type Conn struct {
 	ending bool
 }
 
+// cmaPrivate is a REQ's (SIDR_REQ's) private data: the cma_hdr from an
+// ephemeral source port to remote, then the consumer's data.
+func (c *CM) cmaPrivate(remote netip.Addr, data []byte) []byte {
+	private := make([]byte, mad.CMAHeaderLen+len(data))
+	mad.CMAHeader(private).Encode(netip.AddrPortFrom(c.local.Unmap(), uint16(0x8000|rand.IntN(0x7000))), remote.Unmap())
+	copy(private[mad.CMAHeaderLen:], data)
+	return private
+}
+
 func (c *CM) newConn(qp *verbs.QP, remote netip.Addr) *Conn {
 	return &Conn{cm: c, qp: qp, remote: remote, ev: make(chan event, 16), done: make(chan struct{})}
 }
@@ -451,9 +460,7 @@ func (c *CM) Dial(ctx context.Context, remote netip.Addr, ps PortSpace, port uin
 			return nil, fmt.Errorf("cm: dial: QP %d to INIT: %w", qp.Num(), err)
 		}
 	}
-	private := make([]byte, mad.CMAHeaderLen+len(p.PrivateData))
-	mad.CMAHeader(private).Encode(netip.AddrPortFrom(c.local.Unmap(), uint16(0x8000|rand.IntN(0x7000))), remote.Unmap())
-	copy(private[mad.CMAHeaderLen:], p.PrivateData)
+	private := c.cmaPrivate(remote, p.PrivateData)
 	k := c.newConn(qp, remote.Unmap())
 	_, init := qp.Query()
 	mtu := mtuCode(c.dev.QueryPort().ActiveMTU)
@@ -796,9 +803,7 @@ func (c *CM) ResolveUD(ctx context.Context, remote netip.Addr, port uint16, priv
 	if len(privateData) > MaxUDPrivateData {
 		return nil, fmt.Errorf("cm: resolve UD: %d bytes of private data, at most %d", len(privateData), MaxUDPrivateData)
 	}
-	private := make([]byte, mad.CMAHeaderLen+len(privateData))
-	mad.CMAHeader(private).Encode(netip.AddrPortFrom(c.local.Unmap(), uint16(0x8000|rand.IntN(0x7000))), remote.Unmap())
-	copy(private[mad.CMAHeaderLen:], privateData)
+	private := c.cmaPrivate(remote, privateData)
 	k := c.newConn(nil, remote.Unmap())
 	ec, err := c.e.sidrRequest(c.clock.Now(), c.peerOf(remote.Unmap()), ServiceID(PortSpaceUDP, port), private, k)
 	if err != nil {

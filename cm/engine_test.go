@@ -106,6 +106,13 @@ func (nw *memNet) advance(now, end time.Time) time.Time {
 	}
 }
 
+// connect has a send testReq(b) at t0 and delivers what follows.
+func (nw *memNet) connect(a, b *node) *conn {
+	c, _ := a.e.connect(t0, testReq(b))
+	nw.deliver(t0)
+	return c
+}
+
 func (nw *memNet) count(attr uint16) int {
 	k := 0
 	for _, p := range nw.log {
@@ -168,10 +175,43 @@ func pair(t *testing.T) (*memNet, *node, *node) {
 	return nw, a, b
 }
 
-func TestConnectEstablishes(t *testing.T) {
+// answerDREQ makes b answer every DREQ with a DREP.
+func answerDREQ(b *node) {
+	b.on = func(n *node, ev *event) {
+		if ev.typ == evDreqReceived {
+			n.e.disconnect(t0, ev.c, nil)
+		}
+	}
+}
+
+// autoPair is pair with b accepting every REQ and a answering every REP.
+func autoPair(t *testing.T) (*memNet, *node, *node) {
+	t.Helper()
 	nw, a, b := pair(t)
 	autoAccept(b)
 	autoRTU(a)
+	return nw, a, b
+}
+
+// dropFirst drops the first MAD of attr.
+func dropFirst(attr mad.AttrID) func(packet) bool {
+	lost := false
+	return func(p packet) bool {
+		if mad.MAD(p.b).AttrID() == attr && !lost {
+			lost = true
+			return true
+		}
+		return false
+	}
+}
+
+// dropAll drops every MAD of attr.
+func dropAll(attr mad.AttrID) func(packet) bool {
+	return func(p packet) bool { return mad.MAD(p.b).AttrID() == attr }
+}
+
+func TestConnectEstablishes(t *testing.T) {
+	nw, a, b := autoPair(t)
 	c, err := a.e.connect(t0, testReq(b))
 	if err != nil {
 		t.Fatal(err)
@@ -263,8 +303,7 @@ func TestConsumerReject(t *testing.T) {
 			}
 		}
 	}
-	a.e.connect(t0, testReq(b))
-	nw.deliver(t0)
+	nw.connect(a, b)
 	ev := a.last(evRejReceived)
 	if ev == nil || ev.m.reason != RejConsumerDefined || !bytes.HasPrefix(ev.m.private, []byte("go away")) {
 		t.Fatalf("want REJ 28 with private data, got %+v", ev)
@@ -275,19 +314,9 @@ func TestConsumerReject(t *testing.T) {
 }
 
 func TestLostREQRetransmitted(t *testing.T) {
-	nw, a, b := pair(t)
-	autoAccept(b)
-	autoRTU(a)
-	lost := 0
-	nw.drop = func(p packet) bool {
-		if mad.MAD(p.b).AttrID() == mad.AttrREQ && lost == 0 {
-			lost++
-			return true
-		}
-		return false
-	}
-	c, _ := a.e.connect(t0, testReq(b))
-	nw.deliver(t0)
+	nw, a, b := autoPair(t)
+	nw.drop = dropFirst(mad.AttrREQ)
+	c := nw.connect(a, b)
 	if c.state != stReqSent {
 		t.Fatalf("state %v after a lost REQ", c.state)
 	}
@@ -305,8 +334,7 @@ func TestLostREQRetransmitted(t *testing.T) {
 func TestUnreachableAfterRetries(t *testing.T) {
 	nw, a, b := pair(t)
 	nw.drop = func(packet) bool { return true }
-	a.e.connect(t0, testReq(b))
-	nw.deliver(t0)
+	nw.connect(a, b)
 	end := nw.advance(t0, t0.Add(10*time.Minute))
 	_ = end
 	ev := a.last(evReqError)
@@ -322,19 +350,9 @@ func TestUnreachableAfterRetries(t *testing.T) {
 }
 
 func TestLostREPDuplicateREQDropped(t *testing.T) {
-	nw, a, b := pair(t)
-	autoAccept(b)
-	autoRTU(a)
-	lost := 0
-	nw.drop = func(p packet) bool {
-		if mad.MAD(p.b).AttrID() == mad.AttrREP && lost == 0 {
-			lost++
-			return true
-		}
-		return false
-	}
-	c, _ := a.e.connect(t0, testReq(b))
-	nw.deliver(t0)
+	nw, a, b := autoPair(t)
+	nw.drop = dropFirst(mad.AttrREP)
+	c := nw.connect(a, b)
 	nw.advance(t0, t0.Add(10*time.Second))
 	if c.state != stEstablished {
 		t.Fatalf("state %v", c.state)
@@ -352,8 +370,7 @@ func TestLostREPDuplicateREQDropped(t *testing.T) {
 func TestDuplicateREQBeforeAcceptDrawsMRA(t *testing.T) {
 	nw, a, b := pair(t)
 	autoRTU(a)
-	c, _ := a.e.connect(t0, testReq(b))
-	nw.deliver(t0)
+	c := nw.connect(a, b)
 	now := nw.advance(t0, t0.Add(4608*time.Millisecond))
 	if n := nw.count(attrMRA); n != 1 {
 		t.Fatalf("%d MRAs, want one answering the duplicate REQ", n)
@@ -380,19 +397,9 @@ func TestDuplicateREQBeforeAcceptDrawsMRA(t *testing.T) {
 }
 
 func TestLostRTUDuplicateREPResendsRTU(t *testing.T) {
-	nw, a, b := pair(t)
-	autoAccept(b)
-	autoRTU(a)
-	lost := 0
-	nw.drop = func(p packet) bool {
-		if mad.MAD(p.b).AttrID() == mad.AttrRTU && lost == 0 {
-			lost++
-			return true
-		}
-		return false
-	}
-	a.e.connect(t0, testReq(b))
-	nw.deliver(t0)
+	nw, a, b := autoPair(t)
+	nw.drop = dropFirst(mad.AttrRTU)
+	nw.connect(a, b)
 	bc := b.last(evReqReceived).c
 	if bc.state != stRepSent {
 		t.Fatalf("passive %v", bc.state)
@@ -404,12 +411,9 @@ func TestLostRTUDuplicateREPResendsRTU(t *testing.T) {
 }
 
 func TestEstablishBeforeRTU(t *testing.T) {
-	nw, a, b := pair(t)
-	autoAccept(b)
-	autoRTU(a)
-	nw.drop = func(p packet) bool { return mad.MAD(p.b).AttrID() == mad.AttrRTU }
-	a.e.connect(t0, testReq(b))
-	nw.deliver(t0)
+	nw, a, b := autoPair(t)
+	nw.drop = dropAll(mad.AttrRTU)
+	nw.connect(a, b)
 	bc := b.last(evReqReceived).c
 	// The first packet on the QP stands for the RTU (COMM_EST).
 	if err := b.e.establish(bc); err != nil {
@@ -422,16 +426,9 @@ func TestEstablishBeforeRTU(t *testing.T) {
 }
 
 func TestDisconnect(t *testing.T) {
-	nw, a, b := pair(t)
-	autoAccept(b)
-	autoRTU(a)
-	c, _ := a.e.connect(t0, testReq(b))
-	nw.deliver(t0)
-	b.on = func(n *node, ev *event) {
-		if ev.typ == evDreqReceived {
-			n.e.disconnect(t0, ev.c, nil)
-		}
-	}
+	nw, a, b := autoPair(t)
+	c := nw.connect(a, b)
+	answerDREQ(b)
 	if err := a.e.disconnect(t0, c, []byte("bye")); err != nil {
 		t.Fatal(err)
 	}
@@ -452,12 +449,9 @@ func TestDisconnect(t *testing.T) {
 }
 
 func TestDREQWithoutDREPTimesOut(t *testing.T) {
-	nw, a, b := pair(t)
-	autoAccept(b)
-	autoRTU(a)
-	c, _ := a.e.connect(t0, testReq(b))
-	nw.deliver(t0)
-	nw.drop = func(p packet) bool { return mad.MAD(p.b).AttrID() == mad.AttrDREQ }
+	nw, a, b := autoPair(t)
+	c := nw.connect(a, b)
+	nw.drop = dropAll(mad.AttrDREQ)
 	a.e.disconnect(t0, c, nil)
 	nw.deliver(t0)
 	nw.advance(t0, t0.Add(10*time.Minute))
@@ -470,24 +464,10 @@ func TestDREQWithoutDREPTimesOut(t *testing.T) {
 }
 
 func TestLostDREPAnsweredFromTimewait(t *testing.T) {
-	nw, a, b := pair(t)
-	autoAccept(b)
-	autoRTU(a)
-	c, _ := a.e.connect(t0, testReq(b))
-	nw.deliver(t0)
-	b.on = func(n *node, ev *event) {
-		if ev.typ == evDreqReceived {
-			n.e.disconnect(t0, ev.c, nil)
-		}
-	}
-	lost := 0
-	nw.drop = func(p packet) bool {
-		if mad.MAD(p.b).AttrID() == mad.AttrDREP && lost == 0 {
-			lost++
-			return true
-		}
-		return false
-	}
+	nw, a, b := autoPair(t)
+	c := nw.connect(a, b)
+	answerDREQ(b)
+	nw.drop = dropFirst(mad.AttrDREP)
 	// A long timewait on b so the retransmitted DREQ finds it.
 	bc := b.last(evReqReceived).c
 	bc.avTimeout = 24
@@ -501,8 +481,7 @@ func TestLostDREPAnsweredFromTimewait(t *testing.T) {
 
 func TestAcceptTimeoutFreesHalfOpen(t *testing.T) {
 	nw, a, b := pair(t)
-	a.e.connect(t0, testReq(b))
-	nw.deliver(t0)
+	nw.connect(a, b)
 	if s := b.e.Stats(); s.HalfOpen != 1 {
 		t.Fatalf("half-open %d", s.HalfOpen)
 	}
@@ -516,11 +495,8 @@ func TestAcceptTimeoutFreesHalfOpen(t *testing.T) {
 }
 
 func TestStaleConnectionREJ10(t *testing.T) {
-	nw, a, b := pair(t)
-	autoAccept(b)
-	autoRTU(a)
-	a.e.connect(t0, testReq(b))
-	nw.deliver(t0)
+	nw, a, b := autoPair(t)
+	nw.connect(a, b)
 	// A second REQ naming the same QP of the same CA, with another comm ID.
 	c2, _ := a.e.connect(t0, testReq(b))
 	nw.deliver(t0)

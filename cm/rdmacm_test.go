@@ -126,6 +126,15 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
+// serveNext hands l's next connection request to f, in a goroutine.
+func serveNext(ctx context.Context, l *Listener, f func(*ConnRequest)) {
+	go func() {
+		if req, err := l.Next(ctx); err == nil {
+			f(req)
+		}
+	}()
+}
+
 func TestDialAcceptSendDisconnect(t *testing.T) {
 	a, b := sides(t, nil)
 	l, err := b.cm.Listen(PortSpaceTCP, 7471)
@@ -243,12 +252,7 @@ func TestDialRejectedWithPrivateData(t *testing.T) {
 	a, b := sides(t, nil)
 	l, _ := b.cm.Listen(PortSpaceTCP, 7000)
 	ctx := ctxT(t)
-	go func() {
-		req, err := l.Next(ctx)
-		if err == nil {
-			req.Reject([]byte("busy"))
-		}
-	}()
+	serveNext(ctx, l, func(req *ConnRequest) { req.Reject([]byte("busy")) })
 	_, err := a.cm.Dial(ctx, b.cm.Local(), PortSpaceTCP, 7000, a.newQP(t), nil)
 	var rej *RejectError
 	if !errors.As(err, &rej) || rej.Reason != 28 || !bytes.HasPrefix(rej.PrivateData, []byte("busy")) || errors.Is(err, ErrNoListener) {
@@ -274,12 +278,7 @@ func TestDisconnectWithoutDREP(t *testing.T) {
 	a, b := sides(t, nil)
 	l, _ := b.cm.Listen(PortSpaceTCP, 7000)
 	ctx := ctxT(t)
-	go func() {
-		req, err := l.Next(ctx)
-		if err == nil {
-			req.Accept(ctx, b.newQP(t), nil)
-		}
-	}()
+	serveNext(ctx, l, func(req *ConnRequest) { req.Accept(ctx, b.newQP(t), nil) })
 	k, err := a.cm.Dial(ctx, b.cm.Local(), PortSpaceTCP, 7000, a.newQP(t), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -305,12 +304,11 @@ func TestResolveUD(t *testing.T) {
 	a, b := sides(t, nil)
 	l, _ := b.cm.Listen(PortSpaceUDP, 5000)
 	ctx := ctxT(t)
-	go func() {
-		req, err := l.Next(ctx)
-		if err == nil && req.UD() && bytes.HasPrefix(req.PrivateData, []byte("udaddy")) {
+	serveNext(ctx, l, func(req *ConnRequest) {
+		if req.UD() && bytes.HasPrefix(req.PrivateData, []byte("udaddy")) {
 			req.AcceptUD(0x123, 0, []byte("here"))
 		}
-	}()
+	})
 	r, err := a.cm.ResolveUD(ctx, b.cm.Local(), 5000, []byte("udaddy"))
 	if err != nil {
 		t.Fatal(err)

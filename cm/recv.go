@@ -60,6 +60,23 @@ func (e *engine) issueRej(from Peer, m *msg, reason uint16, rejected uint8) {
 		msgRejected: rejected, reason: reason})
 }
 
+// staleQP rejects m (a REQ or REP) as stale when its QP is already in a
+// connection of ours, and disconnects that connection if established.
+func (e *engine) staleQP(now time.Time, from Peer, m *msg, rejected uint8) bool {
+	c := e.remoteQPs[remoteKey{m.qpn, m.caGUID}]
+	if c == nil {
+		return false
+	}
+	e.stats.RejectedStale++
+	e.issueRej(from, m, RejStaleConn, rejected)
+	if c.state == stEstablished {
+		mm := msg{attr: attrDREQ, tid: e.formTID(c), localID: c.localID, remoteID: c.remoteID, qpn: c.remoteQPN}
+		e.setState(c, stDreqSent)
+		e.sendRetx(now, c, &mm, c.timeout, c.maxRetries)
+	}
+	return true
+}
+
 func (e *engine) onREQ(now time.Time, from Peer, m *msg) {
 	// A duplicate of a REQ being handled: its comm ID and CA GUID are known.
 	if c := e.remoteIDs[remoteKey{m.localID, m.caGUID}]; c != nil {
@@ -67,8 +84,7 @@ func (e *engine) onREQ(now time.Time, from Peer, m *msg) {
 		switch c.state {
 		case stMRAReqSent:
 			c.dupSeen = true
-			e.sendMsg(c.peer, &msg{attr: attrMRA, tid: c.tid, localID: c.localID, remoteID: c.remoteID,
-				msgMRAed: msgRespREQ, serviceTimeout: c.serviceTimeout})
+			e.resendMRA(c, msgRespREQ)
 		case stTimewait:
 			e.stats.RejectedStale++
 			e.sendMsg(c.peer, e.formatRej(c, RejStaleConn, nil, nil))
@@ -76,14 +92,7 @@ func (e *engine) onREQ(now time.Time, from Peer, m *msg) {
 		return
 	}
 	// The same remote QP already in a connection: stale (cm_match_req).
-	if c := e.remoteQPs[remoteKey{m.qpn, m.caGUID}]; c != nil {
-		e.stats.RejectedStale++
-		e.issueRej(from, m, RejStaleConn, msgRespREQ)
-		if c.state == stEstablished {
-			mm := msg{attr: attrDREQ, tid: e.formTID(c), localID: c.localID, remoteID: c.remoteID, qpn: c.remoteQPN}
-			e.setState(c, stDreqSent)
-			e.sendRetx(now, c, &mm, c.timeout, c.maxRetries)
-		}
+	if e.staleQP(now, from, m, msgRespREQ) {
 		return
 	}
 	l := e.listeners[m.serviceID]
@@ -211,6 +220,12 @@ func (e *engine) onREJ(now time.Time, m *msg) {
 	e.post(event{typ: evRejReceived, c: c, m: copyMsg(m)})
 }
 
+// resendMRA sends c's MRA of message mraed again, answering a duplicate.
+func (e *engine) resendMRA(c *conn, mraed uint8) {
+	e.sendMsg(c.peer, &msg{attr: attrMRA, tid: c.tid, localID: c.localID, remoteID: c.remoteID,
+		msgMRAed: mraed, serviceTimeout: c.serviceTimeout})
+}
+
 // onDupREP answers a REP for a communication that is past it
 // (cm_dup_rep_handler): the RTU again when established, the MRA when one
 // was sent.
@@ -225,8 +240,7 @@ func (e *engine) onDupREP(m *msg) {
 	case stEstablished:
 		e.sendMsg(c.peer, &msg{attr: attrRTU, tid: c.tid, localID: c.localID, remoteID: c.remoteID, private: c.private})
 	case stMRARepSent:
-		e.sendMsg(c.peer, &msg{attr: attrMRA, tid: c.tid, localID: c.localID, remoteID: c.remoteID,
-			msgMRAed: msgRespREP, serviceTimeout: c.serviceTimeout})
+		e.resendMRA(c, msgRespREP)
 	}
 }
 
@@ -244,14 +258,7 @@ func (e *engine) onREP(now time.Time, from Peer, m *msg) {
 		e.stats.Duplicates++
 		return
 	}
-	if o := e.remoteQPs[remoteKey{m.qpn, m.caGUID}]; o != nil {
-		e.stats.RejectedStale++
-		e.issueRej(from, m, RejStaleConn, msgRespREP)
-		if o.state == stEstablished {
-			mm := msg{attr: attrDREQ, tid: e.formTID(o), localID: o.localID, remoteID: o.remoteID, qpn: o.remoteQPN}
-			e.setState(o, stDreqSent)
-			e.sendRetx(now, o, &mm, o.timeout, o.maxRetries)
-		}
+	if e.staleQP(now, from, m, msgRespREP) {
 		return
 	}
 	c.remoteID = m.localID

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -214,31 +213,8 @@ func TestCMSummaryCounts(t *testing.T) {
 // rewrites it, as after re-recording the capture).
 func TestCMTextGolden(t *testing.T) {
 	const golden = "testdata/rxe-cm.txt"
-	var out bytes.Buffer
-	z := NewSummarizer("rxe-cm.pcap")
-	err := Walk(cmCapture, func(r *Record) error {
-		z.Add(r)
-		return WriteText(&out, r, true)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := z.Summary()
-	if err := WriteSummary(&out, &s); err != nil {
-		t.Fatal(err)
-	}
-	if os.Getenv("SOFTROCE_UPDATE_GOLDEN") == "1" {
-		if err := os.WriteFile(golden, out.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(out.Bytes(), want) {
-		t.Errorf("output differs from %s (SOFTROCE_UPDATE_GOLDEN=1 to accept):\n%s", golden, out.String())
-	}
+	out, s := renderVerbose(t, cmCapture)
+	matchGolden(t, golden, out)
 	for _, m := range []string{"REQ", "REP", "RTU", "DREQ", "DREP", "MRA", "REJ", "SIDR_REQ", "SIDR_REP"} {
 		if s.CM[m] == 0 {
 			t.Errorf("no %s in the capture's summary: %v", m, s.CM)

@@ -23,39 +23,9 @@ const (
 	cmGolden  = "testdata/rxe-cm/rxe-cm.tshark"
 )
 
-// cmTsharkFields are the Wireshark 4.0 fields compared with our decoding
-// of CM MADs (the same list as the golden file's). Left out on purpose:
-// the REQ paths' flow label and packet rate, which Wireshark 4.0 reads
-// from other bytes than the ones IBTA table 106 and the kernel's CM use
-// (docs/cm-wire.md), and the MRA and SIDR messages, which it does not
-// dissect.
-var cmTsharkFields = []string{"frame.number", "infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.deth.q_key",
-	"infiniband.deth.srcqp",
-	"infiniband.mad.baseversion", "infiniband.mad.mgmtclass", "infiniband.mad.classversion", "infiniband.mad.method",
-	"infiniband.mad.status", "infiniband.mad.classspecific", "infiniband.mad.transactionid", "infiniband.mad.attributeid",
-	"infiniband.mad.attributemodifier",
-	"infiniband.cm.req", "infiniband.cm.req.serviceid", "infiniband.cm.req.localcaguid", "infiniband.cm.req.localqkey",
-	"infiniband.cm.req.localqpn", "infiniband.cm.req.responderres", "infiniband.cm.req.localeecn",
-	"infiniband.cm.req.initdepth", "infiniband.cm.req.remoteeecn", "infiniband.cm.req.remoteresptout",
-	"infiniband.cm.req.transpsvctype", "infiniband.cm.req.e2eflowctrl", "infiniband.cm.req.startpsn",
-	"infiniband.cm.req.localresptout", "infiniband.cm.req.retrcount", "infiniband.cm.req.pkey",
-	"infiniband.cm.req.pppmtu", "infiniband.cm.req.rdcexist", "infiniband.cm.req.rnrretrcount",
-	"infiniband.cm.req.maxcmretr", "infiniband.cm.req.srq", "infiniband.cm.req.ext_transport",
-	"infiniband.cm.req.prim_locallid", "infiniband.cm.req.prim_remotelid", "infiniband.cm.req.prim_localgid_ipv4",
-	"infiniband.cm.req.prim_remotegid_ipv4", "infiniband.cm.req.prim_tfcclass", "infiniband.cm.req.prim_hoplim",
-	"infiniband.cm.req.prim_sl", "infiniband.cm.req.prim_subnetlocal", "infiniband.cm.req.prim_localacktout",
-	"infiniband.cm.req.ip_cm.ipv", "infiniband.cm.req.ip_cm.sport", "infiniband.cm.req.ip_cm.sip4",
-	"infiniband.cm.req.ip_cm.dip4", "infiniband.cm.req.ip_cm.private",
-	"infiniband.cm.rep", "infiniband.cm.rep.remotecommid", "infiniband.cm.rep.localqkey", "infiniband.cm.rep.localqpn",
-	"infiniband.cm.rep.localeecn", "infiniband.cm.rep.startpsn", "infiniband.cm.rep.respres", "infiniband.cm.rep.initdepth",
-	"infiniband.cm.rep.tgtackdelay", "infiniband.cm.rep.failoveracc", "infiniband.cm.rep.e2eflowctrl",
-	"infiniband.cm.rep.rnrretrcount", "infiniband.cm.rep.srq", "infiniband.cm.rep.localcaguid", "infiniband.cm.rep.private",
-	"infiniband.cm.rtu.localcommid", "infiniband.cm.rtu.remotecommid", "infiniband.cm.rtu.private",
-	"infiniband.cm.rej.localcommid", "infiniband.cm.rej.remotecommid", "infiniband.cm.rej.msgrej",
-	"infiniband.cm.rej.rejinfolen", "infiniband.cm.rej.reason", "infiniband.cm.rej.private",
-	"infiniband.cm.dreq.localcommid", "infiniband.cm.dreq.remotecommid", "infiniband.cm.req.remoteqpneecn",
-	"infiniband.cm.dreq.private",
-	"infiniband.cm.drsp.localcommid", "infiniband.cm.drsp.remotecommid", "infiniband.cm.drsp.private"}
+// cmTsharkFields are the fields compared with our decoding of CM MADs,
+// the golden file's.
+var cmTsharkFields = golden.CMTsharkFields
 
 // value is one of our values for a tshark field: a number, an address, or
 // (bytes fields) a length.
@@ -91,7 +61,6 @@ func ourCMValue(r *Record, field string) (value, bool) {
 	c := r.CM
 	m := mad.MAD(cmPayload(r))
 	a := m.AttrID()
-	msg := func(want mad.AttrID) bool { return a == want }
 	switch field {
 	case "infiniband.bth.opcode":
 		return num(r.Opcode), true
@@ -120,169 +89,135 @@ func ourCMValue(r *Record, field string) (value, bool) {
 	case "infiniband.mad.attributemodifier":
 		return num(m.AttrMod()), true
 	}
-	pdlen := func() (value, bool) { return value{bytes: c.PrivateDataLen, kind: 'b'}, true }
-	if f, ok := strings.CutPrefix(field, "infiniband.cm.req"); ok && msg(mad.AttrREQ) {
-		q := m.REQ()
-		p := q.Primary()
-		switch f {
-		case "":
-			return num(*c.LocalCommID), true
-		case ".serviceid":
-			return num(*c.ServiceID), true
-		case ".localcaguid":
-			return num(q.LocalCAGUID()), true
-		case ".localqkey":
-			return num(q.LocalQKey()), true
-		case ".localqpn":
-			return num(*c.QPN), true
-		case ".responderres":
-			return num(*c.ResponderResources), true
-		case ".localeecn":
-			return num(q.LocalEECN()), true
-		case ".initdepth":
-			return num(*c.InitiatorDepth), true
-		case ".remoteeecn":
-			return num(q.RemoteEECN()), true
-		case ".remoteresptout":
-			return num(*c.CMTimeout), true
-		case ".transpsvctype":
-			return num(q.TransportType()), c.Transport == transportNames[q.TransportType()]
-		case ".e2eflowctrl":
-			return b2n(q.E2EFlowControl()), true
-		case ".startpsn":
-			return num(*c.StartingPSN), true
-		case ".localresptout":
-			return num(q.LocalCMResponseTimeout()), true
-		case ".retrcount":
-			return num(*c.RetryCount), true
-		case ".pkey":
-			return num(q.PKey()), true
-		case ".pppmtu":
-			return num(q.PathMTU()), *c.PathMTU == mad.PathMTUBytes(q.PathMTU())
-		case ".rdcexist":
-			return b2n(q.RDCExists()), true
-		case ".rnrretrcount":
-			return num(*c.RNRRetry), true
-		case ".maxcmretr":
-			return num(*c.MaxCMRetries), true
-		case ".srq":
-			return b2n(*c.SRQ), true
-		case ".ext_transport":
-			return num(q.ExtTransportType()), true
-		case ".prim_locallid":
-			return num(p.LocalLID()), true
-		case ".prim_remotelid":
-			return num(p.RemoteLID()), true
-		case ".prim_localgid_ipv4":
-			a := netip.MustParseAddr(c.LocalGID)
-			return value{addr: a.Unmap(), kind: 'a'}, a.Is4In6()
-		case ".prim_remotegid_ipv4":
-			a := netip.MustParseAddr(c.RemoteGID)
-			return value{addr: a.Unmap(), kind: 'a'}, a.Is4In6()
-		case ".prim_tfcclass":
-			return num(p.TrafficClass()), true
-		case ".prim_hoplim":
-			return num(p.HopLimit()), true
-		case ".prim_sl":
-			return num(p.SL()), true
-		case ".prim_subnetlocal":
-			return b2n(p.SubnetLocal()), true
-		case ".prim_localacktout":
-			return num(p.LocalAckTimeout()), true
-		case ".ip_cm.ipv":
-			return num(c.CMA.IPVersion), c.CMA != nil
-		case ".ip_cm.sport":
-			return num(c.CMA.SrcPort), c.CMA != nil
-		case ".ip_cm.sip4":
-			return value{addr: c.CMA.Src, kind: 'a'}, c.CMA != nil && c.CMA.IPVersion == 4
-		case ".ip_cm.dip4":
-			return value{addr: c.CMA.Dst, kind: 'a'}, c.CMA != nil && c.CMA.IPVersion == 4
-		case ".ip_cm.private":
-			return pdlen()
-		}
-		if f == ".remoteqpneecn" { // Wireshark names the DREQ's field under cm.req
-			return value{}, false
-		}
+	pre, ok := cmFieldPrefix[a]
+	if field == "infiniband.cm.req.remoteqpneecn" { // Wireshark names the DREQ's field under cm.req
+		pre, ok = "infiniband.cm.req", a == mad.AttrDREQ
 	}
-	switch {
-	case msg(mad.AttrREP) && strings.HasPrefix(field, "infiniband.cm.rep"):
+	f, ok2 := strings.CutPrefix(field, pre)
+	if !ok || !ok2 {
+		return value{}, false
+	}
+	// The fields several messages share, as inspect's record shows them.
+	switch f {
+	case "", ".localcommid":
+		return num(*c.LocalCommID), true
+	case ".remotecommid":
+		return num(*c.RemoteCommID), true
+	case ".localqpn", ".remoteqpneecn":
+		return num(*c.QPN), true
+	case ".startpsn":
+		return num(*c.StartingPSN), true
+	case ".responderres", ".respres":
+		return num(*c.ResponderResources), true
+	case ".initdepth":
+		return num(*c.InitiatorDepth), true
+	case ".rnrretrcount":
+		return num(*c.RNRRetry), true
+	case ".srq":
+		return b2n(*c.SRQ), true
+	case ".private", ".ip_cm.private":
+		return value{bytes: c.PrivateDataLen, kind: 'b'}, true
+	}
+	switch a {
+	case mad.AttrREQ:
+		return ourREQValue(c, m.REQ(), f)
+	case mad.AttrREP:
 		p := m.REP()
-		switch strings.TrimPrefix(field, "infiniband.cm.rep") {
-		case "":
-			return num(*c.LocalCommID), true
-		case ".remotecommid":
-			return num(*c.RemoteCommID), true
+		switch f {
 		case ".localqkey":
 			return num(p.LocalQKey()), true
-		case ".localqpn":
-			return num(*c.QPN), true
 		case ".localeecn":
 			return num(p.LocalEECN()), true
-		case ".startpsn":
-			return num(*c.StartingPSN), true
-		case ".respres":
-			return num(*c.ResponderResources), true
-		case ".initdepth":
-			return num(*c.InitiatorDepth), true
 		case ".tgtackdelay":
 			return num(p.TargetAckDelay()), true
 		case ".failoveracc":
 			return num(p.FailoverAccepted()), true
 		case ".e2eflowctrl":
 			return b2n(p.E2EFlowControl()), true
-		case ".rnrretrcount":
-			return num(*c.RNRRetry), true
-		case ".srq":
-			return b2n(*c.SRQ), true
 		case ".localcaguid":
 			return num(p.LocalCAGUID()), true
-		case ".private":
-			return pdlen()
 		}
-	case msg(mad.AttrRTU) && strings.HasPrefix(field, "infiniband.cm.rtu"):
-		switch strings.TrimPrefix(field, "infiniband.cm.rtu.") {
-		case "localcommid":
-			return num(*c.LocalCommID), true
-		case "remotecommid":
-			return num(*c.RemoteCommID), true
-		case "private":
-			return pdlen()
-		}
-	case msg(mad.AttrREJ) && strings.HasPrefix(field, "infiniband.cm.rej"):
-		switch strings.TrimPrefix(field, "infiniband.cm.rej.") {
-		case "localcommid":
-			return num(*c.LocalCommID), true
-		case "remotecommid":
-			return num(*c.RemoteCommID), true
-		case "msgrej":
+	case mad.AttrREJ:
+		switch f {
+		case ".msgrej":
 			return num(*c.MsgCode), true
-		case "rejinfolen":
+		case ".rejinfolen":
 			return num(*c.ARILen), true
-		case "reason":
+		case ".reason":
 			return num(*c.RejReason), c.RejReasonName == mad.RejReason(*c.RejReason).String()
-		case "private":
-			return pdlen()
 		}
-	case msg(mad.AttrDREQ) && (strings.HasPrefix(field, "infiniband.cm.dreq") || field == "infiniband.cm.req.remoteqpneecn"):
-		switch field {
-		case "infiniband.cm.dreq.localcommid":
-			return num(*c.LocalCommID), true
-		case "infiniband.cm.dreq.remotecommid":
-			return num(*c.RemoteCommID), true
-		case "infiniband.cm.req.remoteqpneecn":
-			return num(*c.QPN), true
-		case "infiniband.cm.dreq.private":
-			return pdlen()
-		}
-	case msg(mad.AttrDREP) && strings.HasPrefix(field, "infiniband.cm.drsp"):
-		switch strings.TrimPrefix(field, "infiniband.cm.drsp.") {
-		case "localcommid":
-			return num(*c.LocalCommID), true
-		case "remotecommid":
-			return num(*c.RemoteCommID), true
-		case "private":
-			return pdlen()
-		}
+	}
+	return value{}, false
+}
+
+// cmFieldPrefix is the tshark field prefix of each CM message.
+var cmFieldPrefix = map[mad.AttrID]string{
+	mad.AttrREQ: "infiniband.cm.req", mad.AttrREP: "infiniband.cm.rep", mad.AttrRTU: "infiniband.cm.rtu",
+	mad.AttrREJ: "infiniband.cm.rej", mad.AttrDREQ: "infiniband.cm.dreq", mad.AttrDREP: "infiniband.cm.drsp",
+}
+
+// ourREQValue returns the REQ's own fields (f without the cm.req prefix).
+func ourREQValue(c *CM, q mad.REQ, f string) (value, bool) {
+	p := q.Primary()
+	switch f {
+	case ".serviceid":
+		return num(*c.ServiceID), true
+	case ".localcaguid":
+		return num(q.LocalCAGUID()), true
+	case ".localqkey":
+		return num(q.LocalQKey()), true
+	case ".localeecn":
+		return num(q.LocalEECN()), true
+	case ".remoteeecn":
+		return num(q.RemoteEECN()), true
+	case ".remoteresptout":
+		return num(*c.CMTimeout), true
+	case ".transpsvctype":
+		return num(q.TransportType()), c.Transport == transportNames[q.TransportType()]
+	case ".e2eflowctrl":
+		return b2n(q.E2EFlowControl()), true
+	case ".localresptout":
+		return num(q.LocalCMResponseTimeout()), true
+	case ".retrcount":
+		return num(*c.RetryCount), true
+	case ".pkey":
+		return num(q.PKey()), true
+	case ".pppmtu":
+		return num(q.PathMTU()), *c.PathMTU == mad.PathMTUBytes(q.PathMTU())
+	case ".rdcexist":
+		return b2n(q.RDCExists()), true
+	case ".maxcmretr":
+		return num(*c.MaxCMRetries), true
+	case ".ext_transport":
+		return num(q.ExtTransportType()), true
+	case ".prim_locallid":
+		return num(p.LocalLID()), true
+	case ".prim_remotelid":
+		return num(p.RemoteLID()), true
+	case ".prim_localgid_ipv4":
+		a := netip.MustParseAddr(c.LocalGID)
+		return value{addr: a.Unmap(), kind: 'a'}, a.Is4In6()
+	case ".prim_remotegid_ipv4":
+		a := netip.MustParseAddr(c.RemoteGID)
+		return value{addr: a.Unmap(), kind: 'a'}, a.Is4In6()
+	case ".prim_tfcclass":
+		return num(p.TrafficClass()), true
+	case ".prim_hoplim":
+		return num(p.HopLimit()), true
+	case ".prim_sl":
+		return num(p.SL()), true
+	case ".prim_subnetlocal":
+		return b2n(p.SubnetLocal()), true
+	case ".prim_localacktout":
+		return num(p.LocalAckTimeout()), true
+	case ".ip_cm.ipv":
+		return num(c.CMA.IPVersion), c.CMA != nil
+	case ".ip_cm.sport":
+		return num(c.CMA.SrcPort), c.CMA != nil
+	case ".ip_cm.sip4":
+		return value{addr: c.CMA.Src, kind: 'a'}, c.CMA != nil && c.CMA.IPVersion == 4
+	case ".ip_cm.dip4":
+		return value{addr: c.CMA.Dst, kind: 'a'}, c.CMA != nil && c.CMA.IPVersion == 4
 	}
 	return value{}, false
 }
@@ -368,16 +303,10 @@ func compareCM(t *testing.T, fields []string, rows [][]string, recs []Record) (p
 
 // runTshark returns tshark's rows for fields over path.
 func runTshark(t *testing.T, tshark, path string, fields []string) [][]string {
-	args := []string{"-r", path, "-T", "fields", "-E", "separator=|", "-E", "occurrence=f"}
-	for _, f := range fields {
-		args = append(args, "-e", f)
-	}
-	cmd := exec.Command(tshark, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	t.Helper()
+	out, err := golden.Fields(tshark, path, fields)
 	if err != nil {
-		t.Fatalf("tshark: %v: %s", err, stderr.String())
+		t.Fatal(err)
 	}
 	var rows [][]string
 	sc := bufio.NewScanner(bytes.NewReader(out))

@@ -77,9 +77,19 @@ func TestSyntheticGolden(t *testing.T) {
 	if os.Getenv("SOFTROCE_UPDATE_GOLDEN") == "1" {
 		writeSynthetic(t)
 	}
+	out, s := renderVerbose(t, syntheticCapture)
+	if s.Frames != 13 || s.NonRoCE != 1 || s.ICRCBad != 1 || s.ICRCTruncated != 1 || s.ICRCOK != 10 || s.Malformed != 0 {
+		t.Errorf("summary %+v", s)
+	}
+	matchGolden(t, syntheticGolden, out)
+}
+
+// renderVerbose renders a capture's records with -v, then its summary.
+func renderVerbose(t *testing.T, path string) ([]byte, Summary) {
+	t.Helper()
 	var out bytes.Buffer
-	z := NewSummarizer(filepath.Base(syntheticCapture))
-	err := Walk(syntheticCapture, func(r *Record) error {
+	z := NewSummarizer(filepath.Base(path))
+	err := Walk(path, func(r *Record) error {
 		z.Add(r)
 		return WriteText(&out, r, true)
 	})
@@ -90,20 +100,24 @@ func TestSyntheticGolden(t *testing.T) {
 	if err := WriteSummary(&out, &s); err != nil {
 		t.Fatal(err)
 	}
-	if s.Frames != 13 || s.NonRoCE != 1 || s.ICRCBad != 1 || s.ICRCTruncated != 1 || s.ICRCOK != 10 || s.Malformed != 0 {
-		t.Errorf("summary %+v", s)
-	}
+	return out.Bytes(), s
+}
+
+// matchGolden compares out with the golden file (rewritten first under
+// SOFTROCE_UPDATE_GOLDEN=1).
+func matchGolden(t *testing.T, golden string, out []byte) {
+	t.Helper()
 	if os.Getenv("SOFTROCE_UPDATE_GOLDEN") == "1" {
-		if err := os.WriteFile(syntheticGolden, out.Bytes(), 0o644); err != nil {
+		if err := os.WriteFile(golden, out, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	want, err := os.ReadFile(syntheticGolden)
+	want, err := os.ReadFile(golden)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(out.Bytes(), want) {
-		t.Errorf("output differs from %s (SOFTROCE_UPDATE_GOLDEN=1 to accept):\n%s", syntheticGolden, out.String())
+	if !bytes.Equal(out, want) {
+		t.Errorf("output differs from %s (SOFTROCE_UPDATE_GOLDEN=1 to accept):\n%s", golden, out)
 	}
 }
 

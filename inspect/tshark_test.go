@@ -1,13 +1,10 @@
 package inspect
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 )
 
@@ -38,31 +35,14 @@ func TestAgainstTshark(t *testing.T) {
 	for _, path := range files {
 		t.Run(filepath.Base(path), func(t *testing.T) {
 			t.Parallel() // tshark's start-up dominates
-			args := []string{"-r", path, "-T", "fields", "-E", "separator=|", "-E", "occurrence=f"}
-			for _, f := range tsharkFields {
-				args = append(args, "-e", f)
-			}
-			cmd := exec.Command(tshark, args...)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			out, err := cmd.Output()
-			if err != nil {
-				t.Fatalf("tshark: %v: %s", err, stderr.String())
-			}
+			rows := runTshark(t, tshark, path, tsharkFields)
 			recs, err := Records(path)
 			if err != nil {
 				t.Fatal(err)
 			}
 			theirs := map[string]int{}
 			ours := map[string]int{}
-			sc := bufio.NewScanner(bytes.NewReader(out))
-			lines := 0
-			for sc.Scan() {
-				cols := strings.Split(sc.Text(), "|")
-				if len(cols) != len(tsharkFields) {
-					t.Fatalf("tshark line %q: %d columns", sc.Text(), len(cols))
-				}
-				lines++
+			for _, cols := range rows {
 				n, err := strconv.Atoi(cols[0])
 				if err != nil || n < 1 || n > len(recs) {
 					t.Fatalf("tshark frame number %q (we have %d frames)", cols[0], len(recs))
@@ -87,8 +67,8 @@ func TestAgainstTshark(t *testing.T) {
 					}
 				}
 			}
-			if lines != len(recs) {
-				t.Errorf("tshark listed %d frames, we read %d", lines, len(recs))
+			if len(rows) != len(recs) {
+				t.Errorf("tshark listed %d frames, we read %d", len(rows), len(recs))
 			}
 			if len(theirs) == 0 {
 				t.Errorf("tshark decoded no BTH at all: is UDP 4791 still dissected as RoCEv2?")

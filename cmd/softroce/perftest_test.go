@@ -32,6 +32,27 @@ func perftestCapture(t *testing.T, f func()) string {
 	return buf.String()
 }
 
+// runPair runs a server and a client command (run with srvArgs and
+// cliArgs) at once under perftestCapture, and returns their output and
+// exit codes.
+func runPair(t *testing.T, run func([]string) int, srvArgs, cliArgs []string) (out string, srv, cli int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	out = perftestCapture(t, func() {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			srv = run(srvArgs)
+		}()
+		go func() {
+			defer wg.Done()
+			cli = run(cliArgs)
+		}()
+		wg.Wait()
+	})
+	return out, srv, cli
+}
+
 // TestPerftestCommandLoopback runs `softroce perftest` as server and
 // client over 127.0.0.1 (two UDP ports) for each test.
 func TestPerftestCommandLoopback(t *testing.T) {
@@ -42,21 +63,10 @@ func TestPerftestCommandLoopback(t *testing.T) {
 			if test != "atomic" {
 				common = append(common, "-s", "3000")
 			}
-			var wg sync.WaitGroup
-			var srv, cli int
-			out := perftestCapture(t, func() {
-				wg.Add(2)
-				go func() {
-					defer wg.Done()
-					srv = runPerftest(append([]string{test, "--udp-port", strconv.Itoa(port), "--peer-udp-port", strconv.Itoa(port + 1)}, common...))
-				}()
-				go func() {
-					defer wg.Done()
-					// Flags after the server name are accepted, as perftest does.
-					cli = runPerftest(append(append([]string{test, "--udp-port", strconv.Itoa(port + 1), "127.0.0.1"}, common...), "--peer-udp-port", strconv.Itoa(port)))
-				}()
-				wg.Wait()
-			})
+			out, srv, cli := runPair(t, runPerftest,
+				append([]string{test, "--udp-port", strconv.Itoa(port), "--peer-udp-port", strconv.Itoa(port + 1)}, common...),
+				// Flags after the server name are accepted, as perftest does.
+				append(append([]string{test, "--udp-port", strconv.Itoa(port + 1), "127.0.0.1"}, common...), "--peer-udp-port", strconv.Itoa(port)))
 			if srv != 0 || cli != 0 || strings.Count(out, "#bytes") != 2 {
 				t.Fatalf("exit codes: server %d, client %d\n%s", srv, cli, out)
 			}

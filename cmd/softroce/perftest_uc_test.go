@@ -3,7 +3,6 @@ package main
 import (
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 )
 
@@ -20,20 +19,9 @@ func TestPerftestCommandUC(t *testing.T) {
 			// overflowed it while the receiver was descheduled would fail
 			// the data check.
 			common := []string{"-c", "UC", "--bind", "127.0.0.1", "-p", strconv.Itoa(port + 2), "-n", "50", "-s", "3000", "-m", "1024", "--timeout", "20s"}
-			var wg sync.WaitGroup
-			var srv, cli int
-			out := perftestCapture(t, func() {
-				wg.Add(2)
-				go func() {
-					defer wg.Done()
-					srv = runPerftest(append([]string{test, "--udp-port", strconv.Itoa(port), "--peer-udp-port", strconv.Itoa(port + 1)}, common...))
-				}()
-				go func() {
-					defer wg.Done()
-					cli = runPerftest(append([]string{test, "--udp-port", strconv.Itoa(port + 1), "--peer-udp-port", strconv.Itoa(port), "127.0.0.1"}, common...))
-				}()
-				wg.Wait()
-			})
+			out, srv, cli := runPair(t, runPerftest,
+				append([]string{test, "--udp-port", strconv.Itoa(port), "--peer-udp-port", strconv.Itoa(port + 1)}, common...),
+				append([]string{test, "--udp-port", strconv.Itoa(port + 1), "--peer-udp-port", strconv.Itoa(port), "127.0.0.1"}, common...))
 			if srv != 0 || cli != 0 || strings.Count(out, "#bytes") != 2 || !strings.Contains(out, "data check:") {
 				t.Fatalf("exit codes: server %d, client %d\n%s", srv, cli, out)
 			}

@@ -3,7 +3,6 @@ package main
 import (
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 )
 
@@ -49,20 +48,9 @@ func TestPingpongCommandLoopback(t *testing.T) {
 	} {
 		port := 47960 + 3*i
 		common := append([]string{"--bind", "127.0.0.1", "-p", strconv.Itoa(port + 2), "--timeout", "20s"}, args...)
-		var wg sync.WaitGroup
-		var srv, cli int
-		out := perftestCapture(t, func() {
-			wg.Add(2)
-			go func() {
-				defer wg.Done()
-				srv = runPingpong(append([]string{"--udp-port", strconv.Itoa(port), "--peer-udp-port", strconv.Itoa(port + 1)}, common...))
-			}()
-			go func() {
-				defer wg.Done()
-				cli = runPingpong(append(append([]string{"--udp-port", strconv.Itoa(port + 1), "--peer-udp-port", strconv.Itoa(port)}, common...), "127.0.0.1"))
-			}()
-			wg.Wait()
-		})
+		out, srv, cli := runPair(t, runPingpong,
+			append([]string{"--udp-port", strconv.Itoa(port), "--peer-udp-port", strconv.Itoa(port + 1)}, common...),
+			append(append([]string{"--udp-port", strconv.Itoa(port + 1), "--peer-udp-port", strconv.Itoa(port)}, common...), "127.0.0.1"))
 		nqp := 1
 		if args[1] == "srq" {
 			nqp = 4

@@ -69,40 +69,11 @@ func TestABIPingpongAgainstRxe(t *testing.T) {
 			const iters = 50
 			guestCmd := fmt.Sprintf("timeout 80 ibv_rc_pingpong -d rxe0 -g 1 -e -n %d -r 50", iters)
 			hostArgs := []string{"-g", "0", "-n", fmt.Sprint(iters), "-r", "50"}
-			if role == "host-client" {
-				proc, err := vm.Start(ctx, guestCmd)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer proc.Kill()
-				if err := vm.WaitListening(ctx, 18515); err != nil {
-					t.Fatalf("ibv_rc_pingpong did not listen: %v", err)
-				}
-				cmd := vm.HostCommand(ctx, host, append(hostArgs, vm.GuestAddr().String())...)
-				cmd.Env = env
-				out, err := cmd.CombinedOutput()
-				gout, gerr := proc.Wait(ctx)
-				if err != nil || gerr != nil || !strings.Contains(string(out), fmt.Sprintf("%d iters in", iters)) || !strings.Contains(gout, "iters in") {
-					t.Fatalf("host ibv_rc_pingpong: %v\n%s\nguest: %v\n%s", err, out, gerr, gout)
-				}
-				t.Logf("host: %s; guest: %s", lastLines(string(out), 2), lastLines(gout, 2))
-				return
+			out, gout, err, gerr := abiPair(t, ctx, env, host, hostArgs, guestCmd, 18515, role, 500*time.Millisecond)
+			if err != nil || gerr != nil || !strings.Contains(out, fmt.Sprintf("%d iters in", iters)) || !strings.Contains(gout, "iters in") {
+				t.Fatalf("host ibv_rc_pingpong (%s): %v\n%s\nguest: %v\n%s", role, err, out, gerr, gout)
 			}
-			cmd := vm.HostCommand(ctx, host, hostArgs...)
-			cmd.Env = env
-			var out strings.Builder
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer cmd.Process.Kill()
-			time.Sleep(500 * time.Millisecond) // the host server listens once its QP exists
-			gout, gerr := vm.Run(ctx, guestCmd+" "+vm.HostAddr().String())
-			err := cmd.Wait()
-			if err != nil || gerr != nil || !strings.Contains(out.String(), fmt.Sprintf("%d iters in", iters)) || !strings.Contains(gout, "iters in") {
-				t.Fatalf("host ibv_rc_pingpong server: %v\n%s\nguest client: %v\n%s", err, out.String(), gerr, gout)
-			}
-			t.Logf("host: %s; guest: %s", lastLines(out.String(), 2), lastLines(gout, 2))
+			t.Logf("host: %s; guest: %s", lastLines(out, 2), lastLines(gout, 2))
 		})
 	}
 }
@@ -131,41 +102,52 @@ func TestABIPerftestAgainstRxe(t *testing.T) {
 					guestCmd += " -e" // keeps the tool from spinning on the guest's only CPU
 				}
 				hostArgs := append([]string{"-x", "0", "-F"}, strings.Fields(common)...)
+				out, gout, err, gerr := abiPair(t, ctx, env, host, hostArgs, guestCmd, 18516, role, time.Second)
+				client := gout // only the client prints the result row
 				if role == "host-client" {
-					proc, err := vm.Start(ctx, guestCmd)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer proc.Kill()
-					if err := vm.WaitListening(ctx, 18516); err != nil {
-						t.Fatalf("%s did not listen: %v", tool, err)
-					}
-					cmd := vm.HostCommand(ctx, host, append(hostArgs, vm.GuestAddr().String())...)
-					cmd.Env = env
-					out, err := cmd.CombinedOutput()
-					gout, gerr := proc.Wait(ctx)
-					if err != nil || gerr != nil || !strings.Contains(string(out), "#bytes") {
-						t.Fatalf("host %s: %v\n%s\nguest: %v\n%s", tool, err, out, gerr, gout)
-					}
-					t.Logf("host: %s", lastLines(string(out), 2))
-					return
+					client = out
 				}
-				cmd := vm.HostCommand(ctx, host, hostArgs...)
-				cmd.Env = env
-				var out strings.Builder
-				cmd.Stdout, cmd.Stderr = &out, &out
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
+				if err != nil || gerr != nil || !strings.Contains(client, "#bytes") {
+					t.Fatalf("host %s (%s): %v\n%s\nguest: %v\n%s", tool, role, err, out, gerr, gout)
 				}
-				defer cmd.Process.Kill()
-				time.Sleep(time.Second) // the host server listens once its QP exists
-				gout, gerr := vm.Run(ctx, guestCmd+" "+vm.HostAddr().String())
-				err := cmd.Wait()
-				if err != nil || gerr != nil || !strings.Contains(gout, "#bytes") {
-					t.Fatalf("host %s server: %v\n%s\nguest client: %v\n%s", tool, err, out.String(), gerr, gout)
-				}
-				t.Logf("guest: %s", lastLines(gout, 2))
+				t.Logf("host: %s; guest: %s", lastLines(out, 2), lastLines(gout, 2))
 			})
 		}
 	}
+}
+
+// abiPair runs the host's tool through softroce's library (env) against
+// guestCmd on the guest, the host in role: as the client it dials the
+// guest's server once that listens on port; as the server it has settle
+// to create its QP before the guest's client dials. It returns both
+// outputs and errors.
+func abiPair(t *testing.T, ctx context.Context, env []string, host string, hostArgs []string, guestCmd string, port int, role string, settle time.Duration) (out, gout string, err, gerr error) {
+	t.Helper()
+	if role == "host-client" {
+		proc, err := vm.Start(ctx, guestCmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		if err := vm.WaitListening(ctx, port); err != nil {
+			t.Fatalf("%s did not listen: %v", filepath.Base(host), err)
+		}
+		cmd := vm.HostCommand(ctx, host, append(hostArgs, vm.GuestAddr().String())...)
+		cmd.Env = env
+		b, err := cmd.CombinedOutput()
+		gout, gerr := proc.Wait(ctx)
+		return string(b), gout, err, gerr
+	}
+	cmd := vm.HostCommand(ctx, host, hostArgs...)
+	cmd.Env = env
+	var b strings.Builder
+	cmd.Stdout, cmd.Stderr = &b, &b
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	time.Sleep(settle) // the host server listens once its QP exists
+	gout, gerr = vm.Run(ctx, guestCmd+" "+vm.HostAddr().String())
+	err = cmd.Wait()
+	return b.String(), gout, err, gerr
 }

@@ -3,13 +3,11 @@ package interop
 import (
 	"bytes"
 	"context"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/conformance/agent"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
 )
@@ -166,49 +164,9 @@ func waitAll(t *testing.T, p *pairing, n int, what string) {
 	}
 }
 
-// connectPairOn is connectPair over a given softroce device.
+// connectPairOn is connectPair over a given softroce device, its buffer
+// registered without atomic access.
 func connectPairOn(t *testing.T, ctx context.Context, mtu int, dev *verbs.Device) *pairing {
 	t.Helper()
-	ag, err := agent.Launch(ctx, vm, 7100+rand.IntN(800))
-	if err != nil {
-		t.Fatalf("launch the verbs agent: %v", err)
-	}
-	t.Cleanup(func() { ag.Close() })
-	p := &pairing{ag: ag, mtu: mtu, dev: dev}
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(ag.Open(ctx, "rxe0"))
-	pd, err := ag.AllocPD(ctx)
-	must(err)
-	p.apd = pd
-	p.amr, err = ag.RegMR(ctx, pd, bufLen, agent.AccessAll)
-	must(err)
-	p.acq, err = ag.CreateCQ(ctx, 256)
-	must(err)
-	p.aqp, err = ag.CreateQP(ctx, pd, p.acq, p.acq, agent.QPCap{SendWR: 64, RecvWR: 64})
-	must(err)
-	must(ag.ModifyToInit(ctx, p.aqp, agent.AccessAll))
-	agid, err := ag.GID(ctx, 1)
-	must(err)
-	spd, err := dev.AllocPD()
-	must(err)
-	p.pd = spd
-	p.buf = make([]byte, bufLen)
-	p.mr, err = spd.RegMR(p.buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead)
-	must(err)
-	p.cq, err = dev.CreateCQ(256)
-	must(err)
-	p.qp, err = spd.CreateQP(verbs.QPInitAttr{SendCQ: p.cq, RecvCQ: p.cq, Cap: verbs.QPCap{MaxSendWR: 64, MaxRecvWR: 64}})
-	must(err)
-	sgid, err := dev.QueryGID(0)
-	must(err)
-	apsn, spsn := uint32(0xfffff0), uint32(rand.IntN(1<<24))
-	must(ag.ModifyToRTR(ctx, p.aqp, agent.RTRAttr{DestQPN: p.qp.Num(), RecvPSN: spsn, DestGID: sgid, MTU: mtu, MaxDestRdAtom: 16}))
-	must(ag.ModifyToRTS(ctx, p.aqp, agent.RTSAttr{SendPSN: apsn, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
-	must(p.qp.Connect(verbs.RemoteInfo{QPN: p.aqp.QPN, PSN: apsn, GID: agid}, &verbs.ConnectOptions{PathMTU: mtu, SQPSN: spsn, MaxRDAtomic: 16}))
-	return p
+	return connectPairWith(t, ctx, mtu, dev, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead)
 }

@@ -1,14 +1,12 @@
 package interop
 
 import (
-	"bytes"
 	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/softroce/softroce/conformance/perftest"
-	"github.com/softroce/softroce/conformance/rxevm"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -76,64 +74,7 @@ func runPerftestXCases(t *testing.T, cases []perftestCase, port int, flag string
 					Timeout: 120 * time.Second, Dial: vm.DialContext, Listen: vm.Listen}
 				set(&cfg)
 				gcmd := strings.Replace(tc.guestCommand(port), " -s 0", "", 1) + flag
-				var out bytes.Buffer
-				var res *perftest.Result
-				var gout string
-				if role == "softroce-client" {
-					proc, err := vm.Start(ctx, gcmd)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer proc.Kill()
-					if cfg.RDMACM {
-						// softroce's dial retries while the guest's CM
-						// answers "no listener".
-						cfg.Server = vm.GuestAddr().String()
-					} else {
-						if err := vm.WaitListening(ctx, port); err != nil {
-							t.Fatalf("%s did not listen: %v", tc.test.Tool(), err)
-						}
-						cfg.Server = vm.GuestAddr().String()
-					}
-					res, err = perftest.Run(ctx, dev, cfg, &out)
-					if err != nil {
-						proc.Kill()
-						gout, gerr := proc.Output()
-						t.Fatalf("softroce client: %v\n%s\nguest:\n%s\n%s", err, &out, gout, gerr)
-					}
-					if gout, err = proc.Wait(ctx); err != nil {
-						t.Fatalf("%s%s server: %v\n%s", tc.test.Tool(), flag, err, gout)
-					}
-				} else {
-					type result struct {
-						res *perftest.Result
-						err error
-					}
-					done := make(chan result, 1)
-					go func() {
-						r, err := perftest.Run(ctx, dev, cfg, &out)
-						done <- result{r, err}
-					}()
-					// perftest's client does not retry its first connect:
-					// give softroce's listener (TCP, or the CM's) time to
-					// open before the guest's client starts.
-					time.Sleep(time.Second)
-					var gerr error
-					gout, gerr = vm.Run(ctx, gcmd+" "+vm.HostAddr().String())
-					if gerr != nil {
-						cancel()
-					}
-					r := <-done
-					if r.err != nil || gerr != nil {
-						t.Fatalf("softroce server: %v\n%s\n%s%s client: %v\n%s", r.err, &out, tc.test.Tool(), flag, gerr, gout)
-					}
-					res = r.res
-				}
-				rows, err := rxevm.ParseBW(gout)
-				if err != nil {
-					t.Fatalf("%s output has no result row: %v\n%s", tc.test.Tool(), err, gout)
-				}
-				row := rows[len(rows)-1]
+				res, out, gout, row := perftestPair(t, ctx, cancel, dev, cfg, role, gcmd, flag, false)
 				size := tc.size
 				if size == 0 {
 					size = tc.mtu
@@ -142,7 +83,7 @@ func runPerftestXCases(t *testing.T, cases []perftestCase, port int, flag string
 					t.Fatalf("%s reported %+v, want %d bytes x %d iterations\n%s", tc.test.Tool(), row, size, tc.iters*qps, gout)
 				}
 				if res.Report.Iters != uint64(tc.iters*qps) || res.Report.Size != uint64(size) || len(res.LocalQPs) != qps || res.Lost != 0 {
-					t.Fatalf("softroce: report %+v, lost %d\n%s", res.Report, res.Lost, &out)
+					t.Fatalf("softroce: report %+v, lost %d\n%s", res.Report, res.Lost, out)
 				}
 				if cfg.RDMACM && !strings.Contains(gout, "Data ex. method : rdma_cm") {
 					t.Fatalf("%s did not use rdma_cm:\n%s", tc.test.Tool(), gout)
@@ -156,7 +97,7 @@ func runPerftestXCases(t *testing.T, cases []perftestCase, port int, flag string
 					t.Fatalf("softroce: MTU %d, want %d", res.MTU, tc.mtu)
 				}
 				if (role == "softroce-server" || tc.test == perftest.Read || tc.test == perftest.Atomic) && res.Checked == "" {
-					t.Fatalf("softroce ran no data check\n%s", &out)
+					t.Fatalf("softroce ran no data check\n%s", out)
 				}
 				if cfg.Conn == verbs.QPTypeUD && (res.Stats.Retransmits != 0 || role == "softroce-server" && res.Stats.TxPackets != 0) {
 					t.Fatalf("UD packets answered or resent: %+v", res.Stats)

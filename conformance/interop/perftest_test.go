@@ -170,59 +170,7 @@ func runPerftestCases(t *testing.T, cases []perftestCase, port int, open func(*t
 				qps := max(tc.qps, 1)
 				cfg := perftest.Config{Test: tc.test, Atomic: tc.atomic, Port: port, Size: tc.size, MTU: tc.mtu,
 					Iters: tc.iters, QPs: qps, Duplex: tc.duplex, Timeout: 120 * time.Second, Dial: vm.DialContext, Listen: vm.Listen}
-				var out bytes.Buffer
-				var res *perftest.Result
-				var gout string
-				if role == "softroce-client" {
-					proc, err := vm.Start(ctx, tc.guestCommand(port))
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer proc.Kill()
-					if err := vm.WaitListening(ctx, port); err != nil {
-						t.Fatalf("%s did not listen: %v", tc.test.Tool(), err)
-					}
-					cfg.Server = vm.GuestAddr().String()
-					res, err = perftest.Run(ctx, dev, cfg, &out)
-					if err != nil {
-						proc.Kill()
-						gout, gerr := proc.Output()
-						t.Fatalf("softroce client: %v\n%s\nguest:\n%s\n%s", err, &out, gout, gerr)
-					}
-					if gout, err = proc.Wait(ctx); err != nil {
-						t.Fatalf("%s server: %v\n%s", tc.test.Tool(), err, gout)
-					}
-				} else {
-					type result struct {
-						res *perftest.Result
-						err error
-					}
-					// Listen before the guest's client starts: perftest's
-					// client does not retry its connect.
-					ln, err := vm.Listen("tcp4", fmt.Sprintf(":%d", port))
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer ln.Close()
-					cfg.Listen = func(string, string) (net.Listener, error) { return ln, nil }
-					done := make(chan result, 1)
-					go func() {
-						r, err := perftest.Run(ctx, dev, cfg, &out)
-						done <- result{r, err}
-					}()
-					var gerr error
-					gout, gerr = vm.Run(ctx, tc.guestCommand(port)+" "+vm.HostAddr().String())
-					r := <-done
-					if r.err != nil || gerr != nil {
-						t.Fatalf("softroce server: %v\n%s\n%s client: %v\n%s", r.err, &out, tc.test.Tool(), gerr, gout)
-					}
-					res = r.res
-				}
-				rows, err := rxevm.ParseBW(gout)
-				if err != nil {
-					t.Fatalf("%s output has no result row: %v\n%s", tc.test.Tool(), err, gout)
-				}
-				row := rows[len(rows)-1]
+				res, out, gout, row := perftestPair(t, ctx, cancel, dev, cfg, role, tc.guestCommand(port), "", true)
 				// Iterations count all QPs.
 				// The rate is perftest's own measurement, taken from the
 				// guest's cycle counter under TCG; a short passive-side run
@@ -240,10 +188,84 @@ func runPerftestCases(t *testing.T, cases []perftestCase, port int, open func(*t
 				// Only softroce writing into perftest's write-only buffer
 				// or sending to its receives has nothing to check.
 				if res.Checked == "" && !(role == "softroce-client" && (tc.test == perftest.Write || tc.test == perftest.Send)) {
-					t.Fatalf("softroce ran no data check\n%s", &out)
+					t.Fatalf("softroce ran no data check\n%s", out)
 				}
 				t.Logf("perftest: %.2f %s; softroce check: %s; stats %+v", row.AvgBW, row.Unit, res.Checked, res.Stats)
 			})
 		}
 	}
+}
+
+// perftestPair runs softroce's perftest engine with cfg against the
+// guest's gcmd (flag: the extra perftest options, for messages), softroce
+// in role. As the server it listens before the guest's client starts
+// when listen is set, else gives its listener a second to open: perftest's
+// client does not retry its first connect. It returns softroce's result
+// and output, the guest's output and perftest's last result row.
+func perftestPair(t *testing.T, ctx context.Context, cancel func(), dev *verbs.Device, cfg perftest.Config, role, gcmd, flag string, listen bool) (*perftest.Result, *bytes.Buffer, string, rxevm.BWResult) {
+	t.Helper()
+	tc := cfg.Test
+	var out bytes.Buffer
+	var res *perftest.Result
+	var gout string
+	if role == "softroce-client" {
+		proc, err := vm.Start(ctx, gcmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		// With rdma_cm, softroce's dial retries while the guest's CM
+		// answers "no listener".
+		if !cfg.RDMACM {
+			if err := vm.WaitListening(ctx, cfg.Port); err != nil {
+				t.Fatalf("%s did not listen: %v", tc.Tool(), err)
+			}
+		}
+		cfg.Server = vm.GuestAddr().String()
+		res, err = perftest.Run(ctx, dev, cfg, &out)
+		if err != nil {
+			proc.Kill()
+			gout, gerr := proc.Output()
+			t.Fatalf("softroce client: %v\n%s\nguest:\n%s\n%s", err, &out, gout, gerr)
+		}
+		if gout, err = proc.Wait(ctx); err != nil {
+			t.Fatalf("%s%s server: %v\n%s", tc.Tool(), flag, err, gout)
+		}
+	} else {
+		type result struct {
+			res *perftest.Result
+			err error
+		}
+		if listen {
+			ln, err := vm.Listen("tcp4", fmt.Sprintf(":%d", cfg.Port))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			cfg.Listen = func(string, string) (net.Listener, error) { return ln, nil }
+		}
+		done := make(chan result, 1)
+		go func() {
+			r, err := perftest.Run(ctx, dev, cfg, &out)
+			done <- result{r, err}
+		}()
+		if !listen {
+			time.Sleep(time.Second)
+		}
+		var gerr error
+		gout, gerr = vm.Run(ctx, gcmd+" "+vm.HostAddr().String())
+		if gerr != nil {
+			cancel()
+		}
+		r := <-done
+		if r.err != nil || gerr != nil {
+			t.Fatalf("softroce server: %v\n%s\n%s%s client: %v\n%s", r.err, &out, tc.Tool(), flag, gerr, gout)
+		}
+		res = r.res
+	}
+	rows, err := rxevm.ParseBW(gout)
+	if err != nil {
+		t.Fatalf("%s output has no result row: %v\n%s", tc.Tool(), err, gout)
+	}
+	return res, &out, gout, rows[len(rows)-1]
 }

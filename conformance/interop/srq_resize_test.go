@@ -32,27 +32,15 @@ func TestSRQResizeAgainstRxe(t *testing.T) {
 	needVM(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	must := mustOf(t)
 	ag, apd, amr, acq := rxeSide(t, ctx)
 	agid, err := ag.GID(ctx, 1)
 	must(err)
 
-	dev := hostDevice(t)
+	dev, pd, buf, mr, cq := hostSide(t, bufLen, 512)
 	if dev.QueryDevice().DeviceCapFlags&verbs.DeviceSRQResize == 0 {
 		t.Fatal("softroce does not report SRQ_RESIZE")
 	}
-	pd, err := dev.AllocPD()
-	must(err)
-	buf := make([]byte, bufLen)
-	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
-	must(err)
-	cq, err := dev.CreateCQ(512)
-	must(err)
 	srq, err := pd.CreateSRQ(verbs.SRQInitAttr{MaxWR: 2, MaxSGE: 1})
 	must(err)
 	sgid, err := dev.QueryGID(0)
@@ -68,9 +56,7 @@ func TestSRQResizeAgainstRxe(t *testing.T) {
 		qp[k], err = pd.CreateQP(verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: 16}, SRQ: srq})
 		must(err)
 		apsn, spsn := uint32(rand.IntN(1<<24)), uint32(rand.IntN(1<<24))
-		must(ag.ModifyToRTR(ctx, aqp[k], agent.RTRAttr{DestQPN: qp[k].Num(), RecvPSN: spsn, DestGID: sgid, MTU: mtu, MaxDestRdAtom: 16}))
-		must(ag.ModifyToRTS(ctx, aqp[k], agent.RTSAttr{SendPSN: apsn, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
-		must(qp[k].Connect(verbs.RemoteInfo{QPN: aqp[k].QPN, PSN: apsn, GID: agid}, &verbs.ConnectOptions{PathMTU: mtu, SQPSN: spsn, MinRNRTimer: 1}))
+		must(connectRC(ctx, ag, aqp[k], agid, qp[k], sgid, mtu, apsn, spsn, 0, verbs.ConnectOptions{MinRNRTimer: 1}))
 	}
 	// Message i of connection k: (k, i) then a pattern, 8..3007 bytes,
 	// one to four packets.
@@ -231,9 +217,7 @@ func TestSRQResizeAgainstRxe(t *testing.T) {
 	sq, err := pd.CreateQP(verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq})
 	must(err)
 	apsn, spsn := uint32(rand.IntN(1<<24)), uint32(rand.IntN(1<<24))
-	must(ag.ModifyToRTR(ctx, bqp, agent.RTRAttr{DestQPN: sq.Num(), RecvPSN: spsn, DestGID: sgid, MTU: mtu, MaxDestRdAtom: 16}))
-	must(ag.ModifyToRTS(ctx, bqp, agent.RTSAttr{SendPSN: apsn, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
-	must(sq.Connect(verbs.RemoteInfo{QPN: bqp.QPN, PSN: apsn, GID: agid}, &verbs.ConnectOptions{PathMTU: mtu, SQPSN: spsn}))
+	must(connectRC(ctx, ag, bqp, agid, sq, sgid, mtu, apsn, spsn, 0, verbs.ConnectOptions{}))
 	for i := range 10 {
 		must(sq.PostSend(&verbs.SendWR{ID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
 			SGL: []verbs.SGE{{Addr: mr.Addr(), Length: uint32(100 + i), LKey: mr.LKey()}}}))

@@ -24,24 +24,12 @@ func TestSRQResponderAgainstRxe(t *testing.T) {
 	needVM(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	must := mustOf(t)
 	ag, apd, amr, acq := rxeSide(t, ctx)
 	agid, err := ag.GID(ctx, 1)
 	must(err)
 
-	dev := hostDevice(t)
-	pd, err := dev.AllocPD()
-	must(err)
-	buf := make([]byte, bufLen)
-	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
-	must(err)
-	cq, err := dev.CreateCQ(256)
-	must(err)
+	dev, pd, buf, mr, cq := hostSide(t, bufLen, 256)
 	const nWQE, wqeLen = 12, 80000
 	srq, err := pd.CreateSRQ(verbs.SRQInitAttr{MaxWR: 16, MaxSGE: 1})
 	must(err)
@@ -57,9 +45,7 @@ func TestSRQResponderAgainstRxe(t *testing.T) {
 		qp[k], err = pd.CreateQP(verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: 16}, SRQ: srq})
 		must(err)
 		apsn, spsn := uint32(0xfffff0+k), uint32(rand.IntN(1<<24))
-		must(ag.ModifyToRTR(ctx, aqp[k], agent.RTRAttr{DestQPN: qp[k].Num(), RecvPSN: spsn, DestGID: sgid, MTU: mtu, MaxDestRdAtom: 16}))
-		must(ag.ModifyToRTS(ctx, aqp[k], agent.RTSAttr{SendPSN: apsn, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
-		must(qp[k].Connect(verbs.RemoteInfo{QPN: aqp[k].QPN, PSN: apsn, GID: agid}, &verbs.ConnectOptions{PathMTU: mtu, SQPSN: spsn, MinRNRTimer: 1}))
+		must(connectRC(ctx, ag, aqp[k], agid, qp[k], sgid, mtu, apsn, spsn, 0, verbs.ConnectOptions{MinRNRTimer: 1}))
 	}
 	for i := range nWQE {
 		must(srq.PostRecv(&verbs.RecvWR{ID: uint64(5000 + i), SGL: []verbs.SGE{{Addr: mr.Addr() + uint64(i*wqeLen), Length: wqeLen, LKey: mr.LKey()}}}))
@@ -156,26 +142,14 @@ func TestSRQRequesterAgainstRxe(t *testing.T) {
 	needVM(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	must := mustOf(t)
 	ag, apd, amr, acq := rxeSide(t, ctx)
 	asrq, _, err := ag.CreateSRQ(ctx, apd, 16, 0)
 	must(err)
 	agid, err := ag.GID(ctx, 1)
 	must(err)
 
-	dev := hostDevice(t)
-	pd, err := dev.AllocPD()
-	must(err)
-	buf := make([]byte, bufLen)
-	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
-	must(err)
-	cq, err := dev.CreateCQ(256)
-	must(err)
+	dev, pd, buf, mr, cq := hostSide(t, bufLen, 256)
 	sgid, err := dev.QueryGID(0)
 	must(err)
 	const mtu, nWQE, wqeLen = 4096, 12, 80000
@@ -188,9 +162,7 @@ func TestSRQRequesterAgainstRxe(t *testing.T) {
 		qp[k], err = pd.CreateQP(verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 1}})
 		must(err)
 		apsn, spsn := uint32(rand.IntN(1<<24)), uint32(0xfffffa+k)
-		must(ag.ModifyToRTR(ctx, aqp[k], agent.RTRAttr{DestQPN: qp[k].Num(), RecvPSN: spsn, DestGID: sgid, MTU: mtu, MaxDestRdAtom: 16, MinRNRTimer: 1}))
-		must(ag.ModifyToRTS(ctx, aqp[k], agent.RTSAttr{SendPSN: apsn, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
-		must(qp[k].Connect(verbs.RemoteInfo{QPN: aqp[k].QPN, PSN: apsn, GID: agid}, &verbs.ConnectOptions{PathMTU: mtu, SQPSN: spsn}))
+		must(connectRC(ctx, ag, aqp[k], agid, qp[k], sgid, mtu, apsn, spsn, 1, verbs.ConnectOptions{}))
 	}
 	for i := range nWQE {
 		must(ag.PostSRQRecv(ctx, asrq, uint64(7000+i), amr, i*wqeLen, wqeLen))

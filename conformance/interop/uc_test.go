@@ -103,12 +103,7 @@ func firstOf(dir byte, op bth.Opcode) func(byte, []byte) bool {
 
 func connectUC(t *testing.T, ctx context.Context, mtu int, link *dropLink) *ucPairing {
 	t.Helper()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	must := mustOf(t)
 	ag, err := agent.Launch(ctx, vm, 7100+rand.IntN(800))
 	must(err)
 	t.Cleanup(func() { ag.Close() })

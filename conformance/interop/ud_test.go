@@ -59,12 +59,7 @@ func TestUDAgainstRxe(t *testing.T) {
 	needVM(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	must := mustOf(t)
 	ag, apd, amr, acq := rxeSide(t, ctx)
 	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 64, RecvWR: 64, Type: agent.QPTypeUD})
 	must(err)
@@ -72,26 +67,12 @@ func TestUDAgainstRxe(t *testing.T) {
 	if a, err := ag.Query(ctx, aqp); err != nil || a.QKey != udQKey || a.State != "RTS" {
 		t.Fatalf("rxe UD QP: %+v %v", a, err)
 	}
-	agid, err := ag.GID(ctx, 1)
-	must(err)
 
-	dev := hostDevice(t)
-	pd, err := dev.AllocPD()
-	must(err)
-	buf := make([]byte, bufLen)
-	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
-	must(err)
-	cq, err := dev.CreateCQ(256)
-	must(err)
+	dev, pd, buf, mr, cq := hostSide(t, bufLen, 256)
 	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.QPTypeUD, SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: 64, MaxRecvWR: 64}})
 	must(err)
 	must(qp.ReadyUD(udQKey, 0x456))
-	sgid, err := dev.QueryGID(0)
-	must(err)
-	ah, err := pd.CreateAH(verbs.AHAttr{DGID: verbs.GID(agid), HopLimit: 64})
-	must(err)
-	aah, err := ag.CreateAH(ctx, apd, agent.AHAttr{DestGID: sgid, HopLimit: 64})
-	must(err)
+	ah, aah := udAHs(t, ctx, ag, apd, dev, pd)
 	mtu := dev.QueryPort().ActiveMTU
 	if mtu > 4096 || mtu < 1024 {
 		t.Fatalf("port MTU %d", mtu)
@@ -161,10 +142,7 @@ func TestUDAgainstRxe(t *testing.T) {
 			qkey uint32
 			n    int
 		}{{udQKey + 1, 10}, {udQKey, 101}, {0x80000000, 100}, {udQKey, 100}} {
-			must(ag.PostSend(ctx, aqp, agent.SendWR{WRID: uint64(10 + i), Op: agent.OpSend, MR: amr, Off: 8192, Len: c.n, AH: aah, RemoteQPN: qp.Num(), RemoteQKey: c.qkey}))
-			if wc, err := ag.Poll(ctx, acq, 20*time.Second); err != nil || wc == nil || wc.Status != agent.WCSuccess {
-				t.Fatalf("rxe send %d: %+v %v", i, wc, err)
-			}
+			rxeSend(t, ctx, ag, aqp, acq, agent.SendWR{WRID: uint64(10 + i), Op: agent.OpSend, MR: amr, Off: 8192, Len: c.n, AH: aah, RemoteQPN: qp.Num(), RemoteQKey: c.qkey})
 		}
 		wc := wait(t, "softroce receive")
 		if wc.WRID != 100 || wc.ByteLen != verbs.GRHLen+100 {
@@ -268,44 +246,22 @@ func TestGSIAgainstRxe(t *testing.T) {
 	needVM(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	must := mustOf(t)
 	ag, apd, amr, acq := rxeSide(t, ctx)
 	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 16, RecvWR: 16, Type: agent.QPTypeUD})
 	must(err)
 	must(ag.ReadyUD(ctx, aqp, udQKey, 0))
-	agid, err := ag.GID(ctx, 1)
-	must(err)
-	dev := hostDevice(t)
-	pd, err := dev.AllocPD()
-	must(err)
-	buf := make([]byte, 4096)
-	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
-	must(err)
-	cq, err := dev.CreateCQ(64)
-	must(err)
+	dev, pd, buf, mr, cq := hostSide(t, 4096, 64)
 	gsi, err := dev.CreateGSI(pd, cq, cq, verbs.QPCap{})
 	must(err)
-	sgid, err := dev.QueryGID(0)
-	must(err)
-	aah, err := ag.CreateAH(ctx, apd, agent.AHAttr{DestGID: sgid})
-	must(err)
-	ah, err := pd.CreateAH(verbs.AHAttr{DGID: verbs.GID(agid), HopLimit: 64})
-	must(err)
+	ah, aah := udAHs(t, ctx, ag, apd, dev, pd)
 
 	mad := pattern(256, 9)
 	must(ag.WriteMem(ctx, amr, 0, mad))
 	must(gsi.PostRecv(&verbs.RecvWR{ID: 1, SGL: []verbs.SGE{{Addr: mr.Addr(), Length: verbs.GRHLen + 256, LKey: mr.LKey()}}}))
 	before := dev.Stats().RxBadQKey
 	for i, qk := range []uint32{udQKey, verbs.GSIQKey} {
-		must(ag.PostSend(ctx, aqp, agent.SendWR{WRID: uint64(i), Op: agent.OpSend, MR: amr, Len: 256, AH: aah, RemoteQPN: 1, RemoteQKey: qk}))
-		if wc, err := ag.Poll(ctx, acq, 20*time.Second); err != nil || wc == nil || wc.Status != agent.WCSuccess {
-			t.Fatalf("rxe send %d: %+v %v", i, wc, err)
-		}
+		rxeSend(t, ctx, ag, aqp, acq, agent.SendWR{WRID: uint64(i), Op: agent.OpSend, MR: amr, Len: 256, AH: aah, RemoteQPN: 1, RemoteQKey: qk})
 	}
 	wcs := make([]verbs.WC, 1)
 	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
@@ -356,39 +312,20 @@ func TestUDSRQAgainstRxe(t *testing.T) {
 	needVM(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	must := mustOf(t)
 	ag, apd, amr, acq := rxeSide(t, ctx)
 	asrq, _, err := ag.CreateSRQ(ctx, apd, 16, 0)
 	must(err)
 	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 16, Type: agent.QPTypeUD, SRQ: asrq})
 	must(err)
 	must(ag.ReadyUD(ctx, aqp, udQKey, 0))
-	agid, err := ag.GID(ctx, 1)
-	must(err)
-	dev := hostDevice(t)
-	pd, err := dev.AllocPD()
-	must(err)
-	buf := make([]byte, 8192)
-	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
-	must(err)
-	cq, err := dev.CreateCQ(64)
-	must(err)
+	dev, pd, _, mr, cq := hostSide(t, 8192, 64)
 	srq, err := pd.CreateSRQ(verbs.SRQInitAttr{MaxWR: 16})
 	must(err)
 	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.QPTypeUD, SendCQ: cq, RecvCQ: cq, SRQ: srq})
 	must(err)
 	must(qp.ReadyUD(udQKey, 0))
-	sgid, err := dev.QueryGID(0)
-	must(err)
-	ah, err := pd.CreateAH(verbs.AHAttr{DGID: verbs.GID(agid), HopLimit: 64})
-	must(err)
-	aah, err := ag.CreateAH(ctx, apd, agent.AHAttr{DestGID: sgid})
-	must(err)
+	ah, aah := udAHs(t, ctx, ag, apd, dev, pd)
 	wait := func(what string) verbs.WC {
 		t.Helper()
 		wcs := make([]verbs.WC, 1)
@@ -405,10 +342,7 @@ func TestUDSRQAgainstRxe(t *testing.T) {
 		must(srq.PostRecv(&verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{{Addr: mr.Addr() + uint64(i)*1024, Length: verbs.GRHLen + 100, LKey: mr.LKey()}}}))
 	}
 	for i, n := range []int{101, 100} {
-		must(ag.PostSend(ctx, aqp, agent.SendWR{WRID: uint64(i), Op: agent.OpSend, MR: amr, Len: n, AH: aah, RemoteQPN: qp.Num(), RemoteQKey: udQKey}))
-		if wc, err := ag.Poll(ctx, acq, 20*time.Second); err != nil || wc == nil || wc.Status != agent.WCSuccess {
-			t.Fatalf("rxe send %d: %+v %v", i, wc, err)
-		}
+		rxeSend(t, ctx, ag, aqp, acq, agent.SendWR{WRID: uint64(i), Op: agent.OpSend, MR: amr, Len: n, AH: aah, RemoteQPN: qp.Num(), RemoteQKey: udQKey})
 	}
 	if w := wait("too long"); w.WRID != 0 || w.Status != 9 /* REM_INV_REQ_ERR */ {
 		t.Fatalf("softroce SRQ receive of a datagram too long: %+v", w)

@@ -36,18 +36,20 @@ const bufLen = 1 << 20
 
 func connectPair(t *testing.T, ctx context.Context, mtu int) *pairing {
 	t.Helper()
+	return connectPairWith(t, ctx, mtu, nil, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead|verbs.AccessRemoteAtomic)
+}
+
+// connectPairWith connects an rxe RC QP and one of softroce's over dev
+// (nil: a new host device), softroce's buffer registered with access.
+func connectPairWith(t *testing.T, ctx context.Context, mtu int, dev *verbs.Device, access verbs.Access) *pairing {
+	t.Helper()
 	ag, err := agent.Launch(ctx, vm, 7100+rand.IntN(800))
 	if err != nil {
 		t.Fatalf("launch the verbs agent: %v", err)
 	}
 	t.Cleanup(func() { ag.Close() })
-	p := &pairing{ag: ag, mtu: mtu}
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	p := &pairing{ag: ag, mtu: mtu, dev: dev}
+	must := mustOf(t)
 	must(ag.Open(ctx, "rxe0"))
 	pd, err := ag.AllocPD(ctx)
 	must(err)
@@ -62,12 +64,14 @@ func connectPair(t *testing.T, ctx context.Context, mtu int) *pairing {
 	agid, err := ag.GID(ctx, 1)
 	must(err)
 
-	p.dev = hostDevice(t)
+	if p.dev == nil {
+		p.dev = hostDevice(t)
+	}
 	spd, err := p.dev.AllocPD()
 	must(err)
 	p.pd = spd
 	p.buf = make([]byte, bufLen)
-	p.mr, err = spd.RegMR(p.buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead|verbs.AccessRemoteAtomic)
+	p.mr, err = spd.RegMR(p.buf, access)
 	must(err)
 	p.cq, err = p.dev.CreateCQ(256)
 	must(err)
@@ -76,9 +80,7 @@ func connectPair(t *testing.T, ctx context.Context, mtu int) *pairing {
 	sgid, err := p.dev.QueryGID(0)
 	must(err)
 	apsn, spsn := uint32(0xfffff0), uint32(rand.IntN(1<<24))
-	must(ag.ModifyToRTR(ctx, p.aqp, agent.RTRAttr{DestQPN: p.qp.Num(), RecvPSN: spsn, DestGID: sgid, MTU: mtu, MaxDestRdAtom: 16}))
-	must(ag.ModifyToRTS(ctx, p.aqp, agent.RTSAttr{SendPSN: apsn, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
-	must(p.qp.Connect(verbs.RemoteInfo{QPN: p.aqp.QPN, PSN: apsn, GID: agid}, &verbs.ConnectOptions{PathMTU: mtu, SQPSN: spsn, MaxRDAtomic: 16}))
+	must(connectRC(ctx, ag, p.aqp, agid, p.qp, sgid, mtu, apsn, spsn, 0, verbs.ConnectOptions{MaxRDAtomic: 16}))
 	return p
 }
 

@@ -53,6 +53,7 @@ import (
 	"github.com/softroce/softroce/conformance/agent"
 	"github.com/softroce/softroce/conformance/cases"
 	"github.com/softroce/softroce/conformance/rxevm"
+	"github.com/softroce/softroce/internal/golden"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
 )
@@ -548,29 +549,13 @@ func split(raw []byte, out string, guest4, guest6 netip.Addr) ([]*capFile, error
 // output for tsharkFields, after two comment lines naming the version and
 // the fields.
 func goldens(out string, files []*capFile) (string, error) {
-	vb, err := exec.Command("tshark", "--version").Output()
+	version, err := golden.Version("tshark")
 	if err != nil {
 		return "", err
 	}
-	version, _, _ := strings.Cut(string(vb), "\n")
-	version = strings.TrimSuffix(version, ".")
 	for _, f := range files {
-		args := []string{"-r", filepath.Join(out, f.name), "-T", "fields", "-E", "separator=|", "-E", "occurrence=f"}
-		for _, fl := range tsharkFields {
-			args = append(args, "-e", fl)
-		}
-		cmd := exec.Command("tshark", args...)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		b, err := cmd.Output()
-		if err != nil {
-			return "", fmt.Errorf("tshark: %v: %s", err, stderr.String())
-		}
-		var g bytes.Buffer
-		fmt.Fprintf(&g, "# %s\n# fields: %s\n", version, strings.Join(tsharkFields, "|"))
-		g.Write(b)
 		name := strings.TrimSuffix(f.name, ".pcap") + ".tshark"
-		if err := os.WriteFile(filepath.Join(out, name), g.Bytes(), 0o644); err != nil {
+		if err := golden.Write("tshark", version, filepath.Join(out, f.name), filepath.Join(out, name), tsharkFields); err != nil {
 			return "", err
 		}
 	}

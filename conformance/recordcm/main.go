@@ -61,39 +61,9 @@ import (
 	"github.com/softroce/softroce/conformance/cases"
 	"github.com/softroce/softroce/conformance/rxevm"
 	"github.com/softroce/softroce/inspect"
+	"github.com/softroce/softroce/internal/golden"
 	"github.com/softroce/softroce/nic/udp"
 )
-
-// TsharkFields are the Wireshark fields of the golden file (names as
-// `tshark -G fields` lists them, Wireshark 4.0); inspect's tests read
-// them back by name.
-var TsharkFields = []string{"frame.number", "infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.deth.q_key",
-	"infiniband.deth.srcqp",
-	"infiniband.mad.baseversion", "infiniband.mad.mgmtclass", "infiniband.mad.classversion", "infiniband.mad.method",
-	"infiniband.mad.status", "infiniband.mad.classspecific", "infiniband.mad.transactionid", "infiniband.mad.attributeid",
-	"infiniband.mad.attributemodifier",
-	"infiniband.cm.req", "infiniband.cm.req.serviceid", "infiniband.cm.req.localcaguid", "infiniband.cm.req.localqkey",
-	"infiniband.cm.req.localqpn", "infiniband.cm.req.responderres", "infiniband.cm.req.localeecn",
-	"infiniband.cm.req.initdepth", "infiniband.cm.req.remoteeecn", "infiniband.cm.req.remoteresptout",
-	"infiniband.cm.req.transpsvctype", "infiniband.cm.req.e2eflowctrl", "infiniband.cm.req.startpsn",
-	"infiniband.cm.req.localresptout", "infiniband.cm.req.retrcount", "infiniband.cm.req.pkey",
-	"infiniband.cm.req.pppmtu", "infiniband.cm.req.rdcexist", "infiniband.cm.req.rnrretrcount",
-	"infiniband.cm.req.maxcmretr", "infiniband.cm.req.srq", "infiniband.cm.req.ext_transport",
-	"infiniband.cm.req.prim_locallid", "infiniband.cm.req.prim_remotelid", "infiniband.cm.req.prim_localgid_ipv4",
-	"infiniband.cm.req.prim_remotegid_ipv4", "infiniband.cm.req.prim_tfcclass", "infiniband.cm.req.prim_hoplim",
-	"infiniband.cm.req.prim_sl", "infiniband.cm.req.prim_subnetlocal", "infiniband.cm.req.prim_localacktout",
-	"infiniband.cm.req.ip_cm.ipv", "infiniband.cm.req.ip_cm.sport", "infiniband.cm.req.ip_cm.sip4",
-	"infiniband.cm.req.ip_cm.dip4", "infiniband.cm.req.ip_cm.private",
-	"infiniband.cm.rep", "infiniband.cm.rep.remotecommid", "infiniband.cm.rep.localqkey", "infiniband.cm.rep.localqpn",
-	"infiniband.cm.rep.localeecn", "infiniband.cm.rep.startpsn", "infiniband.cm.rep.respres", "infiniband.cm.rep.initdepth",
-	"infiniband.cm.rep.tgtackdelay", "infiniband.cm.rep.failoveracc", "infiniband.cm.rep.e2eflowctrl",
-	"infiniband.cm.rep.rnrretrcount", "infiniband.cm.rep.srq", "infiniband.cm.rep.localcaguid", "infiniband.cm.rep.private",
-	"infiniband.cm.rtu.localcommid", "infiniband.cm.rtu.remotecommid", "infiniband.cm.rtu.private",
-	"infiniband.cm.rej.localcommid", "infiniband.cm.rej.remotecommid", "infiniband.cm.rej.msgrej",
-	"infiniband.cm.rej.rejinfolen", "infiniband.cm.rej.reason", "infiniband.cm.rej.private",
-	"infiniband.cm.dreq.localcommid", "infiniband.cm.dreq.remotecommid", "infiniband.cm.req.remoteqpneecn",
-	"infiniband.cm.dreq.private",
-	"infiniband.cm.drsp.localcommid", "infiniband.cm.drsp.remotecommid", "infiniband.cm.drsp.private"}
 
 // Ports of the four exchanges, and the host side's made-up identities.
 const (
@@ -177,7 +147,7 @@ func run(out string) error {
 	if err != nil {
 		return err
 	}
-	version, err := golden(filepath.Join(out, name), filepath.Join(out, "rxe-cm.tshark"))
+	version, err := writeGolden(filepath.Join(out, name), filepath.Join(out, "rxe-cm.tshark"))
 	if err != nil {
 		return err
 	}
@@ -623,29 +593,13 @@ func keepRoCE(raw []byte, path string, guest netip.Addr) ([]frame, error) {
 	return frames, os.WriteFile(path, buf.Bytes(), 0o644)
 }
 
-// golden writes tshark's fields for every frame of pcap to path.
-func golden(pcap, path string) (string, error) {
-	vb, err := exec.Command("tshark", "--version").Output()
+// writeGolden writes tshark's fields for every frame of pcap to path.
+func writeGolden(pcap, path string) (string, error) {
+	version, err := golden.Version("tshark")
 	if err != nil {
 		return "", err
 	}
-	version, _, _ := strings.Cut(string(vb), "\n")
-	version = strings.TrimSuffix(version, ".")
-	args := []string{"-r", pcap, "-T", "fields", "-E", "separator=|", "-E", "occurrence=f"}
-	for _, f := range TsharkFields {
-		args = append(args, "-e", f)
-	}
-	cmd := exec.Command("tshark", args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	b, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("tshark: %v: %s", err, stderr.String())
-	}
-	var g bytes.Buffer
-	fmt.Fprintf(&g, "# %s\n# fields: %s\n", version, strings.Join(TsharkFields, "|"))
-	g.Write(b)
-	return version, os.WriteFile(path, g.Bytes(), 0o644)
+	return version, golden.Write("tshark", version, pcap, path, golden.CMTsharkFields)
 }
 
 func writeReadme(out, name string, frames []frame, notes []string, release, tshark string) error {

@@ -60,19 +60,37 @@ var afxdpNoCsumBackend = backend{"afxdp-nocsum", func(t testing.TB, e *netnstest
 	return l
 }}
 
-func benchWrite(b *testing.B, be backend, nqp int) {
+// devicePair opens be's links at the two ends of a veth pair and a
+// device on each, closed when b ends.
+func devicePair(b *testing.B, be backend) (la, lb nic.Link, da, db *verbs.Device) {
 	v := netnstest.Pair(b, netnstest.VethConfig{MTU: 9000})
-	la, lb := be.open(b, v.A), be.open(b, v.B)
+	la, lb = be.open(b, v.A), be.open(b, v.B)
 	da, err := verbs.Open(la, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer da.Close()
-	db, err := verbs.Open(lb, nil)
+	b.Cleanup(func() { da.Close() })
+	db, err = verbs.Open(lb, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer db.Close()
+	b.Cleanup(func() { db.Close() })
+	return la, lb, da, db
+}
+
+// connectRC connects RC QPs qa (on the device with GID ga) and qb (gb)
+// with o, both starting at PSN 1.
+func connectRC(b *testing.B, qa, qb *verbs.QP, ga, gb verbs.GID, o *verbs.ConnectOptions) {
+	if err := qa.Connect(verbs.RemoteInfo{QPN: qb.Num(), PSN: 1, GID: gb}, o); err != nil {
+		b.Fatal(err)
+	}
+	if err := qb.Connect(verbs.RemoteInfo{QPN: qa.Num(), PSN: 1, GID: ga}, o); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func benchWrite(b *testing.B, be backend, nqp int) {
+	la, lb, da, db := devicePair(b, be)
 	// The transport has no congestion control: bound what is in flight
 	// in all, or the receiver's queues overflow and go-back-N thrashes.
 	depth := max(2, inFlight/nqp)
@@ -101,12 +119,7 @@ func benchWrite(b *testing.B, be backend, nqp int) {
 			b.Fatal(err)
 		}
 		o := &verbs.ConnectOptions{PathMTU: 4096, SQPSN: 1, Timeout: 12}
-		if err := qpa[i].Connect(verbs.RemoteInfo{QPN: qpb[i].Num(), PSN: 1, GID: gidB}, o); err != nil {
-			b.Fatal(err)
-		}
-		if err := qpb[i].Connect(verbs.RemoteInfo{QPN: qpa[i].Num(), PSN: 1, GID: gidA}, o); err != nil {
-			b.Fatal(err)
-		}
+		connectRC(b, qpa[i], qpb[i], gidA, gidB, o)
 	}
 	post := func(q, slot int, id uint64) {
 		off := q*region + slot*writeSize
@@ -121,7 +134,7 @@ func benchWrite(b *testing.B, be backend, nqp int) {
 	b.ResetTimer()
 	tx0 := la.Stats().TxPackets
 	w0 := wakeups()
-	posted, done := 0, 0
+	posted := 0
 	// Fill the pipes, then post one WRITE for every completion.
 	for q := 0; q < nqp; q++ {
 		for s := 0; s < depth && posted < b.N; s++ {
@@ -131,24 +144,8 @@ func benchWrite(b *testing.B, be backend, nqp int) {
 	}
 	wcs := make([]verbs.WC, 64)
 	start := time.Now()
-	for done < b.N {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		n, err := cqa.Wait(ctx, wcs)
-		cancel()
-		if err != nil {
-			b.Fatalf("after %d of %d WRITEs: %v (link %+v)", done, b.N, err, la.Stats())
-		}
-		for _, wc := range wcs[:n] {
-			if wc.Status.String() != "success" {
-				b.Fatalf("WRITE completed with %v", wc.Status)
-			}
-			done++
-			if posted < b.N {
-				post(int(wc.WRID>>32), int(wc.WRID&0xffffffff), wc.WRID)
-				posted++
-			}
-		}
-	}
+	done := drain(b, cqa, wcs, "WRITE", posted, func(id uint64) { post(int(id>>32), int(id&0xffffffff), id) },
+		func() any { return la.Stats() })
 	el := time.Since(start)
 	b.StopTimer()
 	reportWakeups(b, w0, done)
@@ -180,19 +177,7 @@ func benchWrite(b *testing.B, be backend, nqp int) {
 // counted at the receiver.
 func BenchmarkRawUDP(b *testing.B) {
 	netnstest.Require(b)
-	v := netnstest.Pair(b, netnstest.VethConfig{MTU: 9000})
-	var tx, rx *net.UDPConn
-	v.A.NS.Run(b, func() (err error) {
-		tx, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(v.A.Addr(), 4791)))
-		return err
-	})
-	defer tx.Close()
-	v.B.NS.Run(b, func() (err error) {
-		rx, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(v.B.Addr(), 4791)))
-		return err
-	})
-	defer rx.Close()
-	rx.SetReadBuffer(4 << 20)
+	v, tx, rx := rawUDPPair(b)
 	const batch = 32
 	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(v.B.Addr(), nic.RoCEv2Port))
 	out, in := make([]ipv4.Message, batch), make([]ipv4.Message, batch)
@@ -201,18 +186,7 @@ func BenchmarkRawUDP(b *testing.B) {
 		in[i] = ipv4.Message{Buffers: [][]byte{make([]byte, 9000)}}
 	}
 	ptx, prx := ipv4.NewPacketConn(tx), ipv4.NewPacketConn(rx)
-	stop := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			ptx.WriteBatch(out, 0)
-		}
-	}()
-	defer close(stop)
+	defer spin(func() { ptx.WriteBatch(out, 0) })()
 	b.SetBytes(4096)
 	b.ResetTimer()
 	start := time.Now()
@@ -224,9 +198,48 @@ func BenchmarkRawUDP(b *testing.B) {
 		}
 		got += n
 	}
-	el := time.Since(start)
+	reportRaw(b, 4096, time.Since(start))
+}
+
+// rawUDPPair opens a plain UDP socket on port 4791 at each end of a veth
+// pair, closed when b ends; rx has a 4 MiB receive buffer.
+func rawUDPPair(b *testing.B) (v *netnstest.Veth, tx, rx *net.UDPConn) {
+	v = netnstest.Pair(b, netnstest.VethConfig{MTU: 9000})
+	v.A.NS.Run(b, func() (err error) {
+		tx, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(v.A.Addr(), 4791)))
+		return err
+	})
+	b.Cleanup(func() { tx.Close() })
+	v.B.NS.Run(b, func() (err error) {
+		rx, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(v.B.Addr(), 4791)))
+		return err
+	})
+	b.Cleanup(func() { rx.Close() })
+	rx.SetReadBuffer(4 << 20)
+	return v, tx, rx
+}
+
+// spin calls send in a goroutine until the returned stop is called.
+func spin(send func()) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			send()
+		}
+	}()
+	return func() { close(done) }
+}
+
+// reportRaw stops b's timer and reports b.N datagrams of size bytes
+// received in el.
+func reportRaw(b *testing.B, size int, el time.Duration) {
 	b.StopTimer()
-	b.ReportMetric(float64(b.N)*4096*8/el.Seconds()/1e9, "Gbit/s")
+	b.ReportMetric(float64(b.N)*float64(size)*8/el.Seconds()/1e9, "Gbit/s")
 	b.ReportMetric(float64(b.N)/el.Seconds(), "pkt/s")
 }
 
@@ -236,19 +249,7 @@ func BenchmarkRawUDP(b *testing.B) {
 // datagrams), counted at the receiver by segment.
 func BenchmarkRawUDPGSO(b *testing.B) {
 	netnstest.Require(b)
-	v := netnstest.Pair(b, netnstest.VethConfig{MTU: 9000})
-	var tx, rx *net.UDPConn
-	v.A.NS.Run(b, func() (err error) {
-		tx, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(v.A.Addr(), 4791)))
-		return err
-	})
-	defer tx.Close()
-	v.B.NS.Run(b, func() (err error) {
-		rx, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(v.B.Addr(), 4791)))
-		return err
-	})
-	defer rx.Close()
-	rx.SetReadBuffer(4 << 20)
+	v, tx, rx := rawUDPPair(b)
 	const segs, size, batch = 15, 4096, 8
 	var serr error
 	for _, c := range []*net.UDPConn{tx, rx} {
@@ -276,18 +277,7 @@ func BenchmarkRawUDPGSO(b *testing.B) {
 		in[i] = ipv4.Message{Buffers: [][]byte{make([]byte, 1<<16)}, OOB: make([]byte, 64)}
 	}
 	prx := ipv4.NewPacketConn(rx)
-	stop := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			tx.WriteMsgUDP(super, oob, dst)
-		}
-	}()
-	defer close(stop)
+	defer spin(func() { tx.WriteMsgUDP(super, oob, dst) })()
 	b.SetBytes(size)
 	b.ResetTimer()
 	start := time.Now()
@@ -301,10 +291,7 @@ func BenchmarkRawUDPGSO(b *testing.B) {
 			got += (m.N + size - 1) / size
 		}
 	}
-	el := time.Since(start)
-	b.StopTimer()
-	b.ReportMetric(float64(b.N)*size*8/el.Seconds()/1e9, "Gbit/s")
-	b.ReportMetric(float64(b.N)/el.Seconds(), "pkt/s")
+	reportRaw(b, size, time.Since(start))
 }
 
 // BenchmarkRCSend64 streams 64-byte SENDs over one QP (16 in flight), the
@@ -319,18 +306,7 @@ func BenchmarkRCSend64(b *testing.B) {
 
 func benchSend64(b *testing.B, be backend) {
 	const size, depth = 64, 16
-	v := netnstest.Pair(b, netnstest.VethConfig{MTU: 9000})
-	la, lb := be.open(b, v.A), be.open(b, v.B)
-	da, err := verbs.Open(la, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer da.Close()
-	db, err := verbs.Open(lb, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer db.Close()
+	_, _, da, db := devicePair(b, be)
 	bufA, bufB := make([]byte, size*depth), make([]byte, size*2*depth)
 	pda, _ := da.AllocPD()
 	pdb, _ := db.AllocPD()
@@ -355,12 +331,7 @@ func benchSend64(b *testing.B, be backend) {
 	gidA, _ := da.QueryGID(0)
 	gidB, _ := db.QueryGID(0)
 	o := &verbs.ConnectOptions{PathMTU: 4096, SQPSN: 1, Timeout: 12, RNRRetry: 7}
-	if err := qpa.Connect(verbs.RemoteInfo{QPN: qpb.Num(), PSN: 1, GID: gidB}, o); err != nil {
-		b.Fatal(err)
-	}
-	if err := qpb.Connect(verbs.RemoteInfo{QPN: qpa.Num(), PSN: 1, GID: gidA}, o); err != nil {
-		b.Fatal(err)
-	}
+	connectRC(b, qpa, qpb, gidA, gidB, o)
 	recv := func(slot int) {
 		if err := qpb.PostRecv(&verbs.RecvWR{ID: uint64(slot), SGL: []verbs.SGE{{Addr: mrb.Addr() + uint64(slot*size), Length: size, LKey: mrb.LKey()}}}); err != nil {
 			b.Fatal(err)
@@ -400,30 +371,13 @@ func benchSend64(b *testing.B, be backend) {
 	b.SetBytes(size)
 	b.ResetTimer()
 	w0 := wakeups()
-	posted, done := 0, 0
+	posted := 0
 	for ; posted < depth && posted < b.N; posted++ {
 		post(posted)
 	}
 	wcs := make([]verbs.WC, depth)
 	start := time.Now()
-	for done < b.N {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		n, err := cqa.Wait(ctx, wcs)
-		cancel()
-		if err != nil {
-			b.Fatalf("after %d of %d SENDs: %v (QP %+v)", done, b.N, err, qpa.Stats())
-		}
-		for _, wc := range wcs[:n] {
-			if wc.Status.String() != "success" {
-				b.Fatalf("SEND completed with %v", wc.Status)
-			}
-			done++
-			if posted < b.N {
-				post(int(wc.WRID))
-				posted++
-			}
-		}
-	}
+	done := drain(b, cqa, wcs, "SEND", posted, func(id uint64) { post(int(id)) }, func() any { return qpa.Stats() })
 	el := time.Since(start)
 	b.StopTimer()
 	reportWakeups(b, w0, done)
@@ -431,6 +385,33 @@ func benchSend64(b *testing.B, be backend) {
 	if st := qpa.Stats(); st.Retransmits != 0 && testing.Verbose() {
 		b.Logf("QP a %+v", st)
 	}
+}
+
+// drain waits on cq, len(wcs) completions at a time, for b.N successful
+// completions of what, reposting each through repost while fewer than
+// b.N are posted (posted already are); stats describes the sender when a
+// wait times out. It returns the completions counted.
+func drain(b *testing.B, cq *verbs.CQ, wcs []verbs.WC, what string, posted int, repost func(wrid uint64), stats func() any) int {
+	done := 0
+	for done < b.N {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		n, err := cq.Wait(ctx, wcs)
+		cancel()
+		if err != nil {
+			b.Fatalf("after %d of %d %ss: %v (%+v)", done, b.N, what, err, stats())
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status.String() != "success" {
+				b.Fatalf("%s completed with %v", what, wc.Status)
+			}
+			done++
+			if posted < b.N {
+				repost(wc.WRID)
+				posted++
+			}
+		}
+	}
+	return done
 }
 
 // wakeups estimates how many times goroutines were scheduled to run so

@@ -33,6 +33,30 @@ func gsoBatch(b, other netip.AddrPort) []nic.Packet {
 	return out
 }
 
+// gsoRecv is a packet of gsoBatch sent to b (index i) and what b got.
+type gsoRecv struct {
+	i         int
+	sent, got *nic.Packet
+}
+
+// sendGSOBatch sends gsoBatch from a to b (other: the odd peer), receives
+// b's 24 packets and returns them beside the ones sent to b.
+func sendGSOBatch(t *testing.T, a, b *Link, other netip.AddrPort) []gsoRecv {
+	t.Helper()
+	out := gsoBatch(b.LocalAddrPort(), other)
+	if n, err := a.Send(out); n != len(out) || err != nil {
+		t.Fatalf("Send = %d, %v", n, err)
+	}
+	in := recvN(t, b, packets(24, 4200), 24)
+	r := make([]gsoRecv, 0, len(in))
+	for i := range out {
+		if i != 21 {
+			r = append(r, gsoRecv{i, &out[i], &in[len(r)]})
+		}
+	}
+	return r
+}
+
 // TestGSO sends runs as super-packets and receives them with each
 // receive path: the UDP socket with GRO on and off (IPv4 solved, IPv6
 // verified) and the raw IPv4 socket, which sees super-packets whole and
@@ -72,12 +96,8 @@ func TestGSO(t *testing.T) {
 			if !a.GSO() || b.GRO() != (c.gro != OffloadOff) {
 				t.Fatalf("GSO %v GRO %v", a.GSO(), b.GRO())
 			}
-			out := gsoBatch(b.LocalAddrPort(), o.LocalAddrPort())
-			if n, err := a.Send(out); n != len(out) || err != nil {
-				t.Fatalf("Send = %d, %v", n, err)
-			}
 			// Segment ids within each run: 0..14, 0..5, (other), 0..2.
-			ids := make([]uint16, len(out))
+			var ids [25]uint16
 			for i := range ids {
 				switch {
 				case i < 15:
@@ -88,14 +108,9 @@ func TestGSO(t *testing.T) {
 					ids[i] = uint16(i - 22)
 				}
 			}
-			in := recvN(t, b, packets(24, 4200), 24)
-			for i, k := 0, 0; i < len(out); i++ {
-				if i == 21 {
-					continue
-				}
-				p := &in[k]
-				k++
-				if string(p.Bytes()) != string(out[i].Bytes()) || p.ICRC != c.want || p.Remote != a.LocalAddrPort() {
+			for _, r := range sendGSOBatch(t, a, b, o.LocalAddrPort()) {
+				i, sent, p := r.i, r.sent, r.got
+				if string(p.Bytes()) != string(sent.Bytes()) || p.ICRC != c.want || p.Remote != a.LocalAddrPort() {
 					t.Fatalf("packet %d: %d bytes %v from %v", i, p.N, p.ICRC, p.Remote)
 				}
 				// IPv4: the ID the segment carried, read off the
@@ -103,7 +118,7 @@ func TestGSO(t *testing.T) {
 				if c.addr == "127.0.0.1" && (!p.IPKnown || p.IPID != ids[i]) {
 					t.Errorf("packet %d: IP ID known %v, %d, want %d", i, p.IPKnown, p.IPID, ids[i])
 				}
-				want, _ := synthID(a.LocalAddrPort(), b.LocalAddrPort(), ids[i], out[i].Bytes())
+				want, _ := synthID(a.LocalAddrPort(), b.LocalAddrPort(), ids[i], sent.Bytes())
 				if icrc.Wire(p.Bytes()) != want {
 					t.Errorf("packet %d: ICRC %08x, want the one for ID %d %08x", i, icrc.Wire(p.Bytes()), ids[i], want)
 				}
@@ -143,20 +158,12 @@ func TestGSOOff(t *testing.T) {
 	if a.GSO() {
 		t.Fatal("GSO on")
 	}
-	out := gsoBatch(b.LocalAddrPort(), o.LocalAddrPort())
-	if n, err := a.Send(out); n != len(out) || err != nil {
-		t.Fatalf("Send = %d, %v", n, err)
-	}
-	in := recvN(t, b, packets(24, 4200), 24)
-	for k, i := 0, 0; i < len(out); i++ {
-		if i == 21 {
-			continue
-		}
-		want, _ := synth(a.LocalAddrPort(), b.LocalAddrPort(), out[i].Bytes())
-		if icrc.Wire(in[k].Bytes()) != want {
+	for _, r := range sendGSOBatch(t, a, b, o.LocalAddrPort()) {
+		i, sent, p := r.i, r.sent, r.got
+		want, _ := synth(a.LocalAddrPort(), b.LocalAddrPort(), sent.Bytes())
+		if icrc.Wire(p.Bytes()) != want {
 			t.Errorf("packet %d: not the ICRC for ID 0", i)
 		}
-		k++
 	}
 	if b.OffloadStats().RxSplit != 0 {
 		t.Errorf("split %d datagrams", b.OffloadStats().RxSplit)
@@ -181,19 +188,11 @@ func TestGSOFallback(t *testing.T) {
 	}
 	b := open(t, "127.0.0.1", 9000)
 	o := open(t, "127.0.0.1", 9000)
-	out := gsoBatch(b.LocalAddrPort(), o.LocalAddrPort())
-	if n, err := a.Send(out); n != len(out) || err != nil {
-		t.Fatalf("Send = %d, %v", n, err)
-	}
-	in := recvN(t, b, packets(24, 4200), 24)
-	for k, i := 0, 0; i < len(out); i++ {
-		if i == 21 {
-			continue
-		}
-		if string(in[k].Bytes()) != string(out[i].Bytes()) || in[k].ICRC != nic.ICRCPartial {
+	for _, r := range sendGSOBatch(t, a, b, o.LocalAddrPort()) {
+		i, sent, p := r.i, r.sent, r.got
+		if string(p.Bytes()) != string(sent.Bytes()) || p.ICRC != nic.ICRCPartial {
 			t.Fatalf("packet %d differs or fails its ICRC", i)
 		}
-		k++
 	}
 	if a.GSO() || a.OffloadStats().GSOFallbacks != 1 || a.Stats().TxPackets != 25 || a.Stats().TxErrors != 0 {
 		t.Errorf("GSO %v, %+v, %+v", a.GSO(), a.OffloadStats(), a.Stats())
@@ -225,19 +224,11 @@ func TestGSOSegmentIDsOnTheWire(t *testing.T) {
 		return err
 	})
 	defer b.Close()
-	out := gsoBatch(b.LocalAddrPort(), netip.AddrPortFrom(b.LocalAddrPort().Addr(), 9))
-	if n, err := a.Send(out); n != len(out) || err != nil {
-		t.Fatalf("Send = %d, %v", n, err)
-	}
-	in := recvN(t, b, packets(24, 4200), 24)
-	for k, i := 0, 0; i < len(out); i++ {
-		if i == 21 {
-			continue
+	for _, r := range sendGSOBatch(t, a, b, netip.AddrPortFrom(b.LocalAddrPort().Addr(), 9)) {
+		i, sent, p := r.i, r.sent, r.got
+		if string(p.Bytes()) != string(sent.Bytes()) || p.ICRC != nic.ICRCVerified {
+			t.Fatalf("packet %d: %v", i, p.ICRC)
 		}
-		if string(in[k].Bytes()) != string(out[i].Bytes()) || in[k].ICRC != nic.ICRCVerified {
-			t.Fatalf("packet %d: %v", i, in[k].ICRC)
-		}
-		k++
 	}
 	if st, ost := b.Stats(), b.OffloadStats(); st.RxICRCVerified != 24 || st.RxICRCBad != 0 || ost.RxSplit != 0 {
 		t.Errorf("receiver %+v %+v (want 24 verified segments, none split here)", st, ost)
