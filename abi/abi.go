@@ -25,6 +25,9 @@ var src embed.FS
 // Header is the system header the library is compiled against.
 const Header = "/usr/include/infiniband/verbs.h"
 
+// RDMACMHeader is the one librdmacm.so.1 is compiled against.
+const RDMACMHeader = "/usr/include/rdma/rdma_cma.h"
+
 // Missing says what the build lacks (gcc, binutils, libibverbs-dev), or "".
 func Missing() string {
 	for _, t := range []string{"gcc", "nm", "awk", "sh"} {
@@ -145,9 +148,36 @@ func Build(dir string) (string, error) {
 		"-Wl,-z,now", "-o", tmp, obj, stubs, "-lpthread"); err != nil {
 		return "", err
 	}
+	// librdmacm.so.1 first (serve/cm.go's CM behind rdma_cm): the
+	// directory is complete once libibverbs.so.1 is in place.
+	if err := buildRDMACM(dir, out, run, cflags); err != nil {
+		return "", err
+	}
 	// Renamed into place last: a library that exists is a complete one.
 	if err := os.Rename(tmp, lib); err != nil {
 		return "", err
 	}
 	return out, nil
+}
+
+// buildRDMACM compiles c/rdmacm.c into out/librdmacm.so.1 (the steps of
+// c/Makefile's librdmacm target).
+func buildRDMACM(dir, out string, run func(string, ...string) ([]byte, error), cflags []string) error {
+	if _, err := os.Stat(RDMACMHeader); err != nil {
+		return nil // no librdmacm-dev: libibverbs.so.1 alone (rdma_cm programs then find no softroce device)
+	}
+	m := filepath.Join(out, "librdmacm.map")
+	if _, err := run("sh", "rdmacm_map.sh", "librdmacm_exports.txt", m); err != nil {
+		return err
+	}
+	obj := filepath.Join(out, "rdmacm.o")
+	if _, err := run("gcc", append(cflags, "-c", "rdmacm.c", "-o", obj)...); err != nil {
+		return err
+	}
+	lib := filepath.Join(out, "librdmacm.so.1")
+	if _, err := run("gcc", "-shared", "-Wl,-soname,librdmacm.so.1", "-Wl,--version-script="+m, "-Wl,-z,now",
+		"-o", lib+".tmp", obj, "-libverbs", "-lpthread"); err != nil {
+		return err
+	}
+	return os.Rename(lib+".tmp", lib)
 }

@@ -65,6 +65,8 @@ type client struct {
 
 	cqSlots int // slots of all its CQ rings
 
+	cm *cmChan // an rdma_cm event channel (serve/cm.go), or nil
+
 	out []byte
 	ext []extent
 }
@@ -161,6 +163,10 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 		closeAll(fds)
 		return nil, nil, err
 	}
+	if r.op >= opCMFirst && r.op <= opCMLast { // connection management: serve/cm.go
+		closeAll(fds)
+		return c.handleCM(r)
+	}
 	if r.op != opRegMR && len(fds) > 0 {
 		closeAll(fds)
 		return nil, nil, fmt.Errorf("%w: descriptors with op %d", errMsg, r.op)
@@ -244,8 +250,8 @@ func (c *client) hello() []byte {
 }
 
 func (c *client) open(i uint32) ([]byte, []int, error) {
-	if c.dev != nil {
-		return nil, nil, fmt.Errorf("%w: connection already opened a device", syscall.EBUSY)
+	if c.dev != nil || c.cm != nil {
+		return nil, nil, fmt.Errorf("%w: connection already opened a device or an rdma_cm channel", syscall.EBUSY)
 	}
 	if int(i) >= len(c.s.devs) {
 		return nil, nil, fmt.Errorf("%w: no device %d", syscall.ENODEV, i)
@@ -671,6 +677,7 @@ func (c *client) destroyChannel(h uint32) error {
 // and unmapped, then CQs, channels and PDs.
 func (c *client) cleanup() {
 	c.conn.Close()
+	c.cmCleanup()
 	d := c.dev
 	if d == nil {
 		return

@@ -47,6 +47,7 @@ type device struct {
 	asleep   bool
 
 	sendCQ, recvCQ *verbs.CQ
+	cm             cmDev // rdma_cm's CM on QP1, opened on first use (serve/cm.go)
 	wcs            [64]verbs.WC
 
 	epfd   int // the clients' doorbell eventfds, and quitFD
@@ -87,6 +88,7 @@ func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
 }
 
 func (d *device) close() {
+	d.cmClose()
 	close(d.quit)
 	var one [8]byte
 	one[0] = 1

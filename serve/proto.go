@@ -141,7 +141,10 @@ func parseRequest(b []byte) (request, error) {
 		}
 		want = sizeRegMR + int(n)*sizeExtent
 	default:
-		return request{}, fmt.Errorf("%w: unknown op %d", errMsg, r.op)
+		if r.op < opCMFirst || r.op > opCMKnownLast { // CM ops: serve/cmproto.go
+			return request{}, fmt.Errorf("%w: unknown op %d", errMsg, r.op)
+		}
+		want = sizeCMReq
 	}
 	if len(r.body) != want {
 		return request{}, fmt.Errorf("%w: op %d body of %d bytes, want %d", errMsg, r.op, len(r.body), want)
