@@ -65,7 +65,8 @@ type client struct {
 
 	cqSlots int // slots of all its CQ rings
 
-	cm *cmChan // an rdma_cm event channel (serve/cm.go), or nil
+	cm    *cmChan // an rdma_cm event channel (serve/cm.go), or nil
+	pages pageMap // its MRs' pages mapped at its own addresses (serve/mem.go)
 
 	out []byte
 	ext []extent
@@ -381,7 +382,10 @@ func (c *client) regMR(r *regMR, fds []int) ([]byte, []int, error) {
 	if len(c.mrs) >= maxClientMR {
 		return nil, nil, syscall.ENOMEM
 	}
-	m, err := mapClientMem(r, fds)
+	if c.pages == nil {
+		c.pages = pageMap{}
+	}
+	m, err := mapClientMem(r, fds, c.pages)
 	if err != nil {
 		return nil, nil, err
 	}

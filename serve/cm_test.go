@@ -220,3 +220,19 @@ func TestCMHostile(t *testing.T) {
 		t.Errorf("bad requests not counted: %+v", n)
 	}
 }
+
+// rping, server and client on one daemon: SENDs advertising buffers, RDMA
+// READ and WRITE of them (small malloc'd buffers on shared pages), and
+// the disconnect.
+func TestRping(t *testing.T) {
+	p, lib := cmTool(t, "rping")
+	s := startCM(t)
+	srv := startPingpong(t, s, lib, p, "-s", "-a", "127.0.0.1", "-p", "7474", "-C", "10", "-v")
+	time.Sleep(300 * time.Millisecond)
+	cli := startPingpong(t, s, lib, p, "-c", "-a", "127.0.0.1", "-p", "7474", "-C", "10", "-v")
+	co := waitTool(t, cli, "rping client")
+	so := waitTool(t, srv, "rping server")
+	if !strings.Contains(co, "ping data: rdma-ping-9") || !strings.Contains(so, "server ping data: rdma-ping-9") {
+		t.Errorf("rping did not complete 10 pings:\nclient:\n%s\nserver:\n%s", co, so)
+	}
+}

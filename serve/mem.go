@@ -78,11 +78,24 @@ func cas32(b []byte, off int, old, v uint32) bool {
 type clientMem struct {
 	base   uintptr // daemon address of the page-rounded start
 	length uintptr // page-rounded length
+	pages  pageMap // set when mapped at the client's address: pages shared by reference
+}
+
+// pageMap is a client's pages mapped at its own addresses in the daemon,
+// by address. Two MRs of one process often share a page (small malloc'd
+// buffers): the second reuses the first's mapping of the same memfd page,
+// so both keep the program's addresses (what a peer's RDMA uses); a page
+// is unmapped when its last MR goes.
+type pageMap map[uint64]*pageRef
+
+type pageRef struct {
+	dev, ino, off uint64 // the memfd page mapped there
+	refs          int
 }
 
 // mapClientMem checks the extents and fds of a REG_MR and maps them.
 // It never keeps the fds: the caller closes them.
-func mapClientMem(r *regMR, fds []int) (*clientMem, error) {
+func mapClientMem(r *regMR, fds []int, pages pageMap) (*clientMem, error) {
 	if r.length == 0 || r.addr+r.length < r.addr {
 		return nil, fmt.Errorf("%w: MR range 0x%x+%d", syscall.EINVAL, r.addr, r.length)
 	}
@@ -95,6 +108,7 @@ func mapClientMem(r *regMR, fds []int) (*clientMem, error) {
 		return nil, fmt.Errorf("%w: %d extents but %d descriptors", syscall.EINVAL, len(r.extents), len(fds))
 	}
 	at := ps
+	st := make([]unix.Stat_t, len(r.extents))
 	for i, e := range r.extents {
 		if e.va != at || e.len == 0 || e.len%pageSize != 0 || e.off%pageSize != 0 || e.va+e.len < e.va || e.off+e.len < e.off {
 			return nil, fmt.Errorf("%w: extent %d (va 0x%x len %d off %d) does not tile the range", syscall.EINVAL, i, e.va, e.len, e.off)
@@ -103,14 +117,18 @@ func mapClientMem(r *regMR, fds []int) (*clientMem, error) {
 		if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
 			return nil, fmt.Errorf("%w: extent %d is not a memfd sealed against shrinking", syscall.EINVAL, i)
 		}
-		var st unix.Stat_t
-		if err := unix.Fstat(fds[i], &st); err != nil || uint64(st.Size) < e.off+e.len {
+		if err := unix.Fstat(fds[i], &st[i]); err != nil || uint64(st[i].Size) < e.off+e.len {
 			return nil, fmt.Errorf("%w: extent %d's memfd is smaller than off+len", syscall.EINVAL, i)
 		}
 		at += e.len
 	}
 	if at != pe {
 		return nil, fmt.Errorf("%w: extents cover 0x%x..0x%x, not the page range 0x%x..0x%x", syscall.EINVAL, ps, at, ps, pe)
+	}
+	if pages != nil {
+		if m := mapDirect(ps, pe, r.extents, fds, st, pages); m != nil {
+			return m, nil
+		}
 	}
 	n := uintptr(pe - ps)
 	// Same address as the client when it is free here.
@@ -140,7 +158,69 @@ func (m *clientMem) buf(r *regMR) []byte {
 	return unsafe.Slice((*byte)(ptr(m.base+uintptr(r.addr-ps))), int(r.length))
 }
 
+// mapDirect maps the range at the client's own addresses, reusing the
+// client's pages already there when they hold the same memfd pages. It
+// returns nil, having changed nothing, when some page is taken otherwise.
+func mapDirect(ps, pe uint64, ext []extent, fds []int, st []unix.Stat_t, pages pageMap) *clientMem {
+	for i, e := range ext {
+		for pa := e.va; pa < e.va+e.len; pa += pageSize {
+			if p := pages[pa]; p != nil && (p.dev != st[i].Dev || p.ino != st[i].Ino || p.off != e.off+(pa-e.va)) {
+				return nil
+			}
+		}
+	}
+	var added []uint64
+	undo := func() {
+		for _, pa := range added {
+			munmap(uintptr(pa), pageSize)
+			delete(pages, pa)
+		}
+	}
+	for i, e := range ext {
+		for pa := e.va; pa < e.va+e.len; {
+			if pages[pa] != nil {
+				pa += pageSize
+				continue
+			}
+			end := pa
+			for end < e.va+e.len && pages[end] == nil {
+				end += pageSize
+			}
+			got, err := mmap(uintptr(pa), uintptr(end-pa), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED_NOREPLACE,
+				fds[i], int64(e.off+(pa-e.va)))
+			if err != nil || got != uintptr(pa) {
+				if err == nil {
+					munmap(got, uintptr(end-pa)) // an old kernel took the hint as a hint
+				}
+				undo()
+				return nil
+			}
+			for x := pa; x < end; x += pageSize {
+				pages[x] = &pageRef{dev: st[i].Dev, ino: st[i].Ino, off: e.off + (x - e.va)}
+				added = append(added, x)
+			}
+			pa = end
+		}
+	}
+	for pa := ps; pa < pe; pa += pageSize {
+		pages[pa].refs++
+	}
+	return &clientMem{base: uintptr(ps), length: uintptr(pe - ps), pages: pages}
+}
+
 func (m *clientMem) unmap() {
+	if m.pages != nil && m.base != 0 {
+		for pa := uint64(m.base); pa < uint64(m.base+m.length); pa += pageSize {
+			if p := m.pages[pa]; p != nil {
+				if p.refs--; p.refs == 0 {
+					munmap(uintptr(pa), pageSize)
+					delete(m.pages, pa)
+				}
+			}
+		}
+		m.base = 0
+		return
+	}
 	if m.base != 0 {
 		munmap(m.base, m.length)
 		m.base = 0

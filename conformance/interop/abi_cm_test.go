@@ -1,0 +1,105 @@
+package interop
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// cmTool finds a host tool for the librdmacm tests.
+func cmHostTool(t *testing.T, name string) string {
+	t.Helper()
+	needVM(t)
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Skipf("%s is not installed on the host (Debian: apt-get install rdmacm-utils perftest)", name)
+	}
+	return p
+}
+
+// hostUntil runs a host client through softroce's libraries until its
+// output has ok, retrying while the guest's server is not listening yet
+// (its CM answers REJ 8 then, quickly).
+func hostUntil(ctx context.Context, t *testing.T, env []string, ok, notYet string, p string, args ...string) (string, error) {
+	t.Helper()
+	for {
+		cmd := vm.HostCommand(ctx, p, args...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		if strings.Contains(string(out), ok) || !strings.Contains(string(out), notYet) || ctx.Err() != nil {
+			return string(out), err
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// cmBothRoles runs an unmodified rdma_cm tool on the host, through
+// softroce's librdmacm.so.1 and libibverbs.so.1, against the same tool on
+// the rxe guest: host client then host server.
+func cmBothRoles(t *testing.T, tool, guestServer, guestClient string, hostServer, hostClient []string, ok, notYet string) {
+	host := cmHostTool(t, tool)
+	t.Run("host-client", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+		defer cancel()
+		env := abiDaemon(t)
+		proc, err := vm.Start(ctx, "timeout 120 "+guestServer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		time.Sleep(2 * time.Second) // the guest's tool starts (slowly, under TCG)
+		out, err := hostUntil(ctx, t, env, ok, notYet, host, append(hostClient, vm.GuestAddr().String())...)
+		gout, gerr := proc.Wait(ctx)
+		if err != nil || gerr != nil || !strings.Contains(out, ok) || !strings.Contains(gout, ok) {
+			t.Fatalf("host %s: %v\n%s\nguest: %v\n%s", tool, err, out, gerr, gout)
+		}
+		t.Logf("host: %s; guest: %s", lastLines(out, 2), lastLines(gout, 2))
+	})
+	t.Run("host-server", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+		defer cancel()
+		env := abiDaemon(t)
+		args := make([]string, len(hostServer))
+		for i, a := range hostServer {
+			args[i] = strings.ReplaceAll(a, "HOST", vm.HostAddr().String())
+		}
+		cmd := vm.HostCommand(ctx, host, args...)
+		cmd.Env = env
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer cmd.Process.Kill()
+		time.Sleep(time.Second) // the host server listens
+		gout, gerr := vm.Run(ctx, "timeout 120 "+guestClient+" "+vm.HostAddr().String())
+		err := cmd.Wait()
+		if err != nil || gerr != nil || !strings.Contains(out.String(), ok) || !strings.Contains(gout, ok) {
+			t.Fatalf("host %s server: %v\n%s\nguest client: %v\n%s", tool, err, out.String(), gerr, gout)
+		}
+		t.Logf("host: %s; guest: %s", lastLines(out.String(), 2), lastLines(gout, 2))
+	})
+}
+
+// TestABIUcmatoseAgainstRxe: ucmatose (RC by rdma_cm, SENDs both ways,
+// the server disconnects), both roles.
+func TestABIUcmatoseAgainstRxe(t *testing.T) {
+	cmBothRoles(t, "ucmatose", "ucmatose", "ucmatose -s", []string{"-b", "HOST"}, []string{"-s"}, "return status 0", "REJECTED, error: 8")
+}
+
+// TestABIRpingAgainstRxe: rping (SEND, RDMA READ and WRITE of the
+// buffers it advertises), both roles.
+func TestABIRpingAgainstRxe(t *testing.T) {
+	cmBothRoles(t, "rping", "rping -s -C 10 -v", "rping -c -C 10 -v -a", []string{"-s", "-C", "10", "-v", "-a", "HOST"},
+		[]string{"-c", "-C", "10", "-v", "-a"}, "ping data: rdma-ping-9", "REJECTED")
+}
+
+// TestABIWriteBWCMAgainstRxe: ib_write_bw -R (perftest connecting with
+// rdma_cm), both roles.
+func TestABIWriteBWCMAgainstRxe(t *testing.T) {
+	common := "-R -F -n 100 -s 4096 -p 18517"
+	cmBothRoles(t, "ib_write_bw", "ib_write_bw -d rxe0 "+common, "ib_write_bw -d rxe0 "+common,
+		strings.Fields(common), strings.Fields(common), "#bytes", "REJECTED")
+}
