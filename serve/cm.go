@@ -30,6 +30,8 @@ const (
 	// disconnectWait bounds the DREQ a destroyed or dead client's
 	// connection sends (the CM's own retries end earlier).
 	disconnectWait = time.Minute
+	// acceptWaitMS bounds how long ACCEPT waits for the QP to reach RTS.
+	acceptWaitMS = 2000
 )
 
 // cmDev is a device's CM, opened on first use: QP1 is only taken when a
@@ -620,11 +622,13 @@ func (ch *cmChan) accept(id *cmID, q *cmReq) error {
 	id.busy = true
 	p := connParam(q)
 	qp := id.qp.qp
+	returned := make(chan struct{})
 	ch.wg.Add(1)
 	go func() {
 		defer ch.wg.Done()
 		ev := cmEvent{id: id.h, typ: cmEvEstablished, dev: uint32(id.dev.index), src: id.src, dst: id.dst}
 		k, err := r.Accept(id.ctx, qp, p)
+		close(returned)
 		ch.mu.Lock()
 		id.req = nil
 		ch.mu.Unlock()
@@ -642,6 +646,16 @@ func (ch *cmChan) accept(id *cmID, q *cmReq) error {
 		ev.param = paramOf(k.Param())
 		ch.established(id, k, ev)
 	}()
+	// librdmacm's rdma_accept returns with the QP in RTS (it moves it
+	// before the REP goes), and programs post at once: wait for that
+	// here, not for the RTU.
+	for i := 0; i < acceptWaitMS && qp.State() != verbs.StateRTS; i++ {
+		select {
+		case <-returned:
+			return nil
+		case <-time.After(time.Millisecond):
+		}
+	}
 	return nil
 }
 

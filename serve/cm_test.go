@@ -236,3 +236,22 @@ func TestRping(t *testing.T) {
 		t.Errorf("rping did not complete 10 pings:\nclient:\n%s\nserver:\n%s", co, so)
 	}
 }
+
+// perftest's ib_write_bw -R: connected by rdma_cm (which must return from
+// rdma_accept with the QP in RTS: the server posts at once), then its
+// parameters exchanged over the QP and 100 RDMA WRITEs.
+func TestWriteBWCM(t *testing.T) {
+	p, lib := cmTool(t, "ib_write_bw")
+	s := startCM(t)
+	args := []string{"-R", "-F", "-n", "100", "-s", "4096", "-p", "18519"}
+	srv := startPingpong(t, s, lib, p, args...)
+	time.Sleep(500 * time.Millisecond)
+	cli := startPingpong(t, s, lib, p, append(args, "127.0.0.1")...)
+	co := waitTool(t, cli, "ib_write_bw -R client")
+	so := waitTool(t, srv, "ib_write_bw -R server")
+	for _, o := range []string{co, so} {
+		if !strings.Contains(o, " 4096       100") {
+			t.Errorf("ib_write_bw -R printed no result:\n%s", o)
+		}
+	}
+}

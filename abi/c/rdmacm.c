@@ -144,6 +144,8 @@ static int cm_call(int sock, uint32_t op, const struct sr_cm_req *req, void *res
 	return 0;
 }
 
+static void sync_state(struct ibv_qp *qp);
+
 static int fail(int e)
 {
 	errno = e;
@@ -571,6 +573,7 @@ EXPORT int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param
 		q.qpn = id->qp->qp_num;
 	if (id_call(id, SR_OP_CM_ACCEPT, &q))
 		return -1;
+	sync_state(id->qp); /* in RTS now, as after librdmacm's rdma_accept */
 	if (id->qp_type == IBV_QPT_UD || id->ps == RDMA_PS_UDP)
 		return 0;
 	return wait_sync(id, RDMA_CM_EVENT_ESTABLISHED);
