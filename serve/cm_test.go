@@ -295,3 +295,41 @@ func TestWriteBWCM(t *testing.T) {
 		return
 	}
 }
+
+// udQPs says whether the daemon makes UD QPs (IBV_QPT_UD through
+// CREATE_QP).
+func udQPs(t *testing.T, s *Server) bool {
+	t.Helper()
+	r := dial(t, s)
+	r.open()
+	_, pd, _ := r.call(opAllocPD, nil)
+	e, cq, fds := r.call(opCreateCQ, u32s(16, 0))
+	closeAll(fds)
+	if e != 0 || len(pd) < 4 || len(cq) < 4 {
+		t.Fatalf("PD or CQ: %v", e)
+	}
+	body := u32s(le.Uint32(pd), le.Uint32(cq), le.Uint32(cq), 4, 4, 4, 1, 1, 0, 0)
+	e, _, fds = r.call(opCreateQP, body)
+	closeAll(fds)
+	return e == 0
+}
+
+// udaddy: UD QPs whose remote QPN and Q_Key come from SIDR (rdma_connect
+// of an RDMA_PS_UDP id), 10 datagrams each way.
+func TestUdaddy(t *testing.T) {
+	p, lib := cmTool(t, "udaddy")
+	s := startCM(t)
+	if !udQPs(t, s) {
+		t.Skip("this daemon makes no UD QPs yet")
+	}
+	srv := startPingpong(t, s, lib, p)
+	time.Sleep(300 * time.Millisecond)
+	cli := startPingpong(t, s, lib, p, "-s", "127.0.0.1")
+	co := waitTool(t, cli, "udaddy client")
+	so := waitTool(t, srv, "udaddy server")
+	for _, o := range []string{co, so} {
+		if !strings.Contains(o, "data transfers complete") || !strings.Contains(o, "return status 0") {
+			t.Errorf("udaddy did not complete:\n%s", o)
+		}
+	}
+}
