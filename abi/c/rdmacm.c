@@ -232,6 +232,7 @@ struct sr_chan {
 	int sock;
 	pthread_mutex_t lock;
 	struct sr_id *ids;
+	volatile int dead; /* destroyed by the program */
 };
 
 struct sr_id {
@@ -292,10 +293,20 @@ EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 	struct sr_chan *c = (struct sr_chan *)channel;
 	if (!c)
 		return;
+	/* Programs destroy a channel while another thread still waits in
+	 * rdma_get_cm_event on it (rping does): with librdmacm that read
+	 * never returns. The struct is kept (a few bytes per channel) so that
+	 * thread finds it marked dead and waits likewise, rather than
+	 * failing on a freed channel or on the daemon's EOF. */
+	c->dead = 1;
 	close(c->ch.fd);
 	close(c->sock);
-	pthread_mutex_destroy(&c->lock);
-	free(c);
+}
+
+static void dead_wait(void)
+{
+	for (;;)
+		pause();
 }
 
 static struct sr_id *find_id(struct sr_chan *c, uint32_t h)
@@ -780,11 +791,15 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_
 		do
 			n = read(c->ch.fd, &b, 1);
 		while (n < 0 && errno == EINTR);
+		if (c->dead)
+			dead_wait();
 		if (n < 0)
 			return -1; /* EAGAIN on a non-blocking channel */
 		if (n == 0)
-			return fail(ENODEV);
+			return fail(ENODEV); /* the daemon is gone */
 		err = chan_call(c, SR_OP_CM_GET_EVENT, &q, &e, sizeof(e));
+		if (c->dead)
+			dead_wait();
 		if (err == EAGAIN)
 			continue;
 		if (err)
