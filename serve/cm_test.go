@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -40,7 +41,35 @@ func cmTool(t *testing.T, name string) (string, string) {
 	return p, lib
 }
 
-func waitTool(t *testing.T, pp *pingpong, what string) string {
+// tool is one program with its output; out is complete once done fired
+// (exec copies it before Wait returns).
+type toolProc struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  strings.Builder
+	done chan error
+}
+
+func (p *toolProc) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.Write(b)
+}
+
+func startTool(t *testing.T, s *Server, lib, path string, args ...string) *toolProc {
+	t.Helper()
+	p := &toolProc{cmd: exec.Command(path, args...), done: make(chan error, 1)}
+	p.cmd.Env = env(s, lib)
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() { p.cmd.Process.Kill() })
+	return p
+}
+
+func waitTool(t *testing.T, pp *toolProc, what string) string {
 	t.Helper()
 	select {
 	case err := <-pp.done:
@@ -64,9 +93,9 @@ func waitTool(t *testing.T, pp *pingpong, what string) string {
 func TestUcmatose(t *testing.T) {
 	p, lib := cmTool(t, "ucmatose")
 	s := startCM(t)
-	srv := startPingpong(t, s, lib, p, "-b", "127.0.0.1", "-p", "7471", "-c", "2", "-C", "20")
+	srv := startTool(t, s, lib, p, "-b", "127.0.0.1", "-p", "7471", "-c", "2", "-C", "20")
 	time.Sleep(300 * time.Millisecond) // the server listens
-	cli := startPingpong(t, s, lib, p, "-s", "127.0.0.1", "-p", "7471", "-c", "2", "-C", "20")
+	cli := startTool(t, s, lib, p, "-s", "127.0.0.1", "-p", "7471", "-c", "2", "-C", "20")
 	co := waitTool(t, cli, "ucmatose client")
 	so := waitTool(t, srv, "ucmatose server")
 	for _, o := range []string{co, so} {
@@ -84,7 +113,7 @@ func TestUcmatose(t *testing.T) {
 func TestUcmatoseRejected(t *testing.T) {
 	p, lib := cmTool(t, "ucmatose")
 	s := startCM(t)
-	cli := startPingpong(t, s, lib, p, "-s", "127.0.0.1", "-p", "7472")
+	cli := startTool(t, s, lib, p, "-s", "127.0.0.1", "-p", "7472")
 	<-cli.done
 	cli.mu.Lock()
 	defer cli.mu.Unlock()
@@ -250,9 +279,9 @@ func TestCMHostile(t *testing.T) {
 func TestRping(t *testing.T) {
 	p, lib := cmTool(t, "rping")
 	s := startCM(t)
-	srv := startPingpong(t, s, lib, p, "-s", "-a", "127.0.0.1", "-p", "7474", "-C", "10", "-v")
+	srv := startTool(t, s, lib, p, "-s", "-a", "127.0.0.1", "-p", "7474", "-C", "10", "-v")
 	time.Sleep(300 * time.Millisecond)
-	cli := startPingpong(t, s, lib, p, "-c", "-a", "127.0.0.1", "-p", "7474", "-C", "10", "-v")
+	cli := startTool(t, s, lib, p, "-c", "-a", "127.0.0.1", "-p", "7474", "-C", "10", "-v")
 	co := waitTool(t, cli, "rping client")
 	so := waitTool(t, srv, "rping server")
 	if !strings.Contains(co, "ping data: rdma-ping-9") || !strings.Contains(so, "server ping data: rdma-ping-9") {
@@ -273,9 +302,9 @@ func TestWriteBWCM(t *testing.T) {
 	for attempt := 0; ; attempt++ {
 		port := fmt.Sprint(18519 + attempt)
 		args := []string{"-R", "-F", "-n", "100", "-s", "4096", "-p", port}
-		srv := startPingpong(t, s, lib, p, args...)
+		srv := startTool(t, s, lib, p, args...)
 		waitListening(t, s, uint16(18519+attempt))
-		cli := startPingpong(t, s, lib, p, append(args, "127.0.0.1")...)
+		cli := startTool(t, s, lib, p, append(args, "127.0.0.1")...)
 		<-cli.done
 		cli.mu.Lock()
 		co := cli.out.String()
@@ -322,9 +351,9 @@ func TestUdaddy(t *testing.T) {
 	if !udQPs(t, s) {
 		t.Skip("this daemon makes no UD QPs yet")
 	}
-	srv := startPingpong(t, s, lib, p)
+	srv := startTool(t, s, lib, p)
 	time.Sleep(300 * time.Millisecond)
-	cli := startPingpong(t, s, lib, p, "-s", "127.0.0.1")
+	cli := startTool(t, s, lib, p, "-s", "127.0.0.1")
 	co := waitTool(t, cli, "udaddy client")
 	so := waitTool(t, srv, "udaddy server")
 	for _, o := range []string{co, so} {

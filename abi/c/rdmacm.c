@@ -233,6 +233,7 @@ struct sr_chan {
 	pthread_mutex_t lock;
 	struct sr_id *ids;
 	volatile int dead; /* destroyed by the program */
+	pthread_cond_t acked; /* an event of one of its ids was acked */
 };
 
 struct sr_id {
@@ -243,10 +244,12 @@ struct sr_id {
 	bool sync; /* created without a channel: calls wait for their event */
 	bool own_cqs;
 	struct rdma_cm_event *pending; /* a sync id's event */
+	int events; /* handed out and not yet acked: rdma_destroy_id waits for them */
 };
 
 struct sr_event {
 	struct rdma_cm_event ev;
+	struct sr_id *owner; /* whose events count it is in */
 	uint8_t priv[SR_CM_PRIVATE];
 };
 
@@ -285,6 +288,7 @@ EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
 	}
 	c->ch.fd = fd;
 	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->acked, NULL);
 	return &c->ch;
 }
 
@@ -318,8 +322,8 @@ static struct sr_id *find_id(struct sr_chan *c, uint32_t h)
 	return NULL;
 }
 
-static struct sr_id *new_id(struct sr_chan *c, uint32_t handle, void *context, enum rdma_port_space ps,
-			    enum ibv_qp_type qpt)
+static struct sr_id *new_id_locked(struct sr_chan *c, uint32_t handle, void *context, enum rdma_port_space ps,
+				   enum ibv_qp_type qpt)
 {
 	struct sr_id *i = calloc(1, sizeof(*i));
 	if (!i)
@@ -330,9 +334,17 @@ static struct sr_id *new_id(struct sr_chan *c, uint32_t handle, void *context, e
 	i->id.context = context;
 	i->id.ps = ps;
 	i->id.qp_type = qpt;
-	pthread_mutex_lock(&c->lock);
 	i->next = c->ids;
 	c->ids = i;
+	return i;
+}
+
+static struct sr_id *new_id(struct sr_chan *c, uint32_t handle, void *context, enum rdma_port_space ps,
+			    enum ibv_qp_type qpt)
+{
+	struct sr_id *i;
+	pthread_mutex_lock(&c->lock);
+	i = new_id_locked(c, handle, context, ps, qpt);
 	pthread_mutex_unlock(&c->lock);
 	return i;
 }
@@ -617,9 +629,15 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	if (!id)
 		return fail(EINVAL);
 	id_call(id, SR_OP_CM_DESTROY_ID, &q);
-	unlink_id(i);
 	if (i->pending)
 		rdma_ack_cm_event(i->pending);
+	/* As librdmacm: wait until its events are acked, so a thread still
+	 * handling one does not use a freed id. */
+	pthread_mutex_lock(&i->chan->lock);
+	while (i->events > 0)
+		pthread_cond_wait(&i->chan->acked, &i->chan->lock);
+	pthread_mutex_unlock(&i->chan->lock);
+	unlink_id(i);
 	if (i->sync)
 		rdma_destroy_event_channel(id->channel);
 	free(i);
@@ -804,29 +822,28 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_
 			continue;
 		if (err)
 			return fail(err);
-		pthread_mutex_lock(&c->lock);
-		i = find_id(c, e.event == RDMA_CM_EVENT_CONNECT_REQUEST ? e.listen_id : e.id);
-		pthread_mutex_unlock(&c->lock);
-		if (!i)
-			continue; /* for an id destroyed meanwhile */
 		ev = calloc(1, sizeof(*ev));
 		if (!ev)
 			return fail(ENOMEM);
+		pthread_mutex_lock(&c->lock);
+		i = find_id(c, e.event == RDMA_CM_EVENT_CONNECT_REQUEST ? e.listen_id : e.id);
+		if (i && e.event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+			struct sr_id *child = new_id_locked(c, e.id, i->id.context, i->id.ps, i->id.qp_type);
+			ev->ev.listen_id = &i->id;
+			i = child;
+		}
+		if (i)
+			i->events++;
+		pthread_mutex_unlock(&c->lock);
+		if (!i) {
+			free(ev); /* for an id destroyed meanwhile (or no memory for the new one) */
+			continue;
+		}
+		ev->owner = i;
 		ev->ev.event = e.event;
 		ev->ev.status = e.status;
-		if (e.event == RDMA_CM_EVENT_CONNECT_REQUEST) {
-			struct sr_id *child = new_id(c, e.id, i->id.context, i->id.ps, i->id.qp_type);
-			if (!child) {
-				free(ev);
-				return fail(ENOMEM);
-			}
-			update(child, e.dev, &e.src, &e.dst);
-			ev->ev.listen_id = &i->id;
-			ev->ev.id = &child->id;
-		} else {
-			ev->ev.id = &i->id;
-			update(i, e.dev, &e.src, &e.dst);
-		}
+		ev->ev.id = &i->id;
+		update(i, e.dev, &e.src, &e.dst);
 		if (e.private_len > SR_CM_PRIVATE)
 			e.private_len = SR_CM_PRIVATE;
 		memcpy(ev->priv, e.private_data, e.private_len);
@@ -865,8 +882,16 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_
 
 EXPORT int rdma_ack_cm_event(struct rdma_cm_event *event)
 {
+	struct sr_event *ev = (struct sr_event *)event;
 	if (!event)
 		return fail(EINVAL);
+	if (ev->owner) {
+		struct sr_chan *c = ev->owner->chan;
+		pthread_mutex_lock(&c->lock);
+		ev->owner->events--;
+		pthread_cond_broadcast(&c->acked);
+		pthread_mutex_unlock(&c->lock);
+	}
 	free(event);
 	return 0;
 }
