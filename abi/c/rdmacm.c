@@ -872,8 +872,10 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_
 			p->srq = e.param.srq;
 			p->qp_num = e.qp_num;
 		}
-		if (e.event == RDMA_CM_EVENT_ESTABLISHED || e.event == RDMA_CM_EVENT_DISCONNECTED ||
-		    e.event == RDMA_CM_EVENT_REJECTED || e.event == RDMA_CM_EVENT_CONNECT_ERROR)
+		/* Only ESTABLISHED: later events may come while another thread
+		 * destroys the QP (rping tears down as DISCONNECTED arrives);
+		 * a QP in ERR needs no fresh state to flush its work. */
+		if (e.event == RDMA_CM_EVENT_ESTABLISHED)
 			sync_state(ev->ev.id->qp);
 		*event = &ev->ev;
 		return 0;
