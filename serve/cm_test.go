@@ -21,9 +21,17 @@ import (
 // QP1 on the RoCE port, so rdma_cm programs on one daemon need that port.
 func startCM(t *testing.T) *Server {
 	t.Helper()
-	l, err := udp.Open(udp.Config{Addr: netip.MustParseAddr("127.0.0.1"), Port: 4791})
+	// Another test package run in parallel may hold the port for a
+	// while: wait for it rather than skip (CI must run these).
+	var l *udp.Link
+	var err error
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if l, err = udp.Open(udp.Config{Addr: netip.MustParseAddr("127.0.0.1"), Port: 4791}); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil {
-		t.Skipf("UDP 4791 on 127.0.0.1 is taken: %v", err)
+		t.Fatalf("UDP 4791 on 127.0.0.1 stayed taken for 2 minutes: %v", err)
 	}
 	d, err := verbs.Open(l, nil)
 	if err != nil {
