@@ -63,10 +63,15 @@
 //	fill mr= off= len= byte=                       -> ok
 //	devinfo                                        -> ok dev= fw= driver= vendor= part= hw= node_guid=
 //	                                                  gid_index= gid= gid_type= node_desc= parent=
-//	objects                                        -> ok ctx= pd= mr= cq= qp= srq= mw= ah= (counts)
+//	objects                                        -> ok ctx= pd= mr= cq= qp= srq= mw= ah= cm= (counts)
+//	cmlisten port= | cmconnect addr=IPv4 port=     -> ok cm=ID (an rdma_cm endpoint: rping -s on the
+//	                                                  device's address, or rping -c to addr; -C 1)
+//	cmstop cm=                                     -> ok
 //	destroy | ping | quit                          -> ok
 //
-// Any other command is refused ("err unknown command"). Started with
+// Any other command is refused ("err unknown command"). rping
+// (rdmacm-utils) is the only program the agent starts, with fixed
+// arguments and no shell, for the cases that need the device's rdma_cm. Started with
 // --device, the agent opens that device only; --gid-index sets the default
 // of sgid= and idx= (1 otherwise).
 //

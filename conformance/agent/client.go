@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -856,10 +857,11 @@ func (c *Client) DevInfo(ctx context.Context) (DevInfo, error) {
 type Objects struct {
 	Ctx                         bool // the device is open
 	PD, MR, CQ, QP, SRQ, MW, AH int
+	CM                          int // running rdma_cm endpoints (CMListen, CMConnect)
 }
 
 // Total is the number of objects other than the device context.
-func (o Objects) Total() int { return o.PD + o.MR + o.CQ + o.QP + o.SRQ + o.MW + o.AH }
+func (o Objects) Total() int { return o.PD + o.MR + o.CQ + o.QP + o.SRQ + o.MW + o.AH + o.CM }
 
 // Objects counts the objects the agent holds: after a fresh connection
 // everything is zero unless a previous session leaked.
@@ -869,8 +871,8 @@ func (c *Client) Objects(ctx context.Context) (Objects, error) {
 		return Objects{}, err
 	}
 	var o Objects
-	ps := []*int{nil, &o.PD, &o.MR, &o.CQ, &o.QP, &o.SRQ, &o.MW, &o.AH}
-	for i, k := range []string{"ctx", "pd", "mr", "cq", "qp", "srq", "mw", "ah"} {
+	ps := []*int{nil, &o.PD, &o.MR, &o.CQ, &o.QP, &o.SRQ, &o.MW, &o.AH, &o.CM}
+	for i, k := range []string{"ctx", "pd", "mr", "cq", "qp", "srq", "mw", "ah", "cm"} {
 		v, err := r.Uint(k)
 		if err != nil {
 			return Objects{}, err
@@ -882,4 +884,35 @@ func (c *Client) Objects(ctx context.Context) (Objects, error) {
 		}
 	}
 	return o, nil
+}
+
+// CMListen starts an rdma_cm server on the agent's device address at port
+// (rping -s, rdmacm-utils, accepting one connection) and returns its id for
+// CMStop. The agent kills it when the session ends.
+func (c *Client) CMListen(ctx context.Context, port uint16) (int, error) {
+	r, err := c.Do(ctx, "cmlisten", kv("port", port))
+	if err != nil {
+		return 0, err
+	}
+	id, err := r.Uint("cm")
+	return int(id), err
+}
+
+// CMConnect starts an rdma_cm client (rping -c) toward addr:port.
+func (c *Client) CMConnect(ctx context.Context, addr netip.Addr, port uint16) (int, error) {
+	if !addr.Is4() {
+		return 0, fmt.Errorf("agent: rdma_cm connect to %s: IPv4 only", addr)
+	}
+	r, err := c.Do(ctx, "cmconnect", "addr="+addr.String(), kv("port", port))
+	if err != nil {
+		return 0, err
+	}
+	id, err := r.Uint("cm")
+	return int(id), err
+}
+
+// CMStop ends an rdma_cm endpoint CMListen or CMConnect started.
+func (c *Client) CMStop(ctx context.Context, id int) error {
+	_, err := c.Do(ctx, "cmstop", kv("cm", id))
+	return err
 }

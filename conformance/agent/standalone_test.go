@@ -153,6 +153,17 @@ func TestStandaloneUnknownRequestRefused(t *testing.T) {
 			t.Errorf("%s: %v, want unknown command", req, err)
 		}
 	}
+	// rdma_cm endpoints take only a port and an IPv4 address, never
+	// anything a shell would read.
+	for _, args := range [][]string{{"addr=1.2.3.4;reboot", "port=7"}, {"addr=$(id)", "port=7"}, {"addr=10.0.0.1", "port=0"},
+		{"addr=10.0.0.1", "port=70000"}, {"port=1;id"}} {
+		if _, err := c.Do(ctx, "cmconnect", args...); err == nil {
+			t.Errorf("cmconnect %v accepted", args)
+		}
+	}
+	if _, err := c.Do(ctx, "cmstop", "cm=1"); err == nil {
+		t.Error("cmstop of an endpoint that does not exist accepted")
+	}
 	// Object ids the session never created are refused too.
 	if _, err := c.Do(ctx, "query", "qp=7"); err == nil {
 		t.Error("query of a QP that does not exist accepted")

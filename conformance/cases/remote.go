@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/softroce/softroce/conformance/agent"
 	"github.com/softroce/softroce/nic"
@@ -222,4 +223,32 @@ func (t *RemoteTarget) Objects(ctx context.Context) (agent.Objects, error) {
 // destroys everything the harness created) and closes the peer.
 func (t *RemoteTarget) Close() error {
 	return errors.Join(t.inner.Close())
+}
+
+// CMListen implements CMTarget: the agent starts an rdma_cm server (rping,
+// rdmacm-utils on the agent's host) on the device's address.
+func (t *RemoteTarget) CMListen(ctx context.Context, port uint16) (func(), error) {
+	id, err := t.inner.ag.CMListen(ctx, port)
+	if err != nil {
+		return nil, err
+	}
+	return t.cmStop(id), nil
+}
+
+// CMConnect implements CMTarget: the agent's rdma_cm client connects to
+// the peer's address.
+func (t *RemoteTarget) CMConnect(ctx context.Context, port uint16) (func(), error) {
+	id, err := t.inner.ag.CMConnect(ctx, t.inner.peer.Addr(), port)
+	if err != nil {
+		return nil, err
+	}
+	return t.cmStop(id), nil
+}
+
+func (t *RemoteTarget) cmStop(id int) func() {
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		t.inner.ag.CMStop(ctx, id)
+	}
 }

@@ -127,7 +127,7 @@ func TestRemoteSameVerdicts(t *testing.T) {
 			run = append(run, c)
 		}
 	}
-	same, differ, noCM := 0, 0, 0
+	same, differ := 0, 0
 	for _, c := range run {
 		t.Run(c.ID, func(t *testing.T) {
 			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -140,13 +140,6 @@ func TestRemoteSameVerdicts(t *testing.T) {
 			if got.Driver != "rxe" {
 				t.Errorf("remote result's driver %q, want rxe", got.Driver)
 			}
-			// The agent drives verbs only: the target's own rdma_cm
-			// (a listener, an active connect) is out of its reach.
-			if _, ok := Target(rt).(CMTarget); !ok && strings.Contains(got.Observed, "has no rdma_cm") {
-				noCM++
-				t.Logf("needs the target's rdma_cm, which the agent does not drive: not compared")
-				return
-			}
 			if got.Verdict == want.Verdict {
 				same++
 				return
@@ -157,8 +150,7 @@ func TestRemoteSameVerdicts(t *testing.T) {
 				strings.Join(got.Trace, "\n  "))
 		})
 	}
-	t.Logf("remote vs rxe over %d cases: %d same verdict, %d different, %d not compared (need the target's rdma_cm)",
-		len(run), same, differ, noCM)
+	t.Logf("remote vs rxe over %d cases: %d same verdict, %d different", len(run), same, differ)
 	// Nothing of the run is left on the agent's host.
 	o, err := rt.Objects(ctx)
 	if err != nil || o.Total() != 0 {
@@ -168,8 +160,8 @@ func TestRemoteSameVerdicts(t *testing.T) {
 
 // TestRemoteKilledHarnessLeavesNothing starts a harness in a separate
 // process (this test binary, inside the VM's network namespace), lets it
-// open a case's QP, MR, CQ and a posted receive on the guest's standalone
-// agent, kills it with SIGKILL, and checks through the agent's own object
+// open a case's QP, MR, CQ, a posted receive and an rdma_cm listener on
+// the guest's standalone agent, kills it with SIGKILL, and checks through the agent's own object
 // count, after reconnecting, that nothing is left.
 func TestRemoteKilledHarnessLeavesNothing(t *testing.T) {
 	if rxeTarget == nil {
@@ -206,8 +198,8 @@ func TestRemoteKilledHarnessLeavesNothing(t *testing.T) {
 		t.Fatal("the harness process did not get its case's objects up")
 	}
 	t.Logf("harness process: %s", ready)
-	if !strings.Contains(ready, " qp=1 ") || !strings.Contains(ready, " mr=1 ") {
-		t.Fatalf("the harness process's session holds %s, want a QP and an MR", ready)
+	if !strings.Contains(ready, " qp=1 ") || !strings.Contains(ready, " mr=1 ") || !strings.Contains(ready, " cm=1 ") {
+		t.Fatalf("the harness process's session holds %s, want a QP, an MR and an rdma_cm listener", ready)
 	}
 	// ip netns exec execs the test binary: the process is the harness.
 	if err := cmd.Process.Kill(); err != nil {
@@ -266,11 +258,15 @@ func TestRemoteHarnessProcess(t *testing.T) {
 	if err := s.PostRecv(ctx, 1, 0, 64); err != nil {
 		t.Fatal(err)
 	}
+	// An rdma_cm listener too: the agent's rping must go with the session.
+	if _, err := rt.CMListen(ctx, uint16(20000+rand.IntN(10000))); err != nil {
+		t.Fatal(err)
+	}
 	o, err := rt.Objects(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Printf("READY qp=%d mr=%d cq=%d pd=%d \n", o.QP, o.MR, o.CQ, o.PD)
+	fmt.Printf("READY qp=%d mr=%d cq=%d pd=%d cm=%d \n", o.QP, o.MR, o.CQ, o.PD, o.CM)
 	os.Stdout.Sync()
 	time.Sleep(10 * time.Minute)
 }

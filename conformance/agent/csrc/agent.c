@@ -40,6 +40,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <endian.h>
 #include <unistd.h>
@@ -174,8 +175,26 @@ static int unhex(const char *s, uint8_t *b, size_t n)
 	return 0;
 }
 
+/* rdma_cm endpoints (cmlisten, cmconnect): rping processes the agent
+ * started, killed with the session. */
+#define MAXCM 8
+static pid_t cmprocs[MAXCM];
+
+static void cm_kill_all(void)
+{
+	for (int i = 0; i < MAXCM; i++) {
+		if (cmprocs[i] > 0) {
+			kill(-cmprocs[i], SIGKILL);
+			kill(cmprocs[i], SIGKILL);
+			waitpid(cmprocs[i], NULL, 0);
+		}
+		cmprocs[i] = 0;
+	}
+}
+
 static void destroy_all(void)
 {
+	cm_kill_all();
 	/* Windows first: a region with windows bound cannot be deregistered. */
 	for (int i = 0; i < MAXOBJ; i++) {
 		if (mws[i]) ibv_dealloc_mw(mws[i]);
@@ -943,11 +962,124 @@ static void cmd_devinfo(void)
 	      desc, parent);
 }
 
+/* device_ipv4 writes the IPv4 address of the default GID (IPv4-mapped),
+ * opening the device for the query when no session has it open. */
+static int device_ipv4(char *buf, size_t n)
+{
+	struct ibv_context *c = ctx;
+	if (!c) {
+		int k = 0;
+		struct ibv_device **list = ibv_get_device_list(&k);
+		if (!list)
+			return -1;
+		for (int i = 0; i < k && !c; i++)
+			if (!cfg_device || strcmp(ibv_get_device_name(list[i]), cfg_device) == 0)
+				c = ibv_open_device(list[i]);
+		ibv_free_device_list(list);
+		if (!c)
+			return -1;
+	}
+	union ibv_gid g;
+	int rc = ibv_query_gid(c, 1, cfg_gid, &g);
+	if (c != ctx)
+		ibv_close_device(c);
+	static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+	if (rc || memcmp(g.raw, mapped, sizeof mapped) != 0)
+		return -1;
+	return inet_ntop(AF_INET, g.raw + 12, buf, (socklen_t)n) ? 0 : -1;
+}
+
+/* cm_spawn starts rping (rdmacm-utils) with argv, fixed by the caller: the
+ * agent runs no other program, and never through a shell. */
+static void cm_spawn(char *const argv[])
+{
+	int i;
+	for (i = 0; i < MAXCM; i++) {
+		if (cmprocs[i] > 0 && waitpid(cmprocs[i], NULL, WNOHANG) == cmprocs[i])
+			cmprocs[i] = 0;
+	}
+	for (i = 0; i < MAXCM && cmprocs[i]; i++)
+		;
+	if (i == MAXCM) { reply("err too many rdma_cm endpoints"); return; }
+	int pfd[2];
+	if (pipe2(pfd, O_CLOEXEC)) { reply("err pipe: %s", strerror(errno)); return; }
+	pid_t p = fork();
+	if (p < 0) { reply("err fork: %s", strerror(errno)); close(pfd[0]); close(pfd[1]); return; }
+	if (p == 0) {
+		int nul = open("/dev/null", O_RDWR);
+		dup2(nul, 0);
+		dup2(nul, 1);
+		dup2(nul, 2);
+		setsid();
+		execvp(argv[0], argv);
+		int e = errno;
+		if (write(pfd[1], &e, sizeof e) < 0) { /* the parent sees EOF */ }
+		_exit(127);
+	}
+	close(pfd[1]);
+	int e = 0;
+	ssize_t r = read(pfd[0], &e, sizeof e);
+	close(pfd[0]);
+	if (r == (ssize_t)sizeof e) {
+		waitpid(p, NULL, 0);
+		reply("err start %s (rdmacm-utils): %s", argv[0], strerror(e));
+		return;
+	}
+	cmprocs[i] = p;
+	reply("ok cm=%d", i + 1);
+}
+
+/* cmlisten port=: an rdma_cm server (rping -s) on the device's address
+ * that accepts one connection. */
+static void cmd_cmlisten(void)
+{
+	NUM("port", port);
+	char a[INET_ADDRSTRLEN], ps[8];
+	if (port < 1 || port > 65535) { reply("err bad port"); return; }
+	if (device_ipv4(a, sizeof a)) { reply("err the device's GID %d is not an IPv4 RoCE address", cfg_gid); return; }
+	snprintf(ps, sizeof ps, "%u", (unsigned)port);
+	char *argv[] = { "rping", "-s", "-a", a, "-p", ps, "-C", "1", NULL };
+	cm_spawn(argv);
+}
+
+/* cmconnect addr= port=: an rdma_cm client (rping -c) connecting to addr. */
+static void cmd_cmconnect(void)
+{
+	NUM("port", port);
+	const char *addr = arg("addr");
+	struct in_addr in;
+	char a[INET_ADDRSTRLEN], ps[8];
+	if (port < 1 || port > 65535) { reply("err bad port"); return; }
+	if (!addr || inet_pton(AF_INET, addr, &in) != 1) { reply("err addr must be an IPv4 address"); return; }
+	inet_ntop(AF_INET, &in, a, sizeof a);
+	snprintf(ps, sizeof ps, "%u", (unsigned)port);
+	char *argv[] = { "rping", "-c", "-a", a, "-p", ps, "-C", "1", NULL };
+	cm_spawn(argv);
+}
+
+/* cmstop cm=: end an rdma_cm endpoint. */
+static void cmd_cmstop(void)
+{
+	NUM("cm", id);
+	if (id < 1 || id > MAXCM || cmprocs[id - 1] <= 0) { reply("err no such cm %" PRIu64, id); return; }
+	pid_t p = cmprocs[id - 1];
+	kill(-p, SIGKILL);
+	kill(p, SIGKILL);
+	waitpid(p, NULL, 0);
+	cmprocs[id - 1] = 0;
+	reply("ok");
+}
+
 /* cmd_objects counts the verbs objects the agent holds, so a client can
  * check that a previous session left nothing behind. */
 static void cmd_objects(void)
 {
-	int pd = 0, mr = 0, cq = 0, qp = 0, srq = 0, mw = 0, ah = 0;
+	int pd = 0, mr = 0, cq = 0, qp = 0, srq = 0, mw = 0, ah = 0, cm = 0;
+	for (int i = 0; i < MAXCM; i++) {
+		if (cmprocs[i] > 0 && waitpid(cmprocs[i], NULL, WNOHANG) == cmprocs[i])
+			cmprocs[i] = 0;
+		cm += cmprocs[i] > 0;
+	}
 	for (int i = 0; i < MAXOBJ; i++) {
 		pd += pds[i] != NULL;
 		mr += mrs[i].mr != NULL;
@@ -957,7 +1089,7 @@ static void cmd_objects(void)
 		mw += mws[i] != NULL;
 		ah += ahs[i] != NULL;
 	}
-	reply("ok ctx=%d pd=%d mr=%d cq=%d qp=%d srq=%d mw=%d ah=%d", ctx != NULL, pd, mr, cq, qp, srq, mw, ah);
+	reply("ok ctx=%d pd=%d mr=%d cq=%d qp=%d srq=%d mw=%d ah=%d cm=%d", ctx != NULL, pd, mr, cq, qp, srq, mw, ah, cm);
 }
 
 /* token_equal compares the received token with the agent's in time that
@@ -1019,7 +1151,7 @@ static void serve(int fd)
 		return;
 	}
 	FILE *in = fdopen(fd, "r");
-	out = fdopen(dup(fd), "w");
+	out = fdopen(fcntl(fd, F_DUPFD_CLOEXEC, 0), "w");
 	if (!in || !out) {
 		close(fd);
 		return;
@@ -1076,6 +1208,9 @@ static void serve(int fd)
 		else if (strcmp(cmd, "fill") == 0) cmd_fill();
 		else if (strcmp(cmd, "devinfo") == 0) cmd_devinfo();
 		else if (strcmp(cmd, "objects") == 0) cmd_objects();
+		else if (strcmp(cmd, "cmlisten") == 0) cmd_cmlisten();
+		else if (strcmp(cmd, "cmconnect") == 0) cmd_cmconnect();
+		else if (strcmp(cmd, "cmstop") == 0) cmd_cmstop();
 		else if (strcmp(cmd, "destroy") == 0) { destroy_all(); reply("ok"); }
 		else if (strcmp(cmd, "ping") == 0) reply("ok");
 		else if (strcmp(cmd, "quit") == 0) { reply("ok"); break; }
@@ -1233,7 +1368,7 @@ int main(int argc, char **argv)
 		printf("softroce-agent: token %s\n", token);
 	fflush(stdout);
 	for (;;) {
-		int fd = accept(ls, NULL, NULL);
+		int fd = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
 		if (fd < 0) {
 			if (errno == EINTR || errno == ECONNABORTED) continue;
 			perror("softroce-agent: accept");
