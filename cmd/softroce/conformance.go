@@ -21,6 +21,9 @@ func init() {
 }
 
 func runConformance(args []string) int {
+	if len(args) > 0 && (args[0] == "remote" || args[0] == "agent-source") {
+		return runConformanceRemoteMode(args[0], args[1:])
+	}
 	fs := flag.NewFlagSet("conformance", flag.ContinueOnError)
 	out := fs.String("out", ".", "directory for conformance-report.md and conformance-report.json")
 	pcapDir := fs.String("pcap", "", "directory for one pcap per case and target (read them with 'softroce inspect')")
@@ -31,6 +34,9 @@ func runConformance(args []string) int {
 		fmt.Fprintf(fs.Output(), `Usage: softroce conformance rxe  [flags]   boot a kernel rdma_rxe VM (root) and run every case against rxe and softroce
        softroce conformance self [flags]   run every case against softroce only (no root, no VM)
        softroce conformance replay CAPTURE replay a real NIC capture into softroce's responder (-h for its flags)
+       softroce conformance remote HOST[:PORT] --token T [--local-addr IP] [--iface NAME]
+                                           run every case against the RNIC of a softroce-agent host (docs/remote.md)
+       softroce conformance agent-source DIR   write the agent's C source to build on an RNIC host
 
 Each case crafts exact RoCEv2 packets from a fake peer to a QP of the target
 and judges the answers against the IBTA specification.

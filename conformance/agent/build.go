@@ -1,6 +1,8 @@
-// Package agent drives sragent, a small verbs agent written in C against
-// libibverbs, that runs inside the kernel rdma_rxe guest (package rxevm)
-// and lets the conformance harness script a real rxe endpoint: register
+// Package agent drives softroce-agent, a small verbs agent written in C
+// against libibverbs. It runs inside the kernel rdma_rxe guest (package
+// rxevm), or standalone on any Linux host with an RDMA device
+// (docs/remote.md), and lets the conformance harness script a real
+// endpoint: register
 // memory, create RC and UD QPs, connect them to any peer, post SEND, RDMA
 // WRITE, RDMA READ and atomics, SEND through UD address handles, poll
 // completions and read memory back.
@@ -17,7 +19,10 @@
 // # Protocol
 //
 // The agent serves one TCP client at a time; everything a client created is
-// destroyed when it disconnects. A request is one line: a command word and
+// destroyed when it disconnects (or when TCP keepalive finds its host gone).
+// The client's first line must be "auth TOKEN" with the agent's shared
+// secret (compared in constant time); a wrong one is refused and the
+// connection closed. The channel is not encrypted. A request is one line: a command word and
 // key=value arguments (numbers decimal or 0x hex). Each request gets one
 // reply line, "ok" followed by key=value results, or "err <message>". Object
 // ids (pd, mr, cq, srq, qp) are small integers the agent assigns.
@@ -56,7 +61,19 @@
 //	mem mr= off= len=                              -> ok hex=<bytes>
 //	memw mr= off= hex=<bytes>                      -> ok
 //	fill mr= off= len= byte=                       -> ok
+//	devinfo                                        -> ok dev= fw= driver= vendor= part= hw= node_guid=
+//	                                                  gid_index= gid= gid_type= node_desc= parent=
+//	objects                                        -> ok ctx= pd= mr= cq= qp= srq= mw= ah= cm= (counts)
+//	cmlisten port= | cmconnect addr=IPv4 port=     -> ok cm=ID (an rdma_cm endpoint: rping -s on the
+//	                                                  device's address, or rping -c to addr; -C 1)
+//	cmstop cm=                                     -> ok
 //	destroy | ping | quit                          -> ok
+//
+// Any other command is refused ("err unknown command"). rping
+// (rdmacm-utils) is the only program the agent starts, with fixed
+// arguments and no shell, for the cases that need the device's rdma_cm. Started with
+// --device, the agent opens that device only; --gid-index sets the default
+// of sgid= and idx= (1 otherwise).
 //
 // imm is the ImmDt field's value read big-endian off the wire, in both
 // directions.
@@ -79,16 +96,42 @@ import (
 var Source []byte
 
 // GuestPath is where GuestFile puts the agent in the guest.
-const GuestPath = "/usr/bin/sragent"
+const GuestPath = "/usr/bin/softroce-agent"
 
 // DefaultPort is the agent's TCP port in the guest.
 const DefaultPort = 7100
 
+// BuildCommand is how the agent is built from Source (agent.c) on any host
+// with gcc and libibverbs-dev.
+const BuildCommand = "gcc -O2 -Wall -o softroce-agent agent.c -libverbs"
+
+// Makefile builds the agent with make (WriteSource writes it beside agent.c).
+const Makefile = `# softroce-agent: the verbs agent of softroce's conformance harness.
+# Needs gcc and libibverbs-dev (Debian/Ubuntu) or rdma-core-devel (Fedora/RHEL).
+CFLAGS ?= -O2 -Wall
+softroce-agent: agent.c
+	$(CC) $(CFLAGS) -o $@ agent.c -libverbs
+clean:
+	rm -f softroce-agent
+`
+
+// WriteSource writes agent.c and a Makefile into dir, to be copied to and
+// built on a host with an RDMA device (docs/remote.md).
+func WriteSource(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "agent.c"), Source, 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "Makefile"), []byte(Makefile), 0o644)
+}
+
 // Build compiles the agent into dir and returns the binary's path. It needs
 // gcc and libibverbs-dev on the host.
 func Build(ctx context.Context, dir string) (string, error) {
-	src := filepath.Join(dir, "sragent.c")
-	bin := filepath.Join(dir, "sragent")
+	src := filepath.Join(dir, "softroce-agent.c")
+	bin := filepath.Join(dir, "softroce-agent")
 	if err := os.WriteFile(src, Source, 0o644); err != nil {
 		return "", fmt.Errorf("write agent source: %w", err)
 	}

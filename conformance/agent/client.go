@@ -3,10 +3,12 @@ package agent
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,16 +23,25 @@ func GuestFile(bin string) rxevm.File {
 	return rxevm.File{Path: GuestPath, Src: bin, Mode: 0o755, WithLibs: true}
 }
 
-// Launch starts the agent in vm on port and connects to it. The agent
-// process is killed when the returned client is closed.
+// Launch starts the agent in vm on port, listening on the guest's address
+// with a fresh random token, and connects to it. The agent process is
+// killed when the returned client is closed.
 func Launch(ctx context.Context, vm *rxevm.VM, port int) (*Client, error) {
-	p, err := vm.Start(ctx, fmt.Sprintf("%s -p %d", GuestPath, port))
+	token, err := NewToken()
+	if err != nil {
+		return nil, err
+	}
+	addr := net.JoinHostPort(vm.GuestAddr().String(), strconv.Itoa(port))
+	// The token reaches the guest in a file only root can read: on the
+	// command line it would show in the process list.
+	file := fmt.Sprintf("/tmp/.softroce-agent-%d.token", port)
+	p, err := vm.Start(ctx, fmt.Sprintf("umask 077 && printf '%%s\\n' %s >%s && exec %s --listen %s --token-file %s",
+		token, file, GuestPath, addr, file))
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
-	addr := net.JoinHostPort(vm.GuestAddr().String(), strconv.Itoa(port))
 	for {
-		c, err := Dial(ctx, vm.DialContext, addr)
+		c, err := Dial(ctx, vm.DialContext, addr, token)
 		if err == nil {
 			c.proc = p
 			return c, nil
@@ -45,6 +56,15 @@ func Launch(ctx context.Context, vm *rxevm.VM, port int) (*Client, error) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// NewToken returns a random shared secret for an agent (32 hex digits).
+func NewToken() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("agent: random token: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
 }
 
 // DialFunc opens a connection, like net.Dialer.DialContext (e.g.
@@ -64,13 +84,22 @@ type Client struct {
 	broken error
 }
 
-// Dial connects to an agent listening at addr.
-func Dial(ctx context.Context, dial DialFunc, addr string) (*Client, error) {
+// Dial connects to an agent listening at addr and authenticates with
+// token (the agent's first line must be "auth TOKEN"). A refused token is
+// an *Error whose Request is "auth".
+func Dial(ctx context.Context, dial DialFunc, addr, token string) (*Client, error) {
+	if token == "" || strings.ContainsAny(token, " \t\r\n") {
+		return nil, errors.New("agent: the token must be one non-empty word")
+	}
 	conn, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	c := New(conn)
+	if _, err := c.Do(ctx, "auth", token); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	if _, err := c.Do(ctx, "ping"); err != nil {
 		conn.Close()
 		return nil, err
@@ -375,7 +404,7 @@ type RTRAttr struct {
 	MTU           int      // path MTU in bytes, 256..4096; 0 means 1024
 	MaxDestRdAtom int      // responder resources for READ/atomic; 0 means 1
 	MinRNRTimer   int      // RNR NAK timer code; 0 means 12 (0.64 ms)
-	SGIDIndex     int      // 0 means 1 (the IPv4 GID)
+	SGIDIndex     int      // 0: the agent's --gid-index (1, rxe's IPv4 GID, unless given)
 	HopLimit      int      // IP TTL; 0 means 64
 	TrafficClass  int
 }
@@ -391,15 +420,16 @@ func (c *Client) ModifyToRTR(ctx context.Context, qp QP, a RTRAttr) error {
 	if a.MinRNRTimer == 0 {
 		a.MinRNRTimer = 12
 	}
-	if a.SGIDIndex == 0 {
-		a.SGIDIndex = 1
-	}
 	if a.HopLimit == 0 {
 		a.HopLimit = 64
 	}
-	_, err := c.Do(ctx, "rtr", kv("qp", qp.ID), hexv("dqpn", uint64(a.DestQPN)), hexv("rpsn", uint64(a.RecvPSN)),
-		"dgid="+hex.EncodeToString(a.DestGID[:]), kv("mtu", a.MTU), kv("rd_atomic", a.MaxDestRdAtom),
-		kv("min_rnr", a.MinRNRTimer), kv("sgid", a.SGIDIndex), kv("hop", a.HopLimit), kv("tc", a.TrafficClass))
+	args := []string{kv("qp", qp.ID), hexv("dqpn", uint64(a.DestQPN)), hexv("rpsn", uint64(a.RecvPSN)),
+		"dgid=" + hex.EncodeToString(a.DestGID[:]), kv("mtu", a.MTU), kv("rd_atomic", a.MaxDestRdAtom),
+		kv("min_rnr", a.MinRNRTimer), kv("hop", a.HopLimit), kv("tc", a.TrafficClass)}
+	if a.SGIDIndex != 0 {
+		args = append(args, kv("sgid", a.SGIDIndex))
+	}
+	_, err := c.Do(ctx, "rtr", args...)
 	return err
 }
 
@@ -450,7 +480,7 @@ type AH int
 // noted.
 type AHAttr struct {
 	DestGID      [16]byte
-	SGIDIndex    int // 0 means 1 (rxe's IPv4 GID)
+	SGIDIndex    int // 0: the agent's --gid-index (1, rxe's IPv4 GID, unless given)
 	HopLimit     int // 0 means 64
 	TrafficClass int
 	SL           int
@@ -459,14 +489,15 @@ type AHAttr struct {
 
 // CreateAH creates an address handle (ibv_create_ah) for UD sends.
 func (c *Client) CreateAH(ctx context.Context, pd PD, a AHAttr) (AH, error) {
-	if a.SGIDIndex == 0 {
-		a.SGIDIndex = 1
-	}
 	if a.HopLimit == 0 {
 		a.HopLimit = 64
 	}
-	r, err := c.Do(ctx, "ah", kv("pd", int(pd)), "dgid="+hex.EncodeToString(a.DestGID[:]), kv("sgid", a.SGIDIndex),
-		kv("hop", a.HopLimit), kv("tc", a.TrafficClass), kv("sl", a.SL), hexv("fl", uint64(a.FlowLabel)))
+	args := []string{kv("pd", int(pd)), "dgid=" + hex.EncodeToString(a.DestGID[:]),
+		kv("hop", a.HopLimit), kv("tc", a.TrafficClass), kv("sl", a.SL), hexv("fl", uint64(a.FlowLabel))}
+	if a.SGIDIndex != 0 {
+		args = append(args, kv("sgid", a.SGIDIndex))
+	}
+	r, err := c.Do(ctx, "ah", args...)
 	if err != nil {
 		return 0, err
 	}
@@ -783,4 +814,105 @@ func (c *Client) AsyncEvent(ctx context.Context, timeout time.Duration) (*AsyncE
 		}
 	}
 	return &AsyncEvent{Type: int(v[0]), QP: int(v[1]), QPN: uint32(v[2]), SRQ: SRQ(v[3]), Str: r["str"]}, nil
+}
+
+// DevInfo describes the agent's device (the devinfo command).
+type DevInfo struct {
+	Name     string // the verbs device name (mlx5_0, rxe0)
+	FW       string // ibv_query_device fw_ver ("" when the driver reports none)
+	Driver   string // the kernel driver of the device's parent (sysfs device/driver), "" for software devices
+	NodeDesc string // the node description (sysfs node_desc)
+	Parent   string // the network device a software RDMA device sits on (sysfs parent), if any
+	VendorID uint32
+	PartID   uint32
+	HWVer    uint32
+	NodeGUID uint64
+	GIDIndex int      // the agent's default source GID index
+	GID      [16]byte // the GID at that index
+	GIDType  string   // "RoCE_v2", "RoCE_v1" or "IB" (sysfs gid_attrs/types, blanks as _)
+}
+
+// DevInfo asks the agent what its device is. It works before Open (the
+// agent opens the device for the query).
+func (c *Client) DevInfo(ctx context.Context) (DevInfo, error) {
+	r, err := c.Do(ctx, "devinfo")
+	if err != nil {
+		return DevInfo{}, err
+	}
+	d := DevInfo{Name: r["dev"], FW: r["fw"], Driver: r["driver"], NodeDesc: r["node_desc"], Parent: r["parent"], GIDType: r["gid_type"]}
+	var v [5]uint64
+	for i, k := range []string{"vendor", "part", "hw", "node_guid", "gid_index"} {
+		if v[i], err = r.Uint(k); err != nil {
+			return DevInfo{}, err
+		}
+	}
+	d.VendorID, d.PartID, d.HWVer, d.NodeGUID, d.GIDIndex = uint32(v[0]), uint32(v[1]), uint32(v[2]), v[3], int(v[4])
+	if g, err := hex.DecodeString(r["gid"]); err == nil && len(g) == 16 {
+		copy(d.GID[:], g)
+	}
+	return d, nil
+}
+
+// Objects are the verbs objects the agent holds (the objects command).
+type Objects struct {
+	Ctx                         bool // the device is open
+	PD, MR, CQ, QP, SRQ, MW, AH int
+	CM                          int // running rdma_cm endpoints (CMListen, CMConnect)
+}
+
+// Total is the number of objects other than the device context.
+func (o Objects) Total() int { return o.PD + o.MR + o.CQ + o.QP + o.SRQ + o.MW + o.AH + o.CM }
+
+// Objects counts the objects the agent holds: after a fresh connection
+// everything is zero unless a previous session leaked.
+func (c *Client) Objects(ctx context.Context) (Objects, error) {
+	r, err := c.Do(ctx, "objects")
+	if err != nil {
+		return Objects{}, err
+	}
+	var o Objects
+	ps := []*int{nil, &o.PD, &o.MR, &o.CQ, &o.QP, &o.SRQ, &o.MW, &o.AH, &o.CM}
+	for i, k := range []string{"ctx", "pd", "mr", "cq", "qp", "srq", "mw", "ah", "cm"} {
+		v, err := r.Uint(k)
+		if err != nil {
+			return Objects{}, err
+		}
+		if i == 0 {
+			o.Ctx = v != 0
+		} else {
+			*ps[i] = int(v)
+		}
+	}
+	return o, nil
+}
+
+// CMListen starts an rdma_cm server on the agent's device address at port
+// (rping -s, rdmacm-utils, accepting one connection) and returns its id for
+// CMStop. The agent kills it when the session ends.
+func (c *Client) CMListen(ctx context.Context, port uint16) (int, error) {
+	r, err := c.Do(ctx, "cmlisten", kv("port", port))
+	if err != nil {
+		return 0, err
+	}
+	id, err := r.Uint("cm")
+	return int(id), err
+}
+
+// CMConnect starts an rdma_cm client (rping -c) toward addr:port.
+func (c *Client) CMConnect(ctx context.Context, addr netip.Addr, port uint16) (int, error) {
+	if !addr.Is4() {
+		return 0, fmt.Errorf("agent: rdma_cm connect to %s: IPv4 only", addr)
+	}
+	r, err := c.Do(ctx, "cmconnect", "addr="+addr.String(), kv("port", port))
+	if err != nil {
+		return 0, err
+	}
+	id, err := r.Uint("cm")
+	return int(id), err
+}
+
+// CMStop ends an rdma_cm endpoint CMListen or CMConnect started.
+func (c *Client) CMStop(ctx context.Context, id int) error {
+	_, err := c.Do(ctx, "cmstop", kv("cm", id))
+	return err
 }

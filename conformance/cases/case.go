@@ -20,12 +20,14 @@ type Case struct {
 	// Ref names the entries of docs/conformance-catalogue.md section A the
 	// case implements ("RS-06, LU-01"), if any.
 	Ref string
-	// Known records documented departures from the spec per target name
-	// (docs/rxe-behaviour.md for rxe). A case with a known deviation is
+	// Known records documented departures from the spec per device driver
+	// (DriverOf: "rxe", "softroce", or a remote RNIC's kernel driver;
+	// docs/rxe-behaviour.md for rxe), so that rxe reached as a remote host
+	// deviates as documented for rxe. A case with a known deviation is
 	// expected NOT to conform on that target; tests assert that it still
 	// deviates.
 	Known map[string]string
-	// Bugs records known defects per target name: the verdict stays
+	// Bugs records known defects per device driver, like Known: the verdict stays
 	// "fail" (the report says so), and tests expect the failure until the
 	// defect is fixed and the entry removed.
 	Bugs map[string]string
@@ -44,6 +46,9 @@ const (
 // Result is the outcome of one case on one target.
 type Result struct {
 	Target string `json:"target"`
+	// Driver is the target's device driver (DriverOf), the key of
+	// Case.Known and Case.Bugs.
+	Driver string `json:"driver,omitempty"`
 	// Verdict is one of the Verdict constants.
 	Verdict string `json:"verdict"`
 	// Conforms says whether the observed behaviour meets Case.Spec.
@@ -62,6 +67,14 @@ type Result struct {
 	Millis int64 `json:"ms"`
 
 	conv *Conv
+}
+
+// key is the result's key into Case.Known and Case.Bugs.
+func (r *Result) key() string {
+	if r.Driver != "" {
+		return r.Driver
+	}
+	return r.Target
 }
 
 // Conv is the case's packet conversation (nil when the case never opened
@@ -223,7 +236,7 @@ func (x *X) SendBadICRC(f bth.Fields, payload []byte) {
 // Run runs c against t and returns its result.
 func Run(ctx context.Context, t Target, c *Case) (res *Result) {
 	start := time.Now()
-	res = &Result{Target: t.Name()}
+	res = &Result{Target: t.Name(), Driver: DriverOf(t)}
 	x := &X{Ctx: ctx, Target: t, res: res}
 	defer func() {
 		if r := recover(); r != nil {
@@ -274,7 +287,7 @@ func Run(ctx context.Context, t Target, c *Case) (res *Result) {
 			res.Verdict = VerdictError
 		case len(res.Failures) == 0:
 			res.Conforms, res.Verdict = true, VerdictPass
-		case c.Known[t.Name()] != "":
+		case c.Known[res.Driver] != "":
 			res.Verdict = VerdictDeviation
 		default:
 			res.Verdict = VerdictFail

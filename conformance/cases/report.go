@@ -24,6 +24,9 @@ type Report struct {
 	// Environment describes what ran (Go version, rxe guest kernel, ...).
 	Environment map[string]string `json:"environment"`
 	Cases       []*CaseReport     `json:"cases"`
+	// Devices describe the device behind a target, by target name, for
+	// the targets that report one (a remote host's RNIC).
+	Devices map[string]DeviceInfo `json:"devices,omitempty"`
 	// NotCovered are the catalogue entries no case implements, with why
 	// (docs/conformance-catalogue.md section A.5).
 	NotCovered map[string]string `json:"catalogue_not_covered,omitempty"`
@@ -61,6 +64,12 @@ func RunAll(ctx context.Context, targets []Target, cases []*Case, o Options) (*R
 	}
 	for _, t := range targets {
 		r.Targets = append(r.Targets, t.Name())
+		if d, ok := t.(DeviceTarget); ok {
+			if r.Devices == nil {
+				r.Devices = map[string]DeviceInfo{}
+			}
+			r.Devices[t.Name()] = d.Device()
+		}
 	}
 	if o.PcapDir != "" {
 		if err := os.MkdirAll(o.PcapDir, 0o755); err != nil {
@@ -136,7 +145,7 @@ func (r *Report) Unexpected() int {
 			switch {
 			case res.Verdict == VerdictError:
 				n++
-			case res.Verdict == VerdictFail && c.Bugs[res.Target] == "":
+			case res.Verdict == VerdictFail && c.Bugs[res.key()] == "":
 				n++
 			}
 		}
@@ -180,7 +189,8 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	b.WriteString("# softroce conformance report\n\n")
 	fmt.Fprintf(&b, "Generated %s by `softroce conformance`. Each case crafts exact RoCEv2 packets from a fake peer to a QP of the target and judges the answers against the IBTA specification; the same case runs against every target.\n\n", r.Generated.Format(time.RFC3339))
 	b.WriteString("Reproduce with `softroce conformance rxe --out DIR [--pcap PCAPDIR] [--only REGEX]` (root: it boots the " +
-		"rdma_rxe VM) or `softroce conformance self` (softroce only, no privileges). With `--pcap`, each case's packets " +
+		"rdma_rxe VM), `softroce conformance remote HOST[:PORT] --token T` (a host with an RNIC running softroce-agent, docs/remote.md) " +
+		"or `softroce conformance self` (softroce only, no privileges). With `--pcap`, each case's packets " +
 		"are saved per target as CASE.TARGET.pcap for `softroce inspect`; frames are rebuilt with IPv4 ID 0, so packets " +
 		"rxe sent (it picks non-zero IDs) show an ICRC mismatch there although rxe's ICRC was right on the wire.\n\n" +
 		"Verdicts: pass = conforms to the expectation; deviation = does not, as documented for that target; " +
@@ -197,11 +207,11 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	b.WriteString("\n| target | pass | deviation (documented) | fail | harness error |\n|---|---|---|---|---|\n")
 	for _, t := range r.Targets {
 		m := r.Counts(t)
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d |\n", t, m[VerdictPass], m[VerdictDeviation], m[VerdictFail], m[VerdictError])
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d |\n", cell(r.targetLabel(t)), m[VerdictPass], m[VerdictDeviation], m[VerdictFail], m[VerdictError])
 	}
 	b.WriteString("\n| case | spec expectation (section) |")
 	for _, t := range r.Targets {
-		fmt.Fprintf(&b, " %s |", t)
+		fmt.Fprintf(&b, " %s |", cell(r.targetLabel(t)))
 	}
 	b.WriteString("\n|---|---|")
 	for range r.Targets {
@@ -225,7 +235,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 				obs = res.Error
 			}
 			label := verdictLabel[res.Verdict]
-			if res.Verdict == VerdictFail && c.Bugs[t] != "" {
+			if res.Verdict == VerdictFail && c.Bugs[res.key()] != "" {
 				label += " (known bug)"
 			}
 			fmt.Fprintf(&b, " **%s**: %s |", label, cell(obs))
@@ -240,10 +250,10 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 				continue
 			}
 			fmt.Fprintf(&details, "\n### `%s` on %s: %s\n\n", c.ID, res.Target, verdictLabel[res.Verdict])
-			if k := c.Known[res.Target]; k != "" && res.Verdict != VerdictPass {
+			if k := c.Known[res.key()]; k != "" && res.Verdict != VerdictPass {
 				fmt.Fprintf(&details, "Documented deviation: %s\n\n", k)
 			}
-			if k := c.Bugs[res.Target]; k != "" && res.Verdict == VerdictFail {
+			if k := c.Bugs[res.key()]; k != "" && res.Verdict == VerdictFail {
 				fmt.Fprintf(&details, "Known bug: %s\n\n", k)
 			}
 			for _, f := range res.Failures {
@@ -266,6 +276,16 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// targetLabel is a target's column heading: its name, and for a target
+// with a device, the device's name, firmware and driver.
+func (r *Report) targetLabel(t string) string {
+	d, ok := r.Devices[t]
+	if !ok {
+		return t
+	}
+	return t + " (" + d.String() + ")"
 }
 
 // WriteFiles writes dir/conformance-report.md and dir/conformance-report.json.

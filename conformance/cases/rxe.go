@@ -26,6 +26,14 @@ type RxeTarget struct {
 	ag   *agent.Client
 	peer *Peer
 	open bool
+	dev  string // the verbs device ("": rxe0); RemoteTarget sets it
+}
+
+func (t *RxeTarget) device() string {
+	if t.dev == "" {
+		return "rxe0"
+	}
+	return t.dev
 }
 
 // NewRxeTarget launches the verbs agent in vm (booted with
@@ -57,6 +65,9 @@ func NewRxeTarget(ctx context.Context, vm *rxevm.VM) (*RxeTarget, error) {
 // Name implements Target.
 func (t *RxeTarget) Name() string { return "rxe" }
 
+// Driver implements DriverTarget.
+func (t *RxeTarget) Driver() string { return "rxe" }
+
 // Peer implements Target.
 func (t *RxeTarget) Peer() *Peer { return t.peer }
 
@@ -81,7 +92,7 @@ func (t *RxeTarget) Open(ctx context.Context, spec QPSpec) (Session, error) {
 		ag.DestroyAll(ctx)
 		t.open = false
 	}
-	if err := ag.Open(ctx, "rxe0"); err != nil {
+	if err := ag.Open(ctx, t.device()); err != nil {
 		return nil, fmt.Errorf("rxe: open device: %w", err)
 	}
 	t.open = true

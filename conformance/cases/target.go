@@ -247,3 +247,48 @@ type CMTarget interface {
 	// at port: its REQs come to the peer's QP1. stop ends the attempt.
 	CMConnect(ctx context.Context, port uint16) (stop func(), err error)
 }
+
+// DriverTarget is a Target that knows the driver of the device behind it.
+// Documented deviations and known bugs (Case.Known, Case.Bugs) belong to a
+// driver, not to a way of reaching it: rxe in the harness's VM and rxe on a
+// remote host share them.
+type DriverTarget interface {
+	// Driver is the key of Case.Known and Case.Bugs: "rxe" for kernel
+	// rdma_rxe, a remote RNIC's kernel driver (mlx5_core, irdma, ...).
+	Driver() string
+}
+
+// DriverOf is t's Driver, or its Name when it reports none.
+func DriverOf(t Target) string {
+	if d, ok := t.(DriverTarget); ok && d.Driver() != "" {
+		return d.Driver()
+	}
+	return t.Name()
+}
+
+// DeviceInfo describes the device behind a target, for reports.
+type DeviceInfo struct {
+	Name     string `json:"name"`
+	FW       string `json:"firmware,omitempty"`
+	Driver   string `json:"driver,omitempty"`
+	VendorID uint32 `json:"vendor_id"`
+	PartID   uint32 `json:"vendor_part_id"`
+	Host     string `json:"host,omitempty"` // where the agent runs
+}
+
+// String is "mlx5_0, fw 16.35.2000, driver mlx5_core".
+func (d DeviceInfo) String() string {
+	s := d.Name
+	if d.FW != "" {
+		s += ", fw " + d.FW
+	}
+	if d.Driver != "" {
+		s += ", driver " + d.Driver
+	}
+	return s
+}
+
+// DeviceTarget is a Target that can say what device it drives.
+type DeviceTarget interface {
+	Device() DeviceInfo
+}

@@ -1,24 +1,33 @@
 /*
- * sragent: a small verbs agent that the softroce conformance harness runs
- * inside the rdma_rxe guest. It listens on a TCP port and executes one
- * verbs operation per request line, so the harness can script a kernel
- * rxe endpoint step by step: open the device, allocate a PD, register
- * memory, create CQs, SRQs, RC and UD QPs and address handles, walk a QP
- * through INIT/RTR/RTS, post
- * work requests, poll completions and async events, and read or write
- * registered memory.
+ * softroce-agent: a small verbs agent for the softroce conformance harness.
+ * It runs beside an RDMA device (kernel rdma_rxe in the harness's VM, or a
+ * real RNIC on a lab host), listens on a TCP port and executes one verbs
+ * operation per request line, so the harness can script the device's
+ * endpoint step by step: open the device, allocate a PD, register memory,
+ * create CQs, SRQs, RC, UC and UD QPs and address handles, walk a QP
+ * through INIT/RTR/RTS, post work requests, poll completions and async
+ * events, and read or write registered memory.
  *
- * Protocol (one client at a time; everything is freed when it
- * disconnects). A request is a command word followed by key=value
- * arguments; numbers are decimal or 0x-prefixed hex. Every request gets
- * exactly one reply line: "ok" plus key=value results, or "err " plus a
- * message. The package documentation of conformance/agent lists the
- * commands.
+ * Protocol (one client at a time; everything a client created is freed
+ * when it disconnects). The first line a client sends must be
+ * "auth TOKEN" with the agent's shared secret; anything else, or a wrong
+ * token, is refused and the connection closed. Then a request is a
+ * command word followed by key=value arguments; numbers are decimal or
+ * 0x-prefixed hex. Every request gets exactly one reply line: "ok" plus
+ * key=value results, or "err " plus a message. Unknown commands are
+ * refused. The package documentation of conformance/agent lists the
+ * commands; docs/remote.md says how to run it on a host with an RNIC.
  *
- * Build: gcc -O2 -Wall -o sragent agent.c -libverbs
+ * The channel is not encrypted: it is meant for a lab network.
+ *
+ * Build: gcc -O2 -Wall -o softroce-agent agent.c -libverbs
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <netdb.h>
 #include <inttypes.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -30,13 +39,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <endian.h>
 #include <unistd.h>
 
 #include <infiniband/verbs.h>
 
 #define MAXOBJ 64
 #define MAXARGS 32
+/* Longest request line: memw of a 256 KiB region in hex, with room. */
+#define MAXLINE (1 << 20)
+/* Longest first (auth) line, and how long a client may take to send it. */
+#define MAXAUTH 512
+#define AUTH_TIMEOUT_S 10
+
+/* Configuration from the command line. */
+static const char *cfg_device; /* NULL: the first device, or open dev= */
+static int cfg_gid = 1;        /* default source GID index (rxe: 1, IPv4) */
+static char token[257];
+static size_t token_len;
 
 struct mr {
 	struct ibv_mr *mr;
@@ -152,8 +175,26 @@ static int unhex(const char *s, uint8_t *b, size_t n)
 	return 0;
 }
 
+/* rdma_cm endpoints (cmlisten, cmconnect): rping processes the agent
+ * started, killed with the session. */
+#define MAXCM 8
+static pid_t cmprocs[MAXCM];
+
+static void cm_kill_all(void)
+{
+	for (int i = 0; i < MAXCM; i++) {
+		if (cmprocs[i] > 0) {
+			kill(-cmprocs[i], SIGKILL);
+			kill(cmprocs[i], SIGKILL);
+			waitpid(cmprocs[i], NULL, 0);
+		}
+		cmprocs[i] = 0;
+	}
+}
+
 static void destroy_all(void)
 {
+	cm_kill_all();
 	/* Windows first: a region with windows bound cannot be deregistered. */
 	for (int i = 0; i < MAXOBJ; i++) {
 		if (mws[i]) ibv_dealloc_mw(mws[i]);
@@ -193,8 +234,17 @@ static void cmd_open(void)
 	struct ibv_device **list;
 	int n;
 	if (ctx) { reply("err device already open"); return; }
+	/* An agent started for one device serves that device only. */
+	if (name && *name == 0)
+		name = NULL;
+	if (cfg_device && name && strcmp(name, cfg_device) != 0) {
+		reply("err this agent serves device %s only", cfg_device);
+		return;
+	}
+	if (!name)
+		name = cfg_device;
 	list = ibv_get_device_list(&n);
-	if (!list) { reply("err ibv_get_device_list: %s", strerror(errno)); return; }
+	if (!list) { reply("err no RDMA device (ibv_get_device_list: %s)", strerror(errno)); return; }
 	for (int i = 0; i < n; i++) {
 		if (!name || strcmp(ibv_get_device_name(list[i]), name) == 0) {
 			ctx = ibv_open_device(list[i]);
@@ -299,7 +349,7 @@ static void cmd_qp(void)
 static void cmd_gid(void)
 {
 	NEEDCTX();
-	OPT("idx", idx, 1);
+	OPT("idx", idx, (uint64_t)cfg_gid);
 	OPT("port", port, 1);
 	union ibv_gid g;
 	if (ibv_query_gid(ctx, (uint8_t)port, (int)idx, &g)) { reply("err ibv_query_gid: %s", strerror(errno)); return; }
@@ -352,7 +402,7 @@ static void cmd_rtr(void)
 	OPT("mtu", mtu, 1024);
 	OPT("rd_atomic", rd, 1);
 	OPT("min_rnr", min_rnr, 12);
-	OPT("sgid", sgid, 1);
+	OPT("sgid", sgid, (uint64_t)cfg_gid);
 	OPT("hop", hop, 64);
 	OPT("tc", tc, 0);
 	OPT("sl", sl, 0);
@@ -423,7 +473,7 @@ static void cmd_ah(void)
 {
 	NEEDCTX();
 	OBJ("pd", pds, , pd);
-	OPT("sgid", sgid, 1);
+	OPT("sgid", sgid, (uint64_t)cfg_gid);
 	OPT("hop", hop, 64);
 	OPT("tc", tc, 0);
 	OPT("sl", sl, 0);
@@ -831,10 +881,277 @@ static void cmd_fill(void)
 	reply("ok");
 }
 
+/* sanitize makes s a single reply token: blanks and '=' would split it. */
+static void sanitize(char *s)
+{
+	for (; *s; s++)
+		if (*s == ' ' || *s == '\t' || *s == '=' || *s == '\n' || *s == '\r')
+			*s = '_';
+}
+
+/* sysfs_line reads the first line of a sysfs file into buf ("" if none). */
+static void sysfs_line(const char *path, char *buf, size_t n)
+{
+	buf[0] = 0;
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return;
+	if (fgets(buf, (int)n, f))
+		buf[strcspn(buf, "\n")] = 0;
+	fclose(f);
+}
+
+/* cmd_devinfo reports what the device is: name, firmware (ibv_query_device
+ * fw_ver), the kernel driver bound to its parent device (the name of the
+ * sysfs device/driver link, absent for software devices), vendor and part
+ * IDs, and the default GID with its type. */
+static void cmd_devinfo(void)
+{
+	struct ibv_context *c = ctx;
+	struct ibv_device **list = NULL;
+	int n = 0;
+	if (!c) {
+		list = ibv_get_device_list(&n);
+		if (!list) { reply("err no RDMA device (ibv_get_device_list: %s)", strerror(errno)); return; }
+		for (int i = 0; i < n && !c; i++)
+			if (!cfg_device || strcmp(ibv_get_device_name(list[i]), cfg_device) == 0)
+				c = ibv_open_device(list[i]);
+		ibv_free_device_list(list);
+		if (!c) {
+			reply("err no RDMA device %s", cfg_device ? cfg_device : "(none found)");
+			return;
+		}
+	}
+	struct ibv_device_attr a;
+	memset(&a, 0, sizeof a);
+	int rc = ibv_query_device(c, &a);
+	char name[IBV_SYSFS_NAME_MAX + 1], path[PATH_MAX], link[PATH_MAX], drv[256] = "", gidtype[64], gs[33] = "";
+	snprintf(name, sizeof name, "%s", ibv_get_device_name(c->device));
+	snprintf(path, sizeof path, "/sys/class/infiniband/%s/device/driver", name);
+	ssize_t l = readlink(path, link, sizeof link - 1);
+	if (l > 0) {
+		link[l] = 0;
+		const char *b = strrchr(link, '/');
+		snprintf(drv, sizeof drv, "%.255s", b ? b + 1 : link);
+	}
+	char desc[128], parent[64];
+	snprintf(path, sizeof path, "/sys/class/infiniband/%s/node_desc", name);
+	sysfs_line(path, desc, sizeof desc);
+	snprintf(path, sizeof path, "/sys/class/infiniband/%s/parent", name);
+	sysfs_line(path, parent, sizeof parent);
+	sanitize(desc);
+	sanitize(parent);
+	snprintf(path, sizeof path, "/sys/class/infiniband/%s/ports/1/gid_attrs/types/%d", name, cfg_gid);
+	sysfs_line(path, gidtype, sizeof gidtype);
+	union ibv_gid g;
+	if (ibv_query_gid(c, 1, cfg_gid, &g) == 0)
+		for (int i = 0; i < 16; i++)
+			sprintf(gs + 2 * i, "%02x", g.raw[i]);
+	char fw[sizeof a.fw_ver + 1];
+	snprintf(fw, sizeof fw, "%s", a.fw_ver);
+	sanitize(fw);
+	sanitize(drv);
+	sanitize(gidtype);
+	sanitize(name);
+	if (c != ctx)
+		ibv_close_device(c);
+	if (rc) { reply("err ibv_query_device: %s", strerror(rc)); return; }
+	reply("ok dev=%s fw=%s driver=%s vendor=0x%x part=0x%x hw=0x%x node_guid=0x%016" PRIx64
+	      " gid_index=%d gid=%s gid_type=%s node_desc=%s parent=%s",
+	      name, fw, drv, a.vendor_id, a.vendor_part_id, a.hw_ver, (uint64_t)be64toh(a.node_guid), cfg_gid, gs, gidtype,
+	      desc, parent);
+}
+
+/* device_ipv4 writes the IPv4 address of the default GID (IPv4-mapped),
+ * opening the device for the query when no session has it open. */
+static int device_ipv4(char *buf, size_t n)
+{
+	struct ibv_context *c = ctx;
+	if (!c) {
+		int k = 0;
+		struct ibv_device **list = ibv_get_device_list(&k);
+		if (!list)
+			return -1;
+		for (int i = 0; i < k && !c; i++)
+			if (!cfg_device || strcmp(ibv_get_device_name(list[i]), cfg_device) == 0)
+				c = ibv_open_device(list[i]);
+		ibv_free_device_list(list);
+		if (!c)
+			return -1;
+	}
+	union ibv_gid g;
+	int rc = ibv_query_gid(c, 1, cfg_gid, &g);
+	if (c != ctx)
+		ibv_close_device(c);
+	static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+	if (rc || memcmp(g.raw, mapped, sizeof mapped) != 0)
+		return -1;
+	return inet_ntop(AF_INET, g.raw + 12, buf, (socklen_t)n) ? 0 : -1;
+}
+
+/* cm_spawn starts rping (rdmacm-utils) with argv, fixed by the caller: the
+ * agent runs no other program, and never through a shell. */
+static void cm_spawn(char *const argv[])
+{
+	int i;
+	for (i = 0; i < MAXCM; i++) {
+		if (cmprocs[i] > 0 && waitpid(cmprocs[i], NULL, WNOHANG) == cmprocs[i])
+			cmprocs[i] = 0;
+	}
+	for (i = 0; i < MAXCM && cmprocs[i]; i++)
+		;
+	if (i == MAXCM) { reply("err too many rdma_cm endpoints"); return; }
+	int pfd[2];
+	if (pipe2(pfd, O_CLOEXEC)) { reply("err pipe: %s", strerror(errno)); return; }
+	pid_t p = fork();
+	if (p < 0) { reply("err fork: %s", strerror(errno)); close(pfd[0]); close(pfd[1]); return; }
+	if (p == 0) {
+		int nul = open("/dev/null", O_RDWR);
+		dup2(nul, 0);
+		dup2(nul, 1);
+		dup2(nul, 2);
+		setsid();
+		execvp(argv[0], argv);
+		int e = errno;
+		if (write(pfd[1], &e, sizeof e) < 0) { /* the parent sees EOF */ }
+		_exit(127);
+	}
+	close(pfd[1]);
+	int e = 0;
+	ssize_t r = read(pfd[0], &e, sizeof e);
+	close(pfd[0]);
+	if (r == (ssize_t)sizeof e) {
+		waitpid(p, NULL, 0);
+		reply("err start %s (rdmacm-utils): %s", argv[0], strerror(e));
+		return;
+	}
+	cmprocs[i] = p;
+	reply("ok cm=%d", i + 1);
+}
+
+/* cmlisten port=: an rdma_cm server (rping -s) on the device's address
+ * that accepts one connection. */
+static void cmd_cmlisten(void)
+{
+	NUM("port", port);
+	char a[INET_ADDRSTRLEN], ps[8];
+	if (port < 1 || port > 65535) { reply("err bad port"); return; }
+	if (device_ipv4(a, sizeof a)) { reply("err the device's GID %d is not an IPv4 RoCE address", cfg_gid); return; }
+	snprintf(ps, sizeof ps, "%u", (unsigned)port);
+	char *argv[] = { "rping", "-s", "-a", a, "-p", ps, "-C", "1", NULL };
+	cm_spawn(argv);
+}
+
+/* cmconnect addr= port=: an rdma_cm client (rping -c) connecting to addr. */
+static void cmd_cmconnect(void)
+{
+	NUM("port", port);
+	const char *addr = arg("addr");
+	struct in_addr in;
+	char a[INET_ADDRSTRLEN], ps[8];
+	if (port < 1 || port > 65535) { reply("err bad port"); return; }
+	if (!addr || inet_pton(AF_INET, addr, &in) != 1) { reply("err addr must be an IPv4 address"); return; }
+	inet_ntop(AF_INET, &in, a, sizeof a);
+	snprintf(ps, sizeof ps, "%u", (unsigned)port);
+	char *argv[] = { "rping", "-c", "-a", a, "-p", ps, "-C", "1", NULL };
+	cm_spawn(argv);
+}
+
+/* cmstop cm=: end an rdma_cm endpoint. */
+static void cmd_cmstop(void)
+{
+	NUM("cm", id);
+	if (id < 1 || id > MAXCM || cmprocs[id - 1] <= 0) { reply("err no such cm %" PRIu64, id); return; }
+	pid_t p = cmprocs[id - 1];
+	kill(-p, SIGKILL);
+	kill(p, SIGKILL);
+	waitpid(p, NULL, 0);
+	cmprocs[id - 1] = 0;
+	reply("ok");
+}
+
+/* cmd_objects counts the verbs objects the agent holds, so a client can
+ * check that a previous session left nothing behind. */
+static void cmd_objects(void)
+{
+	int pd = 0, mr = 0, cq = 0, qp = 0, srq = 0, mw = 0, ah = 0, cm = 0;
+	for (int i = 0; i < MAXCM; i++) {
+		if (cmprocs[i] > 0 && waitpid(cmprocs[i], NULL, WNOHANG) == cmprocs[i])
+			cmprocs[i] = 0;
+		cm += cmprocs[i] > 0;
+	}
+	for (int i = 0; i < MAXOBJ; i++) {
+		pd += pds[i] != NULL;
+		mr += mrs[i].mr != NULL;
+		cq += cqs[i].cq != NULL;
+		qp += qps[i] != NULL;
+		srq += srqs[i] != NULL;
+		mw += mws[i] != NULL;
+		ah += ahs[i] != NULL;
+	}
+	reply("ok ctx=%d pd=%d mr=%d cq=%d qp=%d srq=%d mw=%d ah=%d cm=%d", ctx != NULL, pd, mr, cq, qp, srq, mw, ah, cm);
+}
+
+/* token_equal compares the received token with the agent's in time that
+ * does not depend on where they differ: every byte of the agent's token
+ * is looked at, whatever the input. */
+static int token_equal(const char *got, size_t got_len)
+{
+	volatile unsigned char d = (unsigned char)(got_len != token_len);
+	for (size_t i = 0; i < token_len; i++) {
+		unsigned char g = i < got_len ? (unsigned char)got[i] : 0;
+		d |= g ^ (unsigned char)token[i];
+	}
+	return d == 0;
+}
+
+/* authenticate reads the first line ("auth TOKEN") byte by byte, bounded
+ * in length and time, so an unauthenticated client can neither make the
+ * agent allocate nor hold it for long. */
+static int authenticate(int fd)
+{
+	char line[MAXAUTH + 1];
+	size_t n = 0;
+	struct timeval tv = { .tv_sec = AUTH_TIMEOUT_S };
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	for (;;) {
+		char ch;
+		ssize_t r = recv(fd, &ch, 1, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return 0;
+		if (ch == '\n')
+			break;
+		if (n == MAXAUTH)
+			return 0;
+		line[n++] = ch;
+	}
+	while (n > 0 && line[n - 1] == '\r')
+		n--;
+	line[n] = 0;
+	/* The command word is public; only the secret goes to token_equal. */
+	int is_auth = n >= 5 && memcmp(line, "auth ", 5) == 0;
+	int ok = is_auth && token_equal(line + 5, n - 5);
+	static const char refused[] = "err refused: the first line must be auth TOKEN with the agent's token\n";
+	if (!ok) {
+		if (send(fd, refused, sizeof refused - 1, MSG_NOSIGNAL) < 0) { /* closing anyway */ }
+		return 0;
+	}
+	tv.tv_sec = 0;
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	return send(fd, "ok\n", 3, MSG_NOSIGNAL) == 3;
+}
+
 static void serve(int fd)
 {
+	if (!authenticate(fd)) {
+		fprintf(stderr, "softroce-agent: connection refused (no or wrong token)\n");
+		close(fd);
+		return;
+	}
 	FILE *in = fdopen(fd, "r");
-	out = fdopen(dup(fd), "w");
+	out = fdopen(fcntl(fd, F_DUPFD_CLOEXEC, 0), "w");
 	if (!in || !out) {
 		close(fd);
 		return;
@@ -844,6 +1161,10 @@ static void serve(int fd)
 	ssize_t n;
 	while ((n = getline(&line, &cap, in)) > 0) {
 		char *save, *w, *cmd;
+		if (n > MAXLINE) {
+			reply("err request longer than %d bytes", MAXLINE);
+			break;
+		}
 		while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
 			line[--n] = 0;
 		cmd = strtok_r(line, " ", &save);
@@ -885,41 +1206,182 @@ static void serve(int fd)
 		else if (strcmp(cmd, "mem") == 0) cmd_mem();
 		else if (strcmp(cmd, "memw") == 0) cmd_memw();
 		else if (strcmp(cmd, "fill") == 0) cmd_fill();
+		else if (strcmp(cmd, "devinfo") == 0) cmd_devinfo();
+		else if (strcmp(cmd, "objects") == 0) cmd_objects();
+		else if (strcmp(cmd, "cmlisten") == 0) cmd_cmlisten();
+		else if (strcmp(cmd, "cmconnect") == 0) cmd_cmconnect();
+		else if (strcmp(cmd, "cmstop") == 0) cmd_cmstop();
 		else if (strcmp(cmd, "destroy") == 0) { destroy_all(); reply("ok"); }
 		else if (strcmp(cmd, "ping") == 0) reply("ok");
 		else if (strcmp(cmd, "quit") == 0) { reply("ok"); break; }
 		else reply("err unknown command %s", cmd);
 	}
 	free(line);
+	/* Whatever ended the session (quit, EOF, a reset, keepalive giving
+	 * up on a vanished harness), nothing it created stays on the host. */
 	destroy_all();
 	fclose(in);
 	fclose(out);
 }
 
+static int read_token_file(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		fprintf(stderr, "softroce-agent: token file %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	if (!fgets(token, sizeof token, f))
+		token[0] = 0;
+	fclose(f);
+	token_len = strcspn(token, " \t\r\n");
+	token[token_len] = 0;
+	if (token_len < 16) {
+		fprintf(stderr, "softroce-agent: token file %s: the token must be at least 16 characters on its first line\n", path);
+		return -1;
+	}
+	return 0;
+}
+
+static int random_token(void)
+{
+	unsigned char b[16];
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || read(fd, b, sizeof b) != (ssize_t)sizeof b) {
+		fprintf(stderr, "softroce-agent: read /dev/urandom: %s\n", strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	close(fd);
+	for (size_t i = 0; i < sizeof b; i++)
+		sprintf(token + 2 * i, "%02x", b[i]);
+	token_len = 2 * sizeof b;
+	return 0;
+}
+
+/* listen_on opens the listening socket for "ADDR:PORT", "[V6ADDR]:PORT"
+ * or ":PORT" (every address). */
+static int listen_on(const char *spec)
+{
+	char host[256];
+	const char *colon = strrchr(spec, ':');
+	if (!colon || colon[1] == 0) {
+		fprintf(stderr, "softroce-agent: --listen %s: want ADDR:PORT\n", spec);
+		return -1;
+	}
+	size_t hl = (size_t)(colon - spec);
+	if (hl >= sizeof host) hl = sizeof host - 1;
+	memcpy(host, spec, hl);
+	host[hl] = 0;
+	if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+		memmove(host, host + 1, hl - 2);
+		host[hl - 2] = 0;
+	}
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV }, *res;
+	int rc = getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &res);
+	if (rc) {
+		fprintf(stderr, "softroce-agent: --listen %s: %s\n", spec, gai_strerror(rc));
+		return -1;
+	}
+	int ls = -1, one = 1;
+	for (struct addrinfo *ai = res; ai && ls < 0; ai = ai->ai_next) {
+		ls = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+		if (ls < 0)
+			continue;
+		setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+		if (bind(ls, ai->ai_addr, ai->ai_addrlen) || listen(ls, 4)) {
+			close(ls);
+			ls = -1;
+		}
+	}
+	freeaddrinfo(res);
+	if (ls < 0)
+		fprintf(stderr, "softroce-agent: listen on %s: %s\n", spec, strerror(errno));
+	return ls;
+}
+
+static void usage(const char *prog)
+{
+	fprintf(stderr,
+		"usage: %s --listen ADDR:PORT [--device NAME] [--gid-index N] [--token-file FILE]\n"
+		"  --listen ADDR:PORT  TCP address for the harness (\":PORT\": every address; -p PORT is :PORT)\n"
+		"  --device NAME       the RDMA device to serve (default: the first one)\n"
+		"  --gid-index N       the source GID index of RoCEv2 over IPv4 (default 1)\n"
+		"  --token-file FILE   the shared secret, first line (default: a random one, printed)\n"
+		"The control channel is authenticated but not encrypted: use it on a lab network.\n",
+		prog);
+}
+
 int main(int argc, char **argv)
 {
-	int port = 7100, opt;
-	while ((opt = getopt(argc, argv, "p:")) != -1) {
-		if (opt == 'p') port = atoi(optarg);
-		else { fprintf(stderr, "usage: %s [-p port]\n", argv[0]); return 2; }
+	const char *listen_spec = NULL, *token_file = NULL;
+	char legacy[32];
+	static const struct option opts[] = {
+		{ "listen", required_argument, NULL, 'l' },
+		{ "device", required_argument, NULL, 'd' },
+		{ "gid-index", required_argument, NULL, 'g' },
+		{ "token-file", required_argument, NULL, 't' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	int opt;
+	while ((opt = getopt_long(argc, argv, "p:l:d:g:t:h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'p':
+			snprintf(legacy, sizeof legacy, ":%d", atoi(optarg));
+			listen_spec = legacy;
+			break;
+		case 'l': listen_spec = optarg; break;
+		case 'd': cfg_device = optarg; break;
+		case 'g': {
+			char *end;
+			long v = strtol(optarg, &end, 0);
+			if (*end || v < 0 || v > 255) { fprintf(stderr, "softroce-agent: bad --gid-index %s\n", optarg); return 2; }
+			cfg_gid = (int)v;
+			break;
+		}
+		case 't': token_file = optarg; break;
+		case 'h': usage(argv[0]); return 0;
+		default: usage(argv[0]); return 2;
+		}
 	}
-	signal(SIGPIPE, SIG_IGN);
-	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) || listen(ls, 4)) {
-		perror("sragent: listen");
+	if (!listen_spec || optind != argc) {
+		usage(argv[0]);
+		return 2;
+	}
+	if (token_file ? read_token_file(token_file) : random_token())
 		return 1;
-	}
-	fprintf(stderr, "sragent: listening on port %d\n", port);
+	signal(SIGPIPE, SIG_IGN);
+	int ls = listen_on(listen_spec), one = 1;
+	if (ls < 0)
+		return 1;
+	/* The bound address, so that port 0 (any free port) is usable. */
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	char h[NI_MAXHOST] = "?", sv[NI_MAXSERV] = "?";
+	if (getsockname(ls, (struct sockaddr *)&ss, &sl) == 0)
+		getnameinfo((struct sockaddr *)&ss, sl, h, sizeof h, sv, sizeof sv, NI_NUMERICHOST | NI_NUMERICSERV);
+	printf("softroce-agent: listening on %s%s%s:%s, device %s, GID index %d\n", ss.ss_family == AF_INET6 ? "[" : "", h,
+	       ss.ss_family == AF_INET6 ? "]" : "", sv, cfg_device ? cfg_device : "(first)", cfg_gid);
+	if (!token_file)
+		printf("softroce-agent: token %s\n", token);
+	fflush(stdout);
 	for (;;) {
-		int fd = accept(ls, NULL, NULL);
+		int fd = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno == EINTR) continue;
-			perror("sragent: accept");
+			if (errno == EINTR || errno == ECONNABORTED) continue;
+			perror("softroce-agent: accept");
 			return 1;
 		}
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+		/* A harness host that vanishes without closing is noticed within
+		 * about a minute, and its objects are then destroyed. */
+		int idle = 30, intvl = 10, cnt = 3;
+		setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
 		serve(fd);
 	}
 }
