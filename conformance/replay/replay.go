@@ -94,15 +94,25 @@ type Flow struct {
 
 // Report is the outcome of a replay.
 type Report struct {
-	File      string         `json:"file"`
-	Flows     []Flow         `json:"flows"`
-	Exchanges []Exchange     `json:"exchanges"`
-	Requests  int            `json:"requests"`
-	Agree     int            `json:"agree"`
-	AllowedN  int            `json:"allowed"`
-	DifferN   int            `json:"differ"`
-	CMSkipped int            `json:"cm_skipped"`
-	Skipped   map[string]int `json:"skipped,omitempty"`
+	File      string     `json:"file"`
+	Flows     []Flow     `json:"flows"`
+	Exchanges []Exchange `json:"exchanges"`
+	Requests  int        `json:"requests"`
+	Agree     int        `json:"agree"`
+	AllowedN  int        `json:"allowed"`
+	DifferN   int        `json:"differ"`
+	CMSkipped int        `json:"cm_skipped"`
+
+	// The CM side: softroce's passive CM fed the captured active side's MADs.
+	CMExchanges   []CMExchange `json:"cm_exchanges,omitempty"`
+	CMReplayed    int          `json:"cm_replayed"`
+	CMAgree       int          `json:"cm_agree"`
+	CMAllowed     int          `json:"cm_allowed"`
+	CMDiffer      int          `json:"cm_differ"`
+	CMNotReplayed int          `json:"cm_not_replayed,omitempty"`
+	cmSeen        map[uint32]bool
+	cmUsed        map[int]bool
+	Skipped       map[string]int `json:"skipped,omitempty"`
 
 	// The requester side: softroce's requester fed the real answers.
 	RequesterFlows []RequesterFlow `json:"requester_flows,omitempty"`
@@ -117,6 +127,11 @@ type Report struct {
 // Summary is the one-line outcome.
 func (r *Report) Summary() string {
 	return fmt.Sprintf("replayed %d requests: %d agree, %d allowed differences, %d differ", r.Requests, r.Agree, r.AllowedN, r.DifferN)
+}
+
+// CMSummary is the CM side's one-line outcome.
+func (r *Report) CMSummary() string {
+	return fmt.Sprintf("CM: replayed %d exchanges: %d agree, %d allowed differences, %d differ", r.CMReplayed, r.CMAgree, r.CMAllowed, r.CMDiffer)
 }
 
 // RequesterSummary is the requester side's one-line outcome.
@@ -136,7 +151,8 @@ func File(path string) (*Report, error) {
 // Records replays already decoded records; name labels the report.
 func Records(name string, recs []inspect.Record) *Report {
 	pl := newPlan(recs)
-	rep := &Report{File: name, CMSkipped: pl.cm, Skipped: pl.skipped, recs: recs, lost: map[*inspect.Record]bool{}}
+	rep := &Report{File: name, Skipped: pl.skipped, recs: recs, lost: map[*inspect.Record]bool{}, cmSeen: map[uint32]bool{}, cmUsed: map[int]bool{}}
+	rep.replayCM(recs)
 	for i, f := range pl.flows {
 		rep.runFlow(i+1, f)
 		if len(f.resp) > 0 {

@@ -70,8 +70,35 @@ func (r *Report) WriteText(w io.Writer, verbose bool) error {
 			}
 		}
 	}
+	for _, e := range r.CMExchanges {
+		fmt.Fprintf(&b, "CM %s side: frame %d %s: %s\n", e.Side, e.Frame, e.Message, e.Verdict)
+		if e.Setup != "" {
+			fmt.Fprintf(&b, "      setup: %s\n", e.Setup)
+		}
+		for _, a := range e.Allowed {
+			fmt.Fprintf(&b, "      allowed: %s\n", a)
+		}
+		for _, a := range e.Failures {
+			fmt.Fprintf(&b, "      DIFFERS: %s\n", a)
+		}
+		if verbose || e.Verdict == Differ {
+			fmt.Fprintf(&b, "      request:  %s\n", e.Request)
+			for _, l := range e.Real {
+				fmt.Fprintf(&b, "      real:     %s\n", l)
+			}
+			if len(e.Real) == 0 {
+				b.WriteString("      real:     (no answer)\n")
+			}
+			for _, l := range e.Softroce {
+				fmt.Fprintf(&b, "      softroce: %s\n", l)
+			}
+			if len(e.Softroce) == 0 {
+				b.WriteString("      softroce: (no answer)\n")
+			}
+		}
+	}
 	if r.CMSkipped > 0 {
-		fmt.Fprintf(&b, "skipped: %d CM MADs (connection management is not replayed)\n", r.CMSkipped)
+		fmt.Fprintf(&b, "skipped: %d CM MADs (not part of a replayed exchange, or retransmissions)\n", r.CMSkipped)
 	}
 	for _, k := range sortedReasons(r.Skipped) {
 		fmt.Fprintf(&b, "skipped: %d %s\n", r.Skipped[k], k)
@@ -98,6 +125,10 @@ func (r *Report) WriteText(w io.Writer, verbose bool) error {
 	}
 	b.WriteString(r.Summary())
 	b.WriteByte('\n')
+	if r.CMReplayed > 0 {
+		b.WriteString(r.CMSummary())
+		b.WriteByte('\n')
+	}
 	if len(r.Completions) > 0 {
 		b.WriteString(r.RequesterSummary())
 		b.WriteByte('\n')
@@ -112,10 +143,11 @@ func (r *Report) WriteJSON(w io.Writer) error {
 		*Report
 		Summary          string `json:"summary"`
 		RequesterSummary string `json:"requester_summary"`
+		CMSummary        string `json:"cm_summary"`
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(out{r, r.Summary(), r.RequesterSummary()})
+	return enc.Encode(out{r, r.Summary(), r.RequesterSummary(), r.CMSummary()})
 }
 
 // Sides returns the two conversations to draw: the capture's (every
