@@ -151,8 +151,7 @@ func (rep *Report) replayCM(recs []inspect.Record) {
 		}
 		m := madOf(r)
 		if m == nil {
-			rep.CMNotReplayed++
-			continue
+			continue // counted as skipped below
 		}
 		if dup := rep.cmSeen[m.REQ().LocalCommID()]; dup {
 			continue // a retransmitted REQ belongs to the first one's exchange

@@ -121,3 +121,19 @@ func TestCMRealAcceptsSoftRejects(t *testing.T) {
 		t.Fatalf("want a failure: %+v", e)
 	}
 }
+
+// TestCMMalformedREQ: a REQ softroce's CM refuses as malformed (a class
+// version it does not know) while the real side answered it: softroce
+// drops it unanswered, and that is a failure, not a crash.
+func TestCMMalformedREQ(t *testing.T) {
+	recs, err := inspect.Records(rxeCM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	editMAD(t, recs, 1, func(m mad.MAD) { m.SetClassVersion(7) })
+	rep := Records("synthetic.pcap", recs)
+	e := cmByFrame(rep, "passive", 1)
+	if e == nil || e.Verdict != Differ || len(e.Softroce) != 0 || !strings.Contains(strings.Join(e.Failures, ";"), "softroce no answer") {
+		t.Fatalf("want a failure with no softroce answer: %+v", e)
+	}
+}

@@ -104,15 +104,14 @@ type Report struct {
 	CMSkipped int        `json:"cm_skipped"`
 
 	// The CM side: softroce's passive CM fed the captured active side's MADs.
-	CMExchanges   []CMExchange `json:"cm_exchanges,omitempty"`
-	CMReplayed    int          `json:"cm_replayed"`
-	CMAgree       int          `json:"cm_agree"`
-	CMAllowed     int          `json:"cm_allowed"`
-	CMDiffer      int          `json:"cm_differ"`
-	CMNotReplayed int          `json:"cm_not_replayed,omitempty"`
-	cmSeen        map[uint32]bool
-	cmUsed        map[int]bool
-	Skipped       map[string]int `json:"skipped,omitempty"`
+	CMExchanges []CMExchange `json:"cm_exchanges,omitempty"`
+	CMReplayed  int          `json:"cm_replayed"`
+	CMAgree     int          `json:"cm_agree"`
+	CMAllowed   int          `json:"cm_allowed"`
+	CMDiffer    int          `json:"cm_differ"`
+	cmSeen      map[uint32]bool
+	cmUsed      map[int]bool
+	Skipped     map[string]int `json:"skipped,omitempty"`
 
 	// The requester side: softroce's requester fed the real answers.
 	RequesterFlows []RequesterFlow `json:"requester_flows,omitempty"`
