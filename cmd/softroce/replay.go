@@ -79,7 +79,7 @@ Flags:
 			return 1
 		}
 	}
-	if rep.DifferN > 0 || rep.ReqDiffer > 0 {
+	if rep.DifferN > 0 || rep.ReqDiffer > 0 || rep.CMDiffer > 0 {
 		return 1
 	}
 	return 0
