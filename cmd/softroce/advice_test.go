@@ -61,6 +61,7 @@ var adviceSources = map[string][]string{
 	"inspect.go":                             {"inspect", "demo"},
 	"conformance.go":                         {"conformance"},
 	"replay.go":                              nil, // conformance replay has its own flag set; replay_test.go tests its refusals
+	"conformance_remote.go":                  nil, // conformance remote has its own flag set; conformance_remote_test.go tests its refusals
 	"main.go":                                nil,
 	"serve.go":                               {"serve"}, // abi's and status's messages name no flag
 	"run.go":                                 {"run"},
