@@ -38,6 +38,8 @@ type RemoteConfig struct {
 	// Do runs fn where the peer's socket is to live, e.g. a network
 	// namespace (nil: here).
 	Do func(fn func() error) error
+	// Peer is how the fake peer sends: PeerUDP ("" too) or PeerRaw.
+	Peer string
 }
 
 // RemoteTarget is an RDMA device on another host, driven through a
@@ -53,6 +55,7 @@ type RemoteTarget struct {
 	addr   netip.Addr
 	driver string
 	host   string
+	kind   string
 }
 
 // NewRemoteTarget connects to the agent, asks what its device is, and
@@ -92,14 +95,26 @@ func NewRemoteTarget(ctx context.Context, cfg RemoteConfig) (*RemoteTarget, erro
 		return nil, fmt.Errorf("remote: %s GID index %d is %s, not a routable RoCEv2 address; pick another --gid-index",
 			info.Name, info.GIDIndex, raddr)
 	}
-	t := &RemoteTarget{info: info, addr: raddr, driver: cfg.Driver, host: addr}
+	kind := cfg.Peer
+	if kind == "" {
+		kind = PeerUDP
+	}
+	if kind != PeerUDP && kind != PeerRaw {
+		ag.Close()
+		return nil, fmt.Errorf("remote: unknown peer %q (want %s or %s)", kind, PeerUDP, PeerRaw)
+	}
+	t := &RemoteTarget{info: info, addr: raddr, driver: cfg.Driver, host: addr, kind: kind}
 	if t.driver == "" {
 		t.driver = remoteDriver(info)
 	}
-	var link *udp.Link
+	var link nic.RawSender
 	err = do(func() error {
 		local, err := localAddr(cfg, raddr)
 		if err != nil {
+			return err
+		}
+		if kind == PeerRaw {
+			link, err = openRawPeer(local)
 			return err
 		}
 		link, err = udp.Open(udp.Config{Addr: local})
@@ -107,7 +122,7 @@ func NewRemoteTarget(ctx context.Context, cfg RemoteConfig) (*RemoteTarget, erro
 	})
 	if err != nil {
 		ag.Close()
-		return nil, fmt.Errorf("remote: open the peer's UDP link: %w", err)
+		return nil, fmt.Errorf("remote: open the peer's %s link: %w", kind, err)
 	}
 	peer, err := NewPeer(link)
 	if err != nil {
@@ -199,6 +214,9 @@ func (t *RemoteTarget) Driver() string { return t.driver }
 func (t *RemoteTarget) Device() DeviceInfo {
 	return DeviceInfo{Name: t.info.Name, FW: t.info.FW, Driver: t.driver, VendorID: t.info.VendorID, PartID: t.info.PartID, Host: t.host}
 }
+
+// PeerKind is how the fake peer sends (PeerUDP or PeerRaw).
+func (t *RemoteTarget) PeerKind() string { return t.kind }
 
 // Info is what the agent reported about its device.
 func (t *RemoteTarget) Info() agent.DevInfo { return t.info }

@@ -2,6 +2,8 @@ package cases
 
 import (
 	"context"
+	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -67,5 +69,68 @@ func TestDeviationsKeyedByDriver(t *testing.T) {
 	rep, _ = RunAll(ctx, []Target{remote}, []*Case{c}, Options{})
 	if n := rep.Unexpected(); n != 0 {
 		t.Errorf("a known bug of the rxe driver counted as unexpected on the remote target (%d)", n)
+	}
+}
+
+// rxeNamed is softroce under the rxe target's name and driver, the third
+// column of TestReportThreeTargets.
+type rxeNamed struct {
+	*SoftroceTarget
+}
+
+func (rxeNamed) Name() string   { return "rxe" }
+func (rxeNamed) Driver() string { return "rxe" }
+
+// TestReportThreeTargets: one run over rxe, softroce and a remote device
+// gives a report with a column per target in that order, the remote one
+// headed with its device's name, firmware and driver, in Markdown and JSON.
+func TestReportThreeTargets(t *testing.T) {
+	soft, err := NewSoftroceTarget()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer soft.Close()
+	c := &Case{ID: "synthetic-three", Spec: "x", Known: map[string]string{"rxe": "documented for rxe"},
+		Run: func(x *X) {
+			if x.Target.Name() != "softroce" {
+				x.Failf("departs on %s", x.Target.Name())
+			}
+		}}
+	ctx := context.Background()
+	rep, err := RunAll(ctx, []Target{rxeNamed{soft}, soft, driverTarget{soft}}, []*Case{c}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var md strings.Builder
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| case | spec expectation (section) | rxe | softroce | remote (rxe0, fw 0.0.0, driver rxe) |",
+		"| `synthetic-three` | x | **⚠️ deviation (documented)**: ",
+		"| rxe | 0 | 1 | 0 | 0 |", "| softroce | 1 | 0 | 0 | 0 |", "| remote (rxe0, fw 0.0.0, driver rxe) | 0 | 1 | 0 | 0 |",
+	} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, md.String())
+		}
+	}
+	var js strings.Builder
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal([]byte(js.String()), &back); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(back.Targets, []string{"rxe", "softroce", "remote"}) {
+		t.Errorf("JSON targets %v", back.Targets)
+	}
+	if d := back.Devices["remote"]; d.Name != "rxe0" || d.FW != "0.0.0" || d.Driver != "rxe" || len(back.Devices) != 1 {
+		t.Errorf("JSON devices %+v", back.Devices)
+	}
+	for tg, want := range map[string]string{"rxe": VerdictDeviation, "softroce": VerdictPass, "remote": VerdictDeviation} {
+		if r := back.Result("synthetic-three", tg); r == nil || r.Verdict != want {
+			t.Errorf("JSON result on %s: %+v, want %s", tg, r, want)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package cases
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -70,15 +71,6 @@ func startGuestAgent(t *testing.T, ctx context.Context, vm *rxevm.VM) (string, s
 	return addr, token
 }
 
-func newGuestRemote(t *testing.T, ctx context.Context, vm *rxevm.VM, addr, token string, local netip.Addr) *RemoteTarget {
-	t.Helper()
-	rt, err := NewRemoteTarget(ctx, RemoteConfig{Agent: addr, Token: token, LocalAddr: local, Dial: vm.DialContext, Do: vm.Do})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rt
-}
-
 // remoteSubset are the cases TestRemoteSameVerdicts runs when
 // SOFTROCE_REMOTE_SUBSET=1 asks for a quick run (every case otherwise, a
 // few minutes): RC responder and requester, UC, UD, memory windows, SRQ and
@@ -98,7 +90,19 @@ var remoteSubset = []string{
 // and as a remote host (standalone agent reached over TCP with a token,
 // peer on another address), and asserts the same verdicts. The remote
 // target's driver is rxe, so rxe's documented deviations apply to it.
+// The run's report has a column per target: rxe, softroce and remote.
 func TestRemoteSameVerdicts(t *testing.T) {
+	remoteSameVerdicts(t, PeerUDP, os.Getenv("SOFTROCE_REMOTE_SUBSET") != "1")
+}
+
+// TestRemoteRawPeerSameVerdicts is TestRemoteSameVerdicts with the
+// raw-socket peer (the harness writes the IPv4 header: its ID, TTL and
+// DSCP/ECN), over the quick subset of cases.
+func TestRemoteRawPeerSameVerdicts(t *testing.T) {
+	remoteSameVerdicts(t, PeerRaw, false)
+}
+
+func remoteSameVerdicts(t *testing.T, kind string, all bool) {
 	if rxeTarget == nil {
 		t.Skip("no rdma_rxe VM: set SOFTROCE_RXE=1 and run as root")
 	}
@@ -109,33 +113,47 @@ func TestRemoteSameVerdicts(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr, token := startGuestAgent(t, ctx, vm)
-	rt := newGuestRemote(t, ctx, vm, addr, token, remotePeerAddrs[0])
+	rt, err := NewRemoteTarget(ctx, RemoteConfig{Agent: addr, Token: token, LocalAddr: remotePeerAddrs[0], Dial: vm.DialContext, Do: vm.Do, Peer: kind})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer rt.Close()
+	soft, err := NewSoftroceTarget()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer soft.Close()
 	info := rt.Info()
-	t.Logf("remote device: %+v; driver key %q", info, rt.Driver())
-	if rt.Driver() != "rxe" || info.Name != "rxe0" || rt.Addr() != vm.GuestAddr() {
-		t.Fatalf("remote target: driver %q device %q address %s, want rxe, rxe0, %s", rt.Driver(), info.Name, rt.Addr(), vm.GuestAddr())
+	t.Logf("remote device: %+v; driver key %q; peer %s", info, rt.Driver(), rt.PeerKind())
+	if rt.Driver() != "rxe" || info.Name != "rxe0" || rt.Addr() != vm.GuestAddr() || rt.PeerKind() != kind {
+		t.Fatalf("remote target: driver %q device %q address %s peer %s, want rxe, rxe0, %s, %s", rt.Driver(), info.Name, rt.Addr(), rt.PeerKind(), vm.GuestAddr(), kind)
 	}
 	if d := rt.Device(); d.Name != "rxe0" || d.Driver != "rxe" {
 		t.Errorf("Device() = %+v", d)
 	}
-
-	all := os.Getenv("SOFTROCE_REMOTE_SUBSET") != "1"
 	var run []*Case
 	for _, c := range All {
 		if all || slices.Contains(remoteSubset, c.ID) {
 			run = append(run, c)
 		}
 	}
+	rep := &Report{Generated: time.Now().UTC(), Targets: []string{rxeTarget.Name(), soft.Name(), rt.Name()},
+		Environment: map[string]string{"remote peer": kind}, Devices: map[string]DeviceInfo{rt.Name(): rt.Device()}}
 	same, differ := 0, 0
 	for _, c := range run {
+		cr := &CaseReport{ID: c.ID, Ref: c.Ref, Spec: c.Spec, Known: c.Known, Bugs: c.Bugs}
+		rep.Cases = append(rep.Cases, cr)
 		t.Run(c.ID, func(t *testing.T) {
 			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			want := Run(cctx, rxeTarget, c)
 			cancel()
 			cctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+			sres := Run(cctx, soft, c)
+			cancel()
+			cctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
 			got := Run(cctx, rt, c)
 			cancel()
+			cr.Results = append(cr.Results, want, sres, got)
 			t.Logf("rxe %s (%s) | remote %s (%s)", want.Verdict, want.Observed, got.Verdict, got.Observed)
 			if got.Driver != "rxe" {
 				t.Errorf("remote result's driver %q, want rxe", got.Driver)
@@ -150,11 +168,50 @@ func TestRemoteSameVerdicts(t *testing.T) {
 				strings.Join(got.Trace, "\n  "))
 		})
 	}
-	t.Logf("remote vs rxe over %d cases: %d same verdict, %d different", len(run), same, differ)
+	t.Logf("remote (%s peer) vs rxe over %d cases: %d same verdict, %d different", kind, len(run), same, differ)
+	checkThreeColumnReport(t, rep, run)
 	// Nothing of the run is left on the agent's host.
 	o, err := rt.Objects(ctx)
 	if err != nil || o.Total() != 0 {
 		t.Errorf("agent objects after the run: %+v, %v", o, err)
+	}
+}
+
+// checkThreeColumnReport writes rep (rxe, softroce, remote) into a
+// temporary directory and checks both files have the three columns, the
+// remote one headed with the agent's device, and every case's results.
+func checkThreeColumnReport(t *testing.T, rep *Report, run []*Case) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := rep.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "conformance-report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := rep.Devices["remote"]
+	head := "| case | spec expectation (section) | rxe | softroce | remote (" + d.String() + ") |"
+	if !strings.Contains(string(md), head) || !strings.Contains(d.String(), "rxe0") || !strings.Contains(d.String(), "driver rxe") {
+		t.Errorf("Markdown report lacks the heading %q", head)
+	}
+	js, err := os.ReadFile(filepath.Join(dir, "conformance-report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(back.Targets, []string{"rxe", "softroce", "remote"}) || back.Devices["remote"].Name != "rxe0" {
+		t.Errorf("JSON report targets %v devices %+v", back.Targets, back.Devices)
+	}
+	for _, c := range run {
+		for _, tg := range back.Targets {
+			if r := back.Result(c.ID, tg); r == nil || r.Verdict == "" {
+				t.Errorf("JSON report has no %s result for %s", tg, c.ID)
+			}
+		}
 	}
 }
 
