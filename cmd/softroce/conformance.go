@@ -34,8 +34,9 @@ func runConformance(args []string) int {
 		fmt.Fprintf(fs.Output(), `Usage: softroce conformance rxe  [flags]   boot a kernel rdma_rxe VM (root) and run every case against rxe and softroce
        softroce conformance self [flags]   run every case against softroce only (no root, no VM)
        softroce conformance replay CAPTURE replay a real NIC capture into softroce's responder (-h for its flags)
-       softroce conformance remote HOST[:PORT] --token T [--local-addr IP] [--iface NAME]
-                                           run every case against the RNIC of a softroce-agent host (docs/remote.md)
+       softroce conformance remote HOST[:PORT] --token T [--local-addr IP] [--iface NAME] [--peer udp|raw] [--with-rxe]
+                                           run every case against the RNIC of a softroce-agent host (docs/remote.md);
+                                           --with-rxe adds the rdma_rxe VM: columns rxe, softroce, remote
        softroce conformance agent-source DIR   write the agent's C source to build on an RNIC host
 
 Each case crafts exact RoCEv2 packets from a fake peer to a QP of the target

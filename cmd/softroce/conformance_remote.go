@@ -57,9 +57,11 @@ func runConformanceRemote(args []string) int {
 	pcapDir := fs.String("pcap", "", "directory for one pcap per case and target (read them with 'softroce inspect')")
 	only := fs.String("only", "", "run only the cases whose ID matches this regular expression")
 	timeout := fs.Duration("timeout", 20*time.Minute, "give up after this long")
-	self := fs.Bool("softroce", true, "also run the cases against softroce, as a second column")
+	self := fs.Bool("softroce", true, "also run the cases against softroce, as a column of the report")
+	withRxe := fs.Bool("with-rxe", false, "also boot the kernel rdma_rxe VM (root) and run the cases against it: columns rxe, softroce, remote")
+	peerKind := fs.String("peer", cases.PeerUDP, "how the fake peer sends: udp (a UDP socket; the kernel writes the IP header) or raw (a raw IPv4 socket: the harness writes ID, TTL and DSCP/ECN; root or CAP_NET_RAW)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: softroce conformance remote HOST[:PORT] --token T [--local-addr IP] [--iface NAME] [flags]
+		fmt.Fprintf(fs.Output(), `Usage: softroce conformance remote HOST[:PORT] --token T [--local-addr IP] [--iface NAME] [--peer udp|raw] [--with-rxe] [flags]
 
 Runs every case against the RDMA device of a softroce-agent on HOST (port
 %d unless given): the agent creates the QPs and memory regions there, and
@@ -106,7 +108,15 @@ Flags:
 		fmt.Fprintln(os.Stderr, "softroce conformance remote: the agent's token is needed: --token, --token-file or SOFTROCE_AGENT_TOKEN")
 		return 2
 	}
-	cfg := cases.RemoteConfig{Agent: host, Token: tok, Iface: *iface, Driver: *driver}
+	if *peerKind != cases.PeerUDP && *peerKind != cases.PeerRaw {
+		fmt.Fprintf(os.Stderr, "softroce conformance remote: --peer %q: want udp or raw\n", *peerKind)
+		return 2
+	}
+	if *withRxe && os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "softroce conformance remote: --with-rxe needs root to create the VM's network namespace and tap device")
+		return 1
+	}
+	cfg := cases.RemoteConfig{Agent: host, Token: tok, Iface: *iface, Driver: *driver, Peer: *peerKind}
 	if *local != "" {
 		a, err := netip.ParseAddr(*local)
 		if err != nil {
@@ -139,9 +149,30 @@ Flags:
 	if rev := buildRevision(); rev != "" {
 		env["softroce build"] = rev
 	}
-	env["remote"] = fmt.Sprintf("%s on %s through softroce-agent (vendor 0x%x, part 0x%x, GID index %d = %s); fake peer on nic/udp from %s",
-		d, host, info.VendorID, info.PartID, info.GIDIndex, rt.Addr(), rt.Peer().Addr())
-	targets := []cases.Target{rt}
+	peerDesc := "nic/udp (the kernel writes the IPv4 header)"
+	if rt.PeerKind() == cases.PeerRaw {
+		peerDesc = "a raw IPv4 socket (the harness writes the IPv4 header; answers on nic/udp)"
+	}
+	env["remote"] = fmt.Sprintf("%s on %s through softroce-agent (vendor 0x%x, part 0x%x, GID index %d = %s); fake peer on %s from %s",
+		d, host, info.VendorID, info.PartID, info.GIDIndex, rt.Addr(), peerDesc, rt.Peer().Addr())
+	// Columns: rxe, softroce, remote.
+	var targets []cases.Target
+	if *withRxe {
+		vm, err := cases.BootRxeVM(ctx, os.Stderr)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "softroce conformance: %v\n", err)
+			return 1
+		}
+		defer vm.Close()
+		rxe, err := cases.NewRxeTarget(ctx, vm)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "softroce conformance: %v\n", err)
+			return 1
+		}
+		defer rxe.Close()
+		env["rxe"] = "Linux " + rxe.KernelRelease(ctx) + " rdma_rxe in a qemu (TCG) guest, driven through libibverbs; fake peer on nic/udp (IPv4)"
+		targets = append(targets, rxe)
+	}
 	if *self {
 		soft, err := cases.NewSoftroceTarget()
 		if err != nil {
@@ -152,7 +183,8 @@ Flags:
 		env["softroce"] = "transport/rc (RC, UC and UD QPs) and package cm on the device's QP1, through the verbs API on an in-process nic/pipe; fake peer on the pipe's other end"
 		targets = append(targets, soft)
 	}
-	fmt.Printf("remote: %s at %s\n", d, rt.Addr())
+	targets = append(targets, rt)
+	fmt.Printf("remote: %s at %s, %s peer\n", d, rt.Addr(), rt.PeerKind())
 	rep, err := cases.RunAll(ctx, targets, cases.All, cases.Options{Only: re, PcapDir: *pcapDir, Log: os.Stdout, Environment: env})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "softroce conformance: %v\n", err)

@@ -80,3 +80,13 @@ func TestConformanceRemoteRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestConformanceRemotePeerFlag: an unknown --peer is a usage error, given
+// before anything is dialled.
+func TestConformanceRemotePeerFlag(t *testing.T) {
+	var code int
+	quiet(t, func() { code = runConformance([]string{"remote", "192.0.2.1", "--token", "x", "--peer", "afxdp"}) })
+	if code != 2 {
+		t.Errorf("--peer afxdp: exit %d, want 2", code)
+	}
+}

@@ -357,7 +357,7 @@ func TestRemoteCommandLine(t *testing.T) {
 	}
 	out := filepath.Join(dir, "report")
 	cmd := vm.HostCommand(ctx, bin, "conformance", "remote", addr, "--token-file", tf, "--local-addr", remotePeerAddrs[1].String(),
-		"--only", "^(psn-sequence-error|send-longer-than-receive)$", "--out", out)
+		"--peer", "raw", "--only", "^(psn-sequence-error|send-longer-than-receive)$", "--out", out)
 	got, err := cmd.CombinedOutput()
 	t.Logf("softroce conformance remote:\n%s", got)
 	if err != nil {
