@@ -189,7 +189,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	b.WriteString("# softroce conformance report\n\n")
 	fmt.Fprintf(&b, "Generated %s by `softroce conformance`. Each case crafts exact RoCEv2 packets from a fake peer to a QP of the target and judges the answers against the IBTA specification; the same case runs against every target.\n\n", r.Generated.Format(time.RFC3339))
 	b.WriteString("Reproduce with `softroce conformance rxe --out DIR [--pcap PCAPDIR] [--only REGEX]` (root: it boots the " +
-		"rdma_rxe VM), `softroce conformance remote HOST[:PORT] --token T` (a host with an RNIC running softroce-agent, docs/remote.md) " +
+		"rdma_rxe VM), `softroce conformance remote HOST[:PORT] --token T [--peer udp|raw] [--with-rxe]` (a host with an RNIC running softroce-agent, docs/remote.md; `--with-rxe` adds the rxe column) " +
 		"or `softroce conformance self` (softroce only, no privileges). With `--pcap`, each case's packets " +
 		"are saved per target as CASE.TARGET.pcap for `softroce inspect`; frames are rebuilt with IPv4 ID 0, so packets " +
 		"rxe sent (it picks non-zero IDs) show an ICRC mismatch there although rxe's ICRC was right on the wire.\n\n" +
