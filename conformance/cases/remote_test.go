@@ -328,10 +328,46 @@ func TestRemoteHarnessProcess(t *testing.T) {
 	time.Sleep(10 * time.Minute)
 }
 
-// TestRemoteCommandLine runs `softroce conformance remote` itself, from the
-// VM's network namespace, against a standalone agent in the guest, and
-// reads the report it writes.
+// TestRemoteCommandLine runs `softroce conformance remote` itself, with
+// the raw peer, from the VM's network namespace, against a standalone
+// agent in the guest, and reads the report it writes.
 func TestRemoteCommandLine(t *testing.T) {
+	got, md := runRemoteCommandLine(t, "--peer", "raw")
+	for _, want := range []string{"| remote (rxe0, fw ", "driver rxe) |", "| softroce |", "`send-longer-than-receive`"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if !strings.Contains(got, "driver rxe at 10.88.0.2, raw peer") || !strings.Contains(md, "raw IPv4 socket") {
+		t.Errorf("the run does not say its peer is the raw one")
+	}
+	// send-longer-than-receive is a documented rxe deviation: the
+	// remote column, whose device is rxe, shows it as such.
+	if !strings.Contains(got, "remote: 1 pass, 1 documented deviation, 0 fail, 0 harness error") {
+		t.Errorf("summary lacks the rxe deviation on the remote target")
+	}
+}
+
+// TestRemoteCommandLineWithRxe: `conformance remote --with-rxe` boots its
+// own rdma_rxe VM and writes one report with the columns rxe, softroce and
+// remote.
+func TestRemoteCommandLineWithRxe(t *testing.T) {
+	got, md := runRemoteCommandLine(t, "--with-rxe")
+	if !strings.Contains(md, "| case | spec expectation (section) | rxe | softroce | remote (rxe0, fw ") {
+		t.Errorf("report lacks the three columns")
+	}
+	for _, want := range []string{"rxe: 1 pass, 1 documented deviation", "softroce: 2 pass", "remote: 1 pass, 1 documented deviation"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("summary lacks %q", want)
+		}
+	}
+}
+
+// runRemoteCommandLine builds softroce, starts an agent in the guest and
+// runs `softroce conformance remote` on two cases with the extra flags; it
+// returns the command's output and the Markdown report.
+func runRemoteCommandLine(t *testing.T, extra ...string) (string, string) {
+	t.Helper()
 	if rxeTarget == nil {
 		t.Skip("no rdma_rxe VM: set SOFTROCE_RXE=1 and run as root")
 	}
@@ -356,10 +392,11 @@ func TestRemoteCommandLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "report")
-	cmd := vm.HostCommand(ctx, bin, "conformance", "remote", addr, "--token-file", tf, "--local-addr", remotePeerAddrs[1].String(),
-		"--peer", "raw", "--only", "^(psn-sequence-error|send-longer-than-receive)$", "--out", out)
+	args := append([]string{"conformance", "remote", addr, "--token-file", tf, "--local-addr", remotePeerAddrs[1].String(),
+		"--only", "^(psn-sequence-error|send-longer-than-receive)$", "--out", out}, extra...)
+	cmd := vm.HostCommand(ctx, bin, args...)
 	got, err := cmd.CombinedOutput()
-	t.Logf("softroce conformance remote:\n%s", got)
+	t.Logf("softroce %s:\n%s", strings.Join(args, " "), got)
 	if err != nil {
 		t.Fatalf("exit: %v", err)
 	}
@@ -367,14 +404,5 @@ func TestRemoteCommandLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| remote (rxe0, fw ", "driver rxe) |", "| softroce |", "`send-longer-than-receive`"} {
-		if !strings.Contains(string(md), want) {
-			t.Errorf("report lacks %q", want)
-		}
-	}
-	// send-longer-than-receive is a documented rxe deviation: the
-	// remote column, whose device is rxe, shows it as such.
-	if !strings.Contains(string(got), "remote: 1 pass, 1 documented deviation, 0 fail, 0 harness error") {
-		t.Errorf("summary lacks the rxe deviation on the remote target")
-	}
+	return string(got), string(md)
 }
