@@ -255,9 +255,12 @@ func TestSweepStale(t *testing.T) {
 	waited := make(chan error, 1)
 	go func() { waited <- orphan.Wait() }()
 	time.Sleep(200 * time.Millisecond)
+	// Every VM boot sweeps too, and other test packages boot VMs at the
+	// same time: one of them may remove the stale namespace first, so 0
+	// removed here is right when it is gone (checked next).
 	n, err := SweepStale()
-	if err != nil || n != 1 {
-		t.Fatalf("SweepStale = %d, %v; want 1 removed", n, err)
+	if err != nil || n > 1 {
+		t.Fatalf("SweepStale = %d, %v; want 1 removed (0 if a concurrent sweep got it)", n, err)
 	}
 	if _, err := os.Stat(filepath.Join(netnsDir, name)); err == nil {
 		t.Fatal("stale namespace still exists")
