@@ -330,7 +330,7 @@ func testPerftestCM(t *testing.T, tool_, size string, base int) {
 		co := cli.out.String()
 		cli.mu.Unlock()
 		if strings.Contains(co, "RDMA_CM_EVENT_REJECTED; error: 8") && attempt < 4 {
-			t.Logf("attempt %d: the client's second REQ came before the server listened again", attempt)
+			t.Logf("attempt %d: the client's second REQ came before the server listened again:\n%s", attempt, co)
 			srv.cmd.Process.Kill()
 			<-srv.done
 			continue
