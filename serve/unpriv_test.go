@@ -33,7 +33,7 @@ func startToolAs(t *testing.T, s *Server, lib string, cred *syscall.Credential, 
 }
 
 // The tools the root tests run (ibv_devinfo, ibv_rc_pingpong, ib_write_bw
-// with and without rdma_cm, rping), run as nobody against a daemon whose
+// with and without rdma_cm, rping, ucmatose), run as nobody against a daemon whose
 // --group is nogroup: nothing on the client side needs privileges. The
 // daemon is on UDP 4791 of 127.0.0.1, where the CM reaches its peers.
 func TestUnprivilegedTools(t *testing.T) {
@@ -141,6 +141,15 @@ func TestUnprivilegedTools(t *testing.T) {
 				}
 			}
 			return
+		}
+	})
+	t.Run("ucmatose", func(t *testing.T) {
+		co, so := pair(t, "ucmatose", []string{"-b", "127.0.0.1", "-p", "7485", "-c", "2", "-C", "20"},
+			[]string{"-s", "127.0.0.1", "-p", "7485", "-c", "2", "-C", "20"}, func() { waitListening(t, s, 7485) })
+		for _, o := range []string{co, so} {
+			if !strings.Contains(o, "data transfers complete") || !strings.Contains(o, "return status 0") {
+				t.Errorf("ucmatose as nobody did not complete:\n%s", o)
+			}
 		}
 	})
 	t.Run("rping", func(t *testing.T) {
