@@ -297,38 +297,52 @@ func TestRping(t *testing.T) {
 	}
 }
 
-// perftest's ib_write_bw -R: connected by rdma_cm (which must return from
-// rdma_accept with the QP in RTS: the server posts at once), then its
-// parameters exchanged over the QP and 100 RDMA WRITEs. perftest connects
-// twice (its parameters, then the test QP), and its client can send the
-// second REQ before the server listens again: that is answered REJ 8, and
-// perftest then crashes (the distribution's, against rxe too). Such a run
-// is tried again on another port.
-func TestWriteBWCM(t *testing.T) {
-	p, lib := cmTool(t, "ib_write_bw")
+// perftest's tools with -R: connected by rdma_cm (which must return from
+// rdma_accept with the QP in RTS: the server posts at once), then their
+// parameters exchanged over the QP and the test: RDMA WRITE, READ, SEND
+// and atomics. perftest connects twice (its parameters, then the test
+// QP), and its client can send the second REQ before the server listens
+// again: that is answered REJ 8, and perftest then crashes (the
+// distribution's, against rxe too). Such a run is tried again on another
+// port.
+func TestPerftestCM(t *testing.T) {
+	for i, c := range []struct{ tool, size string }{
+		{"ib_write_bw", "4096"},
+		{"ib_read_bw", "4096"},
+		{"ib_send_bw", "4096"},
+		{"ib_atomic_bw", "8"},
+	} {
+		t.Run(c.tool, func(t *testing.T) { testPerftestCM(t, c.tool, c.size, 18519+10*i) })
+	}
+}
+
+func testPerftestCM(t *testing.T, tool_, size string, base int) {
+	p, lib := cmTool(t, tool_)
 	s := startCM(t)
 	for attempt := 0; ; attempt++ {
-		port := fmt.Sprint(18519 + attempt)
-		args := []string{"-R", "-F", "-n", "100", "-s", "4096", "-p", port}
+		port := fmt.Sprint(base + attempt)
+		args := []string{"-R", "-F", "-n", "100", "-s", size, "-p", port}
 		srv := startTool(t, s, lib, p, args...)
-		waitListening(t, s, uint16(18519+attempt))
+		waitListening(t, s, uint16(base+attempt))
 		cli := startTool(t, s, lib, p, append(args, "127.0.0.1")...)
 		<-cli.done
 		cli.mu.Lock()
 		co := cli.out.String()
 		cli.mu.Unlock()
 		if strings.Contains(co, "RDMA_CM_EVENT_REJECTED; error: 8") && attempt < 4 {
-			t.Logf("attempt %d: the client's second REQ came before the server listened again", attempt)
+			t.Logf("attempt %d: the client's second REQ came before the server listened again:\n%s", attempt, co)
 			srv.cmd.Process.Kill()
 			<-srv.done
 			continue
 		}
-		so := waitTool(t, srv, "ib_write_bw -R server")
+		so := waitTool(t, srv, tool_+" -R server")
+		want := fmt.Sprintf(" %-10s %d", size, 100)
 		for _, o := range []string{co, so} {
-			if !strings.Contains(o, " 4096       100") {
-				t.Errorf("ib_write_bw -R printed no result:\n%s", o)
+			if !strings.Contains(o, want) {
+				t.Errorf("%s -R printed no result line %q:\n%s", tool_, want, o)
 			}
 		}
+		t.Logf("%s", lastLines(co, 2))
 		return
 	}
 }

@@ -170,7 +170,7 @@ func (q *qpObj) bad(why string) {
 	store32(q.mem.b, offQPError, 1)
 	q.toErr()
 	q.c.raise(evQPFatal, q.handle)
-	_ = why
+	q.c.s.log.Printf("client pid %d QP %d: %s; the QP goes to ERR", q.c.pid, q.qpn, why)
 }
 
 func (q *qpObj) toErr() {

@@ -3,6 +3,7 @@ package interop
 import (
 	"context"
 	"fmt"
+	"log"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,7 +41,8 @@ func abiDaemon(t *testing.T) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := serve.New([]*verbs.Device{dev}, serve.Config{Socket: filepath.Join(t.TempDir(), "softroce.sock")})
+	s, err := serve.New([]*verbs.Device{dev}, serve.Config{Socket: filepath.Join(t.TempDir(), "softroce.sock"),
+		Log: log.New(os.Stderr, "softroce serve: ", log.Lmicroseconds)})
 	if err != nil {
 		t.Fatal(err)
 	}

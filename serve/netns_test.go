@@ -1,0 +1,137 @@
+package serve
+
+import (
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/internal/netnstest"
+	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/verbs"
+)
+
+// startInNS runs a daemon for end e, its UDP socket on port 4791 of e's
+// address opened inside e's namespace (a socket keeps the namespace it
+// was made in).
+func startInNS(t *testing.T, e *netnstest.End) *Server {
+	t.Helper()
+	var l *udp.Link
+	e.NS.Run(t, func() (err error) {
+		l, err = udp.Open(udp.Config{Addr: e.Addr(), Port: 4791})
+		return err
+	})
+	d, err := verbs.Open(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return start(t, d, 0)
+}
+
+// nsTool is one program started inside ns (ip netns exec) on daemon s.
+func nsTool(t *testing.T, ns *netnstest.NS, s *Server, lib, path string, args ...string) *toolProc {
+	t.Helper()
+	p := &toolProc{cmd: exec.Command("ip", append([]string{"netns", "exec", ns.Name, path}, args...)...), done: make(chan error, 1)}
+	p.cmd.Env = env(s, lib)
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() { p.cmd.Process.Kill() })
+	return p
+}
+
+// Two hosts: a daemon in namespace A and one in namespace B, joined by a
+// veth pair, each running the distribution's unmodified programs inside
+// its namespace. Out-of-band exchanges (TCP, rdma_cm's MADs) and the RDMA
+// traffic cross the veth, as between two machines.
+func TestTwoHostsNetns(t *testing.T) {
+	netnstest.Require(t)
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip (iproute2) is not installed")
+	}
+	_, lib := tool(t, "ibv_devinfo")
+	v := netnstest.Pair(t, netnstest.VethConfig{})
+	sa, sb := startInNS(t, v.A), startInNS(t, v.B)
+	srvAddr := v.A.Addr().String()
+	look := func(t *testing.T, name string) string {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			t.Skipf("%s is not installed", name)
+		}
+		return p
+	}
+	// pair runs the server on host A and the client on host B.
+	pair := func(t *testing.T, name string, srvArgs, cliArgs []string, listen func()) (string, string) {
+		p := look(t, name)
+		srv := nsTool(t, v.A.NS, sa, lib, p, srvArgs...)
+		listen()
+		cli := nsTool(t, v.B.NS, sb, lib, p, cliArgs...)
+		co := waitTool(t, cli, name+" client on host B")
+		so := waitTool(t, srv, name+" server on host A")
+		t.Logf("%s", lastLines(co, 2))
+		return co, so
+	}
+	sleep := func(d time.Duration) func() { return func() { time.Sleep(d) } }
+
+	t.Run("ibv_devinfo", func(t *testing.T) {
+		cmd := exec.Command("ip", "netns", "exec", v.B.NS.Name, look(t, "ibv_devinfo"), "-v")
+		cmd.Env = env(sb, lib)
+		out, err := cmd.CombinedOutput()
+		if want := "::ffff:" + v.B.Addr().String() + ", RoCE v2"; err != nil || !strings.Contains(string(out), want) {
+			t.Errorf("ibv_devinfo on host B lacks %q: %v\n%s", want, err, out)
+		}
+	})
+	t.Run("ibv_rc_pingpong", func(t *testing.T) {
+		args := []string{"-g", "0", "-p", "18700", "-n", "500"}
+		co, so := pair(t, "ibv_rc_pingpong", args, append(args, srvAddr), sleep(300*time.Millisecond))
+		for _, o := range []string{co, so} {
+			if !strings.Contains(o, "500 iters in") {
+				t.Errorf("no result:\n%s", o)
+			}
+		}
+	})
+	t.Run("ib_write_bw", func(t *testing.T) {
+		args := []string{"-x", "0", "-s", "65536", "-n", "1000", "-p", "18701"}
+		co, _ := pair(t, "ib_write_bw", args, append(args, srvAddr), sleep(time.Second))
+		if !strings.Contains(co, " 65536      1000") {
+			t.Errorf("no result line:\n%s", co)
+		}
+	})
+	t.Run("ib_read_bw-R", func(t *testing.T) {
+		p := look(t, "ib_read_bw")
+		for attempt := 0; ; attempt++ {
+			port := 18710 + attempt
+			args := []string{"-R", "-F", "-n", "100", "-s", "4096", "-p", fmt.Sprint(port)}
+			srv := nsTool(t, v.A.NS, sa, lib, p, args...)
+			waitListening(t, sa, uint16(port))
+			cli := nsTool(t, v.B.NS, sb, lib, p, append(args, srvAddr)...)
+			<-cli.done
+			cli.mu.Lock()
+			co := cli.out.String()
+			cli.mu.Unlock()
+			if strings.Contains(co, "RDMA_CM_EVENT_REJECTED; error: 8") && attempt < 4 {
+				srv.cmd.Process.Kill()
+				<-srv.done
+				continue
+			}
+			so := waitTool(t, srv, "ib_read_bw -R server on host A")
+			for _, o := range []string{co, so} {
+				if !strings.Contains(o, " 4096       100") {
+					t.Errorf("ib_read_bw -R printed no result:\n%s", o)
+				}
+			}
+			t.Logf("%s", lastLines(co, 2))
+			return
+		}
+	})
+	t.Run("rping", func(t *testing.T) {
+		co, so := pair(t, "rping", []string{"-s", "-a", srvAddr, "-p", "7494", "-C", "10", "-v"},
+			[]string{"-c", "-a", srvAddr, "-p", "7494", "-C", "10", "-v"}, func() { waitListening(t, sa, 7494) })
+		if !strings.Contains(co, "ping data: rdma-ping-9") || !strings.Contains(so, "server ping data: rdma-ping-9") {
+			t.Errorf("rping did not complete 10 pings:\nclient:\n%s\nserver:\n%s", co, so)
+		}
+	})
+}
