@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,18 +19,48 @@ import (
 	"github.com/softroce/softroce/verbs"
 )
 
-// abiDaemon starts softroce's daemon on the host end of the VM's tap and
-// returns the environment that makes a host program use it through
-// softroce's libibverbs.so.1.
-func abiDaemon(t *testing.T) []string {
+var (
+	abiOnce sync.Once
+	abiRoot string // removed by TestMain
+	abiLib  string
+	abiErr  error
+)
+
+// abiLibrary builds softroce's libraries once for the package, in a
+// directory every user may read: the unprivileged tests load them too.
+func abiLibrary(t *testing.T) string {
 	t.Helper()
 	if m := abi.Missing(); m != "" {
 		t.Skip("cannot build softroce's libibverbs.so.1: " + m)
 	}
-	lib, err := abi.Build(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
+	abiOnce.Do(func() {
+		if abiRoot, abiErr = os.MkdirTemp("", "softroce-interop-abi-"); abiErr != nil {
+			return
+		}
+		if abiErr = os.Chmod(abiRoot, 0o755); abiErr == nil {
+			abiLib, abiErr = abi.Build(abiRoot)
+		}
+	})
+	if abiErr != nil {
+		t.Fatal(abiErr)
 	}
+	return abiLib
+}
+
+// abiDaemon starts softroce's daemon on the host end of the VM's tap and
+// returns the environment that makes a host program use it through
+// softroce's libibverbs.so.1.
+func abiDaemon(t *testing.T) []string {
+	_, env := abiServe(t, "")
+	return env
+}
+
+// abiServe is abiDaemon whose socket, when group is set, that group may
+// use (and whose socket's directory anyone may enter); it returns the
+// daemon too.
+func abiServe(t *testing.T, group string) (*serve.Server, []string) {
+	t.Helper()
+	lib := abiLibrary(t)
 	var link *udp.Link
 	if err := vm.Do(func() error {
 		var err error
@@ -41,7 +73,15 @@ func abiDaemon(t *testing.T) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := serve.New([]*verbs.Device{dev}, serve.Config{Socket: filepath.Join(t.TempDir(), "softroce.sock"),
+	dir := t.TempDir()
+	if group != "" {
+		for _, d := range []string{dir, filepath.Dir(dir)} {
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s, err := serve.New([]*verbs.Device{dev}, serve.Config{Socket: filepath.Join(dir, "softroce.sock"), Group: group,
 		Log: log.New(os.Stderr, "softroce serve: ", log.Lmicroseconds)})
 	if err != nil {
 		t.Fatal(err)
@@ -51,32 +91,40 @@ func abiDaemon(t *testing.T) []string {
 	}
 	go s.Serve()
 	t.Cleanup(func() { s.Close() })
-	return append(os.Environ(), "SOFTROCE_SOCKET="+s.Socket(), "LD_LIBRARY_PATH="+lib)
+	return s, append(os.Environ(), "SOFTROCE_SOCKET="+s.Socket(), "LD_LIBRARY_PATH="+lib)
 }
 
 // TestABIPingpongAgainstRxe runs the distribution's ibv_rc_pingpong on the
 // host, unmodified, through softroce's libibverbs.so.1 and daemon, against
-// the same tool on the rxe guest: both roles.
+// the same tool on the rxe guest, both roles, in each of its modes:
+// polling, sleeping on a completion channel (-e) and posting through the
+// extended send API (-N: ibv_create_qp_ex, ibv_wr_*). Both sides check the
+// bytes of every message they receive (-c).
 func TestABIPingpongAgainstRxe(t *testing.T) {
 	needVM(t)
 	host, err := exec.LookPath("ibv_rc_pingpong")
 	if err != nil {
 		t.Skip("ibv_rc_pingpong is not installed on the host (Debian: apt-get install ibverbs-utils)")
 	}
-	for _, role := range []string{"host-client", "host-server"} {
-		t.Run(role, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-			defer cancel()
-			env := abiDaemon(t)
-			const iters = 50
-			guestCmd := fmt.Sprintf("timeout 80 ibv_rc_pingpong -d rxe0 -g 1 -e -n %d -r 50", iters)
-			hostArgs := []string{"-g", "0", "-n", fmt.Sprint(iters), "-r", "50"}
-			out, gout, err, gerr := abiPair(t, ctx, env, host, hostArgs, guestCmd, 18515, role, 500*time.Millisecond)
-			if err != nil || gerr != nil || !strings.Contains(out, fmt.Sprintf("%d iters in", iters)) || !strings.Contains(gout, "iters in") {
-				t.Fatalf("host ibv_rc_pingpong (%s): %v\n%s\nguest: %v\n%s", role, err, out, gerr, gout)
-			}
-			t.Logf("host: %s; guest: %s", lastLines(out, 2), lastLines(gout, 2))
-		})
+	for _, mode := range []struct{ name, flag string }{{"poll", ""}, {"events", "-e"}, {"new-send-api", "-N"}} {
+		for _, role := range []string{"host-client", "host-server"} {
+			t.Run(mode.name+"/"+role, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+				defer cancel()
+				env := abiDaemon(t)
+				const iters = 50
+				guestCmd := fmt.Sprintf("timeout 80 ibv_rc_pingpong -d rxe0 -g 1 -e -c -n %d -r 50", iters)
+				hostArgs := []string{"-g", "0", "-c", "-n", fmt.Sprint(iters), "-r", "50"}
+				if mode.flag != "" {
+					hostArgs = append(hostArgs, mode.flag)
+				}
+				out, gout, err, gerr := abiPair(t, ctx, env, host, hostArgs, guestCmd, 18515, role, 500*time.Millisecond)
+				if err != nil || gerr != nil || !strings.Contains(out, fmt.Sprintf("%d iters in", iters)) || !strings.Contains(gout, "iters in") {
+					t.Fatalf("host ibv_rc_pingpong %s (%s): %v\n%s\nguest: %v\n%s", mode.flag, role, err, out, gerr, gout)
+				}
+				t.Logf("host: %s; guest: %s", lastLines(out, 2), lastLines(gout, 2))
+			})
+		}
 	}
 }
 
@@ -152,4 +200,70 @@ func abiPair(t *testing.T, ctx context.Context, env []string, host string, hostA
 	gout, gerr = vm.Run(ctx, guestCmd+" "+vm.HostAddr().String())
 	err = cmd.Wait()
 	return b.String(), gout, err, gerr
+}
+
+// TestABIWriteLatAgainstRxe runs perftest's ib_write_lat on the host
+// through softroce's libibverbs against the same tool on the rxe guest,
+// both roles: each side RDMA WRITEs into the other's buffer and polls that
+// buffer for the peer's next WRITE (no completion channel: the tool has
+// none). The client's result row must be there; its typical latency goes
+// to the log.
+func TestABIWriteLatAgainstRxe(t *testing.T) {
+	needVM(t)
+	host, err := exec.LookPath("ib_write_lat")
+	if err != nil {
+		t.Skip("ib_write_lat is not installed on the host (Debian: apt-get install perftest)")
+	}
+	for _, role := range []string{"host-client", "host-server"} {
+		t.Run(role, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+			defer cancel()
+			env := abiDaemon(t)
+			const iters = 200
+			common := fmt.Sprintf("-m 1024 -s 2 -n %d -p 18516", iters)
+			guestCmd := "timeout 100 ib_write_lat -d rxe0 -x 1 -F " + common
+			hostArgs := append([]string{"-x", "0", "-F"}, strings.Fields(common)...)
+			out, gout, err, gerr := abiPair(t, ctx, env, host, hostArgs, guestCmd, 18516, role, time.Second)
+			client := gout
+			if role == "host-client" {
+				client = out
+			}
+			typical, ok := latTypical(client, 2, iters)
+			if err != nil || gerr != nil || !ok {
+				t.Fatalf("host ib_write_lat (%s): %v\n%s\nguest: %v\n%s", role, err, out, gerr, gout)
+			}
+			t.Logf("ib_write_lat %s, 2 bytes, %d iterations: t_typical %s usec (host: %s; guest: %s)", role, iters, typical, lastLines(out, 2), lastLines(gout, 2))
+		})
+	}
+}
+
+// latTypical finds perftest's latency table in out (its header names the
+// columns, which differ between perftest versions) and returns the
+// t_typical column of the row for size bytes and iters iterations.
+func latTypical(out string, size, iters int) (string, bool) {
+	h, row := perftestRow(out, size, iters)
+	for i, name := range h {
+		if strings.HasPrefix(name, "t_typical") && i < len(row) {
+			if _, err := strconv.ParseFloat(row[i], 64); err == nil {
+				return row[i], true
+			}
+		}
+	}
+	return "", false
+}
+
+// perftestRow returns the fields of perftest's result row for size bytes
+// and iters iterations in out, and those of the header above it (nil
+// when there is none).
+func perftestRow(out string, size, iters int) (header, row []string) {
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) > 0 && f[0] == "#bytes":
+			header = f
+		case header != nil && len(f) >= 2 && f[0] == fmt.Sprint(size) && f[1] == fmt.Sprint(iters):
+			return header, f
+		}
+	}
+	return nil, nil
 }

@@ -18,7 +18,11 @@ import (
 var vm *rxevm.VM
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
+	code := run(m)
+	if abiRoot != "" {
+		os.RemoveAll(abiRoot)
+	}
+	os.Exit(code)
 }
 
 func run(m *testing.M) int {
