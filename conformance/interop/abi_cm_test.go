@@ -43,9 +43,24 @@ func hostUntil(ctx context.Context, t *testing.T, env []string, ok, notYet strin
 // answered REJ 8 because the server did not listen (yet, or again:
 // perftest connects twice) is tried again, up to five times.
 func cmBothRoles(t *testing.T, tool, guestServer, guestClient string, hostServer, hostClient []string, ok, notYet string) {
+	cmBothRolesAs(t, asRoot, tool, guestServer, guestClient, hostServer, hostClient, ok, notYet)
+}
+
+// abiHost is how a test runs the host's tools: the daemon of a run, and
+// the command line that starts a tool with its arguments.
+type abiHost struct {
+	daemon func(t *testing.T) []string
+	argv   func(tool string, args []string) (string, []string)
+}
+
+// asRoot runs the tools as the test does, on a daemon of its own.
+var asRoot = abiHost{daemon: abiDaemon, argv: func(tool string, args []string) (string, []string) { return tool, args }}
+
+// cmBothRolesAs is cmBothRoles running the host's tool the way h says.
+func cmBothRolesAs(t *testing.T, h abiHost, tool, guestServer, guestClient string, hostServer, hostClient []string, ok, notYet string) {
 	host := cmHostTool(t, tool)
 	t.Run("host-client", func(t *testing.T) {
-		env := abiDaemon(t) // one for all attempts: it holds UDP 4791 until the test ends
+		env := h.daemon(t) // one for all attempts: it holds UDP 4791 until the test ends
 		for attempt := 0; ; attempt++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 			proc, err := vm.Start(ctx, "timeout 120 "+guestServer)
@@ -53,7 +68,8 @@ func cmBothRoles(t *testing.T, tool, guestServer, guestClient string, hostServer
 				t.Fatal(err)
 			}
 			time.Sleep(2 * time.Second) // the guest's tool starts (slowly, under TCG)
-			out, err := hostUntil(ctx, t, env, ok, notYet, host, append(hostClient, vm.GuestAddr().String())...)
+			p, a := h.argv(host, append(hostClient, vm.GuestAddr().String()))
+			out, err := hostUntil(ctx, t, env, ok, notYet, p, a...)
 			if !strings.Contains(out, ok) && strings.Contains(out, "REJECTED") && attempt < 4 {
 				t.Logf("attempt %d: rejected, again:\n%s", attempt, out)
 				proc.Kill()
@@ -71,14 +87,15 @@ func cmBothRoles(t *testing.T, tool, guestServer, guestClient string, hostServer
 		}
 	})
 	t.Run("host-server", func(t *testing.T) {
-		env := abiDaemon(t)
+		env := h.daemon(t)
 		for attempt := 0; ; attempt++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 			args := make([]string, len(hostServer))
 			for i, a := range hostServer {
 				args[i] = strings.ReplaceAll(a, "HOST", vm.HostAddr().String())
 			}
-			cmd := vm.HostCommand(ctx, host, args...)
+			p, a := h.argv(host, args)
+			cmd := vm.HostCommand(ctx, p, a...)
 			cmd.Env = env
 			var out strings.Builder
 			cmd.Stdout, cmd.Stderr = &out, &out
