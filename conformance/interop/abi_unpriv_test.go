@@ -128,10 +128,10 @@ func (w *clientWatch) check(t *testing.T) {
 }
 
 // TestABIUnprivilegedAgainstRxe runs the host's unmodified
-// ibv_rc_pingpong, ib_write_bw and rping as nobody through softroce's
-// libraries and a daemon whose socket group nogroup may use, against the
-// same tools on the rxe guest, both roles: nothing on the program's side
-// needs privileges.
+// ibv_rc_pingpong (polling, -e, -N), ibv_ud_pingpong, ib_write_bw, rping
+// and ucmatose as nobody through softroce's libraries and a daemon whose
+// socket group nogroup may use, against the same tools on the rxe guest,
+// both roles: nothing on the program's side needs privileges.
 func TestABIUnprivilegedAgainstRxe(t *testing.T) {
 	needVM(t)
 	h := asNobody(t)
@@ -150,15 +150,22 @@ func TestABIUnprivilegedAgainstRxe(t *testing.T) {
 		}
 		return out, gout
 	}
-	for _, role := range []string{"host-client", "host-server"} {
-		t.Run("ibv_rc_pingpong/"+role, func(t *testing.T) {
-			out, gout := pair(t, "ibv_rc_pingpong", []string{"-g", "0", "-c", "-n", "50", "-r", "50"},
-				"timeout 80 ibv_rc_pingpong -d rxe0 -g 1 -e -c -n 50 -r 50", 18515, role, 500*time.Millisecond)
-			if !strings.Contains(out, "50 iters in") || !strings.Contains(gout, "50 iters in") {
-				t.Fatalf("no result:\nhost:\n%s\nguest:\n%s", out, gout)
-			}
-			t.Logf("host: %s", lastLines(out, 1))
-		})
+	for _, c := range []struct{ name, tool, host, guest string }{ // the guest sleeps on events (-e) always
+		{"ibv_rc_pingpong", "ibv_rc_pingpong", "-c", "-c"},
+		{"ibv_rc_pingpong-e", "ibv_rc_pingpong", "-c -e", "-c"},
+		{"ibv_rc_pingpong-N", "ibv_rc_pingpong", "-c -N", "-c"},
+		{"ibv_ud_pingpong", "ibv_ud_pingpong", "-s 1024", "-s 1024"},
+	} {
+		for _, role := range []string{"host-client", "host-server"} {
+			t.Run(c.name+"/"+role, func(t *testing.T) {
+				out, gout := pair(t, c.tool, append([]string{"-g", "0", "-n", "50", "-r", "50"}, strings.Fields(c.host)...),
+					"timeout 80 "+c.tool+" -d rxe0 -g 1 -e -n 50 -r 50 "+c.guest, 18515, role, 500*time.Millisecond)
+				if !strings.Contains(out, "50 iters in") || !strings.Contains(gout, "50 iters in") {
+					t.Fatalf("no result:\nhost:\n%s\nguest:\n%s", out, gout)
+				}
+				t.Logf("host: %s", lastLines(out, 1))
+			})
+		}
 	}
 	for _, role := range []string{"host-client", "host-server"} {
 		t.Run("ib_write_bw/"+role, func(t *testing.T) {
@@ -178,6 +185,9 @@ func TestABIUnprivilegedAgainstRxe(t *testing.T) {
 	t.Run("rping", func(t *testing.T) {
 		cmBothRolesAs(t, h, "rping", "rping -s -C 10 -v", "rping -c -C 10 -v -a", []string{"-s", "-C", "10", "-v", "-a", "HOST"},
 			[]string{"-c", "-C", "10", "-v", "-a"}, "ping data: rdma-ping-9", "REJECTED")
+	})
+	t.Run("ucmatose", func(t *testing.T) {
+		cmBothRolesAs(t, h, "ucmatose", "ucmatose", "ucmatose -s", []string{"-b", "HOST"}, []string{"-s"}, "return status 0", "REJECTED, error: 8")
 	})
 }
 
