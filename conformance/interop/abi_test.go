@@ -3,6 +3,7 @@ package interop
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"log"
 	"os"
 	"os/exec"
@@ -37,9 +38,23 @@ func abiLibrary(t *testing.T) string {
 		if abiRoot, abiErr = os.MkdirTemp("", "softroce-interop-abi-"); abiErr != nil {
 			return
 		}
-		if abiErr = os.Chmod(abiRoot, 0o755); abiErr == nil {
-			abiLib, abiErr = abi.Build(abiRoot)
+		if abiLib, abiErr = abi.Build(abiRoot); abiErr != nil {
+			return
 		}
+		// Whatever the umask: readable (and the directories searchable) by all.
+		abiErr = filepath.WalkDir(abiRoot, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			if d.IsDir() {
+				return os.Chmod(p, fi.Mode().Perm()|0o755)
+			}
+			return os.Chmod(p, fi.Mode().Perm()|0o444)
+		})
 	})
 	if abiErr != nil {
 		t.Fatal(abiErr)
