@@ -182,14 +182,13 @@ type Endpoint struct {
 	cq    *verbs.CQ
 	qps   []*verbs.QP
 	psns  []uint32
-	index map[uint32]int // QPN -> index in qps
-	recvs int            // receive WRs posted per QP (send test server)
+	recvs int // receive WRs posted per QP (send test server)
 }
 
 // NewEndpoint sets up qps QPs and a buffer of bufSize bytes on dev, with
 // room for depth outstanding operations per QP in each direction.
 func NewEndpoint(dev *verbs.Device, qps, bufSize, depth int) (*Endpoint, error) {
-	e := &Endpoint{dev: dev, buf: make([]byte, max(bufSize, 8)), index: map[uint32]int{}}
+	e := &Endpoint{dev: dev, buf: make([]byte, max(bufSize, 8))}
 	var err error
 	if e.pd, err = dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("alloc PD: %w", err)
@@ -211,7 +210,6 @@ func NewEndpoint(dev *verbs.Device, qps, bufSize, depth int) (*Endpoint, error) 
 		_, _ = rand.Read(b[:])
 		e.qps = append(e.qps, qp)
 		e.psns = append(e.psns, binary.LittleEndian.Uint32(b[:])&0xffffff)
-		e.index[qp.Num()] = i
 	}
 	return e, nil
 }
@@ -251,48 +249,15 @@ func (e *Endpoint) Close() error { return e.dev.Close() }
 // PostReceives keeps n receive WRs of size bytes posted on every QP, for
 // the server of a send test.
 func (e *Endpoint) PostReceives(n, size int) error {
-	for _, qp := range e.qps {
+	for q := range e.qps {
 		for i := 0; i < n; i++ {
-			if err := e.postRecv(qp, size); err != nil {
+			if err := e.postRecv(q, size); err != nil {
 				return err
 			}
 		}
 	}
 	e.recvs = n
 	return nil
-}
-
-func (e *Endpoint) postRecv(qp *verbs.QP, size int) error {
-	return qp.PostRecv(&verbs.RecvWR{ID: uint64(qp.Num()), SGL: []verbs.SGE{{Addr: e.mr.Addr(), Length: uint32(size), LKey: e.mr.LKey()}}})
-}
-
-// ServeReceives re-posts a receive for every one that completes, until
-// ctx ends; it returns the number of messages received.
-func (e *Endpoint) ServeReceives(ctx context.Context, size int) (int64, error) {
-	wcs := make([]verbs.WC, 64)
-	var n int64
-	for {
-		k, err := e.cq.Wait(ctx, wcs)
-		if err != nil {
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return n, nil
-			}
-			return n, err
-		}
-		for _, wc := range wcs[:k] {
-			if wc.Status != 0 {
-				return n, fmt.Errorf("receive completed with %v", wc.Status)
-			}
-			n++
-			i, ok := e.index[wc.QPNum]
-			if !ok {
-				continue
-			}
-			if err := e.postRecv(e.qps[i], size); err != nil {
-				return n, fmt.Errorf("re-post receive: %w", err)
-			}
-		}
-	}
 }
 
 // wr builds the work request template for one QP.
@@ -312,22 +277,6 @@ func (e *Endpoint) wr(t Test, size int, r Info) verbs.SendWR {
 		w.SGL[0].Length = 8
 	}
 	return w
-}
-
-// BWResult is one row of a bandwidth report. MB is 2^20 bytes.
-type BWResult struct {
-	Test        Test          `json:"test"`
-	Bytes       int           `json:"bytes"`
-	Iterations  int64         `json:"iterations"`
-	PeakMBps    float64       `json:"bw_peak_mb_per_sec"`
-	AvgMBps     float64       `json:"bw_average_mb_per_sec"`
-	MsgRateMpps float64       `json:"msg_rate_mpps"`
-	Elapsed     time.Duration `json:"elapsed_ns"`
-	QPs         int           `json:"qps"`
-	// Retransmits counts packets the client's QPs sent again (go-back-N
-	// after a loss or timeout) during this size: non-zero means the
-	// path dropped packets, which costs bandwidth.
-	Retransmits uint64 `json:"retransmits"`
 }
 
 // LatResult is one row of a latency report, in microseconds. Each sample
@@ -354,119 +303,6 @@ func (e *Endpoint) retransmits() uint64 {
 		n += qp.Stats().Retransmits
 	}
 	return n
-}
-
-// RunBW measures bandwidth of size-byte operations against the peer r.
-func (e *Endpoint) RunBW(ctx context.Context, c *Config, size int, r Info) (BWResult, error) {
-	res := BWResult{Test: c.Test, Bytes: size, QPs: len(e.qps)}
-	if c.Test == Atomic {
-		size = 8
-	}
-	if size > r.Len || size > len(e.buf) {
-		return res, fmt.Errorf("size %d exceeds the registered buffers (%d local, %d remote)", size, len(e.buf), r.Len)
-	}
-	wrs := make([]verbs.SendWR, len(e.qps))
-	for i := range wrs {
-		wrs[i] = e.wr(c.Test, size, r)
-	}
-	retx0 := e.retransmits()
-	outstanding := make([]int, len(e.qps))
-	total := int64(c.Iters)
-	var deadline time.Time
-	if c.Duration > 0 {
-		total = math.MaxInt64
-	}
-	times := make([]time.Duration, 0, min(total, 1<<20))
-	wcs := make([]verbs.WC, 64)
-	var posted, done int64
-	start := time.Now()
-	if c.Duration > 0 {
-		deadline = start.Add(c.Duration)
-	}
-	lastReport := start
-	for done < posted || posted < total {
-		// Post while windows have room.
-		stop := posted >= total || (!deadline.IsZero() && time.Now().After(deadline))
-		if stop && total == math.MaxInt64 {
-			total = posted // duration over: drain what is in flight
-		}
-		for q := 0; !stop && posted < total && q < len(e.qps); q++ {
-			for outstanding[q] < c.TxDepth && posted < total {
-				wrs[q].ID = uint64(q)
-				if err := e.qps[q].PostSend(&wrs[q]); err != nil {
-					return res, fmt.Errorf("post %s on QP 0x%06x: %w", c.Test, e.qps[q].Num(), err)
-				}
-				outstanding[q]++
-				posted++
-			}
-		}
-		if done >= posted {
-			if posted >= total {
-				break
-			}
-			continue
-		}
-		n, err := e.cq.Wait(ctx, wcs)
-		if err != nil {
-			return res, fmt.Errorf("after %d of %d operations: %w", done, posted, err)
-		}
-		now := time.Since(start)
-		for _, wc := range wcs[:n] {
-			if wc.Status != 0 {
-				return res, fmt.Errorf("%s completed with status %v after %d operations", c.Test, wc.Status, done)
-			}
-			if q := int(wc.WRID); q < len(outstanding) {
-				outstanding[q]--
-			}
-			done++
-			times = append(times, now)
-		}
-		if c.Progress != nil && time.Since(lastReport) > 100*time.Millisecond {
-			lastReport = time.Now()
-			pt := total
-			if c.Duration > 0 {
-				pt = 0
-			}
-			c.Progress(done, pt)
-		}
-	}
-	elapsed := time.Since(start)
-	if c.Progress != nil {
-		c.Progress(done, done)
-	}
-	res.Iterations, res.Elapsed = done, elapsed
-	res.Retransmits = e.retransmits() - retx0
-	const mb = 1 << 20
-	if elapsed > 0 && done > 0 {
-		res.AvgMBps = float64(done) * float64(size) / elapsed.Seconds() / mb
-		res.MsgRateMpps = float64(done) / elapsed.Seconds() / 1e6
-	}
-	res.PeakMBps = peak(times, size, c.TxDepth*len(e.qps))
-	if res.PeakMBps < res.AvgMBps {
-		res.PeakMBps = res.AvgMBps
-	}
-	return res, nil
-}
-
-// peak is the best bandwidth over any window of completions: the window is
-// a tenth of the run, and never shorter than two full send windows (one
-// ACK can complete a whole send window at once; a peak over a single
-// burst would measure the completion loop, not the link).
-func peak(times []time.Duration, size, window int) float64 {
-	n := len(times)
-	w := max(n/10, 2*window, 1)
-	if n <= w {
-		return 0
-	}
-	best := 0.0
-	for i := 0; i+w < n; i++ {
-		d := times[i+w] - times[i]
-		if d <= 0 {
-			continue
-		}
-		best = max(best, float64(w)*float64(size)/d.Seconds()/(1<<20))
-	}
-	return best
 }
 
 // RunLat measures latency: one operation at a time, each timed from post

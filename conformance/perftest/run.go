@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/cm"
+	"github.com/softroce/softroce/internal/traffic"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -279,6 +280,11 @@ type Result struct {
 	// Lost counts the messages a UC or UD receiver never got: it stopped
 	// waiting for them after RecvIdle and reported what arrived.
 	Lost int
+	// Engine holds the traffic engine's figures of this side's own run,
+	// from which Report was computed (nil when this side only exposed its
+	// memory): among them the packets its QPs really sent and received
+	// per second, and how the transport counters moved during the run.
+	Engine *traffic.Result
 }
 
 // Active reports whether the side with this configuration posts the
@@ -586,7 +592,7 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 	}
 	var my Report
 	if s.connector {
-		my, err = s.traffic(ctx)
+		my, err = s.transmit(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -619,7 +625,7 @@ func (s *session) runDuplex(ctx context.Context) (*Result, error) {
 	if err := s.barrier("duplex barrier"); err != nil {
 		return nil, err
 	}
-	my, err := s.traffic(ctx)
+	my, err := s.transmit(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -650,7 +656,7 @@ func (s *session) runSend(ctx context.Context) (*Result, error) {
 	}
 	var err error
 	if s.connector {
-		s.res.Report, err = s.traffic(ctx)
+		s.res.Report, err = s.transmit(ctx)
 	} else {
 		s.res.Report, err = s.receive(ctx)
 	}

@@ -6,9 +6,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
-	"time"
 
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/internal/traffic"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/verbs"
 )
@@ -36,11 +36,6 @@ type qpCtx struct {
 
 // QKey is the Q_Key of perftest's UD QPs, and the one its UD sends name.
 const QKey = 0x11111111
-
-// wrID packs the QP index and the WR's sequence number into a wr_id.
-func wrID(q, n int) uint64 { return uint64(q)<<32 | uint64(uint32(n)) }
-
-func splitWRID(id uint64) (q, n int) { return int(id >> 32), int(uint32(id)) }
 
 // verifyFlag marks the active READ side's verification READ.
 const verifyFlag = 1 << 31
@@ -149,24 +144,7 @@ func (s *session) setup() error {
 }
 
 // stats sums the QPs' transport counters.
-func (s *session) stats() verbs.QPStats {
-	var sum verbs.QPStats
-	for _, c := range s.qps {
-		st := c.qp.Stats()
-		sum.TxPackets += st.TxPackets
-		sum.RxPackets += st.RxPackets
-		sum.Retransmits += st.Retransmits
-		sum.Timeouts += st.Timeouts
-		sum.RNRNAKsRecv += st.RNRNAKsRecv
-		sum.RNRNAKsSent += st.RNRNAKsSent
-		sum.SeqNAKsRecv += st.SeqNAKsRecv
-		sum.SeqNAKsSent += st.SeqNAKsSent
-		sum.DupRequests += st.DupRequests
-		sum.OutOfSeqRequests += st.OutOfSeqRequests
-		sum.Dropped += st.Dropped
-	}
-	return sum
-}
+func (s *session) stats() verbs.QPStats { return traffic.Sum(s.engineQPs()) }
 
 func (s *session) teardown() {
 	for _, c := range s.qps {
@@ -252,121 +230,82 @@ func (s *session) udDest(c *qpCtx, gid verbs.GID, qpn, qkey uint32) error {
 	return nil
 }
 
-// peakMeter tracks the best rate over windows of at least 1 ms.
-type peakMeter struct {
-	win  time.Time
-	done int
-	peak float64 // bytes/s
+// engineQPs are the QPs as the traffic engine takes them.
+func (s *session) engineQPs() []traffic.QP {
+	qps := make([]traffic.QP, len(s.qps))
+	for i, c := range s.qps {
+		qps[i] = c.qp
+	}
+	return qps
 }
 
-func (m *peakMeter) update(now time.Time, done, size int, last bool) {
-	if now.Sub(m.win) < time.Millisecond && !last {
-		return
-	}
-	if dt := now.Sub(m.win).Seconds(); dt > 0 && done > m.done {
-		m.peak = max(m.peak, float64(done-m.done)*float64(size)/dt)
-	}
-	m.win, m.done = now, done
-}
-
-// traffic posts Iters WRs on every QP with at most TxDepth outstanding per
-// QP, one in CQMod signaled (and the last), as perftest's run_iter_bw
-// does, and returns the numbers perftest reports (over all QPs).
-func (s *session) traffic(ctx context.Context) (Report, error) {
+// transmit posts Iters WRs on every QP with at most TxDepth outstanding
+// per QP, one in CQMod signaled (and the last), as perftest's run_iter_bw
+// does, through the traffic engine, and returns the numbers perftest
+// reports (over all QPs).
+func (s *session) transmit(ctx context.Context) (Report, error) {
 	cfg := &s.cfg
-	wr := verbs.SendWR{SGL: []verbs.SGE{{Length: uint32(cfg.Size), LKey: s.mr.LKey()}}}
+	tmpl := verbs.SendWR{}
 	switch cfg.Test {
 	case Send:
-		wr.Opcode = verbs.WRSend
+		tmpl.Opcode = verbs.WRSend
 	case Write:
-		wr.Opcode = verbs.WRRDMAWrite
+		tmpl.Opcode = verbs.WRRDMAWrite
 	case Read:
-		wr.Opcode = verbs.WRRDMARead
+		tmpl.Opcode = verbs.WRRDMARead
 	case Atomic:
-		wr.Opcode = verbs.WRAtomicFetchAndAdd
-		wr.CompareAdd = 1
+		tmpl.Opcode = verbs.WRAtomicFetchAndAdd
+		tmpl.CompareAdd = 1
 		if cfg.Atomic == CmpAndSwap {
-			wr.Opcode, wr.CompareAdd, wr.Swap = verbs.WRAtomicCmpAndSwp, 0, 0
+			tmpl.Opcode, tmpl.CompareAdd, tmpl.Swap = verbs.WRAtomicCmpAndSwp, 0, 0
 		}
 	}
 	base := s.mr.Addr()
 	resSlots := s.local / 8
-	total := cfg.Iters * len(s.qps)
-	wcs := make([]verbs.WC, 32)
-	done := 0
-	start := time.Now()
-	meter := peakMeter{win: start}
-	for done < total {
-		for qi, c := range s.qps {
-			for c.posted < cfg.Iters && c.posted-c.done < cfg.TxDepth {
-				slot := uint64(c.posted % s.slots)
-				wr.ID = wrID(qi, c.posted)
-				wr.RKey = c.remote.RKey
-				if c.ah != nil {
-					wr.AH, wr.RemoteQPN, wr.RemoteQKey = c.ah.AV(), c.destQPN, c.destQKey
-				}
-				if cfg.Test != Send {
-					wr.RemoteAddr = c.remote.VAddr + slot*uint64(s.inc)
-				}
-				if cfg.Test == Atomic {
-					// Every fetched value in a slot of its own, for the check.
-					wr.SGL[0].Addr = base + uint64(c.off) + uint64(c.posted%resSlots)*8
-				} else {
-					wr.SGL[0].Addr = base + uint64(c.off) + slot*uint64(s.inc)
-				}
-				wr.Flags = 0
-				if (c.posted+1)%cfg.CQMod == 0 || c.posted == cfg.Iters-1 {
-					wr.Flags = verbs.SendSignaled
-				}
-				if err := c.qp.PostSend(&wr); err != nil {
-					return Report{}, fmt.Errorf("perftest: post %v %d on QP %d: %w", wr.Opcode, c.posted, qi, err)
-				}
-				c.posted++
-			}
+	e := traffic.Sender{QPs: s.engineQPs(), CQ: s.cq, Size: cfg.Size, Iters: cfg.Iters * len(s.qps),
+		TxDepth: cfg.TxDepth, Signal: cfg.CQMod}
+	for _, c := range s.qps {
+		wr := tmpl
+		wr.SGL = []verbs.SGE{{Length: uint32(cfg.Size), LKey: s.mr.LKey()}}
+		wr.RKey = c.remote.RKey
+		if c.ah != nil {
+			wr.AH, wr.RemoteQPN, wr.RemoteQKey = c.ah.AV(), c.destQPN, c.destQKey
 		}
-		n, err := s.cq.Wait(ctx, wcs)
-		if err != nil {
-			return Report{}, fmt.Errorf("perftest: waiting for completions after %d of %d: %w (QP stats %+v)",
-				done, total, err, s.stats())
-		}
-		for _, wc := range wcs[:n] {
-			qi, seq := splitWRID(wc.WRID)
-			if wc.Status != cq.Success {
-				return Report{}, fmt.Errorf("perftest: %v %d on QP %d completed with %v (QP stats %+v)",
-					wr.Opcode, seq, qi, wc.Status, s.stats())
-			}
-			if qi >= len(s.qps) {
-				return Report{}, fmt.Errorf("perftest: completion for unknown wr_id %#x", wc.WRID)
-			}
-			// A send queue completes in order: a signaled WR retires all
-			// before it.
-			if c := s.qps[qi]; seq+1 > c.done {
-				done += seq + 1 - c.done
-				c.done = seq + 1
-			}
-		}
-		meter.update(time.Now(), done, cfg.Size, done == total)
+		e.WRs = append(e.WRs, wr)
 	}
-	rep := s.report(total, time.Since(start), meter.peak)
+	e.Prepare = func(q, n int, wr *verbs.SendWR) {
+		c := s.qps[q]
+		slot := uint64(n % s.slots)
+		if cfg.Test != Send {
+			wr.RemoteAddr = c.remote.VAddr + slot*uint64(s.inc)
+		}
+		if cfg.Test == Atomic {
+			// Every fetched value in a slot of its own, for the check.
+			wr.SGL[0].Addr = base + uint64(c.off) + uint64(n%resSlots)*8
+		} else {
+			wr.SGL[0].Addr = base + uint64(c.off) + slot*uint64(s.inc)
+		}
+	}
+	res, err := traffic.Send(ctx, &e)
+	if err != nil {
+		return Report{}, fmt.Errorf("perftest: %w", err)
+	}
+	rep := s.report(res)
 	if err := s.checkActive(ctx); err != nil {
 		return rep, err
 	}
 	return rep, nil
 }
 
-// report turns a run's messages (over all QPs, as perftest counts them),
-// duration and peak rate (bytes/s) into perftest's numbers.
-func (s *session) report(iters int, el time.Duration, peak float64) Report {
-	cfg := &s.cfg
-	sec := el.Seconds()
-	avg := float64(iters) * float64(cfg.Size) / sec
-	peak = max(peak, avg)
-	scale := 1.0 / (1 << 20) // perftest's MB/sec is MiB/s
-	if cfg.Gbits {
+// report turns the engine's figures into perftest's numbers.
+func (s *session) report(r traffic.Result) Report {
+	scale := 1.0 / traffic.MiB // perftest's MB/sec is MiB/s
+	if s.cfg.Gbits {
 		scale = 8 / 1e9
 	}
-	return Report{Size: uint64(cfg.Size), Iters: uint64(iters), PeakBW: peak * scale, AvgBW: avg * scale,
-		MsgRate: float64(iters) / sec / 1e6}
+	s.res.Engine = &r
+	return Report{Size: uint64(s.cfg.Size), Iters: uint64(r.Messages), PeakBW: r.Peak * scale, AvgBW: r.Avg * scale,
+		MsgRate: r.MsgRate / 1e6}
 }
 
 // postRecvs posts n receives of Size bytes on QP qi into its message
@@ -382,7 +321,7 @@ func (s *session) postRecvs(qi, n int) error {
 	wr := &s.rwr
 	for range n {
 		slot := uint64(c.recvPosted % s.slots)
-		wr.ID = wrID(qi, c.recvPosted)
+		wr.ID = traffic.WRID(qi, c.recvPosted)
 		wr.SGL[0] = verbs.SGE{Addr: s.mr.Addr() + uint64(c.tOff) + slot*uint64(s.inc), Length: uint32(s.grh + s.cfg.Size), LKey: s.mr.LKey()}
 		if err := c.qp.PostRecv(wr); err != nil {
 			return fmt.Errorf("perftest: post receive %d on QP %d: %w", c.recvPosted, qi, err)
@@ -402,65 +341,37 @@ func (s *session) postRecvs(qi, n int) error {
 func (s *session) receive(ctx context.Context) (Report, error) {
 	cfg := &s.cfg
 	total := cfg.Iters * len(s.qps)
-	wcs := make([]verbs.WC, 32)
-	done := 0
-	var start, last time.Time
-	var meter peakMeter
-	wctx := ctx
-	var idle *time.Timer
-	if cfg.Conn != verbs.QPTypeRC {
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithCancel(ctx)
-		defer cancel()
-		idle = time.AfterFunc(cfg.RecvIdle, cancel)
-		defer idle.Stop()
-	}
-	for done < total {
-		n, err := s.cq.Wait(wctx, wcs)
-		if err != nil && idle != nil && ctx.Err() == nil {
-			s.res.Lost = total - done
-			fmt.Fprintf(s.out, " No message for %v: %d of %d messages lost, reporting the %d received\n", cfg.RecvIdle, total-done, total, done)
-			break
-		}
-		if err != nil {
-			return Report{}, fmt.Errorf("perftest: waiting for receives after %d of %d: %w (QP stats %+v)",
-				done, total, err, s.stats())
-		}
-		if idle != nil {
-			idle.Reset(cfg.RecvIdle)
-		}
-		if done == 0 {
-			start = time.Now()
-			meter.win = start
-		}
-		for _, wc := range wcs[:n] {
-			qi, seq := splitWRID(wc.WRID)
-			if wc.Status != cq.Success {
-				return Report{}, fmt.Errorf("perftest: receive %d on QP %d completed with %v (QP stats %+v)", seq, qi, wc.Status, s.stats())
-			}
-			if qi >= len(s.qps) {
-				return Report{}, fmt.Errorf("perftest: completion for unknown wr_id %#x", wc.WRID)
-			}
+	var recvErr error // OnRecv's own error, returned as it is
+	r := traffic.Receiver{QPs: s.engineQPs(), CQ: s.cq, Size: cfg.Size, Total: total, Window: 2 * len(s.qps),
+		OnRecv: func(qi, seq int, wc *verbs.WC) error {
 			if wc.ByteLen != uint32(s.grh+cfg.Size) {
-				return Report{}, fmt.Errorf("perftest: data check: receive %d on QP %d got %d bytes, want %d (use the same -s on both sides)",
+				recvErr = fmt.Errorf("perftest: data check: receive %d on QP %d got %d bytes, want %d (use the same -s on both sides)",
 					seq, qi, int(wc.ByteLen)-s.grh, cfg.Size)
+				return recvErr
 			}
-			done++
-			s.qps[qi].recvDone++
-			if c := s.qps[qi]; c.recvPosted < cfg.Iters {
-				if err := s.postRecvs(qi, 1); err != nil {
-					return Report{}, err
-				}
+			c := s.qps[qi]
+			c.recvDone++
+			if c.recvPosted < cfg.Iters {
+				recvErr = s.postRecvs(qi, 1)
 			}
-		}
-		last = time.Now()
-		meter.update(last, done, cfg.Size, done == total)
+			return recvErr
+		}}
+	if cfg.Conn != verbs.QPTypeRC {
+		r.Idle = cfg.RecvIdle
 	}
-	if done == 0 {
-		return Report{}, fmt.Errorf("perftest: no message arrived in %v (QP stats %+v)", cfg.RecvIdle, s.stats())
+	res, err := traffic.Receive(ctx, &r)
+	if recvErr != nil {
+		return Report{}, recvErr
+	}
+	if err != nil {
+		return Report{}, fmt.Errorf("perftest: %w", err)
+	}
+	if res.Lost > 0 {
+		s.res.Lost = res.Lost
+		fmt.Fprintf(s.out, " No message for %v: %d of %d messages lost, reporting the %d received\n", cfg.RecvIdle, res.Lost, total, res.Messages)
 	}
 	// The rates are those of what arrived, in the time it took.
-	return s.report(done, max(last.Sub(start), time.Microsecond), meter.peak), nil
+	return s.report(res), nil
 }
 
 // checkActive verifies what the active side can see of the peer's memory
@@ -480,7 +391,7 @@ func (s *session) checkActive(ctx context.Context) error {
 	case Read:
 		span := (s.slots-1)*s.inc + cfg.Size
 		for qi, c := range s.qps {
-			wr := verbs.SendWR{ID: wrID(qi, verifyFlag), Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+			wr := verbs.SendWR{ID: traffic.WRID(qi, verifyFlag), Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
 				SGL:        []verbs.SGE{{Addr: s.mr.Addr() + uint64(c.off+s.region), Length: uint32(span), LKey: s.mr.LKey()}},
 				RemoteAddr: c.remote.VAddr, RKey: c.remote.RKey}
 			if err := c.qp.PostSend(&wr); err != nil {
