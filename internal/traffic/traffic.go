@@ -227,6 +227,8 @@ func Send(ctx context.Context, s *Sender) (Result, error) {
 	st0 := Sum(s.QPs)
 	start := now()
 	m := meter{start: start, window: 2 * s.TxDepth * nq}
+	// A mark per batch of completions, at most one per signaled message.
+	m.marks = make([]mark, 0, marksFor(timed, s.Iters/signal+nq))
 	deadline := start.Add(s.Duration)
 	lastReport := start
 	stopping := false
@@ -323,8 +325,7 @@ func Receive(ctx context.Context, r *Receiver) (Result, error) {
 	}
 	wcs := make([]verbs.WC, 64)
 	st0 := Sum(r.QPs)
-	var m meter
-	m.window = r.Window
+	m := meter{window: r.Window, marks: make([]mark, 0, marksFor(r.Total == 0, r.Total))}
 	var done int64
 	res := func() Result {
 		res := m.result(r.Size, add(Sum(r.QPs), st0, -1))
@@ -382,6 +383,15 @@ func Receive(ctx context.Context, r *Receiver) (Result, error) {
 // beyond it every other mark is dropped, which only coarsens where peak
 // windows may start and end.
 const maxMarks = 1 << 18
+
+// marksFor is the room to make for the marks of a run of at most n
+// batches (unbounded: unknown, the slice grows).
+func marksFor(unbounded bool, n int) int {
+	if unbounded {
+		return 1024
+	}
+	return min(n, maxMarks)
+}
 
 // meter is the timeline of a run: after each batch of completions, the
 // time and the messages completed so far.

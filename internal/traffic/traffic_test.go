@@ -321,3 +321,31 @@ func TestObserve(t *testing.T) {
 		t.Fatalf("observer called after stop (%d), %v", len(seen), err)
 	}
 }
+
+// countingQP completes every signaled WR into a CQ and keeps nothing.
+type countingQP struct{ cq *cq.CQ }
+
+func (f countingQP) PostSend(wr *verbs.SendWR) error {
+	if wr.Flags&verbs.SendSignaled != 0 {
+		f.cq.Push(verbs.WC{WRID: wr.ID})
+	}
+	return nil
+}
+
+func (countingQP) Stats() verbs.QPStats { return verbs.QPStats{} }
+
+// TestSendAllocsPerRun: the loop allocates per run, never per message.
+func TestSendAllocsPerRun(t *testing.T) {
+	c := newCQ(t)
+	run := func(iters int) float64 {
+		s := Sender{QPs: []QP{countingQP{c}, countingQP{c}}, CQ: c, WRs: make([]verbs.SendWR, 2), Size: 64, Iters: iters, TxDepth: 16, Signal: 4}
+		return testing.AllocsPerRun(5, func() {
+			if _, err := Send(context.Background(), &s); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	if small, big := run(16), run(4000); big > small {
+		t.Fatalf("%v allocations for 16 messages, %v for 4000", small, big)
+	}
+}
