@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -173,22 +174,20 @@ func Sum(qps []QP) verbs.QPStats {
 	return s
 }
 
-// add returns a + sign*b, field by field.
+// add returns a + sign*b, counter by counter (every uint64 field, so
+// that a counter the transport adds is never left out).
 func add(a, b verbs.QPStats, sign int) verbs.QPStats {
-	f := func(x, y uint64) uint64 {
-		if sign < 0 {
-			return x - y
+	va, vb := reflect.ValueOf(&a).Elem(), reflect.ValueOf(b)
+	for i := range va.NumField() {
+		if f := va.Field(i); f.Kind() == reflect.Uint64 {
+			if y := vb.Field(i).Uint(); sign < 0 {
+				f.SetUint(f.Uint() - y)
+			} else {
+				f.SetUint(f.Uint() + y)
+			}
 		}
-		return x + y
 	}
-	return verbs.QPStats{
-		TxPackets: f(a.TxPackets, b.TxPackets), RxPackets: f(a.RxPackets, b.RxPackets),
-		Retransmits: f(a.Retransmits, b.Retransmits), Timeouts: f(a.Timeouts, b.Timeouts),
-		RNRNAKsRecv: f(a.RNRNAKsRecv, b.RNRNAKsRecv), RNRNAKsSent: f(a.RNRNAKsSent, b.RNRNAKsSent),
-		SeqNAKsRecv: f(a.SeqNAKsRecv, b.SeqNAKsRecv), SeqNAKsSent: f(a.SeqNAKsSent, b.SeqNAKsSent),
-		DupRequests: f(a.DupRequests, b.DupRequests), OutOfSeqRequests: f(a.OutOfSeqRequests, b.OutOfSeqRequests),
-		Dropped: f(a.Dropped, b.Dropped),
-	}
+	return a
 }
 
 // Send runs s: it keeps up to TxDepth messages outstanding on every QP

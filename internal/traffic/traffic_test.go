@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -347,5 +348,24 @@ func TestSendAllocsPerRun(t *testing.T) {
 	}
 	if small, big := run(16), run(4000); big > small {
 		t.Fatalf("%v allocations for 16 messages, %v for 4000", small, big)
+	}
+}
+
+// TestSumCoversEveryCounter: Sum and the run's difference carry every
+// transport counter.
+func TestSumCoversEveryCounter(t *testing.T) {
+	var a verbs.QPStats
+	v := reflect.ValueOf(&a).Elem()
+	for i := range v.NumField() {
+		v.Field(i).SetUint(uint64(10 + i))
+	}
+	qp := &fakeQP{st: a}
+	s := Sum([]QP{qp, qp})
+	d := add(s, a, -1)
+	sv, dv := reflect.ValueOf(s), reflect.ValueOf(d)
+	for i := range v.NumField() {
+		if sv.Field(i).Uint() != uint64(2*(10+i)) || dv.Field(i).Uint() != uint64(10+i) {
+			t.Fatalf("%s: sum %d, difference %d", v.Type().Field(i).Name, sv.Field(i).Uint(), dv.Field(i).Uint())
+		}
 	}
 }
