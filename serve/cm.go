@@ -34,22 +34,53 @@ const (
 	acceptWaitMS = 2000
 )
 
-// cmDev is a device's CM, opened on first use: QP1 is only taken when a
-// program uses rdma_cm.
+// cmDev is a device's CM. The daemon opens it when it starts serving
+// (Server.startCMs), so that QP1 is there and answers whether or not a
+// program uses rdma_cm, as the kernel's ib_cm does on a host with an RNIC:
+// a REQ for a port nobody listens on draws REJ 8 at once, not silence
+// until the peer's REQ retries run out. If QP1 cannot be taken then
+// (another owner holds it), that is logged and every later use by rdma_cm
+// tries again: the program's call fails with the error until it can.
 type cmDev struct {
-	mu  sync.Mutex
-	c   *cm.CM
-	err error
+	mu     sync.Mutex
+	c      *cm.CM
+	closed bool
+	err    error // the last open's failure, until an open succeeds
 }
 
+// cmOpen returns the device's CM, opening it if it is not open yet.
 func (d *device) cmOpen() (*cm.CM, error) {
 	x := &d.cm
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if x.c == nil && x.err == nil {
-		x.c, x.err = cm.Open(d.v, nil)
+	switch {
+	case x.closed:
+		return nil, cm.ErrClosed
+	case x.c != nil:
+		return x.c, nil
 	}
-	return x.c, x.err
+	c, err := cm.Open(d.v, nil)
+	if err != nil {
+		// Logged once per run of failures, not once per program's call.
+		if x.err == nil {
+			d.s.log.Printf("%s: the connection manager cannot take QP1: %v; rdma_cm calls on %s fail until it can, and peers' CM requests go unanswered", d.name, err, d.name)
+		}
+		x.err = err
+		return nil, err
+	}
+	if x.err != nil {
+		d.s.log.Printf("%s: the connection manager now has QP1", d.name)
+	}
+	x.c, x.err = c, nil
+	return c, nil
+}
+
+// startCMs opens every device's CM when the daemon starts serving; a
+// device whose QP1 is taken is logged and retried on rdma_cm's first use.
+func (s *Server) startCMs() {
+	for _, d := range s.devs {
+		d.cmOpen()
+	}
 }
 
 func (d *device) cmClose() {
@@ -59,7 +90,7 @@ func (d *device) cmClose() {
 		d.cm.c.Close()
 		d.cm.c = nil
 	}
-	d.cm.err = cm.ErrClosed
+	d.cm.closed = true
 }
 
 func (d *device) addr() netip.Addr {
@@ -383,12 +414,14 @@ func (ch *cmChan) listen(id *cmID) error {
 		devs = []*device{id.dev}
 	}
 	var ls []*cm.Listener
+	var openErr error
 	for _, d := range devs {
 		if d.addr().IsValid() && id.src.Addr().IsUnspecified() && d.addr().Is4() != id.src.Addr().Is4() && id.src.Addr().Is4() {
 			continue // an IPv4 wildcard listens on the IPv4 devices
 		}
 		c, err := d.cmOpen()
 		if err != nil {
+			openErr = err
 			continue
 		}
 		l, err := c.Listen(id.ps, id.src.Port())
@@ -403,6 +436,9 @@ func (ch *cmChan) listen(id *cmID) error {
 		go ch.accepting(id, d, l)
 	}
 	if len(ls) == 0 {
+		if openErr != nil {
+			return fmt.Errorf("%w: no device to listen on: %v", syscall.ENODEV, openErr)
+		}
 		return fmt.Errorf("%w: no device to listen on", syscall.ENODEV)
 	}
 	id.listening = ls

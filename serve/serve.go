@@ -127,8 +127,8 @@ func New(devs []*verbs.Device, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Listen creates the socket. A stale socket file (nobody answers on it) is
-// replaced; a live one is an error.
+// Listen creates the socket and opens the devices' CMs. A stale socket
+// file (nobody answers on it) is replaced; a live one is an error.
 func (s *Server) Listen() error {
 	p := s.cfg.Socket
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -163,6 +163,7 @@ func (s *Server) Listen() error {
 		return fmt.Errorf("serve: chmod %s: %w", p, err)
 	}
 	s.ln = ln
+	s.startCMs() // QP1 answers from now on, as ib_cm does (cm.go)
 	return nil
 }
 
