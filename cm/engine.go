@@ -196,6 +196,10 @@ type Stats struct {
 	Timeouts uint64
 	// SendErrors are MADs the transport refused.
 	SendErrors uint64
+	// Unsupported were Get or Set MADs of a class (or a CM attribute)
+	// nothing on this QP1 serves, answered with GetResp status 0x000C as
+	// the kernel's MAD layer answers them.
+	Unsupported uint64
 	// Conns and HalfOpen are the current communications and how many of
 	// them are half-open.
 	Conns, HalfOpen int

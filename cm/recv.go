@@ -12,9 +12,11 @@ func (e *engine) receive(now time.Time, from Peer, mad []byte) {
 	m := &e.in
 	*m = msg{}
 	if err := decode(mad, m); err != nil {
-		if err == errUnknownAttr {
+		switch {
+		case e.answerUnsupported(from, mad):
+		case err == errUnknownAttr:
 			e.stats.UnknownAttr++
-		} else {
+		default:
 			e.stats.Malformed++
 		}
 		return
@@ -40,7 +42,10 @@ func (e *engine) receive(now time.Time, from Peer, mad []byte) {
 		e.onSIDRRep(m)
 	default:
 		// LAP and APR: the kernel refuses alternate paths on RoCE.
-		e.stats.UnknownAttr++
+		// ClassPortInfo: no CM serves it.
+		if !e.answerUnsupported(from, mad) {
+			e.stats.UnknownAttr++
+		}
 	}
 }
 
