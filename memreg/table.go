@@ -256,10 +256,29 @@ func newKeyByte(prev uint32) uint32 {
 // stay referenced by the caller's MR for as long as it is registered; Go's
 // collector does not move heap memory.
 func (t *Table) RegMR(pd *PD, buf []byte, access Access) (*MR, error) {
-	if pd == nil || pd.t != t {
-		return nil, fmt.Errorf("memreg: reg MR: %w: PD of another table", ErrInvalidArgument)
+	return t.regMR("reg MR", pd, buf, vaOf(buf, access), access)
+}
+
+// RegMRIOVA registers buf as RegMR does, with iova as the VA of buf[0]
+// (ibv_reg_mr_iova2): local SGEs, remote accesses and window binds all
+// address the region in [iova, iova+len(buf)), whatever buf's own address.
+// AccessZeroBased is refused (its VA is 0: use RegMR); so is a range that
+// wraps around the 64-bit address space.
+func (t *Table) RegMRIOVA(pd *PD, buf []byte, iova uint64, access Access) (*MR, error) {
+	if access&AccessZeroBased != 0 {
+		return nil, fmt.Errorf("memreg: reg MR at IOVA %#x: %w: ZERO_BASED with an IOVA", iova, ErrInvalidArgument)
 	}
-	if err := t.checkReg("reg MR", buf, access); err != nil {
+	if iova+uint64(len(buf)) < iova {
+		return nil, fmt.Errorf("memreg: reg MR at IOVA %#x: %w: %d bytes wrap around", iova, ErrInvalidArgument, len(buf))
+	}
+	return t.regMR("reg MR", pd, buf, iova, access)
+}
+
+func (t *Table) regMR(op string, pd *PD, buf []byte, va uint64, access Access) (*MR, error) {
+	if pd == nil || pd.t != t {
+		return nil, fmt.Errorf("memreg: %s: %w: PD of another table", op, ErrInvalidArgument)
+	}
+	if err := t.checkReg(op, buf, access); err != nil {
 		return nil, err
 	}
 	t.mu.Lock()
@@ -273,8 +292,7 @@ func (t *Table) RegMR(pd *PD, buf []byte, access Access) (*MR, error) {
 	idx := t.allocSlot()
 	s := &t.slots[idx]
 	key := t.perm.encode(idx)<<8 | newKeyByte(s.lastKey)
-	mr := &MR{t: t, idx: idx, registered: true, key: key, buf: buf, addr: vaOf(buf, access),
-		access: access, pd: pd}
+	mr := &MR{t: t, idx: idx, registered: true, key: key, buf: buf, addr: va, access: access, pd: pd}
 	s.mr = mr
 	t.nMR++
 	pd.nMR++
@@ -322,15 +340,20 @@ func (t *Table) ReregMR(mr *MR, buf []byte, access Access) error {
 	if mr.state == mrDead {
 		return fmt.Errorf("memreg: rereg MR %#08x: %w", mr.key, ErrNotRegistered)
 	}
-	if buf == nil {
+	keep := buf == nil
+	if keep {
 		buf = mr.buf
 	}
 	if err := t.checkReg("rereg MR", buf, access); err != nil {
 		return err
 	}
+	va := vaOf(buf, access)
+	if keep && access&AccessZeroBased == 0 && mr.access&AccessZeroBased == 0 {
+		va = mr.addr // the translation stays, and with it a RegMRIOVA's IOVA
+	}
 	mr.prevKey = mr.key
 	mr.key = mr.key&^0xFF | newKeyByte(mr.key)
-	mr.buf, mr.addr, mr.access, mr.state = buf, vaOf(buf, access), access, mrValid
+	mr.buf, mr.addr, mr.access, mr.state = buf, va, access, mrValid
 	return nil
 }
 

@@ -567,6 +567,16 @@ func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	return pd.d.mrs.RegMR(pd.pd, buf, access)
 }
 
+// RegMRIOVA registers buf for access with iova as the address of buf[0]
+// (ibv_reg_mr_iova2): peers, local SGEs and window binds address the
+// region in [iova, iova+len(buf)), and Addr reports iova.
+func (pd *PD) RegMRIOVA(buf []byte, iova uint64, access Access) (*MR, error) {
+	if err := pd.d.unusable("reg MR"); err != nil {
+		return nil, err
+	}
+	return pd.d.mrs.RegMRIOVA(pd.pd, buf, iova, access)
+}
+
 // DeregMR deregisters mr (ibv_dereg_mr). It fails with ErrBusy while
 // memory windows are bound to mr. In-flight remote accesses finish
 // first; later ones fail with a remote access error.
