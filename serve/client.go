@@ -62,6 +62,7 @@ type client struct {
 	chans   map[uint32]*chanObj
 	ahs     map[uint32]*ahObj  // ud.go
 	srqs    map[uint32]*srqObj // srq.go
+	mws     map[uint32]*mwObj  // mw.go
 
 	cqSlots int // slots of all its CQ rings
 
@@ -85,7 +86,7 @@ func newClient(s *Server, conn *net.UnixConn) *client {
 	}
 	return &client{s: s, conn: conn, bell: -1, evW: -1, pid: pid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
 		cqs: map[uint32]*cqObj{}, qps: map[uint32]*qpObj{}, chans: map[uint32]*chanObj{},
-		ahs: map[uint32]*ahObj{}, srqs: map[uint32]*srqObj{}}
+		ahs: map[uint32]*ahObj{}, srqs: map[uint32]*srqObj{}, mws: map[uint32]*mwObj{}}
 }
 
 // run serves requests until the connection closes, then frees everything.
@@ -168,7 +169,7 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 		closeAll(fds)
 		return c.handleCM(r)
 	}
-	if r.op != opRegMR && len(fds) > 0 {
+	if r.op != opRegMR && r.op != opRegMRIOVA && len(fds) > 0 {
 		closeAll(fds)
 		return nil, nil, fmt.Errorf("%w: descriptors with op %d", errMsg, r.op)
 	}
@@ -201,8 +202,8 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 		return c.allocPD()
 	case opDeallocPD:
 		return nil, nil, c.deallocPD(u32(r.body, 0))
-	case opRegMR:
-		rq := decodeRegMR(r.body, c.ext[:0])
+	case opRegMR, opRegMRIOVA:
+		rq := decodeRegMR(r.op, r.body, c.ext[:0])
 		defer closeAll(fds)
 		return c.regMR(&rq, fds)
 	case opDeregMR:
@@ -223,6 +224,10 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 		return c.createChannel()
 	case opDestroyChannel:
 		return nil, nil, c.destroyChannel(u32(r.body, 0))
+	case opAllocMW:
+		return c.allocMW(u32(r.body, 0), u32(r.body, 1))
+	case opDeallocMW:
+		return nil, nil, c.deallocMW(u32(r.body, 0))
 	}
 	if resp, rfds, err, ok := c.handleUD(r); ok {
 		return resp, rfds, err
@@ -309,7 +314,7 @@ func (c *client) queryDevice() []byte {
 	out := le.AppendUint64(nil, a.MaxMRSize)
 	out = le.AppendUint64(out, c.dev.guid)
 	for _, v := range []int{int(a.VendorID), 1, 0, a.MaxQP, a.MaxQPWR, a.MaxSGE, a.MaxCQ, min(a.MaxCQE, maxCQSlots), a.MaxMR, a.MaxPD,
-		a.MaxQPRDAtom, a.MaxQPInitRDAtom, verbs.MaxSRQ, min(verbs.MaxSRQWR, maxRingWR), verbs.MaxSRQSGE, 0, 0, 1 /* IBV_ATOMIC_HCA */, a.PhysPortCnt, 0} {
+		a.MaxQPRDAtom, a.MaxQPInitRDAtom, verbs.MaxSRQ, min(verbs.MaxSRQWR, maxRingWR), verbs.MaxSRQSGE, a.MaxMW, int(a.DeviceCapFlags & (verbs.DeviceMemWindow | verbs.DeviceMemWindowType2B)), 1 /* IBV_ATOMIC_HCA */, a.PhysPortCnt, 0} {
 		out = le.AppendUint32(out, uint32(v))
 	}
 	return out
@@ -389,14 +394,17 @@ func (c *client) regMR(r *regMR, fds []int) ([]byte, []int, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// The region's VA is the client's (its address or the IOVA it asked
+	// for) wherever the daemon mapped the bytes: peers, SGEs and window
+	// binds all use it.
 	buf := m.buf(r)
-	mr, err := p.pd.RegMR(buf, acc)
+	mr, err := p.pd.RegMRIOVA(buf, r.iova, acc)
 	if err != nil {
 		m.unmap()
 		return nil, nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
 	}
 	h := c.handleID()
-	o := &mrObj{handle: h, pd: r.pd, mr: mr, addr: r.addr, length: r.length, daddr: mr.Addr(), mem: m}
+	o := &mrObj{handle: h, pd: r.pd, mr: mr, addr: r.iova, length: r.length, daddr: mr.Addr(), mem: m}
 	c.mrs[h] = o
 	c.mrByKey[mr.LKey()] = o
 	p.uses++
@@ -699,6 +707,9 @@ func (c *client) cleanup() {
 		c.destroyQP(h)
 	}
 	c.cleanupUD()
+	for h := range c.mws { // windows first: a region with one bound cannot go
+		c.deallocMW(h)
+	}
 	for h := range c.mrs {
 		c.deregMR(h)
 	}

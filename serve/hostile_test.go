@@ -300,11 +300,11 @@ func FuzzParseRequest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if r.op == 0 || r.op > opLast {
+		if r.op == 0 || r.op > opLast && (r.op < opCMFirst || r.op > opCMKnownLast) && (r.op < opAllocMW || r.op > opRegMRIOVA) {
 			t.Fatalf("accepted op %d", r.op)
 		}
-		if r.op == opRegMR {
-			decodeRegMR(r.body, nil)
+		if r.op == opRegMR || r.op == opRegMRIOVA {
+			decodeRegMR(r.op, r.body, nil)
 		}
 		if r.op == opModifyQP {
 			decodeQPAttr(r.body[8:])

@@ -47,6 +47,11 @@ const (
 	opQuerySRQ   = 23
 	opDestroySRQ = 24
 	opLast       = opDestroySRQ
+	// rdma_cm: 40..69 (cmproto.go). Memory windows and IOVA
+	// registration: 80..89 (mw.go).
+	opAllocMW   = 80
+	opDeallocMW = 81
+	opRegMRIOVA = 82
 )
 
 // Sizes of the fixed structs.
@@ -61,6 +66,9 @@ const (
 	sizeGIDReq    = 8
 	sizeGID       = 24
 	sizeRegMR     = 32
+	sizeRegMRIOVA = sizeRegMR + 8
+	sizeAllocMW   = 8
+	sizeMWResp    = 8
 	sizeExtent    = 24
 	sizeMR        = 16
 	sizeCreateCQ  = 8
@@ -113,7 +121,7 @@ func parseRequest(b []byte) (request, error) {
 	switch r.op {
 	case opHello:
 		want = sizeHello
-	case opOpen, opDeallocPD, opDeregMR, opDestroyCQ, opQueryQP, opDestroyQP, opDestroyChannel, opQueryPort:
+	case opOpen, opDeallocPD, opDeregMR, opDestroyCQ, opQueryQP, opDestroyQP, opDestroyChannel, opQueryPort, opDeallocMW:
 		want = sizeHandle
 	case opQueryDevice, opAllocPD, opCreateChannel, opStatus:
 		want = 0
@@ -131,15 +139,18 @@ func parseRequest(b []byte) (request, error) {
 		want = udBodySize(r.op)
 	case opModifyQP:
 		want = sizeModifyQP
-	case opRegMR:
-		if len(r.body) < sizeRegMR {
+	case opAllocMW:
+		want = sizeAllocMW
+	case opRegMR, opRegMRIOVA:
+		hdr := regMRHeader(r.op)
+		if len(r.body) < hdr {
 			return request{}, fmt.Errorf("%w: REG_MR of %d bytes", errMsg, len(r.body))
 		}
 		n := le.Uint32(r.body[24:])
 		if n == 0 || n > maxExtents {
 			return request{}, fmt.Errorf("%w: REG_MR with %d extents", errMsg, n)
 		}
-		want = sizeRegMR + int(n)*sizeExtent
+		want = hdr + int(n)*sizeExtent
 	default:
 		if r.op < opCMFirst || r.op > opCMKnownLast { // CM ops: serve/cmproto.go
 			return request{}, fmt.Errorf("%w: unknown op %d", errMsg, r.op)
@@ -155,20 +166,34 @@ func parseRequest(b []byte) (request, error) {
 // u32 reads the i-th uint32 of a body whose length parseRequest checked.
 func u32(b []byte, i int) uint32 { return le.Uint32(b[4*i:]) }
 
-// regMR is a decoded REG_MR.
+// regMR is a decoded REG_MR or REG_MR_IOVA.
 type regMR struct {
 	pd, access   uint32
 	addr, length uint64
+	iova         uint64 // the region's VA: addr for REG_MR
 	extents      []extent
 }
 
 type extent struct{ va, len, off uint64 }
 
-func decodeRegMR(b []byte, ext []extent) regMR {
+// regMRHeader is the size of op's fixed part, before the extents.
+func regMRHeader(op uint32) int {
+	if op == opRegMRIOVA {
+		return sizeRegMRIOVA
+	}
+	return sizeRegMR
+}
+
+func decodeRegMR(op uint32, b []byte, ext []extent) regMR {
 	r := regMR{pd: u32(b, 0), access: u32(b, 1), addr: le.Uint64(b[8:]), length: le.Uint64(b[16:])}
+	r.iova = r.addr
+	hdr := regMRHeader(op)
+	if op == opRegMRIOVA {
+		r.iova = le.Uint64(b[sizeRegMR:])
+	}
 	n := int(le.Uint32(b[24:]))
 	for i := range n {
-		e := b[sizeRegMR+i*sizeExtent:]
+		e := b[hdr+i*sizeExtent:]
 		ext = append(ext, extent{va: le.Uint64(e), len: le.Uint64(e[8:]), off: le.Uint64(e[16:])})
 	}
 	r.extents = ext

@@ -105,6 +105,9 @@ type qpObj struct {
 	rwr    verbs.RecvWR
 	rsgl   []verbs.SGE
 	inline []byte
+
+	bindMW   *mwObj // the type 1 window of an ibv_bind_mw WQE (mw.go)
+	bindInfo verbs.MWBindInfo
 }
 
 func ceilPow2(n uint32) uint32 {
@@ -147,7 +150,7 @@ func (q *qpObj) drain() bool {
 	for q.sqCons != prod {
 		slot := b[q.sqOff+int(q.sqCons&(q.sqSize-1))*int(q.sqStride):][:q.sqStride]
 		if q.buildSend(slot) {
-			if err := q.qp.PostSend(&q.swr); err != nil {
+			if err := q.post(); err != nil {
 				if isQueueFull(err) {
 					q.c.s.queueFull.Add(1)
 					break
@@ -236,6 +239,10 @@ func (q *qpObj) buildSend(w []byte) bool {
 	s.InvRKey = le.Uint32(w[56:])
 	s.InlineData = nil
 	s.SGL = q.sgl[:0]
+	q.bindMW = nil
+	if s.Opcode == wr.BindMW {
+		return q.buildBind(w) // mw.go
+	}
 	if !q.buildUD(w) {
 		return false
 	}

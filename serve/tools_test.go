@@ -431,3 +431,13 @@ func TestTwoDevicesIPv6(t *testing.T) {
 		t.Errorf("no IPv6 exchange:\n%s", o)
 	}
 }
+
+// Memory windows through the library (testdata/mw.c): type 1 bound with
+// ibv_bind_mw, type 2 with IBV_WR_BIND_MW and ibv_wr_bind_mw; accesses
+// inside a window succeed, outside it or after LOCAL_INV, SEND_WITH_INV
+// or dealloc they fail with a remote access error.
+func TestCProgramMW(t *testing.T) { runC(t, "mw.c") }
+
+// ibv_reg_mr_iova2 with an IOVA other than the address (testdata/iova.c):
+// a WRITE and a READ addressed by the IOVA land at the right bytes.
+func TestCProgramIOVA(t *testing.T) { runC(t, "iova.c") }

@@ -50,6 +50,11 @@ enum sr_op {
 	SR_OP_MODIFY_SRQ = 22,
 	SR_OP_QUERY_SRQ = 23,
 	SR_OP_DESTROY_SRQ = 24,
+	/* rdma_cm: 40..69 (softroce_cm.h) */
+	/* Memory windows and IOVA registration: 80..89 */
+	SR_OP_ALLOC_MW = 80,
+	SR_OP_DEALLOC_MW = 81,
+	SR_OP_REG_MR_IOVA = 82,
 };
 
 struct sr_req {
@@ -135,6 +140,24 @@ struct sr_extent {
 };
 struct sr_mr_resp {
 	uint32_t handle, lkey, rkey, reserved;
+};
+
+/* REG_MR_IOVA: REG_MR with the VA the region has for peers, local SGEs
+ * and window binds: req sr_reg_mr_iova + nextent x sr_extent, the fds as
+ * for REG_MR; resp sr_mr_resp. */
+struct sr_reg_mr_iova {
+	struct sr_reg_mr h;
+	uint64_t iova;
+};
+
+/* ALLOC_MW: req sr_alloc_mw; resp sr_mw_resp (the unbound window's
+ * R_Key). DEALLOC_MW: req sr_handle (a bound window is unbound first).
+ * Binds ride in the send ring (opcode IBV_WR_BIND_MW, see sr_send_wqe). */
+struct sr_alloc_mw {
+	uint32_t pd, type; /* enum ibv_mw_type */
+};
+struct sr_mw_resp {
+	uint32_t handle, rkey;
 };
 
 /* CREATE_CQ: req sr_create_cq; resp sr_cq_resp + the ring memfd. */
@@ -229,7 +252,12 @@ struct sr_srq_attr {
 #define SR_SRQ_PROD SR_QP_RQ_PROD
 #define SR_SRQ_CONS SR_QP_RQ_CONS
 
-/* Send WQE: this header, then num_sge x sr_sge or inline_len bytes. */
+/* Send WQE: this header, then num_sge x sr_sge or inline_len bytes.
+ * IBV_WR_BIND_MW: rkey is the window's new R_Key, invalidate_rkey its
+ * current one, remote_addr/compare_add/swap the bound range's address,
+ * length and access flags, bind_lkey the region's L_Key (0: unbind), and
+ * bind_mw the window's handle when ibv_bind_mw (a type 1 window) posted
+ * it, 0 for a work request (type 2). */
 struct sr_send_wqe {
 	uint64_t wr_id;
 	uint32_t opcode; /* enum ibv_wr_opcode */
@@ -242,12 +270,12 @@ struct sr_send_wqe {
 	uint64_t compare_add;
 	uint64_t swap;
 	uint32_t invalidate_rkey;
-	uint32_t reserved;
+	uint32_t bind_lkey;
 	/* Appended: UD sends (struct ibv_send_wr's wr.ud); 0 on RC and UC. */
 	uint32_t ah; /* the AH's handle */
 	uint32_t remote_qpn;
 	uint32_t remote_qkey;
-	uint32_t reserved2;
+	uint32_t bind_mw;
 };
 struct sr_sge {
 	uint64_t addr;

@@ -382,26 +382,93 @@ static void sr_wr_set_ud_addr(struct ibv_qp_ex *x, struct ibv_ah *ah, uint32_t q
 static void sr_wait_taken(uint8_t *map, uint32_t cons_off, uint32_t prod);
 static void sr_srq_unreliable(struct ibv_srq *s);
 
+/* ---- memory windows: allocated by the daemon, bound through the send ring ---- */
+
+struct sr_mw {
+	struct ibv_mw mw;
+	uint32_t h;
+};
+
 static struct ibv_mw *sr_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type t)
 {
-	(void)pd;
-	(void)t;
-	errno = EOPNOTSUPP;
-	return NULL;
-}
+	struct sr_alloc_mw q = { .pd = ((struct sr_pd *)pd)->h, .type = t };
+	struct sr_mw_resp r;
+	struct sr_mw *m;
+	int e;
 
-static int sr_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b)
-{
-	(void)qp;
-	(void)mw;
-	(void)b;
-	return EOPNOTSUPP;
+	if (t != IBV_MW_TYPE_1 && t != IBV_MW_TYPE_2) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (!(m = calloc(1, sizeof(*m)))) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	if ((e = ctx_call(pd->context, SR_OP_ALLOC_MW, &q, sizeof(q), &r, sizeof(r), NULL))) {
+		free(m);
+		errno = e;
+		return NULL;
+	}
+	m->mw.context = pd->context;
+	m->mw.pd = pd;
+	m->mw.rkey = r.rkey;
+	m->mw.handle = r.handle;
+	m->mw.type = t;
+	m->h = r.handle;
+	return &m->mw;
 }
 
 static int sr_dealloc_mw(struct ibv_mw *mw)
 {
-	(void)mw;
-	return EOPNOTSUPP;
+	struct sr_mw *m = (struct sr_mw *)mw;
+	struct sr_handle q = { .handle = m->h };
+	int e = ctx_call(mw->context, SR_OP_DEALLOC_MW, &q, sizeof(q), NULL, 0, NULL);
+
+	if (!e)
+		free(m);
+	return e;
+}
+
+/* bind_wqe fills the BIND_MW fields of a send WQE (softroce_proto.h);
+ * verb: posted by ibv_bind_mw rather than as a work request. */
+static void bind_wqe(struct sr_send_wqe *w, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info *b, bool verb)
+{
+	w->rkey = rkey;
+	w->invalidate_rkey = mw ? mw->rkey : 0;
+	w->remote_addr = b->addr;
+	w->compare_add = b->length;
+	w->swap = b->mw_access_flags;
+	w->bind_lkey = b->mr ? b->mr->lkey : 0;
+	w->bind_mw = verb && mw ? ((struct sr_mw *)mw)->h : 0;
+}
+
+static void doorbell(struct sr_qp *q);
+
+/* ibv_bind_mw (type 1; verbs.h checked the type and the PDs): one BIND_MW
+ * WQE in the send ring, in order with the QP's other sends. The window
+ * takes its new key now, as rxe's provider does. */
+static int sr_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b)
+{
+	struct sr_qp *q = (struct sr_qp *)qp;
+	struct sr_send_wqe w = { .wr_id = b->wr_id, .opcode = IBV_WR_BIND_MW, .send_flags = b->send_flags };
+	uint32_t rkey = ibv_inc_rkey(mw->rkey);
+	int e = 0;
+
+	bind_wqe(&w, mw, rkey, &b->bind_info, true);
+	pthread_spin_lock(&q->sq_lock);
+	if (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD && qp->state != IBV_QPS_ERR)
+		e = EINVAL;
+	else if (q->sq_prod - atomic_load_explicit(at32(q->map, SR_QP_SQ_CONS), memory_order_acquire) >= q->sq_size)
+		e = ENOMEM;
+	else {
+		memcpy(q->sq + (size_t)(q->sq_prod & (q->sq_size - 1)) * q->sq_stride, &w, sizeof(w));
+		q->sq_prod++;
+		atomic_store_explicit(at32(q->map, SR_QP_SQ_PROD), q->sq_prod, memory_order_release);
+		doorbell(q);
+		mw->rkey = rkey;
+	}
+	pthread_spin_unlock(&q->sq_lock);
+	return e;
 }
 
 EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
@@ -939,7 +1006,7 @@ static void put_extents(uintptr_t ps, uintptr_t pe)
 static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned int access)
 {
 	struct {
-		struct sr_reg_mr h;
+		struct sr_reg_mr_iova h;
 		struct sr_extent e[SR_MAX_EXTENTS];
 	} req;
 	int fds[SR_MAX_EXTENTS];
@@ -953,8 +1020,8 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 		errno = EINVAL;
 		return NULL;
 	}
-	if (iova != (uintptr_t)addr) {
-		errno = EOPNOTSUPP; /* a VA other than the address: not yet */
+	if (iova + length < iova) {
+		errno = EINVAL;
 		return NULL;
 	}
 	ps = (uintptr_t)addr & ~(uintptr_t)(SR_PAGE - 1);
@@ -990,16 +1057,17 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 		e = ENOMEM;
 		goto undo;
 	}
-	req.h.pd = ((struct sr_pd *)pd)->h;
-	req.h.access = access;
-	req.h.addr = (uintptr_t)addr;
-	req.h.length = length;
-	req.h.nextent = n;
-	req.h.reserved = 0;
+	req.h.h.pd = ((struct sr_pd *)pd)->h;
+	req.h.h.access = access;
+	req.h.h.addr = (uintptr_t)addr;
+	req.h.h.length = length;
+	req.h.h.nextent = n;
+	req.h.h.reserved = 0;
+	req.h.iova = iova; /* the region's VA for peers and SGEs: ibv_reg_mr's is addr */
 	{
 		struct sr_context *x = to_ctx(pd->context);
 		pthread_mutex_lock(&x->lock);
-		e = sr_call_v(x->sock, SR_OP_REG_MR, &req, sizeof(req.h) + n * sizeof(req.e[0]), fds, n, &r, 16, false,
+		e = sr_call_v(x->sock, SR_OP_REG_MR_IOVA, &req, sizeof(req.h) + n * sizeof(req.e[0]), fds, n, &r, 16, false,
 			      NULL, NULL, 0);
 		pthread_mutex_unlock(&x->lock);
 	}
@@ -1533,6 +1601,9 @@ static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 			w.compare_add = wr->wr.atomic.compare_add;
 			w.swap = wr->wr.atomic.swap;
 			break;
+		case IBV_WR_BIND_MW:
+			bind_wqe(&w, wr->bind_mw.mw, wr->bind_mw.rkey, &wr->bind_mw.bind_info, false);
+			break;
 		default:
 			break;
 		}
@@ -1893,6 +1964,28 @@ static void wr_set_inline_data(struct ibv_qp_ex *x, void *addr, size_t length)
 	wr_set_inline_data_list(x, 1, &b);
 }
 
+static void wr_send_inv(struct ibv_qp_ex *x, uint32_t rkey)
+{
+	struct sr_send_wqe *w = wr_new(x, IBV_WR_SEND_WITH_INV);
+	if (w)
+		w->invalidate_rkey = rkey;
+}
+
+static void wr_local_inv(struct ibv_qp_ex *x, uint32_t rkey)
+{
+	struct sr_send_wqe *w = wr_new(x, IBV_WR_LOCAL_INV);
+	if (w)
+		w->invalidate_rkey = rkey;
+}
+
+/* A BIND_MW work request (type 2), as through ibv_post_send. */
+static void wr_bind_mw(struct ibv_qp_ex *x, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info *b)
+{
+	struct sr_send_wqe *w = wr_new(x, IBV_WR_BIND_MW);
+	if (w)
+		bind_wqe(w, mw, rkey, b, false);
+}
+
 static int wr_complete(struct ibv_qp_ex *x)
 {
 	struct sr_qp *q = to_qpx(x);
@@ -1915,7 +2008,8 @@ static void wr_abort(struct ibv_qp_ex *x)
 #define SR_SEND_OPS                                                                                       \
 	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |           \
 	 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
-	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
+	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW |  \
+	 IBV_QP_EX_WITH_SEND_WITH_INV)
 
 static struct ibv_qp *sr_create_qp_ex(struct ibv_context *c, struct ibv_qp_init_attr_ex *a)
 {
@@ -1954,6 +2048,9 @@ static struct ibv_qp *sr_create_qp_ex(struct ibv_context *c, struct ibv_qp_init_
 		x->wr_rdma_read = wr_rdma_read;
 		x->wr_atomic_cmp_swp = wr_atomic_cmp_swp;
 		x->wr_atomic_fetch_add = wr_atomic_fetch_add;
+		x->wr_send_inv = wr_send_inv;
+		x->wr_local_inv = wr_local_inv;
+		x->wr_bind_mw = wr_bind_mw;
 		x->wr_set_sge = wr_set_sge;
 		x->wr_set_sge_list = wr_set_sge_list;
 		x->wr_set_inline_data = wr_set_inline_data;

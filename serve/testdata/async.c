@@ -33,8 +33,8 @@ int main(void)
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
 		die("modify to INIT failed");
 	/* Unsupported verbs fail cleanly. */
-	if (ibv_alloc_mw(pd, IBV_MW_TYPE_1) || errno != EOPNOTSUPP)
-		die("memory window allocated?");
+	if (ibv_resize_cq(cq, 8) != EOPNOTSUPP)
+		die("CQ resized?");
 	struct ibv_sge good = { (uintptr_t)buf + 100, 100, mr->lkey };
 	struct ibv_sge bad = { (uintptr_t)buf + 100, 100, mr->lkey ^ 0x100 };
 	struct ibv_recv_wr w1 = { .wr_id = 1, .sg_list = &good, .num_sge = 1 };
