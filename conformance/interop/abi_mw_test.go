@@ -1,0 +1,168 @@
+package interop
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/conformance/agent"
+)
+
+// hostAgent builds the project's C verbs agent on the host and starts it
+// with env, so that it runs on softroce through the C library (GID index
+// 0: softroce's IPv4 GID). It returns a client connected to it.
+func hostAgent(t *testing.T, ctx context.Context, env []string) *agent.Client {
+	t.Helper()
+	bin, err := agent.Build(ctx, t.TempDir())
+	if err != nil {
+		t.Skipf("cannot build the agent on the host: %v", err)
+	}
+	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--gid-index", "0")
+	cmd.Env = env
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	r := bufio.NewReader(out)
+	l1, err1 := r.ReadString('\n')
+	l2, err2 := r.ReadString('\n')
+	addr := regexp.MustCompile(`listening on (\S+),`).FindStringSubmatch(l1)
+	token := regexp.MustCompile(`token ([0-9a-f]{32})\n$`).FindStringSubmatch(l2)
+	if err1 != nil || err2 != nil || addr == nil || token == nil {
+		t.Fatalf("host agent start: %q %q (%v, %v)", l1, l2, err1, err2)
+	}
+	go io.Copy(io.Discard, r)
+	var d net.Dialer
+	c, err := agent.Dial(ctx, d.DialContext, addr[1], token[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestABIMWAgainstRxe: a C program on the host (the verbs agent) uses
+// memory windows through softroce's libibverbs.so.1 and daemon, and
+// kernel rxe in the guest is the peer. A type 1 window bound with
+// ibv_bind_mw and a type 2 one bound with an IBV_WR_BIND_MW work request
+// take rxe's WRITE and READ, byte-exact, at the program's own addresses;
+// after the program's LOCAL_INV of the type 2 window rxe's WRITE through
+// it completes REM_ACCESS_ERR.
+func TestABIMWAgainstRxe(t *testing.T) {
+	needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	must := mustOf(t)
+	ha := hostAgent(t, ctx, abiDaemon(t))
+	ga, err := agent.Launch(ctx, vm, 7100+rand.IntN(800))
+	if err != nil {
+		t.Fatalf("launch the verbs agent in the guest: %v", err)
+	}
+	t.Cleanup(func() { ga.Close() })
+	must(ga.Open(ctx, "rxe0"))
+	must(ha.Open(ctx, ""))
+
+	const n = 64 << 10
+	gpd, err := ga.AllocPD(ctx)
+	must(err)
+	gmr, err := ga.RegMR(ctx, gpd, n, agent.AccessAll)
+	must(err)
+	gcq, err := ga.CreateCQ(ctx, 64)
+	must(err)
+	gqp, err := ga.CreateQP(ctx, gpd, gcq, gcq, agent.QPCap{SendWR: 16, RecvWR: 16})
+	must(err)
+	must(ga.ModifyToInit(ctx, gqp, agent.AccessAll))
+	ggid, err := ga.GID(ctx, 1)
+	must(err)
+
+	hpd, err := ha.AllocPD(ctx)
+	must(err)
+	// The region grants no remote right itself: only the windows do.
+	hmr, err := ha.RegMR(ctx, hpd, n, agent.AccessLocalWrite|agent.AccessMWBind)
+	must(err)
+	hcq, err := ha.CreateCQ(ctx, 64)
+	must(err)
+	hqp, err := ha.CreateQP(ctx, hpd, hcq, hcq, agent.QPCap{SendWR: 16, RecvWR: 16})
+	must(err)
+	must(ha.ModifyToInit(ctx, hqp, agent.AccessAll))
+	hgid, err := ha.GID(ctx, 0)
+	must(err)
+
+	must(ga.ModifyToRTR(ctx, gqp, agent.RTRAttr{DestQPN: hqp.QPN, RecvPSN: 100, DestGID: hgid, MTU: 1024, MaxDestRdAtom: 16}))
+	must(ga.ModifyToRTS(ctx, gqp, agent.RTSAttr{SendPSN: 200, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
+	must(ha.ModifyToRTR(ctx, hqp, agent.RTRAttr{DestQPN: gqp.QPN, RecvPSN: 200, DestGID: ggid, MTU: 1024, MaxDestRdAtom: 16}))
+	must(ha.ModifyToRTS(ctx, hqp, agent.RTSAttr{SendPSN: 100, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
+
+	var wrID uint64
+	hostWC := func(what string) {
+		t.Helper()
+		wc, err := ha.Poll(ctx, hcq, 20*time.Second)
+		if err != nil || wc.Status != agent.WCSuccess || wc.WRID != wrID {
+			t.Fatalf("%s on softroce: %+v (%v)", what, wc, err)
+		}
+	}
+	rxe := func(op agent.Op, off, length int, raddr uint64, rkey uint32) agent.WCStatus {
+		t.Helper()
+		wrID++
+		must(ga.PostSend(ctx, gqp, agent.SendWR{WRID: wrID, Op: op, MR: gmr, Off: off, Len: length, RemoteAddr: raddr, RKey: rkey}))
+		wc, err := ga.Poll(ctx, gcq, 20*time.Second)
+		if err != nil || wc.WRID != wrID {
+			t.Fatalf("rxe %s: %+v (%v)", op, wc, err)
+		}
+		return wc.Status
+	}
+	through := func(name string, mw agent.MW, off int, seed byte) {
+		t.Helper()
+		data := pattern(3000, seed)
+		must(ga.WriteMem(ctx, gmr, 0, data))
+		if st := rxe(agent.OpWrite, 0, len(data), hmr.Addr+uint64(off)+100, mw.RKey); st != agent.WCSuccess {
+			t.Fatalf("%s: rxe WRITE through the window: status %d", name, st)
+		}
+		got, err := ha.ReadMem(ctx, hmr, off+99, len(data)+2)
+		if err != nil || got[0] != 0 || got[len(got)-1] != 0 || !bytes.Equal(got[1:len(got)-1], data) {
+			t.Fatalf("%s: rxe WRITE: the program's bytes differ or spilled (%v)", name, err)
+		}
+		back := pattern(2000, seed+1)
+		must(ha.WriteMem(ctx, hmr, off+5000, back))
+		if st := rxe(agent.OpRead, 8192, len(back), hmr.Addr+uint64(off)+5000, mw.RKey); st != agent.WCSuccess {
+			t.Fatalf("%s: rxe READ through the window: status %d", name, st)
+		}
+		if got, err := ga.ReadMem(ctx, gmr, 8192, len(back)); err != nil || !bytes.Equal(got, back) {
+			t.Fatalf("%s: rxe READ: data differs (%v)", name, err)
+		}
+	}
+
+	mw1, err := ha.AllocMW(ctx, hpd, 1)
+	must(err)
+	wrID++
+	must(ha.BindMW(ctx, hqp, wrID, &mw1, hmr, 4096, 8192, agent.AccessRemoteWrite|agent.AccessRemoteRead, true))
+	hostWC("ibv_bind_mw")
+	through("type 1", mw1, 4096, 3)
+
+	mw2, err := ha.AllocMW(ctx, hpd, 2)
+	must(err)
+	wrID++
+	must(ha.BindMW(ctx, hqp, wrID, &mw2, hmr, 16384, 8192, agent.AccessRemoteWrite|agent.AccessRemoteRead, true))
+	hostWC("BIND_MW work request")
+	through("type 2", mw2, 16384, 9)
+
+	wrID++
+	must(ha.LocalInv(ctx, hqp, wrID, mw2.RKey, true))
+	hostWC("LOCAL_INV")
+	if st := rxe(agent.OpWrite, 0, 8, hmr.Addr+16384, mw2.RKey); st != agent.WCRemAccessErr {
+		t.Fatalf("rxe WRITE through the invalidated window: status %d, want REM_ACCESS_ERR", st)
+	}
+}
