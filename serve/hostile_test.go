@@ -294,6 +294,8 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add(u32s(opHello, 0, 1, 0))
 	f.Add(append(u32s(opRegMR, 0), regMRBody(1, 0x1000, 10, extent{0x1000, 4096, 0})...))
 	f.Add(u32s(opModifyQP, 0))
+	f.Add(u32s(opAllocMW, 0, 1, 1))
+	f.Add(append(u32s(opRegMRIOVA, 0), regMRIOVABody(1, 0x1000, 10, 0x5000, 1, extent{0x1000, 4096, 0})...))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := parseRequest(b)
@@ -320,6 +322,8 @@ func FuzzHandle(f *testing.F) {
 	f.Add(append(u32s(opCreateQP, 0), u32s(1, 2, 2, 2, 4, 4, 1, 1, 0, 0)...))
 	f.Add(append(u32s(opModifyQP, 0), make([]byte, sizeModifyQP)...))
 	f.Add(append(u32s(opRegMR, 0), regMRBody(1, 0x1000, 10, extent{0x1000, 4096, 0})...))
+	f.Add(u32s(opAllocMW, 0, 1, 2))
+	f.Add(u32s(opDeallocMW, 0, 3, 0))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c := newClient(s, nil)
 		c.dev = s.devs[0]
