@@ -33,7 +33,7 @@ type mrObj struct {
 	pd           uint32
 	mr           *verbs.MR
 	addr, length uint64 // the client's range
-	daddr        uint64 // the daemon's address of addr
+	daddr        uint64 // verbs' VA of addr: the same, the MR being registered at the client's VA
 	mem          *clientMem
 }
 

@@ -71,10 +71,9 @@ func cas32(b []byte, off int, old, v uint32) bool {
 // clientMem is a client's registered range mapped into the daemon: a
 // reservation of the page-rounded range with each memfd extent mapped
 // over its part. The daemon maps it at the client's own address when that
-// address is free here, so the region's VA (what peers use for RDMA) is
-// the one the program registered; otherwise anywhere, and local SGEs are
-// translated (remote access then sees the daemon's address, see
-// docs/abi.md).
+// address is free here (and pages of two MRs can be shared); otherwise
+// anywhere. Either way verbs registers it at the client's VA (its
+// address or IOVA), which peers and local SGEs use.
 type clientMem struct {
 	base   uintptr // daemon address of the page-rounded start
 	length uintptr // page-rounded length
