@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime/metrics"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -14,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/internal/netnstest"
+	"github.com/softroce/softroce/internal/traffic"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/afxdp"
 	"github.com/softroce/softroce/nic/udp"
@@ -121,38 +123,33 @@ func benchWrite(b *testing.B, be backend, nqp int) {
 		o := &verbs.ConnectOptions{PathMTU: 4096, SQPSN: 1, Timeout: 12}
 		connectRC(b, qpa[i], qpb[i], gidA, gidB, o)
 	}
-	post := func(q, slot int, id uint64) {
-		off := q*region + slot*writeSize
-		err := qpa[q].PostSend(&verbs.SendWR{ID: id, Opcode: verbs.WRRDMAWrite, Flags: verbs.SendSignaled,
-			SGL:        []verbs.SGE{{Addr: mra.Addr() + uint64(off), Length: writeSize, LKey: mra.LKey()}},
-			RemoteAddr: mrb.Addr() + uint64(off), RKey: mrb.RKey()})
-		if err != nil {
-			b.Fatal(err)
-		}
+	s := traffic.Sender{CQ: stallCQ{cqa}, Size: writeSize, Iters: b.N, TxDepth: depth}
+	for _, q := range qpa {
+		s.QPs = append(s.QPs, q)
+		s.WRs = append(s.WRs, verbs.SendWR{Opcode: verbs.WRRDMAWrite,
+			SGL: []verbs.SGE{{Length: writeSize, LKey: mra.LKey()}}, RKey: mrb.RKey()})
+	}
+	// QP q's n-th WRITE uses slot n mod depth of its region on both
+	// sides: a QP has at most depth outstanding, so a slot is free again
+	// when the engine reuses it.
+	s.Prepare = func(q, n int, wr *verbs.SendWR) {
+		off := uint64(q*region + n%depth*writeSize)
+		wr.SGL[0].Addr, wr.RemoteAddr = mra.Addr()+off, mrb.Addr()+off
 	}
 	b.SetBytes(writeSize)
 	b.ResetTimer()
-	tx0 := la.Stats().TxPackets
 	w0 := wakeups()
-	posted := 0
-	// Fill the pipes, then post one WRITE for every completion.
-	for q := 0; q < nqp; q++ {
-		for s := 0; s < depth && posted < b.N; s++ {
-			post(q, s, uint64(q)<<32|uint64(s))
-			posted++
-		}
-	}
-	wcs := make([]verbs.WC, 64)
-	start := time.Now()
-	done := drain(b, cqa, wcs, "WRITE", posted, func(id uint64) { post(int(id>>32), int(id&0xffffffff), id) },
-		func() any { return la.Stats() })
-	el := time.Since(start)
+	res, err := traffic.Send(context.Background(), &s)
 	b.StopTimer()
-	reportWakeups(b, w0, done)
+	if err != nil {
+		b.Fatalf("%v (link a %+v)", err, la.Stats())
+	}
+	reportWakeups(b, w0, int(res.Messages))
 	if x, ok := la.(*udp.Link); ok && testing.Verbose() {
 		b.Logf("offloads a %+v b %+v", x.OffloadStats(), lb.(*udp.Link).OffloadStats())
 	}
 	if testing.Verbose() {
+		b.Logf("run: %d WRITEs in %v, QP a counters moved by %+v", res.Messages, res.Elapsed, res.Stats)
 		b.Logf("link a %+v", la.Stats())
 		b.Logf("link b %+v", lb.Stats())
 		b.Logf("engine a %+v, b %+v", da.Stats(), db.Stats())
@@ -166,10 +163,27 @@ func benchWrite(b *testing.B, be backend, nqp int) {
 			}
 		}
 	}
-	b.ReportMetric(float64(done)*writeSize*8/el.Seconds()/1e9, "Gbit/s")
-	// Counted: every packet A sent in the timed part (all data packets:
-	// the requester sends nothing else).
-	b.ReportMetric(float64(la.Stats().TxPackets-tx0)/el.Seconds(), "pkt/s")
+	reportRC(b, res)
+}
+
+// reportRC reports the traffic engine's figures of an RC run: the bytes
+// of the completed messages over the engine's elapsed time, and the
+// packets the sending QPs counted (every one they sent, retransmissions
+// included: counted, not derived from the bytes).
+func reportRC(b *testing.B, res traffic.Result) {
+	b.ReportMetric(res.Avg*8/1e9, "Gbit/s")
+	b.ReportMetric(res.TxPktRate, "pkt/s")
+}
+
+// stallCQ bounds every wait for completions, so that a stalled run fails
+// with the QPs' counters (the engine puts them in its error) instead of
+// hanging until the test binary's timeout.
+type stallCQ struct{ cq *verbs.CQ }
+
+func (s stallCQ) Wait(ctx context.Context, wcs []verbs.WC) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return s.cq.Wait(ctx, wcs)
 }
 
 // BenchmarkRawUDP is the reference: 4096-byte datagrams between two plain
@@ -332,86 +346,53 @@ func benchSend64(b *testing.B, be backend) {
 	gidB, _ := db.QueryGID(0)
 	o := &verbs.ConnectOptions{PathMTU: 4096, SQPSN: 1, Timeout: 12, RNRRetry: 7}
 	connectRC(b, qpa, qpb, gidA, gidB, o)
-	recv := func(slot int) {
-		if err := qpb.PostRecv(&verbs.RecvWR{ID: uint64(slot), SGL: []verbs.SGE{{Addr: mrb.Addr() + uint64(slot*size), Length: size, LKey: mrb.LKey()}}}); err != nil {
+	// One receive per slot, reposted as it completes; the work requests
+	// are built once (PostRecv copies them).
+	recvs := make([]verbs.RecvWR, 2*depth)
+	for i := range recvs {
+		recvs[i] = verbs.RecvWR{ID: traffic.WRID(0, i), SGL: []verbs.SGE{{Addr: mrb.Addr() + uint64(i*size), Length: size, LKey: mrb.LKey()}}}
+		if err := qpb.PostRecv(&recvs[i]); err != nil {
 			b.Fatal(err)
 		}
 	}
-	for s := 0; s < 2*depth; s++ {
-		recv(s)
-	}
-	// The receiver reposts what completes, on its own goroutine.
-	quit := make(chan struct{})
-	rdone := make(chan struct{})
-	go func() {
-		defer close(rdone)
-		wcs := make([]verbs.WC, 2*depth)
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-			n, _ := cqb.Wait(ctx, wcs)
-			cancel()
-			for _, wc := range wcs[:n] {
-				recv(int(wc.WRID))
-			}
-			select {
-			case <-quit:
-				return
-			default:
-			}
-		}
-	}()
-	defer func() { close(quit); <-rdone }()
-	post := func(slot int) {
-		err := qpa.PostSend(&verbs.SendWR{ID: uint64(slot), Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
-			SGL: []verbs.SGE{{Addr: mra.Addr() + uint64(slot*size), Length: size, LKey: mra.LKey()}}})
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
+	r := traffic.Receiver{QPs: []traffic.QP{qpb}, CQ: stallCQ{cqb}, Size: size, Total: b.N,
+		OnRecv: func(_, n int, _ *verbs.WC) error { return qpb.PostRecv(&recvs[n]) }}
+	s := traffic.Sender{QPs: []traffic.QP{qpa}, CQ: stallCQ{cqa}, Size: size, Iters: b.N, TxDepth: depth,
+		WRs: []verbs.SendWR{{Opcode: verbs.WRSend, SGL: []verbs.SGE{{Length: size, LKey: mra.LKey()}}}}}
+	s.Prepare = func(_, n int, wr *verbs.SendWR) { wr.SGL[0].Addr = mra.Addr() + uint64(n%depth*size) }
 	b.SetBytes(size)
 	b.ResetTimer()
 	w0 := wakeups()
-	posted := 0
-	for ; posted < depth && posted < b.N; posted++ {
-		post(posted)
+	// The receiver reposts on its own goroutine, as a peer would.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type recvResult struct {
+		res traffic.Result
+		err error
 	}
-	wcs := make([]verbs.WC, depth)
-	start := time.Now()
-	done := drain(b, cqa, wcs, "SEND", posted, func(id uint64) { post(int(id)) }, func() any { return qpa.Stats() })
-	el := time.Since(start)
+	rdone := make(chan recvResult, 1)
+	go func() {
+		res, err := traffic.Receive(ctx, &r)
+		rdone <- recvResult{res, err}
+	}()
+	res, err := traffic.Send(ctx, &s)
 	b.StopTimer()
-	reportWakeups(b, w0, done)
-	b.ReportMetric(float64(done)/el.Seconds(), "msg/s")
-	if st := qpa.Stats(); st.Retransmits != 0 && testing.Verbose() {
-		b.Logf("QP a %+v", st)
-	}
-}
-
-// drain waits on cq, len(wcs) completions at a time, for b.N successful
-// completions of what, reposting each through repost while fewer than
-// b.N are posted (posted already are); stats describes the sender when a
-// wait times out. It returns the completions counted.
-func drain(b *testing.B, cq *verbs.CQ, wcs []verbs.WC, what string, posted int, repost func(wrid uint64), stats func() any) int {
-	done := 0
-	for done < b.N {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		n, err := cq.Wait(ctx, wcs)
+	if err != nil {
 		cancel()
-		if err != nil {
-			b.Fatalf("after %d of %d %ss: %v (%+v)", done, b.N, what, err, stats())
-		}
-		for _, wc := range wcs[:n] {
-			if wc.Status.String() != "success" {
-				b.Fatalf("%s completed with %v", what, wc.Status)
-			}
-			done++
-			if posted < b.N {
-				repost(wc.WRID)
-				posted++
-			}
-		}
+		<-rdone
+		b.Fatal(err)
 	}
-	return done
+	rr := <-rdone
+	if rr.err != nil {
+		b.Fatal(rr.err)
+	}
+	reportWakeups(b, w0, int(res.Messages))
+	b.ReportMetric(res.MsgRate, "msg/s")
+	b.ReportMetric(res.TxPktRate, "pkt/s")
+	if st := res.Stats; (st.Retransmits != 0 || st.Timeouts != 0 || rr.res.Stats.RNRNAKsSent != 0) && testing.Verbose() {
+		b.Logf("QP a counters moved by %+v", st)
+		b.Logf("QP b counters moved by %+v", rr.res.Stats)
+	}
 }
 
 // wakeups estimates how many times goroutines were scheduled to run so
@@ -433,5 +414,71 @@ func wakeups() uint64 {
 func reportWakeups(b *testing.B, w0 uint64, ops int) {
 	if ops > 0 {
 		b.ReportMetric(float64(wakeups()-w0)/float64(ops), "wakeups/op")
+	}
+}
+
+// TestBenchmarkFiguresFromEngine runs the RC benchmarks once each and
+// checks that what they report is the traffic engine's measurement of
+// their last round: b.N messages through it, Gbit/s and msg/s its rates,
+// pkt/s the packets its QPs counted (at least one per 4096 bytes).
+func TestBenchmarkFiguresFromEngine(t *testing.T) {
+	netnstest.Require(t)
+	var mu sync.Mutex
+	var round []traffic.Result // what the engine measured in the latest round
+	defer traffic.Observe(func(r traffic.Result) {
+		mu.Lock()
+		round = append(round, r)
+		mu.Unlock()
+	})()
+	bench := func(f func(b *testing.B)) func(b *testing.B) {
+		return func(b *testing.B) {
+			mu.Lock()
+			round = nil
+			mu.Unlock()
+			f(b)
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		f     func(b *testing.B)
+		runs  int // engine runs per round: the sender, and a receiver for SENDs
+		pkts  uint64
+		check func(r traffic.Result, m map[string]float64) bool
+	}{
+		{"RCWrite/udp/qps=2", func(b *testing.B) { benchWrite(b, udpBackend, 2) }, 1, writeSize / 4096,
+			func(r traffic.Result, m map[string]float64) bool {
+				return m["Gbit/s"] == r.Avg*8/1e9 && m["pkt/s"] == r.TxPktRate
+			}},
+		{"RCSend64/udp", func(b *testing.B) { benchSend64(b, udpBackend) }, 2, 1,
+			func(r traffic.Result, m map[string]float64) bool {
+				return m["msg/s"] == r.MsgRate && m["pkt/s"] == r.TxPktRate
+			}},
+	} {
+		br := testing.Benchmark(bench(c.f))
+		if br.N == 0 {
+			t.Fatalf("%s failed", c.name)
+		}
+		mu.Lock()
+		got := round
+		mu.Unlock()
+		if len(got) != c.runs {
+			t.Fatalf("%s: %d engine runs in the last round, want %d", c.name, len(got), c.runs)
+		}
+		from := -1
+		for i, r := range got {
+			if r.Messages != int64(br.N) {
+				t.Errorf("%s: engine run %d moved %d messages, b.N %d", c.name, i, r.Messages, br.N)
+			}
+			if c.check(r, br.Extra) {
+				from = i
+			}
+		}
+		if from < 0 {
+			t.Fatalf("%s: metrics %v are none of the engine's results %+v", c.name, br.Extra, got)
+		}
+		if r := got[from]; r.Stats.TxPackets < c.pkts*uint64(br.N) || r.TxPktRate <= 0 {
+			t.Errorf("%s: %d packets counted for %d messages", c.name, r.Stats.TxPackets, br.N)
+		}
+		t.Logf("%s: N=%d %v", c.name, br.N, br.Extra)
 	}
 }
