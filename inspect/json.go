@@ -24,10 +24,13 @@ func AppendJSON(dst []byte, r *Record) ([]byte, error) {
 	b = append(b, `"frame":`...)
 	b = strconv.AppendInt(b, int64(r.Frame), 10)
 	b = append(b, `,"time":"`...)
-	ts := len(b)
-	b = r.Time.AppendFormat(b, time.RFC3339Nano)
-	if !strictRFC3339(b[ts:]) {
-		return dst[:start], marshalErr(r)
+	dst = b
+	if b = appendTimeUTC(b, r.Time); b == nil {
+		ts := len(dst)
+		b = r.Time.AppendFormat(dst, time.RFC3339Nano)
+		if !strictRFC3339(b[ts:]) {
+			return dst[:start], marshalErr(r)
+		}
 	}
 	b = append(b, `","cap_len":`...)
 	b = strconv.AppendInt(b, int64(r.CapLen), 10)
@@ -209,6 +212,62 @@ func marshalErr(r *Record) error {
 		err = fmt.Errorf("json: cannot encode %v", r.Time)
 	}
 	return fmt.Errorf("encode frame %d: %w", r.Frame, err)
+}
+
+// appendTimeUTC appends a UTC time of the years 0-9999 as
+// AppendFormat(time.RFC3339Nano) does, computing the civil date directly
+// (days to year, month, day as in proleptic Gregorian arithmetic); it
+// returns nil for any other time, left to AppendFormat.
+func appendTimeUTC(b []byte, t time.Time) []byte {
+	if t.Location() != time.UTC {
+		return nil
+	}
+	sec := t.Unix()
+	days := sec / 86400
+	if sec%86400 < 0 {
+		days--
+	}
+	rem := sec - days*86400
+	// Days since 0000-03-01, in 400-year eras of 146097 days.
+	z := days + 719468
+	era := z / 146097
+	if z%146097 < 0 {
+		era--
+	}
+	doe := z - era*146097
+	yoe := (doe - doe/1460 + doe/36524 - doe/146096) / 365
+	doy := doe - (365*yoe + yoe/4 - yoe/100)
+	mp := (5*doy + 2) / 153
+	day := doy - (153*mp+2)/5 + 1
+	month := mp + 3
+	if month > 12 {
+		month -= 12
+	}
+	year := yoe + era*400
+	if month <= 2 {
+		year++
+	}
+	if year < 0 || year > 9999 {
+		return nil
+	}
+	b = append(b, byte('0'+year/1000), byte('0'+year/100%10), byte('0'+year/10%10), byte('0'+year%10), '-',
+		byte('0'+month/10), byte('0'+month%10), '-', byte('0'+day/10), byte('0'+day%10), 'T',
+		byte('0'+rem/36000), byte('0'+rem/3600%10), ':', byte('0'+rem/600%6), byte('0'+rem/60%10), ':',
+		byte('0'+rem%60/10), byte('0'+rem%10))
+	if ns := t.Nanosecond(); ns != 0 {
+		var frac [10]byte
+		frac[0] = '.'
+		for i := 9; i > 0; i-- {
+			frac[i] = byte('0' + ns%10)
+			ns /= 10
+		}
+		n := 10
+		for frac[n-1] == '0' {
+			n--
+		}
+		b = append(b, frac[:n]...)
+	}
+	return append(b, 'Z')
 }
 
 // strictRFC3339 reports whether an RFC 3339 time as AppendFormat wrote it

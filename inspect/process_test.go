@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -270,6 +273,34 @@ func TestAppendJSONMatchesMarshal(t *testing.T) {
 	}
 }
 
+// TestAppendTimeUTC: the direct civil date matches AppendFormat from
+// year 0 to 9999, leap days, the Unix epoch and every fraction length;
+// other years and zones are left to AppendFormat.
+func TestAppendTimeUTC(t *testing.T) {
+	times := []time.Time{time.Unix(0, 0).UTC(), time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC),
+		time.Date(2000, 2, 29, 12, 0, 0, 100, time.UTC), time.Date(1900, 3, 1, 0, 0, 0, 0, time.UTC), time.Date(1969, 12, 31, 23, 59, 59, 5e8, time.UTC)}
+	rng := rand.New(rand.NewPCG(1, 2))
+	lo, hi := time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC).Unix(), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC).Unix()
+	for range 200000 {
+		ns := rng.Int64N(1e9)
+		if rng.IntN(2) == 0 {
+			ns = ns / 1000 * 1000
+		}
+		times = append(times, time.Unix(lo+rng.Int64N(hi-lo), ns).UTC())
+	}
+	for _, ts := range times {
+		want := ts.AppendFormat([]byte("x"), time.RFC3339Nano)
+		if got := appendTimeUTC([]byte("x"), ts); string(got) != string(want) {
+			t.Fatalf("%v: %s, want %s", ts, got, want)
+		}
+	}
+	for _, ts := range []time.Time{time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 12, 31, 0, 0, 0, 0, time.UTC), time.Unix(0, 0)} {
+		if got := appendTimeUTC([]byte("x"), ts); got != nil {
+			t.Errorf("%v: %s, want nil (left to AppendFormat)", ts, got)
+		}
+	}
+}
+
 // TestProcessNoAllocs: decoding and rendering a batch of frames allocates
 // nothing once the batch's buffers have grown (CM MADs aside, which the
 // rxe capture has none of).
@@ -337,4 +368,32 @@ func FuzzProcess(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestProcessStopsAtError: the first error fn returns ends Process, serial
+// or parallel, with no further call and no goroutine left behind.
+func TestProcessStopsAtError(t *testing.T) {
+	smallBatches(t, 2, 1<<20)
+	before := runtime.NumGoroutine()
+	stop := errors.New("stop")
+	for _, jobs := range []int{1, 4} {
+		calls := 0
+		err := Process(syntheticCapture, ProcessOptions{Jobs: jobs, Render: RenderJSON}, func(r *Record, _ []byte, _ error) error {
+			calls++
+			if r.Frame == 5 {
+				return stop
+			}
+			return nil
+		})
+		if err != stop || calls != 5 {
+			t.Errorf("jobs %d: %v after %d calls, want stop after 5", jobs, err, calls)
+		}
+	}
+	for range 100 {
+		if runtime.NumGoroutine() <= before {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Errorf("%d goroutines before, %d after", before, runtime.NumGoroutine())
 }
