@@ -136,7 +136,9 @@ func TestInspectParallelOutput(t *testing.T) {
 //	SOFTROCE_INSPECT_BENCH=1 go test -count=1 -v -run TestInspectSpeedVsTshark ./cmd/softroce
 //
 // SOFTROCE_INSPECT_BENCH_PCAP keeps the capture at that path (reused when
-// present); SOFTROCE_INSPECT_BENCH_ROUNDS sets the rounds (default 3).
+// present); SOFTROCE_INSPECT_BENCH_ROUNDS sets the rounds (default 3);
+// SOFTROCE_INSPECT_BENCH_BASE names another softroce binary (an older
+// build) to time in the same rounds.
 func TestInspectSpeedVsTshark(t *testing.T) {
 	if os.Getenv("SOFTROCE_INSPECT_BENCH") != "1" {
 		t.Skip("set SOFTROCE_INSPECT_BENCH=1 to time inspect --json against tshark")
@@ -172,8 +174,12 @@ func TestInspectSpeedVsTshark(t *testing.T) {
 		{"inspect --json", []string{bin, "inspect", "--json", pcap}},
 		{"inspect --json --jobs 1", []string{bin, "inspect", "--json", "--jobs", "1", pcap}},
 	}
-	if os.Getenv("SOFTROCE_INSPECT_BENCH_SERIAL") == "0" {
-		cmds = cmds[:2] // a binary without --jobs
+	if base := os.Getenv("SOFTROCE_INSPECT_BENCH_BASE"); base != "" {
+		// Another build (an older commit) timed in the same rounds.
+		cmds = append(cmds, struct {
+			name string
+			argv []string
+		}{"base inspect --json", []string{base, "inspect", "--json", pcap}})
 	}
 	secs := make([][]float64, len(cmds)) // wall clock
 	cpus := make([][]float64, len(cmds)) // user + system
