@@ -71,29 +71,43 @@ func Process(path string, o ProcessOptions, fn func(r *Record, out []byte, rende
 	return processParallel(src, &o, deliver)
 }
 
+// maxBatches bounds the batches in flight, whatever the number of jobs:
+// each holds a few MiB.
+const maxBatches = 34
+
 // processParallel runs one reader goroutine filling batches, o.Jobs
 // workers decoding them, and delivers them on the calling goroutine in the
-// order they were read. A fixed set of batches circulates, which bounds
-// the memory and makes every channel send below non-blocking.
+// order they were read. At most n batches exist (made as the reading gets
+// ahead), which bounds the memory and makes every channel send below
+// non-blocking.
 func processParallel(src frameSource, o *ProcessOptions, deliver func(*batch) error) error {
-	n := 2*o.Jobs + 2
+	n := min(2*o.Jobs+2, maxBatches)
 	free := make(chan *batch, n)
 	work := make(chan *batch, n)
 	order := make(chan *batch, n)
 	quit := make(chan struct{})
-	for range n {
-		free <- newBatch()
-	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		defer close(work)
 		defer close(order)
+		made := 0
 		for {
 			var b *batch
 			select {
 			case b = <-free:
 			case <-quit:
 				return
+			default:
+				if made < n {
+					b = newBatch()
+					made++
+					break
+				}
+				select {
+				case b = <-free:
+				case <-quit:
+					return
+				}
 			}
 			src.fill(b)
 			work <- b
@@ -103,7 +117,7 @@ func processParallel(src frameSource, o *ProcessOptions, deliver func(*batch) er
 			}
 		}
 	})
-	for range o.Jobs {
+	for range min(o.Jobs, n) {
 		wg.Go(func() {
 			for b := range work {
 				b.decode(o)

@@ -112,7 +112,7 @@ func TestProcessMatchesWalk(t *testing.T) {
 			smallBatches(t, sizes[0], sizes[1])
 			for _, mode := range []struct{ json, verbose bool }{{true, false}, {false, false}, {false, true}} {
 				want := referenceOutput(path, "f.pcap", mode.json, mode.verbose)
-				for _, jobs := range []int{1, 2, 5} {
+				for _, jobs := range []int{1, 2, 5, 40} {
 					if got := processOutput(path, "f.pcap", jobs, mode.json, mode.verbose); got != want {
 						t.Errorf("%s, batches %v, jobs %d, json %v verbose %v: output differs\n got: %.600s\nwant: %.600s",
 							path, sizes, jobs, mode.json, mode.verbose, got, want)
