@@ -1,6 +1,8 @@
 package inspect
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,7 +18,8 @@ import (
 )
 
 // FuzzDecode: any frame, under any of the link types understood, decodes,
-// renders as a line, a field tree and JSON, and summarises without panic.
+// renders as a line, a field tree and JSON (json.Marshal's bytes), and
+// summarises without panic.
 func FuzzDecode(f *testing.F) {
 	lts := []layers.LinkType{layers.LinkTypeEthernet, layers.LinkTypeRaw, layers.LinkTypeLinuxSLL, layers.LinkTypeLinuxSLL2}
 	f.Fuzz(func(t *testing.T, frame []byte) {
@@ -34,6 +37,10 @@ func FuzzDecode(f *testing.F) {
 			}
 			if err := WriteJSON(discard{}, &r); err != nil {
 				t.Fatal(err)
+			}
+			want, _ := json.Marshal(&r)
+			if got, err := AppendJSON(nil, &r); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("AppendJSON %s, %v; json.Marshal %s", got, err, want)
 			}
 			z.Add(&r)
 		}

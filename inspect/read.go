@@ -17,9 +17,11 @@ var pcapngMagic = []byte{0x0a, 0x0d, 0x0d, 0x0a}
 
 // Reader yields the decoded records of one pcap or pcapng file.
 type Reader struct {
-	next  func() ([]byte, gopacket.CaptureInfo, error)
-	link  func(ci gopacket.CaptureInfo) layers.LinkType
-	frame int
+	next func() ([]byte, gopacket.CaptureInfo, error)
+	// zeroCopy is next with the frame in a buffer the following call reuses.
+	zeroCopy func() ([]byte, gopacket.CaptureInfo, error)
+	link     func(ci gopacket.CaptureInfo) layers.LinkType
+	frame    int
 }
 
 // NewReader detects the capture format (pcap in either byte order and
@@ -37,7 +39,7 @@ func NewReader(r io.Reader) (*Reader, error) {
 			return nil, fmt.Errorf("open pcapng: %w", err)
 		}
 		first := ng.LinkType()
-		return &Reader{next: ng.ReadPacketData, link: func(ci gopacket.CaptureInfo) layers.LinkType {
+		return &Reader{next: ng.ReadPacketData, zeroCopy: ng.ZeroCopyReadPacketData, link: func(ci gopacket.CaptureInfo) layers.LinkType {
 			// With mixed link types the reader puts each packet's first.
 			if len(ci.AncillaryData) > 0 {
 				if lt, ok := ci.AncillaryData[0].(layers.LinkType); ok {
@@ -52,7 +54,7 @@ func NewReader(r io.Reader) (*Reader, error) {
 		return nil, fmt.Errorf("open pcap: %w", err)
 	}
 	lt := pr.LinkType()
-	return &Reader{next: pr.ReadPacketData, link: func(gopacket.CaptureInfo) layers.LinkType { return lt }}, nil
+	return &Reader{next: pr.ReadPacketData, zeroCopy: pr.ZeroCopyReadPacketData, link: func(gopacket.CaptureInfo) layers.LinkType { return lt }}, nil
 }
 
 // Next returns the next record, or io.EOF after the last one. A file cut

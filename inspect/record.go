@@ -158,7 +158,36 @@ func Decode(frame []byte, ci gopacket.CaptureInfo) Record {
 // cooked (SLL, SLL2) and raw IP (101, 228, 229) captures are understood.
 // Other link types give a non-RoCE record.
 func DecodeLink(lt layers.LinkType, frame []byte, ci gopacket.CaptureInfo) Record {
-	r := Record{Time: ci.Timestamp, CapLen: len(frame), WireLen: ci.Length, Interface: ci.InterfaceIndex, Data: frame, LinkType: lt}
+	var r Record
+	decodeLink(&r, new(headerStore), lt, frame, ci.Timestamp, ci.Length, ci.InterfaceIndex)
+	return r
+}
+
+// headerStore holds what a Record's optional headers point to, so that a
+// decoder that reuses records does not allocate for each packet.
+type headerStore struct {
+	rdeth     RDETH
+	deth      DETH
+	xrceth    XRCETH
+	feth      FETH
+	reth      RETH
+	atomicETH AtomicETH
+	aeth      AETH
+	atomicAck AtomicAck
+	ieth      IETH
+	imm       uint32
+	credits   int
+	rnrTimer  uint8
+	rnrUS     int64
+	nakCode   uint8
+	vlan      [icrc.MaxVLANTags]uint16
+}
+
+// decodeLink overwrites *r with the decoding of frame; its optional
+// headers point into st, which must not be shared with a record still in
+// use.
+func decodeLink(r *Record, st *headerStore, lt layers.LinkType, frame []byte, ts time.Time, wireLen, iface int) {
+	*r = Record{Time: ts, CapLen: len(frame), WireLen: wireLen, Interface: iface, Data: frame, LinkType: lt}
 	if r.WireLen < r.CapLen {
 		r.WireLen = r.CapLen
 	}
@@ -173,21 +202,21 @@ func DecodeLink(lt layers.LinkType, frame []byte, ci gopacket.CaptureInfo) Recor
 	case layers.LinkTypeLinuxSLL:
 		// 16-byte cooked header, protocol type in the last two bytes.
 		if len(frame) < 16 {
-			return r
+			return
 		}
 		off = 16
 		res, err = icrc.CheckL3(binary.BigEndian.Uint16(frame[14:]), frame[off:])
 	case layers.LinkTypeLinuxSLL2:
 		// 20-byte cooked header, protocol type first.
 		if len(frame) < 20 {
-			return r
+			return
 		}
 		off = 20
 		res, err = icrc.CheckL3(binary.BigEndian.Uint16(frame[0:]), frame[off:])
 	case layers.LinkTypeRaw, layers.LinkTypeIPv4, layers.LinkTypeIPv6, 12, 14:
 		// 12 and 14 are raw IP on some platforms (DLT_RAW/DLT_C_HDLC vary).
 		if len(frame) == 0 {
-			return r
+			return
 		}
 		et := uint16(icrc.EtherTypeIPv4)
 		if frame[0]>>4 == 6 {
@@ -195,43 +224,43 @@ func DecodeLink(lt layers.LinkType, frame []byte, ci gopacket.CaptureInfo) Recor
 		}
 		res, err = icrc.CheckL3(et, frame)
 	default:
-		return r
+		return
 	}
 	if errors.Is(err, icrc.ErrNotRoCE) {
-		return r
+		return
 	}
 	if err != nil {
 		var fe *icrc.FrameError
 		if !errors.As(err, &fe) || fe.Kind == 0 {
 			// Cut or broken before anything said RoCE (UDP port 4791 or
 			// EtherType 0x8915): ordinary traffic as far as we can tell.
-			return r
+			return
 		}
 		r.RoCE, r.Transport = true, fe.Kind.String()
 		if fe.Truncated {
 			r.ICRC = "truncated"
-			return r
+			return
 		}
 		// Headers that claim RoCE but cannot be followed: say why. The
 		// transport is "RoCE" (not located), as callers test for it.
 		r.Transport = "RoCE"
 		r.Malformed = err.Error()
 		r.ICRC = "bad"
-		return r
+		return
 	}
 	r.RoCE = true
 	r.Base, r.Loc = off, res
-	r.fill(frame[off:], &res)
-	return r
+	r.fill(frame[off:], &res, st)
 }
 
 // fill decodes addresses, BTH and extended headers of a located packet.
-func (r *Record) fill(pkt []byte, res *icrc.Result) {
+func (r *Record) fill(pkt []byte, res *icrc.Result, st *headerStore) {
 	r.Transport = res.Kind.String()
 	r.ICRC = res.Status.String()
 	r.ICRCComputed, r.ICRCWire = res.Computed, res.Wire
-	for i := 0; i < res.NumVLAN && i < icrc.MaxVLANTags; i++ {
-		r.VLAN = append(r.VLAN, res.VLAN[i])
+	if n := min(res.NumVLAN, icrc.MaxVLANTags); n > 0 {
+		st.vlan = res.VLAN
+		r.VLAN = st.vlan[:n:n]
 	}
 	ip := pkt[res.L3:]
 	switch res.Kind {
@@ -276,62 +305,81 @@ func (r *Record) fill(pkt []byte, res *icrc.Result) {
 			return
 		}
 	}
-	r.setHeaders(&p)
+	r.setHeaders(&p, st)
 	if res.Status != icrc.StatusTruncated && isCM(&p) {
 		r.CM = decodeCM(p.Payload)
 	}
 }
 
-func (r *Record) setHeaders(p *bth.Packet) {
+func (r *Record) setHeaders(p *bth.Packet, st *headerStore) {
 	if p.RDETH != nil {
-		r.RDETH = &RDETH{EEContext: p.RDETH.EEContext()}
+		st.rdeth = RDETH{EEContext: p.RDETH.EEContext()}
+		r.RDETH = &st.rdeth
 	}
 	if p.DETH != nil {
-		r.DETH = &DETH{QKey: p.DETH.QKey(), SrcQP: p.DETH.SrcQP()}
+		st.deth = DETH{QKey: p.DETH.QKey(), SrcQP: p.DETH.SrcQP()}
+		r.DETH = &st.deth
 	}
 	if p.XRCETH != nil {
-		r.XRCETH = &XRCETH{XRCSRQ: p.XRCETH.XRCSRQ()}
+		st.xrceth = XRCETH{XRCSRQ: p.XRCETH.XRCSRQ()}
+		r.XRCETH = &st.xrceth
 	}
 	if p.FETH != nil {
-		r.FETH = &FETH{Placement: p.FETH.PlacementType(), Selectivity: p.FETH.Selectivity()}
+		st.feth = FETH{Placement: p.FETH.PlacementType(), Selectivity: p.FETH.Selectivity()}
+		r.FETH = &st.feth
 	}
 	if p.RETH != nil {
-		r.RETH = &RETH{VA: p.RETH.VA(), RKey: p.RETH.RKey(), DMALen: p.RETH.DMALen()}
+		st.reth = RETH{VA: p.RETH.VA(), RKey: p.RETH.RKey(), DMALen: p.RETH.DMALen()}
+		r.RETH = &st.reth
 	}
 	if p.AtomicETH != nil {
-		r.AtomicETH = &AtomicETH{VA: p.AtomicETH.VA(), RKey: p.AtomicETH.RKey(), SwapAdd: p.AtomicETH.SwapAdd(), Compare: p.AtomicETH.Compare()}
+		st.atomicETH = AtomicETH{VA: p.AtomicETH.VA(), RKey: p.AtomicETH.RKey(), SwapAdd: p.AtomicETH.SwapAdd(), Compare: p.AtomicETH.Compare()}
+		r.AtomicETH = &st.atomicETH
 	}
 	if p.AETH != nil {
-		r.AETH = decodeAETH(p.AETH)
+		r.AETH = decodeAETH(p.AETH, st)
 	}
 	if p.AtomicAckETH != nil {
-		r.AtomicAck = &AtomicAck{Orig: p.AtomicAckETH.Orig()}
+		st.atomicAck = AtomicAck{Orig: p.AtomicAckETH.Orig()}
+		r.AtomicAck = &st.atomicAck
 	}
 	if p.ImmDt != nil {
-		v := p.ImmDt.Imm()
-		r.Imm = &v
+		st.imm = p.ImmDt.Imm()
+		r.Imm = &st.imm
 	}
 	if p.IETH != nil {
-		r.IETH = &IETH{RKey: p.IETH.RKey()}
+		st.ieth = IETH{RKey: p.IETH.RKey()}
+		r.IETH = &st.ieth
 	}
 }
 
-func decodeAETH(h bth.AETH) *AETH {
+// syndromeText and nakNames are bth.Syndrome.String and bth.NAKName for
+// every byte, made once: both format strings.
+var syndromeText, nakNames = func() (t, n [256]string) {
+	for i := range 256 {
+		t[i], n[i] = bth.Syndrome(i).String(), bth.NAKName(uint8(i))
+	}
+	return
+}()
+
+func decodeAETH(h bth.AETH, st *headerStore) *AETH {
 	s := h.Syndrome()
-	a := &AETH{Syndrome: uint8(s), MSN: h.MSN(), Text: s.String()}
+	a := &st.aeth
+	*a = AETH{Syndrome: uint8(s), MSN: h.MSN(), Text: syndromeText[uint8(s)]}
 	v := s.Value()
 	switch s.Type() {
 	case bth.SynACK:
 		a.Kind = "ACK"
-		c := s.Credits()
-		a.Credits = &c
+		st.credits = s.Credits()
+		a.Credits = &st.credits
 	case bth.SynRNRNAK:
 		a.Kind = "RNR_NAK"
-		us := bth.RNRTimer(v).Microseconds()
-		a.RNRTimer, a.RNRTimerUS = &v, &us
+		st.rnrTimer, st.rnrUS = v, bth.RNRTimer(v).Microseconds()
+		a.RNRTimer, a.RNRTimerUS = &st.rnrTimer, &st.rnrUS
 	case bth.SynNAK:
 		a.Kind = "NAK"
-		a.NAKCode, a.NAKName = &v, bth.NAKName(v)
+		st.nakCode = v
+		a.NAKCode, a.NAKName = &st.nakCode, nakNames[v]
 	default:
 		a.Kind = "reserved"
 	}

@@ -150,9 +150,9 @@ func WriteJSON(w io.Writer, r *Record) error {
 	if !r.RoCE {
 		return nil
 	}
-	b, err := json.Marshal(r)
+	b, err := AppendJSON(make([]byte, 0, 512), r)
 	if err != nil {
-		return fmt.Errorf("encode frame %d: %w", r.Frame, err)
+		return err
 	}
 	b = append(b, '\n')
 	_, err = w.Write(b)

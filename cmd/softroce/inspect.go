@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 
 	"github.com/softroce/softroce/diagram"
@@ -27,8 +28,9 @@ func runInspect(args []string) int {
 	strict := fs.Bool("strict", false, "exit non-zero on any ICRC failure or malformed RoCE packet")
 	noSummary := fs.Bool("no-summary", false, "omit the per-connection summary (text output)")
 	diag := fs.String("diagram", "", "also write a ladder diagram of every QP conversation to `FILE` (.html or .svg)")
+	jobs := fs.Int("jobs", runtime.GOMAXPROCS(0), "decode on `N` goroutines (1: on one; the output order is the capture's either way)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce inspect [-v] [--json] [--strict] [--diagram out.html|out.svg] FILE...\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce inspect [-v] [--json] [--strict] [--jobs N] [--diagram out.html|out.svg] FILE...\n\n"+
 			"Decodes RoCEv2 (UDP 4791, IPv4/IPv6, VLAN) and RoCEv1 (EtherType 0x8915) packets in pcap\n"+
 			"and pcapng files, verifies each ICRC, and summarises every connection.\n\n")
 		fs.PrintDefaults()
@@ -43,12 +45,21 @@ func runInspect(args []string) int {
 		fs.Usage()
 		return 2
 	}
+	if *jobs < 1 {
+		fmt.Fprintf(os.Stderr, "softroce inspect: %d jobs: want at least 1\n", *jobs)
+		return 2
+	}
 	format, ok := diagramFormat("inspect", *diag)
 	if !ok {
 		return 2
 	}
+	render := inspect.RenderText(*verbose)
+	if *asJSON {
+		render = inspect.RenderJSON
+	}
 	var all []inspect.Record
-	out := bufio.NewWriter(os.Stdout)
+	// A large buffer: a million packets print hundreds of megabytes.
+	out := bufio.NewWriterSize(os.Stdout, 1<<20)
 	defer out.Flush()
 	code := 0
 	several := fs.NArg() > 1
@@ -58,21 +69,23 @@ func runInspect(args []string) int {
 		if several && !*asJSON {
 			fmt.Fprintf(out, "# %s\n", path)
 		}
-		err := inspect.Walk(path, func(r *inspect.Record) error {
-			if several {
-				r.File = path
-			}
+		o := inspect.ProcessOptions{Jobs: *jobs, Render: render}
+		if several {
+			o.File = path
+		}
+		err := inspect.Process(path, o, func(r *inspect.Record, line []byte, rerr error) error {
 			z.Add(r)
 			if format != "" {
-				all = append(all, *r)
+				all = append(all, r.Clone())
 			}
 			if r.Bad() {
 				bad++
 			}
-			if *asJSON {
-				return inspect.WriteJSON(out, r)
+			if rerr != nil {
+				return rerr
 			}
-			return inspect.WriteText(out, r, *verbose)
+			_, err := out.Write(line)
+			return err
 		})
 		s := z.Summary()
 		switch {

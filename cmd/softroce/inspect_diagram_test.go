@@ -21,7 +21,7 @@ func TestInspectDiagram(t *testing.T) {
 	}
 	t.Run("demo", func(t *testing.T) { checkDiagram(t, demo, "RDMA_READ_RESPONSE", "COMPARE_SWAP") })
 	t.Run("rxe", func(t *testing.T) {
-		capture := "../../../shared/captures/hardware/rxe-rdmacm-write-read.pcap"
+		capture := sharedCaptureDir() + "/hardware/rxe-rdmacm-write-read.pcap"
 		if _, err := os.Stat(capture); err != nil {
 			t.Skipf("shared captures absent: %v", err)
 		}
