@@ -681,6 +681,9 @@ func (s *session) finish() (*Result, error) {
 	s.res.Stats = s.stats()
 	var checkErr error
 	if !s.connector || s.cfg.Duplex {
+		if s.cfg.Conn == verbs.QPTypeUC && s.cfg.Test == Write {
+			s.awaitUCWrites()
+		}
 		// Deregistering waits for the remote accesses still in flight,
 		// so no late packet changes the buffer while it is checked.
 		if err := s.dev.DeregMR(s.mr); err != nil {
@@ -744,5 +747,32 @@ func (s *session) printReport() {
 	fmt.Fprintln(s.out, dashes)
 	if s.res.Checked != "" {
 		fmt.Fprintf(s.out, " data check: %s\n", s.res.Checked)
+	}
+}
+
+// awaitUCWrites lets a UC WRITE target take in what is still on its way
+// before the data check. UC completes a WRITE at the sender when it is
+// sent, so the peer's "done" can overtake its last packets (over loopback,
+// even its first ones, still in this side's socket). It waits until the
+// QPs received every packet the peer's reported messages take, or until
+// no packet came for a while (UC may lose some: the check then reports
+// what was never written).
+func (s *session) awaitUCWrites() {
+	peer := s.res.Report
+	if s.cfg.Duplex {
+		peer = s.res.PeerReport
+	}
+	per := uint64(1)
+	if mtu := uint64(s.res.MTU); mtu > 0 && peer.Size > mtu {
+		per = (peer.Size + mtu - 1) / mtu
+	}
+	want := peer.Iters * per
+	const idle = 200 * time.Millisecond
+	last, since := s.stats().RxPackets, time.Now()
+	for last < want && time.Since(since) < idle {
+		time.Sleep(time.Millisecond)
+		if n := s.stats().RxPackets; n != last {
+			last, since = n, time.Now()
+		}
 	}
 }
