@@ -35,13 +35,13 @@ type TapCapture struct {
 func (vm *VM) CaptureTap(w io.Writer) (*TapCapture, error) {
 	pw := pcapgo.NewWriter(w)
 	if err := pw.WriteFileHeader(65535, layers.LinkTypeEthernet); err != nil {
-		return nil, fmt.Errorf("rxevm: capture %s: write pcap header: %w", TapName, err)
+		return nil, fmt.Errorf("rxevm: capture %s: write pcap header: %w", vm.tap, err)
 	}
 	fd := -1
 	// The packet socket and the interface index both belong to the VM's
 	// namespace.
 	err := vm.Do(func() error {
-		ifi, err := net.InterfaceByName(TapName)
+		ifi, err := net.InterfaceByName(vm.tap)
 		if err != nil {
 			return err
 		}
@@ -52,7 +52,7 @@ func (vm *VM) CaptureTap(w io.Writer) (*TapCapture, error) {
 		}
 		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifi.Index}); err != nil {
 			unix.Close(fd)
-			return fmt.Errorf("bind to %s: %w", TapName, err)
+			return fmt.Errorf("bind to %s: %w", vm.tap, err)
 		}
 		// A receive timeout lets the reader notice Stop.
 		tv := unix.NsecToTimeval(int64(100 * time.Millisecond))
@@ -63,7 +63,7 @@ func (vm *VM) CaptureTap(w io.Writer) (*TapCapture, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("rxevm: capture %s: %w", TapName, err)
+		return nil, fmt.Errorf("rxevm: capture %s: %w", vm.tap, err)
 	}
 	c := &TapCapture{fd: fd, w: pw, done: make(chan struct{})}
 	go c.loop()

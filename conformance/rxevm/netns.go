@@ -51,21 +51,41 @@ func inNetns(ns netns.NsHandle, fn func() error) error {
 	return <-errc
 }
 
-// createNetns creates the named namespace with lo up and the tap device
-// addressed, up and at the given MTU.
+// netLayout is what createNetns puts into a new namespace: one tap per
+// guest, each up at the MTU, and the host address either on the single tap
+// or, for more than one guest, on a bridge that joins the taps (so that the
+// guests reach each other through the host's bridge, as two hosts on one
+// switch).
+type netLayout struct {
+	mtu    int
+	taps   []string
+	bridge string // empty: the host address goes on taps[0]
+}
+
+func singleLayout(mtu int) netLayout { return netLayout{mtu: mtu, taps: []string{TapName}} }
+
+// BridgeName is the bridge joining the taps of a Pair in its namespace.
+const BridgeName = "br0"
+
+func pairLayout(mtu int) netLayout {
+	return netLayout{mtu: mtu, taps: []string{TapName, "tap1"}, bridge: BridgeName}
+}
+
+// createNetns creates the named namespace with lo up and the links of l
+// addressed, up and at l's MTU.
 //
 // The namespace is made by `ip netns add`, not netns.NewNamed: iproute2
 // first turns /run/netns into a shared bind mount of itself, and when a
 // later `ip netns add` (from anyone) does that after another tool bind-mounted
 // a namespace file into the plain directory, that namespace's mount is
 // shadowed and can no longer be unmounted or removed by name.
-func createNetns(ctx context.Context, name string, mtu int) (netns.NsHandle, error) {
+func createNetns(ctx context.Context, name string, l netLayout) (netns.NsHandle, error) {
 	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", name).CombinedOutput(); err != nil {
 		return -1, fmt.Errorf("create netns %s: %w: %s", name, err, strings.TrimSpace(string(out)))
 	}
 	ns, err := netns.GetFromName(name)
 	if err == nil {
-		err = inNetns(ns, func() error { return setupLinks(mtu) })
+		err = inNetns(ns, func() error { return setupLinks(l) })
 		if err != nil {
 			ns.Close()
 		}
@@ -78,7 +98,7 @@ func createNetns(ctx context.Context, name string, mtu int) (netns.NsHandle, err
 }
 
 // setupLinks runs inside the new namespace.
-func setupLinks(mtu int) error {
+func setupLinks(l netLayout) error {
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("find lo: %w", err)
@@ -86,33 +106,63 @@ func setupLinks(mtu int) error {
 	if err := netlink.LinkSetUp(lo); err != nil {
 		return fmt.Errorf("set lo up: %w", err)
 	}
-	tap := &netlink.Tuntap{
-		LinkAttrs: netlink.LinkAttrs{Name: TapName, MTU: mtu},
-		Mode:      netlink.TUNTAP_MODE_TAP,
-		Flags:     netlink.TUNTAP_NO_PI,
+	var br netlink.Link
+	if l.bridge != "" {
+		// STP off (the default): ports forward as soon as they are up.
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: l.bridge, MTU: l.mtu}}); err != nil {
+			return fmt.Errorf("create bridge %s: %w", l.bridge, err)
+		}
+		if br, err = netlink.LinkByName(l.bridge); err != nil {
+			return fmt.Errorf("find %s: %w", l.bridge, err)
+		}
 	}
-	if err := netlink.LinkAdd(tap); err != nil {
-		return fmt.Errorf("create %s: %w", TapName, err)
+	hostLink := br
+	for _, name := range l.taps {
+		tap := &netlink.Tuntap{
+			LinkAttrs: netlink.LinkAttrs{Name: name, MTU: l.mtu},
+			Mode:      netlink.TUNTAP_MODE_TAP,
+			Flags:     netlink.TUNTAP_NO_PI,
+		}
+		if err := netlink.LinkAdd(tap); err != nil {
+			return fmt.Errorf("create %s: %w", name, err)
+		}
+		for _, f := range tap.Fds {
+			f.Close() // the device is persistent; qemu opens it by name
+		}
+		link, err := netlink.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("find %s: %w", name, err)
+		}
+		if err := netlink.LinkSetMTU(link, l.mtu); err != nil {
+			return fmt.Errorf("set %s mtu %d: %w", name, l.mtu, err)
+		}
+		if br != nil {
+			if err := netlink.LinkSetMaster(link, br); err != nil {
+				return fmt.Errorf("add %s to %s: %w", name, l.bridge, err)
+			}
+		} else if hostLink == nil {
+			hostLink = link
+		}
+		if err := netlink.LinkSetUp(link); err != nil {
+			return fmt.Errorf("set %s up: %w", name, err)
+		}
 	}
-	for _, f := range tap.Fds {
-		f.Close() // the device is persistent; qemu opens it by name
-	}
-	link, err := netlink.LinkByName(TapName)
-	if err != nil {
-		return fmt.Errorf("find %s: %w", TapName, err)
-	}
-	if err := netlink.LinkSetMTU(link, mtu); err != nil {
-		return fmt.Errorf("set %s mtu %d: %w", TapName, mtu, err)
+	if br != nil {
+		// A bridge takes the smallest MTU of its ports; set it again
+		// now that they are in.
+		if err := netlink.LinkSetMTU(br, l.mtu); err != nil {
+			return fmt.Errorf("set %s mtu %d: %w", l.bridge, l.mtu, err)
+		}
 	}
 	addr, err := netlink.ParseAddr(hostPrefix.String())
 	if err != nil {
 		return err
 	}
-	if err := netlink.AddrAdd(link, addr); err != nil {
-		return fmt.Errorf("address %s: %w", TapName, err)
+	if err := netlink.AddrAdd(hostLink, addr); err != nil {
+		return fmt.Errorf("address %s: %w", hostLink.Attrs().Name, err)
 	}
-	if err := netlink.LinkSetUp(link); err != nil {
-		return fmt.Errorf("set %s up: %w", TapName, err)
+	if err := netlink.LinkSetUp(hostLink); err != nil {
+		return fmt.Errorf("set %s up: %w", hostLink.Attrs().Name, err)
 	}
 	return nil
 }

@@ -105,6 +105,11 @@ type VM struct {
 	console string // saved at Close
 	logw    io.Writer
 
+	tap      string       // host side of the guest's eth0
+	guest    netip.Prefix // the guest's eth0 address
+	mac      string       // the guest's eth0 MAC; empty: qemu's default
+	sharedNs bool         // the namespace belongs to a Pair, not to this VM
+
 	procMu sync.Mutex
 	procs  map[*GuestProc]struct{} // started and not yet exited
 }
@@ -118,6 +123,19 @@ func Boot(ctx context.Context, img *Image, opts Options) (_ *VM, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("rxevm: booting a VM needs root (network namespaces, tap)")
 	}
+	opts = opts.withDefaults()
+	logw := opts.logw()
+	sweepBeforeBoot(logw)
+	name := newNetnsName()
+	ns, err := createNetns(ctx, name, singleLayout(opts.MTU))
+	if err != nil {
+		return nil, err
+	}
+	return boot(ctx, img, opts, vmNet{name: name, ns: ns, tap: TapName, guest: guestPrefix})
+}
+
+// withDefaults fills in the documented defaults.
+func (opts Options) withDefaults() Options {
 	if opts.MTU == 0 {
 		opts.MTU = 1500
 	}
@@ -130,21 +148,51 @@ func Boot(ctx context.Context, img *Image, opts Options) (_ *VM, err error) {
 	if opts.CommandPort == 0 {
 		opts.CommandPort = 7000
 	}
-	logw := opts.Log
-	if logw == nil {
-		logw = io.Discard
+	return opts
+}
+
+func (opts Options) logw() io.Writer {
+	if opts.Log == nil {
+		return io.Discard
 	}
+	return opts.Log
+}
+
+func sweepBeforeBoot(logw io.Writer) {
 	if n, err := SweepStale(); err != nil {
 		fmt.Fprintf(logw, "rxevm: sweeping stale VMs: %v\n", err)
 	} else if n > 0 {
 		fmt.Fprintf(logw, "rxevm: removed %d stale VM namespace(s)\n", n)
 	}
-	name := fmt.Sprintf("%s%d-%d", NetnsPrefix, os.Getpid(), vmSeq.Add(1))
-	dir, err := os.MkdirTemp("", name+"-")
+}
+
+func newNetnsName() string {
+	return fmt.Sprintf("%s%d-%d", NetnsPrefix, os.Getpid(), vmSeq.Add(1))
+}
+
+// vmNet is where one guest's eth0 ends on the host: a tap in a namespace
+// the VM owns (Boot) or shares with the other guest of a Pair.
+type vmNet struct {
+	name   string // namespace
+	ns     netns.NsHandle
+	tap    string
+	guest  netip.Prefix
+	mac    string
+	shared bool
+}
+
+// boot starts one guest on n; it takes over n.ns. On error it removes what
+// it created (and the namespace unless it is shared).
+func boot(ctx context.Context, img *Image, opts Options, n vmNet) (_ *VM, err error) {
+	logw := opts.logw()
+	vm := &VM{name: n.name, opts: opts, ns: n.ns, logw: logw, qdone: make(chan struct{}),
+		tap: n.tap, guest: n.guest, mac: n.mac, sharedNs: n.shared}
+	dir, err := os.MkdirTemp("", n.name+"-"+n.tap+"-")
 	if err != nil {
+		vm.Close()
 		return nil, fmt.Errorf("rxevm: create VM dir: %w", err)
 	}
-	vm := &VM{name: name, dir: dir, opts: opts, ns: -1, logw: logw, qdone: make(chan struct{})}
+	vm.dir = dir
 	defer func() {
 		if err != nil {
 			log := vm.consoleTail(40)
@@ -164,10 +212,7 @@ func Boot(ctx context.Context, img *Image, opts Options) (_ *VM, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if vm.ns, err = createNetns(ctx, name, opts.MTU); err != nil {
-		return nil, err
-	}
-	fmt.Fprintf(logw, "rxevm: booting %s in netns %s\n", img.KernelVersion, name)
+	fmt.Fprintf(logw, "rxevm: booting %s in netns %s (%s, %s)\n", img.KernelVersion, n.name, n.tap, n.guest.Addr())
 	if err := vm.startQemu(img.Kernel, initrd, cmdline); err != nil {
 		return nil, err
 	}
@@ -178,13 +223,13 @@ func Boot(ctx context.Context, img *Image, opts Options) (_ *VM, err error) {
 	if err := vm.waitReady(ctx); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(logw, "rxevm: rxe0 ACTIVE after %s\n", time.Since(start).Round(100*time.Millisecond))
+	fmt.Fprintf(logw, "rxevm: rxe0 of %s ACTIVE after %s\n", n.guest.Addr(), time.Since(start).Round(100*time.Millisecond))
 	return vm, nil
 }
 
 func (vm *VM) cmdline() (string, error) {
 	words := []string{"console=ttyS0", "quiet", "panic=-1",
-		"sr_addr=" + guestPrefix.String(),
+		"sr_addr=" + vm.guest.String(),
 		"sr_mtu=" + strconv.Itoa(vm.opts.MTU),
 		"sr_port=" + strconv.Itoa(vm.opts.CommandPort)}
 	for _, k := range slices.Sorted(maps.Keys(vm.opts.Env)) {
@@ -267,19 +312,7 @@ func writeInitrd(img *Image, files []File, out, extra string) error {
 }
 
 func (vm *VM) startQemu(kernel, initrd, cmdline string) error {
-	args := []string{
-		// KVM is not available for stock kernels here: TCG, one vCPU so
-		// that the emulation leaves host cores for the host side.
-		"-accel", "tcg,thread=multi", "-cpu", "qemu64", "-smp", "1",
-		"-m", strconv.Itoa(vm.opts.MemoryMB),
-		"-nodefaults", "-display", "none", "-no-reboot",
-		"-kernel", kernel, "-initrd", initrd, "-append", cmdline,
-		"-netdev", "tap,id=n0,ifname=" + TapName + ",script=no,downscript=no",
-		"-device", "virtio-net-pci,netdev=n0,romfile=",
-		"-serial", "file:" + vm.ConsoleLogPath(),
-		"-monitor", "none",
-	}
-	cmd := exec.Command("qemu-system-x86_64", args...)
+	cmd := exec.Command("qemu-system-x86_64", vm.qemuArgs(kernel, initrd, cmdline)...)
 	qlog, err := os.Create(filepath.Join(vm.dir, "qemu.log"))
 	if err != nil {
 		return fmt.Errorf("create qemu log: %w", err)
@@ -297,6 +330,27 @@ func (vm *VM) startQemu(kernel, initrd, cmdline string) error {
 		close(vm.qdone)
 	}()
 	return nil
+}
+
+func (vm *VM) qemuArgs(kernel, initrd, cmdline string) []string {
+	nic := "virtio-net-pci,netdev=n0,romfile="
+	if vm.mac != "" {
+		// Two guests on one bridge need distinct MACs; qemu gives
+		// every guest the same default one.
+		nic += ",mac=" + vm.mac
+	}
+	return []string{
+		// KVM is not available for stock kernels here: TCG, one vCPU so
+		// that the emulation leaves host cores for the host side.
+		"-accel", "tcg,thread=multi", "-cpu", "qemu64", "-smp", "1",
+		"-m", strconv.Itoa(vm.opts.MemoryMB),
+		"-nodefaults", "-display", "none", "-no-reboot",
+		"-kernel", kernel, "-initrd", initrd, "-append", cmdline,
+		"-netdev", "tap,id=n0,ifname=" + vm.tap + ",script=no,downscript=no",
+		"-device", nic,
+		"-serial", "file:" + vm.ConsoleLogPath(),
+		"-monitor", "none",
+	}
 }
 
 // startWatchdog starts a shell outside the process group that waits for
@@ -342,12 +396,19 @@ func (vm *VM) waitReady(ctx context.Context) error {
 			continue
 		}
 		lines := strings.Fields(out)
-		// "4: ACTIVE" then the IPv4-mapped GID ::ffff:10.88.0.2.
-		if len(lines) == 3 && lines[1] == "ACTIVE" && strings.HasSuffix(lines[2], "ffff:0a58:0002") {
+		// "4: ACTIVE" then the IPv4-mapped GID, e.g. ::ffff:10.88.0.2.
+		if len(lines) == 3 && lines[1] == "ACTIVE" && strings.HasSuffix(lines[2], gidSuffix(vm.guest.Addr())) {
 			return nil
 		}
 		last = fmt.Errorf("rxe0 port/GID not ready: %q", out)
 	}
+}
+
+// gidSuffix is how the sysfs GID file of an IPv4 address ends: the last
+// two groups of its IPv4-mapped IPv6 form, e.g. "ffff:0a58:0002".
+func gidSuffix(a netip.Addr) string {
+	b := a.As4()
+	return fmt.Sprintf("ffff:%02x%02x:%02x%02x", b[0], b[1], b[2], b[3])
 }
 
 // Name is the VM's name, also the name of its network namespace.
@@ -360,7 +421,11 @@ func (vm *VM) Netns() string { return vm.name }
 func (vm *VM) HostAddr() netip.Addr { return hostPrefix.Addr() }
 
 // GuestAddr is the guest's eth0 address, the address of rxe0's GID 1.
-func (vm *VM) GuestAddr() netip.Addr { return guestPrefix.Addr() }
+func (vm *VM) GuestAddr() netip.Addr { return vm.guest.Addr() }
+
+// Tap is the name of the host side of the guest's eth0 in the namespace:
+// TapName for a VM from Boot.
+func (vm *VM) Tap() string { return vm.tap }
 
 // MTU is the link MTU of the tap and the guest's eth0.
 func (vm *VM) MTU() int { return vm.opts.MTU }
@@ -416,10 +481,12 @@ func (vm *VM) Close() error {
 		if vm.ns >= 0 {
 			vm.ns.Close()
 		}
-		if err := deleteNamed(vm.name); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("rxevm: delete netns %s: %w", vm.name, err))
+		if !vm.sharedNs {
+			if err := deleteNamed(vm.name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("rxevm: delete netns %s: %w", vm.name, err))
+			}
 		}
-		if !vm.opts.KeepDir {
+		if !vm.opts.KeepDir && vm.dir != "" {
 			if err := os.RemoveAll(vm.dir); err != nil {
 				errs = append(errs, fmt.Errorf("rxevm: remove %s: %w", vm.dir, err))
 			}
