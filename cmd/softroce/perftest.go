@@ -34,6 +34,7 @@ func runPerftest(args []string) int {
 	fs.IntVar(&cfg.CQMod, "Q", 100, "signal one work request in this many")
 	fs.IntVar(&cfg.OutReads, "o", 16, "outstanding READ/atomic requests (announced to the peer)")
 	qpTimeout := fs.Uint("u", 14, "QP timeout exponent: the local ACK timeout is 4.096 us << u")
+	fs.BoolVar(&cfg.AdaptiveTimeout, "adaptive-timeout", false, "RC: let the local ACK timeout follow the measured round trip, never below -u's (for unevenly scheduled hosts, e.g. emulated guests)")
 	atomicOp := fs.String("A", "FETCH_AND_ADD", "atomic operation: FETCH_AND_ADD or CMP_AND_SWAP")
 	fs.BoolVar(&cfg.Gbits, "report_gbits", false, "report Gbit/s instead of MB/s")
 	fs.IntVar(&cfg.QPs, "q", 1, "number of QPs; -n iterations on each")

@@ -113,6 +113,10 @@ type Config struct {
 	// RemotePort is the peer's UDP port when it is not 4791 (another
 	// softroce on the same address).
 	RemotePort uint16
+	// AdaptiveTimeout makes the RC QPs' local ACK timeout follow the
+	// measured round trip, never below QPTimeout's
+	// (verbs.QP.SetAdaptiveTimeout): for hosts that schedule unevenly.
+	AdaptiveTimeout bool
 	// Conn is -c, the QPs' service: RC (the zero value), UC for write
 	// and send, or UD for send, as perftest allows. perftest does not
 	// exchange it: both sides must be given the same.

@@ -204,6 +204,9 @@ func (s *session) connectQP(c *qpCtx) error {
 	if cfg.RemotePort != 0 {
 		c.qp.SetRemotePort(cfg.RemotePort)
 	}
+	if cfg.AdaptiveTimeout && cfg.Conn == verbs.QPTypeRC {
+		c.qp.SetAdaptiveTimeout(true)
+	}
 	return nil
 }
 
