@@ -88,28 +88,41 @@ func TestNumbersTwoGuests(t *testing.T) {
 	sizes := []size{{4096, 4000}, {65536, 800}}
 	// results[size][column] = MiB/s per round; column 0 is rxe.
 	results := make([][][]float64, len(sizes))
+	// timeouts[size][column]: ACK timeouts summed over the rounds (rxe's
+	// completer_retry_err, softroce's QP statistics on the client).
+	timeouts := make([][]int64, len(sizes))
 	for i := range results {
 		results[i] = make([][]float64, 1+len(variants))
+		timeouts[i] = make([]int64, 1+len(variants))
 	}
 	port := 18900
 	server, client := b, a
 	for round := range rounds {
 		for si, sz := range sizes {
-			rxeBefore := [2]map[string]int64{guestRxeCounters(ctx, client), guestRxeCounters(ctx, server)}
-			res, _, _, err := retryOnce(t, &port, func(port int) (rxevm.BWResult, string, string, error) {
-				args := fmt.Sprintf("-s %d -n %d -p %d", sz.bytes, sz.iters, port)
-				return runAcross(ctx, server, client,
-					"timeout 150 ib_write_bw -d rxe0 -x 1 -F "+args,
-					"timeout 150 ib_write_bw -d rxe0 -x 1 -F "+args+" "+server.GuestAddr().String(), port)
-			})
-			if err != nil {
-				t.Fatalf("round %d: rxe A -> rxe B, %d bytes: %v", round, sz.bytes, err)
-			}
-			checkRow(t, res, sz.bytes, sz.iters)
-			results[si][0] = append(results[si][0], res.AvgBW)
-			t.Logf("round %d, %d bytes, rxe: %.2f MiB/s; client rxe0: %s; server rxe0: %s", round, sz.bytes, res.AvgBW,
-				counterDelta(rxeBefore[0], guestRxeCounters(ctx, client)), counterDelta(rxeBefore[1], guestRxeCounters(ctx, server)))
-			for vi, variant := range variants {
+			// Each round starts at another column, so that no run
+			// always follows the same one.
+			for k := range 1 + len(variants) {
+				col := (k + round) % (1 + len(variants))
+				if col == 0 {
+					rxeBefore := [2]map[string]int64{guestRxeCounters(ctx, client), guestRxeCounters(ctx, server)}
+					res, _, _, err := retryOnce(t, &port, func(port int) (rxevm.BWResult, string, string, error) {
+						args := fmt.Sprintf("-s %d -n %d -p %d", sz.bytes, sz.iters, port)
+						return runAcross(ctx, server, client,
+							"timeout 150 ib_write_bw -d rxe0 -x 1 -F "+args,
+							"timeout 150 ib_write_bw -d rxe0 -x 1 -F "+args+" "+server.GuestAddr().String(), port)
+					})
+					if err != nil {
+						t.Fatalf("round %d: rxe A -> rxe B, %d bytes: %v", round, sz.bytes, err)
+					}
+					checkRow(t, res, sz.bytes, sz.iters)
+					results[si][0] = append(results[si][0], res.AvgBW)
+					after := guestRxeCounters(ctx, client)
+					timeouts[si][0] += after["completer_retry_err"] - rxeBefore[0]["completer_retry_err"]
+					t.Logf("round %d, %d bytes, rxe: %.2f MiB/s; client rxe0: %s; server rxe0: %s", round, sz.bytes, res.AvgBW,
+						counterDelta(rxeBefore[0], after), counterDelta(rxeBefore[1], guestRxeCounters(ctx, server)))
+					continue
+				}
+				vi, variant := col-1, variants[col-1]
 				prefix, exe, flags := variantCommand(variant, sr)
 				var before [2]cpuStat
 				if profDir != "" {
@@ -132,6 +145,7 @@ func TestNumbersTwoGuests(t *testing.T) {
 				}
 				checkRow(t, res, sz.bytes, sz.iters)
 				results[si][1+vi] = append(results[si][1+vi], res.AvgBW)
+				timeouts[si][1+vi] += qpTimeouts(cout)
 				t.Logf("round %d, %d bytes, softroce %q: %.2f MiB/s; client: %s; server: %s", round, sz.bytes, variant, res.AvgBW, qpStats(cout), qpStats(sout))
 				if profDir != "" {
 					t.Logf("  guest CPU during the run (both processes' setup included): client %s; server %s",
@@ -151,17 +165,17 @@ func TestNumbersTwoGuests(t *testing.T) {
 	}
 
 	var table strings.Builder
-	table.WriteString("| size | iterations | rxe A -> rxe B (MiB/s) |")
+	table.WriteString("| size | iterations | rxe A -> rxe B (MiB/s) [timeouts] |")
 	for _, v := range variants {
-		fmt.Fprintf(&table, " softroce A -> softroce B%s (MiB/s) | softroce / rxe |", variantLabel(v))
+		fmt.Fprintf(&table, " softroce A -> softroce B%s (MiB/s) [timeouts] | softroce / rxe |", variantLabel(v))
 	}
 	table.WriteString("\n|---|---|---|" + strings.Repeat("---|---|", len(variants)) + "\n")
 	for si, sz := range sizes {
 		rxe := results[si][0]
-		fmt.Fprintf(&table, "| %d | %d | %s |", sz.bytes, sz.iters, spread(rxe))
+		fmt.Fprintf(&table, "| %d | %d | %s [%d] |", sz.bytes, sz.iters, spread(rxe), timeouts[si][0])
 		for vi := range variants {
 			soft := results[si][1+vi]
-			fmt.Fprintf(&table, " %s | %.2f |", spread(soft), median(soft)/median(rxe))
+			fmt.Fprintf(&table, " %s [%d] | %.2f |", spread(soft), timeouts[si][1+vi], median(soft)/median(rxe))
 		}
 		table.WriteString("\n")
 	}
@@ -272,6 +286,18 @@ func qpStats(out string) string {
 		return strings.TrimPrefix(m, "softroce QP: ")
 	}
 	return "(no QP statistics)"
+}
+
+var timeoutsField = regexp.MustCompile(`softroce QP: .* (\d+) timeouts`)
+
+// qpTimeouts is the ACK timeout count of a softroce perftest output.
+func qpTimeouts(out string) int64 {
+	m := timeoutsField.FindStringSubmatch(out)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(m[1], 10, 64)
+	return n
 }
 
 // fetchGuestFile copies a guest file to the host through the command
