@@ -33,6 +33,10 @@ func checkSums(t *testing.T, pkt []byte, ihl int) {
 	split := func(h int) ([]byte, []byte) {
 		return append([]byte(nil), pkt[:h]...)[:h:h], append([]byte(nil), pkt[h:]...)
 	}
+	// The header with room after it, but the rest elsewhere.
+	spare := func(h int) ([]byte, []byte) {
+		return append(make([]byte, 0, len(pkt)+64), pkt[:h]...), append([]byte(nil), pkt[h:]...)
+	}
 	if len(pkt) >= ihl+minUDPLen {
 		want := slowSum(pkt, v4Masks(ihl))
 		if got := ipv4Sum(pkt[:ihl], pkt[ihl:]); got != want {
@@ -40,6 +44,9 @@ func checkSums(t *testing.T, pkt []byte, ihl int) {
 		}
 		if got := ipv4Sum(split(ihl)); got != want {
 			t.Fatalf("IPv4 ihl %d len %d: split %08x, want %08x", ihl, len(pkt), got, want)
+		}
+		if got := ipv4Sum(spare(ihl)); got != want {
+			t.Fatalf("IPv4 ihl %d len %d: split with spare capacity %08x, want %08x", ihl, len(pkt), got, want)
 		}
 	}
 	if len(pkt) >= 40+minUDPLen {
@@ -49,6 +56,9 @@ func checkSums(t *testing.T, pkt []byte, ihl int) {
 		}
 		if got := ipv6Sum(split(40)); got != want {
 			t.Fatalf("IPv6 len %d: split %08x, want %08x", len(pkt), got, want)
+		}
+		if got := ipv6Sum(spare(40)); got != want {
+			t.Fatalf("IPv6 len %d: split with spare capacity %08x, want %08x", len(pkt), got, want)
 		}
 	}
 	if len(pkt) >= 40+bthLen+Len {
