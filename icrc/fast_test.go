@@ -152,8 +152,10 @@ func TestSynthMatchesSlow(t *testing.T) {
 		}
 		// IPv4: the header Synth builds, with the variant fields random
 		// (they are masked anyway).
-		h4 := Header{Src: []byte{10, 0, 0, 1}, Dst: []byte{10, 0, 0, 2}, ID: uint16(rng.Uint32()),
-			DF: n%2 == 0, SrcPort: uint16(rng.Uint32()), DstPort: UDPPort}
+		a4 := rng.Uint64()
+		h4 := Header{Src: []byte{byte(a4), byte(a4 >> 8), byte(a4 >> 16), byte(a4 >> 24)},
+			Dst: []byte{byte(a4 >> 32), byte(a4 >> 40), byte(a4 >> 48), byte(a4 >> 56)}, ID: uint16(rng.Uint32()),
+			DF: n%2 == 0, SrcPort: uint16(rng.Uint32()), DstPort: uint16(rng.Uint32())}
 		ip := make([]byte, 20+8+n)
 		ip[0], ip[1] = 0x45, byte(rng.Uint32())
 		binary.BigEndian.PutUint16(ip[2:], uint16(20+8+n))
@@ -179,7 +181,7 @@ func TestSynthMatchesSlow(t *testing.T) {
 		for i := range src {
 			src[i], dst[i] = byte(rng.Uint32()), byte(rng.Uint32())
 		}
-		h6 := Header{Src: src, Dst: dst, SrcPort: uint16(rng.Uint32()), DstPort: UDPPort}
+		h6 := Header{Src: src, Dst: dst, SrcPort: uint16(rng.Uint32()), DstPort: uint16(rng.Uint32())}
 		ip6 := make([]byte, 40+8+n)
 		ip6[0], ip6[1], ip6[2], ip6[3] = 0x60|byte(rng.Uint32()&0xf), byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32())
 		binary.BigEndian.PutUint16(ip6[4:], uint16(8+n))

@@ -191,24 +191,12 @@ func Synth(h *Header, roce []byte) (uint32, error) {
 	if len(roce) < bthLen+Len {
 		return 0, ErrShort
 	}
-	var b [48]byte
 	udpLen := 8 + len(roce)
 	switch {
 	case len(h.Src) == 4 && len(h.Dst) == 4:
-		b[0] = 0x45
-		b[1] = 0xff
-		binary.BigEndian.PutUint16(b[2:], uint16(20+udpLen))
-		binary.BigEndian.PutUint16(b[4:], h.ID)
-		if h.DF {
-			b[6] = 0x40
-		}
-		b[8], b[9] = 0xff, 17
-		b[10], b[11] = 0xff, 0xff
-		copy(b[12:], h.Src)
-		copy(b[16:], h.Dst)
-		putUDP(b[20:28], h.SrcPort, h.DstPort, udpLen)
-		return body(updateSmall(crcLRH, b[:28])^fixBTH(roce, 0), roce), nil
+		return body(synthV4(h, len(roce))^fixBTH(roce, 0), roce), nil
 	case len(h.Src) == 16 && len(h.Dst) == 16:
+		var b [48]byte
 		b[0], b[1], b[2], b[3] = 0x6f, 0xff, 0xff, 0xff
 		binary.BigEndian.PutUint16(b[4:], uint16(udpLen))
 		b[6], b[7] = 17, 0xff
