@@ -4,8 +4,8 @@
 // the BTH with its resv8a byte set to ones, and the rest of the packet up to
 // the ICRC. The result goes on the wire least-significant byte first.
 //
-// Everything is computed in place over the caller's bytes; only the few
-// header bytes that need masking are staged on the stack.
+// Everything is computed in place over the caller's bytes, without
+// copying: the masking is folded into the CRC's starting state.
 package icrc
 
 import (
@@ -37,7 +37,7 @@ func update(crc uint32, p []byte) uint32 { return crc32.Update(crc, crc32.IEEETa
 // path is called through a function value), which would cost one
 // allocation per packet.
 //
-// It is built by a variable initializer, not init, because the fast-path
+// It is built by a variable initializer, not init, because the masking
 // tables (fast.go, whose init runs first) are derived from it.
 var slicing8 = makeSlicing8()
 
@@ -75,92 +75,77 @@ func updateSmall(crc uint32, p []byte) uint32 {
 			t[4][crc>>24] ^ t[5][crc>>16&0xff] ^ t[6][crc>>8&0xff] ^ t[7][crc&0xff]
 		p = p[8:]
 	}
+	if len(p) >= 4 { // one slicing-by-4 step rather than four byte steps
+		crc ^= uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16 | uint32(p[3])<<24
+		crc = t[0][crc>>24] ^ t[1][crc>>16&0xff] ^ t[2][crc>>8&0xff] ^ t[3][crc&0xff]
+		p = p[4:]
+	}
 	for _, v := range p {
 		crc = t[0][byte(crc)^v] ^ crc>>8
 	}
 	return ^crc
 }
 
-// tail hashes the BTH (masked) and everything after it up to the ICRC.
-func tail(crc uint32, roce []byte) uint32 {
-	var b [bthLen]byte
-	copy(b[:], roce[:bthLen])
-	b[4] = 0xff
-	crc = updateSmall(crc, b[:])
-	return update(crc, roce[bthLen:len(roce)-Len])
+// The sums below hash the caller's bytes in place, the masking folded
+// into the starting state (fast.go). When the headers and the rest of the
+// packet are contiguous it is one crc32 call; otherwise the short header
+// goes through updateSmall first. Callers have checked the lengths.
+
+// body hashes p up to its ICRC: crc32 over a multiple of 16 bytes (its
+// vector path, from 64 bytes), then the slicing-by-8 loop over the last
+// 0..15, which crc32 would hash a byte at a time.
+func body(c uint32, p []byte) uint32 {
+	p = p[:len(p)-Len]
+	k := len(p) &^ 15
+	return updateSmall(update(c, p[:k]), p[k:])
 }
 
-// The sums below take the fast path (fast.go) when the headers and the
-// packet are contiguous and long enough. Otherwise they stage the masked
-// headers (IP or GRH, UDP, BTH) in one stack buffer, hash it, then hash
-// the rest of the packet in place. Callers have checked the lengths.
-
 // ipv4Sum: ip is the whole IPv4 header (20..60 bytes), udp the UDP
-// segment through the ICRC (at least 8+12+4 bytes).
+// segment through the ICRC (at least 8+12+4 bytes). The usual packet,
+// contiguous and without IP options, takes the shortest path: every
+// instruction before the crc32 call shows when packets come back to back.
 func ipv4Sum(ip, udp []byte) uint32 {
-	if pkt, ok := contiguous(ip, udp); ok {
-		if c, ok := fastIPv4(pkt, len(ip)); ok {
-			return c
-		}
+	if len(ip) == 20 && cap(ip) >= 20+len(udp) && &ip[:21][20] == &udp[0] {
+		pkt := ip[:20+len(udp)]
+		_ = pkt[20+13] // one bounds check for both fixes
+		p := pkt[:len(pkt)-Len]
+		k := len(p) &^ 15 // body, written out
+		return updateSmall(update(crcLRH^fixIPv4(pkt)^fixUDP20(pkt), p[:k]), p[k:])
 	}
-	var h [60 + 8 + bthLen]byte
-	n := copy(h[:], ip)
-	h[1] = 0xff               // TOS (DSCP and ECN) may change in flight
-	h[8] = 0xff               // TTL
-	h[10], h[11] = 0xff, 0xff // header checksum follows TTL and TOS
-	n += copy(h[n:], udp[:8+bthLen])
-	h[n-bthLen-2], h[n-bthLen-1] = 0xff, 0xff // UDP checksum
-	h[n-bthLen+4] = 0xff                      // BTH resv8a: FECN, BECN
-	crc := updateSmall(crcLRH, h[:n])
-	return update(crc, udp[8+bthLen:len(udp)-Len])
+	return ipv4SumAny(ip, udp)
+}
+
+func ipv4SumAny(ip, udp []byte) uint32 {
+	if pkt, ok := contiguous(ip, udp); ok {
+		return body(crcLRH^fixIPv4(pkt)^fixUDP(pkt, len(ip)), pkt)
+	}
+	c := updateSmall(crcLRH^fixIPv4(ip), ip)
+	return body(c^fixUDP(udp, 0), udp)
 }
 
 // ipv6Sum: ip is the 40-byte IPv6 header, udp as for ipv4Sum.
 func ipv6Sum(ip, udp []byte) uint32 {
 	if pkt, ok := contiguous(ip[:40], udp); ok {
-		if c, ok := fastGRH(pkt, 8); ok {
-			return c
-		}
+		return body(crcLRH^fixGRH(pkt)^fixUDP(pkt, 40), pkt)
 	}
-	var h [40 + 8 + bthLen]byte
-	copy(h[:], ip[:40])
-	maskGRH(h[:40])
-	copy(h[40:], udp[:8+bthLen])
-	h[46], h[47] = 0xff, 0xff
-	h[48+4] = 0xff
-	crc := updateSmall(crcLRH, h[:])
-	return update(crc, udp[8+bthLen:len(udp)-Len])
+	c := updateSmall(crcLRH^fixGRH(ip), ip[:40])
+	return body(c^fixUDP(udp, 0), udp)
 }
 
 // roceV1Sum: grh is the 40-byte GRH, roce the BTH through the ICRC.
 func roceV1Sum(grh, roce []byte) uint32 {
 	if pkt, ok := contiguous(grh[:40], roce); ok {
-		if c, ok := fastGRH(pkt, 0); ok {
-			return c
-		}
+		return body(crcLRH^fixGRH(pkt)^fixBTH(pkt, 40), pkt)
 	}
-	var h [40 + bthLen]byte
-	copy(h[:], grh[:40])
-	maskGRH(h[:40])
-	copy(h[40:], roce[:bthLen])
-	h[40+4] = 0xff
-	crc := updateSmall(crcLRH, h[:])
-	return update(crc, roce[bthLen:len(roce)-Len])
-}
-
-// maskGRH sets traffic class, flow label and hop limit of an IPv6 header
-// or GRH to ones (annex A17.3.3; the same fields for both layouts).
-func maskGRH(h []byte) {
-	h[0] |= 0x0f
-	h[1], h[2], h[3] = 0xff, 0xff, 0xff
-	h[7] = 0xff
+	c := updateSmall(crcLRH^fixGRH(grh), grh[:40])
+	return body(c^fixBTH(roce, 0), roce)
 }
 
 // IPv4 returns the ICRC of a RoCEv2 packet given its IPv4 header (options
 // included) and its UDP segment (UDP header, BTH ... ICRC). The ICRC bytes
 // themselves are not hashed.
 func IPv4(ip, udp []byte) (uint32, error) {
-	if len(ip) < 20 || len(ip) > 60 || len(udp) < 8+bthLen+Len {
+	if uint(len(ip))-20 > 60-20 || len(udp) < 8+bthLen+Len { // one compare for 20..60, to stay inlinable
 		return 0, ErrShort
 	}
 	return ipv4Sum(ip, udp), nil
@@ -206,33 +191,19 @@ func Synth(h *Header, roce []byte) (uint32, error) {
 	if len(roce) < bthLen+Len {
 		return 0, ErrShort
 	}
-	var b [48]byte
 	udpLen := 8 + len(roce)
 	switch {
 	case len(h.Src) == 4 && len(h.Dst) == 4:
-		b[0] = 0x45
-		b[1] = 0xff
-		binary.BigEndian.PutUint16(b[2:], uint16(20+udpLen))
-		binary.BigEndian.PutUint16(b[4:], h.ID)
-		if h.DF {
-			b[6] = 0x40
-		}
-		b[8], b[9] = 0xff, 17
-		b[10], b[11] = 0xff, 0xff
-		copy(b[12:], h.Src)
-		copy(b[16:], h.Dst)
-		putUDP(b[20:28], h.SrcPort, h.DstPort, udpLen)
-		return tail(updateSmall(crcLRH, b[:28]), roce), nil
+		return body(synthV4(h, len(roce))^fixBTH(roce, 0), roce), nil
 	case len(h.Src) == 16 && len(h.Dst) == 16:
+		var b [48]byte
 		b[0], b[1], b[2], b[3] = 0x6f, 0xff, 0xff, 0xff
 		binary.BigEndian.PutUint16(b[4:], uint16(udpLen))
 		b[6], b[7] = 17, 0xff
 		copy(b[8:], h.Src)
 		copy(b[24:], h.Dst)
-		crc := updateSmall(crcLRH, b[:40])
-		var u [8]byte
-		putUDP(u[:], h.SrcPort, h.DstPort, udpLen)
-		return tail(updateSmall(crc, u[:]), roce), nil
+		putUDP(b[40:48], h.SrcPort, h.DstPort, udpLen)
+		return body(updateSmall(crcLRH, b[:48])^fixBTH(roce, 0), roce), nil
 	}
 	return 0, fmt.Errorf("icrc: addresses must both be IPv4 or both IPv6 (got %d and %d bytes)", len(h.Src), len(h.Dst))
 }

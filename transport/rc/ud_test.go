@@ -494,9 +494,13 @@ func TestUDSteadyStateNoAlloc(t *testing.T) {
 }
 
 // BenchmarkUDSend64: 64-byte UD SENDs from one QP to another through the
-// engines back to back (no link): the transport's datagrams per second.
-func BenchmarkUDSend64(b *testing.B) {
+// engines back to back (no link): the transport's datagrams per second,
+// with the wire's ICRC on and off (withICRC).
+func BenchmarkUDSend64(b *testing.B) { withICRC(b, benchmarkUDSend64) }
+
+func benchmarkUDSend64(b *testing.B, checkICRC bool) {
 	w := newWire(b)
+	w.icrc = checkICRC
 	s := &sim{t: b, ep: w.ep, now: w.now}
 	qps := s.udQPs(udOpts{})
 	lmr, _ := w.ep[0].mrs.RegMR(w.ep[0].pd, make([]byte, 64), allAccess)
@@ -507,7 +511,7 @@ func BenchmarkUDSend64(b *testing.B) {
 	wcs := make([]cq.WC, 64)
 	b.ReportAllocs()
 	b.ResetTimer()
-	start := time.Now()
+	r := startRates(w)
 	for done := 0; done < b.N; {
 		k := min(32, b.N-done)
 		for range k {
@@ -528,7 +532,7 @@ func BenchmarkUDSend64(b *testing.B) {
 		}
 		done += k
 	}
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "pkt/s")
+	r.report(b, w, b.N)
 }
 
 // TestUDNoPacketsWhenStopped: work posted to a UD QP that leaves RTS
