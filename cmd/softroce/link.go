@@ -18,6 +18,7 @@ type linkFlags struct {
 	backend string
 	bind    string
 	udpPort int
+	xdpMode afxdp.Mode // afxdp only: the XDP attach mode
 }
 
 // openLink opens the chosen backend on the local address bind. With no
@@ -43,7 +44,7 @@ func openLink(f linkFlags, peer string) (nic.Link, error) {
 		if os.Geteuid() != 0 {
 			return nil, fmt.Errorf("--backend afxdp needs root (or CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW) to load its XDP program; run with sudo or use --backend udp")
 		}
-		l, err := afxdp.Open(afxdp.Config{Interface: ifc.Name, Addr: addr, Port: f.udpPort})
+		l, err := afxdp.Open(afxdp.Config{Interface: ifc.Name, Addr: addr, Port: f.udpPort, Mode: f.xdpMode})
 		if err != nil {
 			return nil, fmt.Errorf("open AF_XDP backend on %s: %w", ifc.Name, err)
 		}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/softroce/softroce/abi"
+	"github.com/softroce/softroce/nic/afxdp"
 	"github.com/softroce/softroce/serve"
 	"github.com/softroce/softroce/verbs"
 )
@@ -34,13 +35,14 @@ func runServe(args []string) int {
 	fs.Var(&addrs, "addr", "local IP address of a device (repeat for more devices; default: the host's first IPv4 address)")
 	fs.Var(&addrs, "bind", "the same as --addr")
 	backend := fs.String("backend", "udp", "udp (portable, unprivileged) or afxdp (root)")
+	xdpMode := fs.String("xdp-mode", "auto", "with --backend afxdp: auto (native, else generic), native or generic (skb)")
 	sock := fs.String("socket", "", "Unix socket path (default $SOFTROCE_SOCKET, /run/softroce/softroce.sock for root, $XDG_RUNTIME_DIR/softroce.sock)")
 	group := fs.String("group", "", "let this group use the daemon (socket mode 0770); default: only the daemon's user (0700)")
 	port := fs.Int("udp-port", 0, "UDP port to listen on (default 4791)")
 	peerPort := fs.Int("peer-udp-port", 0, "UDP port the peers listen on (default: --udp-port; change only against another softroce on the same address)")
 	quiet := fs.Bool("q", false, "print nothing but errors")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp] [--socket PATH] [--group NAME]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--socket PATH] [--group NAME]\n\n"+
 			"Owns one softroce device per address and serves the programs that 'softroce run' starts.\n\n")
 		fs.PrintDefaults()
 	}
@@ -50,9 +52,14 @@ func runServe(args []string) int {
 	if len(addrs) == 0 {
 		addrs = addrList{""}
 	}
+	mode, err := afxdp.ParseMode(*xdpMode)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softroce serve: --xdp-mode: %v\n", err)
+		return 2
+	}
 	var devs []*verbs.Device
 	for i, a := range addrs {
-		link, err := openLink(linkFlags{backend: *backend, bind: a, udpPort: *port}, "")
+		link, err := openLink(linkFlags{backend: *backend, bind: a, udpPort: *port, xdpMode: mode}, "")
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
 			return 1
@@ -80,9 +87,12 @@ func runServe(args []string) int {
 		return 1
 	}
 	if !*quiet {
-		for i, d := range devs {
-			fmt.Fprintf(os.Stderr, "softroce serve: device %s on %s (%s)\n", d.Name(), d.Link().Addrs()[0], *backend)
-			_ = i
+		for _, d := range devs {
+			what := *backend
+			if x, ok := d.Link().(*afxdp.Link); ok {
+				what = fmt.Sprintf("afxdp on %s, %s XDP, %d queues", x.Interface(), x.Mode(), x.Queues())
+			}
+			fmt.Fprintf(os.Stderr, "softroce serve: device %s on %s (%s)\n", d.Name(), d.Link().Addrs()[0], what)
 		}
 		fmt.Fprintf(os.Stderr, "softroce serve: listening on %s\n", s.Socket())
 	}
