@@ -61,11 +61,16 @@ type clientWatch struct {
 // /proc/<pid>/status: the program really running, with its real and
 // effective user.
 func watchClients(s *serve.Server) *clientWatch {
+	return watchClientList(func() []serve.ClientStatus { return s.Status().Clients })
+}
+
+// watchClientList is watchClients for a daemon whose clients list tells.
+func watchClientList(list func() []serve.ClientStatus) *clientWatch {
 	w := &clientWatch{stop: make(chan struct{}), done: make(chan struct{}), seen: map[int]string{}}
 	go func() {
 		defer close(w.done)
 		for {
-			for _, c := range s.Status().Clients {
+			for _, c := range list() {
 				w.mu.Lock()
 				_, ok := w.seen[c.PID]
 				w.mu.Unlock()
