@@ -149,13 +149,27 @@ func (n *neighbours) storeLocked(dst netip.Addr, mac [6]byte, err error, now tim
 // lookupNoWait returns the cached MAC address of dst's next hop (or the
 // cached failure). On a miss it starts resolving dst in the background,
 // unless that is already under way or maxResolving resolutions are, and
-// returns a *NeighbourError with ErrResolving at once.
+// returns a *NeighbourError with ErrResolving at once. An address whose
+// entry has aged out is refreshed the same way, but its last MAC address
+// is used meanwhile (as the kernel uses a STALE entry while it probes),
+// so that traffic to a peer does not lose a packet at every expiry.
 func (n *neighbours) lookupNoWait(dst netip.Addr) ([6]byte, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if e, ok := n.cachedLocked(dst, time.Now()); ok {
+	e, ok := n.m[dst]
+	if ok && time.Now().Before(e.expires) {
 		return e.mac, e.err
 	}
+	n.startLocked(dst)
+	if ok && e.err == nil {
+		return e.mac, nil
+	}
+	return [6]byte{}, &NeighbourError{Dst: dst, Ifname: n.ifname, Err: ErrResolving}
+}
+
+// startLocked starts resolving dst in the background unless that is
+// under way or maxResolving resolutions are.
+func (n *neighbours) startLocked(dst netip.Addr) {
 	if _, busy := n.resolving[dst]; !busy && len(n.resolving) < maxResolving && !n.closed {
 		n.resolving[dst] = struct{}{}
 		n.wg.Add(1)
@@ -168,7 +182,6 @@ func (n *neighbours) lookupNoWait(dst netip.Addr) ([6]byte, error) {
 			n.mu.Unlock()
 		}()
 	}
-	return [6]byte{}, &NeighbourError{Dst: dst, Ifname: n.ifname, Err: ErrResolving}
 }
 
 // lookup returns the MAC address of dst's next hop, resolving it now if
