@@ -147,23 +147,42 @@ func (n *neighbours) storeLocked(dst netip.Addr, mac [6]byte, err error, now tim
 }
 
 // lookupNoWait returns the cached MAC address of dst's next hop (or the
-// cached failure). On a miss it starts resolving dst in the background,
-// unless that is already under way or maxResolving resolutions are, and
-// returns a *NeighbourError with ErrResolving at once. An address whose
-// entry has aged out is refreshed the same way, but its last MAC address
-// is used meanwhile (as the kernel uses a STALE entry while it probes),
-// so that traffic to a peer does not lose a packet at every expiry.
+// cached failure). On a miss it reads the kernel's routing and neighbour
+// tables once, without waiting: the kernel usually knows the peer already,
+// from the TCP or CM exchange that set up the connection. Failing that, it
+// starts resolving dst in the background, unless that is already under
+// way or maxResolving resolutions are, and returns a *NeighbourError with
+// ErrResolving at once. An address whose entry has aged out is refreshed
+// in the background, but its last MAC address is used meanwhile (as the
+// kernel uses a STALE entry while it probes), so that traffic to a peer
+// does not lose a packet at every expiry.
 func (n *neighbours) lookupNoWait(dst netip.Addr) ([6]byte, error) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	e, ok := n.m[dst]
 	if ok && time.Now().Before(e.expires) {
+		n.mu.Unlock()
 		return e.mac, e.err
 	}
-	n.startLocked(dst)
 	if ok && e.err == nil {
+		n.startLocked(dst)
+		n.mu.Unlock()
 		return e.mac, nil
 	}
+	_, busy := n.resolving[dst]
+	n.mu.Unlock()
+	if !busy {
+		if hop, err := n.nextHop(dst); err == nil {
+			if mac, found := n.find(hop); found {
+				n.mu.Lock()
+				n.storeLocked(dst, mac, nil, time.Now())
+				n.mu.Unlock()
+				return mac, nil
+			}
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.startLocked(dst)
 	return [6]byte{}, &NeighbourError{Dst: dst, Ifname: n.ifname, Err: ErrResolving}
 }
 

@@ -59,3 +59,39 @@ func TestSendUsesAgedNeighbourWhileRefreshing(t *testing.T) {
 		t.Errorf("TxErrors = %d, want 0", s.TxErrors)
 	}
 }
+
+// A peer the kernel has already resolved (here: through an earlier link on
+// the same interface) costs a new link no packet: its first Send finds
+// the kernel's neighbour entry at once instead of dropping the packet and
+// resolving in the background.
+func TestFirstSendUsesKernelNeighbour(t *testing.T) {
+	v := netnstest.Pair(t, netnstest.VethConfig{MTU: 1500})
+	b := openIn(t, v.B, Config{})
+	var first *Link
+	v.A.NS.Run(t, func() (err error) { first, err = Open(Config{Interface: v.A.Name}); return err })
+	if err := first.Resolve(v.B.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+	a := openIn(t, v.A, Config{})
+	var calls atomic.Int32
+	a.setResolver(func(real func(netip.Addr) ([6]byte, error), dst netip.Addr) ([6]byte, error) {
+		calls.Add(1)
+		return real(dst)
+	})
+	out := packets(2, 200)
+	for i := range out {
+		out[i].N = 200
+		fill(out[i].Buf, 200, uint32(i))
+		out[i].Remote = netip.AddrPortFrom(v.B.Addr(), 0)
+	}
+	if n, err := a.Send(out); n != len(out) || err != nil {
+		t.Fatalf("first Send to a peer the kernel knows = %d, %v; want %d, nil", n, err, len(out))
+	}
+	if got := recvSeqs(t, b, 2); got[0] != 0 || got[1] != 1 {
+		t.Fatalf("received %v", got)
+	}
+	if c := calls.Load(); c != 0 || a.Stats().TxErrors != 0 {
+		t.Errorf("%d background resolutions, TxErrors %d; want none", c, a.Stats().TxErrors)
+	}
+}
