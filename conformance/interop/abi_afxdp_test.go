@@ -52,7 +52,7 @@ func softroceBinary(t *testing.T) string {
 // usable by group nogroup. It returns the socket and the environment that
 // makes a host program use it. At cleanup the daemon gets SIGTERM and
 // must exit with status 0.
-func serveAFXDP(t *testing.T, bin, mode string) (string, []string) {
+func serveAFXDP(t *testing.T, bin, mode string) (sock string, env []string, startup string) {
 	t.Helper()
 	dir := t.TempDir()
 	for _, d := range []string{dir, filepath.Dir(dir)} {
@@ -60,7 +60,7 @@ func serveAFXDP(t *testing.T, bin, mode string) (string, []string) {
 			t.Fatal(err)
 		}
 	}
-	sock := filepath.Join(dir, "softroce.sock")
+	sock = filepath.Join(dir, "softroce.sock")
 	cmd := vm.HostCommand(context.Background(), bin, "serve", "--backend", "afxdp", "--addr", vm.HostAddr().String(), "--xdp-mode", mode, "--socket", sock, "--group", "nogroup")
 	var log syncBuf
 	cmd.Stdout, cmd.Stderr = &log, &log
@@ -94,8 +94,9 @@ func serveAFXDP(t *testing.T, bin, mode string) (string, []string) {
 			t.Fatalf("softroce serve --backend afxdp does not answer on %s:\n%s", sock, log.String())
 		}
 	}
-	t.Logf("%s", strings.TrimSpace(log.String()))
-	return sock, append(os.Environ(), "SOFTROCE_SOCKET="+sock, "LD_LIBRARY_PATH="+abiLibrary(t))
+	startup = strings.TrimSpace(log.String())
+	t.Logf("%s", startup)
+	return sock, append(os.Environ(), "SOFTROCE_SOCKET="+sock, "LD_LIBRARY_PATH="+abiLibrary(t)), startup
 }
 
 // tapCounters reads counters of the host end of the tap.
@@ -130,7 +131,14 @@ func TestABIAFXDPAgainstRxe(t *testing.T) {
 }
 
 func testABIAFXDP(t *testing.T, h abiHost, bin, mode, want string) {
-	sock, env := serveAFXDP(t, bin, mode)
+	sock, env, startup := serveAFXDP(t, bin, mode)
+	wantLine := "(afxdp on " + rxevm.TapName + ", native XDP"
+	if mode == "generic" {
+		wantLine = "(afxdp on " + rxevm.TapName + ", generic XDP"
+	}
+	if !strings.Contains(startup, wantLine) {
+		t.Errorf("softroce serve's start-up lines lack %q:\n%s", wantLine, startup)
+	}
 	// ip link names the attach mode before the program's id: "xdp"
 	// (native), "xdpgeneric", "xdpoffload".
 	if out, err := vm.HostCommand(context.Background(), "ip", "link", "show", "dev", rxevm.TapName).CombinedOutput(); err != nil {
