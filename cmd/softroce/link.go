@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
+	"strings"
 	"syscall"
 
 	"github.com/softroce/softroce/nic"
@@ -41,11 +41,13 @@ func openLink(f linkFlags, peer string) (nic.Link, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--bind %v: %w", addr, err)
 		}
-		if os.Geteuid() != 0 {
-			return nil, fmt.Errorf("--backend afxdp needs root (or CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW) to load its XDP program; run with sudo or use --backend udp")
-		}
+		// Capabilities, not root, are what AF_XDP needs: afxdp.Open
+		// names the ones missing.
 		l, err := afxdp.Open(afxdp.Config{Interface: ifc.Name, Addr: addr, Port: f.udpPort, Mode: f.xdpMode})
 		if err != nil {
+			if strings.Contains(err.Error(), "not permitted") {
+				return nil, fmt.Errorf("open AF_XDP backend on %s: %w (or use --backend udp, which needs no privilege)", ifc.Name, err)
+			}
 			return nil, fmt.Errorf("open AF_XDP backend on %s: %w", ifc.Name, err)
 		}
 		return l, nil

@@ -1,6 +1,19 @@
 package main
 
-import "testing"
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/internal/netnstest"
+	"github.com/softroce/softroce/serve"
+)
 
 // An XDP mode softroce does not know stops serve before it opens
 // anything, with the usage status.
@@ -8,4 +21,70 @@ func TestServeBadXDPMode(t *testing.T) {
 	if rc := runServe([]string{"--backend", "afxdp", "--xdp-mode", "zerocopy", "--socket", t.TempDir() + "/s"}); rc != 2 {
 		t.Fatalf("serve --xdp-mode zerocopy: status %d, want 2", rc)
 	}
+}
+
+// softroce serve --backend afxdp needs the capabilities AF_XDP needs,
+// not root: as nobody with CAP_NET_ADMIN, CAP_NET_RAW, CAP_BPF and
+// CAP_IPC_LOCK (as a service manager grants them) the daemon opens its
+// device on a veth end, serves, and stops cleanly on SIGTERM.
+func TestServeAFXDPWithCapabilities(t *testing.T) {
+	netnstest.Require(t)
+	v := netnstest.Pair(t, netnstest.VethConfig{})
+	dir := t.TempDir()
+	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "softroce")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "s.sock")
+	var cmd *exec.Cmd
+	var out strings.Builder
+	v.A.NS.Run(t, func() error {
+		// Started from this thread, the daemon is in the namespace.
+		cmd = exec.Command(bin, "serve", "--backend", "afxdp", "--addr", v.A.Addr().String(), "--socket", sock)
+		cmd.Env = append(os.Environ(), "SOFTROCE_TEST_AS_MAIN=1")
+		cmd.Stdout, cmd.Stderr = &out, &out
+		cmd.SysProcAttr = &syscall.SysProcAttr{
+			Credential:  &syscall.Credential{Uid: 65534, Gid: 65534},
+			AmbientCaps: []uintptr{unix.CAP_NET_ADMIN, unix.CAP_NET_RAW, unix.CAP_BPF, unix.CAP_IPC_LOCK},
+		}
+		return cmd.Start()
+	})
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		st, err := serve.QueryStatus(sock)
+		if err == nil {
+			if len(st.Devices) != 1 || len(st.Devices[0].Addrs) == 0 || st.Devices[0].Addrs[0] != v.A.Addr().String() {
+				t.Fatalf("devices %+v, want one on %v", st.Devices, v.A.Addr())
+			}
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("softroce serve --backend afxdp as nobody with capabilities: %v\n%s", err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no daemon on %s: %v", sock, err)
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-exited; err != nil {
+		t.Fatalf("softroce serve on SIGTERM: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "XDP") {
+		t.Errorf("no start-up line naming the XDP mode:\n%s", out.String())
+	}
+	t.Logf("%s", out.String())
 }
