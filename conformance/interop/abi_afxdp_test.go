@@ -117,8 +117,9 @@ func tapCounters(t *testing.T, names ...string) []uint64 {
 // TestABIAFXDPAgainstRxe runs the daemon as root with the AF_XDP backend
 // (`softroce serve --backend afxdp`, XDP on the host end of the guest's
 // tap, in the default mode, which is native on a tap, and in generic
-// mode) and the host's unmodified ibv_rc_pingpong -c and ib_write_bw as
-// nobody through it against the same tools on the rxe guest, both roles:
+// mode) and the host's unmodified ibv_rc_pingpong -c and ib_write_bw (and
+// in the default mode rping) as nobody through it against the same tools
+// on the rxe guest, both roles:
 // only the daemon is privileged. Every client the daemon served must be
 // nobody.
 func TestABIAFXDPAgainstRxe(t *testing.T) {
@@ -197,6 +198,14 @@ func testABIAFXDP(t *testing.T, h abiHost, bin, mode, want string) {
 				t.Fatalf("no result row:\nhost:\n%s\nguest:\n%s", out, gout)
 			}
 			t.Logf("client: %s", lastLines(client, 2))
+		})
+	}
+	if mode == "auto" {
+		// rdma_cm: CM MADs to and from rxe's QP1 through the AF_XDP link.
+		t.Run("rping", func(t *testing.T) {
+			onThis := abiHost{daemon: func(*testing.T) []string { return env }, argv: h.argv}
+			cmBothRolesAs(t, onThis, "rping", "rping -s -C 10 -v", "rping -c -C 10 -v -a", []string{"-s", "-C", "10", "-v", "-a", "HOST"},
+				[]string{"-c", "-C", "10", "-v", "-a"}, "ping data: rdma-ping-9", "REJECTED")
 		})
 	}
 	w.check(t)
