@@ -335,8 +335,8 @@ func (f countingQP) PostSend(wr *verbs.SendWR) error {
 
 func (countingQP) Stats() verbs.QPStats { return verbs.QPStats{} }
 
-// TestSendAllocsPerRun: the loop allocates per run, never per message.
-func TestSendAllocsPerRun(t *testing.T) {
+// TestSendNoAllocPerMessage: the loop allocates per run, never per message.
+func TestSendNoAllocPerMessage(t *testing.T) {
 	c := newCQ(t)
 	run := func(iters int) float64 {
 		s := Sender{QPs: []QP{countingQP{c}, countingQP{c}}, CQ: c, WRs: make([]verbs.SendWR, 2), Size: 64, Iters: iters, TxDepth: 16, Signal: 4}
