@@ -58,10 +58,11 @@ type CQ struct {
 	overrun bool
 	arm     int
 
-	notify chan struct{} // completion channel, capacity 1 (coalescing)
-	events chan Event    // async events, capacity 1 (only one CQ_ERR can happen)
-	wake   chan struct{} // wakes a Wait, capacity 1; the baton is passed on
-	onErr  func(Event)   // SetErrorHook's function, guarded by mu
+	notify chan struct{}       // completion channel, capacity 1 (coalescing)
+	events chan Event          // async events, capacity 1 (only one CQ_ERR can happen)
+	wake   chan struct{}       // wakes a Wait, capacity 1; the baton is passed on
+	onErr  func(Event)         // SetErrorHook's function, guarded by mu
+	onPush func(WC, bool) bool // SetPushHook's function, guarded by mu
 }
 
 // New creates a CQ that holds depth completions (ibv_create_cq's cqe).
@@ -124,6 +125,10 @@ func (c *CQ) Push(wc WC) bool { return c.PushSolicited(wc, false) }
 // it, so that a consumer sleeping on Notify wakes up and sees ErrOverrun.
 func (c *CQ) PushSolicited(wc WC, solicited bool) bool {
 	c.mu.Lock()
+	if c.onPush != nil && c.count == 0 && !c.overrun && c.onPush(wc, solicited) {
+		c.mu.Unlock()
+		return true
+	}
 	if c.overrun || c.count == len(c.ring) {
 		first := !c.overrun
 		c.overrun = true
@@ -276,6 +281,26 @@ func (c *CQ) Events() <-chan Event { return c.events }
 func (c *CQ) SetErrorHook(f func(Event)) {
 	c.mu.Lock()
 	c.onErr = f
+	c.mu.Unlock()
+}
+
+// SetPushHook installs f, which is offered every completion pushed from
+// then on, before the CQ stores it. When f returns true it has taken the
+// completion (delivered it elsewhere): the CQ does not store it, does not
+// fire its notification nor wake a Wait, and Push returns true. When f
+// returns false the completion is stored as without a hook. f is offered
+// a completion only while the CQ holds none, so completions f takes and
+// completions it leaves never overtake one another: once f has declined
+// one, everything after it is stored until a consumer has polled the CQ
+// empty. It lets a consumer that forwards completions (the daemon, into
+// its clients' rings) skip a wake-up per completion.
+//
+// f runs under the CQ's lock on the goroutine that pushes, which may hold
+// its own locks (the transport's engine lock): it must not block and must
+// not call into this CQ or into the pusher. A nil f removes the hook.
+func (c *CQ) SetPushHook(f func(wc WC, solicited bool) bool) {
+	c.mu.Lock()
+	c.onPush = f
 	c.mu.Unlock()
 }
 
