@@ -25,11 +25,13 @@ type Driver struct {
 	smu  sync.Mutex // serialises Send on the link
 	once sync.Once
 
-	// inRecv (under e.mu) is set while the receive goroutine handles a
-	// batch and flushes after it: a wake-up of the timer goroutine then
-	// would only find the work already done, so it is noted in missed and
-	// sent afterwards only if still needed.
-	inRecv, missed bool
+	// batches (under e.mu) counts the goroutines in a batch: the receive
+	// goroutine handling received packets, and callers of Batch. Each
+	// flushes after its batch, so a wake-up of the timer goroutine then
+	// would only find the work already done: it is noted in missed and
+	// sent by the last batch to end, only if still needed.
+	batches int
+	missed  bool
 
 	fatal     atomic.Pointer[error] // the Recv error that stopped the receive loop
 	txDropped atomic.Uint64
@@ -92,7 +94,7 @@ func newDriver(e *Engine, link nic.Link, cfg DriverConfig) *Driver {
 
 // wakeLocked is the engine's Wake (called under e.mu).
 func (d *Driver) wakeLocked() {
-	if d.inRecv {
+	if d.batches > 0 {
 		d.missed = true
 		return
 	}
@@ -111,20 +113,37 @@ func (d *Driver) handle(pkts []nic.Packet) {
 
 func (d *Driver) beginBatch() {
 	d.e.mu.Lock()
-	d.inRecv = true
+	d.batches++
 	d.e.mu.Unlock()
 }
 
 func (d *Driver) endBatch() {
 	e := d.e
 	e.mu.Lock()
-	d.inRecv = false
-	need := d.missed && (len(e.pending) > 0 || d.timerEarlierLocked())
-	d.missed = false
+	d.batches--
+	need := false
+	if d.batches == 0 {
+		need = d.missed && (len(e.pending) > 0 || d.timerEarlierLocked())
+		d.missed = false
+	}
 	e.mu.Unlock()
 	if need {
 		d.kick()
 	}
+}
+
+// Batch runs f, which posts work, then sends what the engine built for
+// it on the caller's goroutine, as the receive goroutine does after a
+// batch of packets. A caller that posts for many QPs (a daemon moving
+// work requests from its clients' rings) saves, per post, the wake-up of
+// the timer goroutine and the hand-off to it; that goroutine is woken
+// afterwards only if work is left or a timer now expires before it
+// planned to wake. f must not call Batch.
+func (d *Driver) Batch(f func()) {
+	d.beginBatch()
+	f()
+	d.flush()
+	d.endBatch()
 }
 
 // timerEarlierLocked reports whether a timer is due before the time the

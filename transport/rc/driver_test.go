@@ -250,3 +250,51 @@ func TestBatchWakesTimerOnlyWhenNeeded(t *testing.T) {
 		t.Fatalf("%d packets sent, want 3", got)
 	}
 }
+
+// TestBatchSendsOnTheCallersGoroutine: work posted inside Batch is on the
+// link when Batch returns, and the timer goroutine was not woken for it;
+// posted outside, it waits for that goroutine, which is woken.
+func TestBatchSendsOnTheCallersGoroutine(t *testing.T) {
+	f := newDriverFixture(t)
+	link := &fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
+	d := newDriver(f.e, link, DriverConfig{})
+	qp := f.rtsQP(t, "10.0.0.2")
+	post := func() {
+		if err := qp.PostSend(&wr.SendWR{Opcode: wr.Send, Flags: wr.Signaled}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.Batch(post)
+	if n := link.sent[netip.MustParseAddr("10.0.0.2")]; n != 1 {
+		t.Fatalf("after Batch the link has %d packets, want 1", n)
+	}
+	// The timer goroutine is woken once, to arm the retransmission timer
+	// the first send started; as it would, it then sleeps until that.
+	if len(d.wake) != 1 {
+		t.Fatal("the timer goroutine was not told of the new retransmission deadline")
+	}
+	<-d.wake
+	f.e.NextDeadline()
+	d.Batch(post)
+	if n := link.sent[netip.MustParseAddr("10.0.0.2")]; n != 2 {
+		t.Fatalf("after a second Batch the link has %d packets, want 2", n)
+	}
+	if len(d.wake) != 0 {
+		t.Fatal("Batch woke the timer goroutine for work it sent itself")
+	}
+	post()
+	if n := link.sent[netip.MustParseAddr("10.0.0.2")]; n != 2 || len(d.wake) != 1 {
+		t.Fatalf("a post outside Batch: %d packets on the link, %d wake-ups; want 2 and 1", n, len(d.wake))
+	}
+	<-d.wake
+	d.flush()
+	// A post from elsewhere while a batch runs is sent by that batch's
+	// flush or, if left over, woken for when the last batch ends.
+	d.Batch(func() { d.Batch(func() {}) }) // nested batches end cleanly
+	d.beginBatch()
+	post()
+	d.endBatch()
+	if len(d.wake) != 1 {
+		t.Fatal("work posted during a batch that did not flush it was not woken for")
+	}
+}
