@@ -547,7 +547,9 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 	store32(m.b, offSleeping, 1)
 	c.qps[h] = q
 	d.qps = append(d.qps, q)
+	d.rmu.Lock()
 	d.byQPN[q.qpn] = q
+	d.rmu.Unlock()
 	d.reserved += int(sqSize + rqSize)
 	p.uses++
 	scq.nQP++
@@ -639,7 +641,9 @@ func (c *client) destroyQP(h uint32) error {
 			break
 		}
 	}
+	d.rmu.Lock() // route no longer reaches q nor its CQs
 	delete(d.byQPN, q.qpn)
+	d.rmu.Unlock()
 	d.reserved -= int(q.sqSize + q.rqSize)
 	q.mem.free()
 	delete(c.qps, h)

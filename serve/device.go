@@ -3,6 +3,7 @@ package serve
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -31,6 +32,14 @@ const (
 // device is one verbs device and the clients' objects on it. mu guards
 // everything the poller reads (the QP list, the clients' MR tables) and is
 // held for each control operation and each poller pass.
+//
+// Completions take another way: the device's verbs CQs hand each one, as
+// the transport pushes it, to route (cq.CQ's push hook), which writes it
+// into its client's CQ ring at once, on the transport's goroutine and
+// under its engine lock. route therefore cannot take mu (the poller holds
+// mu while it posts, which takes the engine lock); rmu guards what it
+// reads: byQPN (written under both mu and rmu) and the CQ rings' producer
+// state. Locks nest mu, then the engine's, then rmu.
 type device struct {
 	s     *Server
 	index int
@@ -40,26 +49,42 @@ type device struct {
 
 	mu       sync.Mutex
 	qps      []*qpObj
-	byQPN    map[uint32]*qpObj
+	byQPN    map[uint32]*qpObj      // written under mu and rmu
 	reserved int                    // send+recv capacity the QPs and SRQs claim of goCQDepth
 	srqs     []*srqObj              // srq.go
 	bySRQ    map[*verbs.SRQ]*srqObj // srq.go: for the limit event
-	asleep   bool
+
+	rmu sync.Mutex
+	// overruns are QPs whose client CQ ring was full when route wrote a
+	// completion: moving them to ERR takes the engine lock, which route
+	// runs under, so the poller does it (errPending tells it to look).
+	overruns, overrunsWork []overrun
+	errPending             atomic.Bool
+
+	drainFn   func() // d.drainAll, made once: Batch takes it without allocating
+	drainWork bool   // what drainAll found
 
 	sendCQ, recvCQ *verbs.CQ
 	cm             cmDev // rdma_cm's CM on QP1, opened on first use (serve/cm.go)
 	wcs            [64]verbs.WC
 
-	epfd   int // the clients' doorbell eventfds, and quitFD
+	epfd   int // the clients' doorbell eventfds, wakeFD and quitFD
+	wakeFD int // route's request for a pass (overruns)
 	quitFD int
-	dbCh   chan struct{}
 	quit   chan struct{}
 	done   sync.WaitGroup
 }
 
+// overrun is a QP to move to ERR for a completion its client CQ could not
+// hold; first says the CQ's CQ_ERR event is still to be raised.
+type overrun struct {
+	qpn, cq uint32
+	first   bool
+}
+
 func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
 	d := &device{s: s, index: i, v: v, name: v.Name(), byQPN: map[uint32]*qpObj{}, bySRQ: map[*verbs.SRQ]*srqObj{},
-		dbCh: make(chan struct{}, 1), quit: make(chan struct{})}
+		quit: make(chan struct{})}
 	if g := v.GIDTable(); len(g) > 0 {
 		// An EUI-64-like GUID from the first address: stable per address.
 		a := g[0].GID
@@ -72,16 +97,20 @@ func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
 	if d.recvCQ, err = v.CreateCQ(goCQDepth); err != nil {
 		return nil, err
 	}
+	d.drainFn = d.drainAll
+	d.sendCQ.SetPushHook(d.routeSend)
+	d.recvCQ.SetPushHook(d.routeRecv)
 	if d.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		return nil, err
 	}
-	if d.quitFD, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
-		unix.Close(d.epfd)
-		return nil, err
+	for _, p := range []*int{&d.quitFD, &d.wakeFD} {
+		if *p, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
+			unix.Close(d.epfd)
+			return nil, err
+		}
+		unix.EpollCtl(d.epfd, unix.EPOLL_CTL_ADD, *p, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(*p)})
 	}
-	unix.EpollCtl(d.epfd, unix.EPOLL_CTL_ADD, d.quitFD, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(d.quitFD)})
-	d.done.Add(3)
-	go d.doorbells()
+	d.done.Add(2)
 	go d.poll()
 	go d.events()
 	return d, nil
@@ -90,13 +119,21 @@ func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
 func (d *device) close() {
 	d.cmClose()
 	close(d.quit)
-	var one [8]byte
-	one[0] = 1
-	unix.Write(d.quitFD, one[:])
+	ring(d.quitFD)
 	d.done.Wait()
+	d.sendCQ.SetPushHook(nil)
+	d.recvCQ.SetPushHook(nil)
 	unix.Close(d.epfd)
 	unix.Close(d.quitFD)
+	unix.Close(d.wakeFD)
 	d.v.Close()
+}
+
+// ring writes an eventfd.
+func ring(fd int) {
+	var one [8]byte
+	one[0] = 1
+	unix.Write(fd, one[:])
 }
 
 // addDoorbell makes the poller wake when fd (a client's eventfd) is
@@ -109,43 +146,14 @@ func (d *device) removeDoorbell(fd int) {
 	unix.EpollCtl(d.epfd, unix.EPOLL_CTL_DEL, fd, nil)
 }
 
-// doorbells waits on every client's eventfd at once (one goroutine per
-// device, not per client) and wakes the poller.
-func (d *device) doorbells() {
+// poll is the device's data path: it runs the clients' rings until quit.
+// Asleep, it waits in epoll on every client's doorbell at once (one
+// goroutine per device, not per client), so a doorbell wakes the goroutine
+// that posts the WQEs: no hand-off between a doorbell waiter and a poller.
+func (d *device) poll() {
 	defer d.done.Done()
 	var evs [32]unix.EpollEvent
 	var buf [8]byte
-	for {
-		n, err := unix.EpollWait(d.epfd, evs[:], -1)
-		if err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			return
-		}
-		for i := range n {
-			fd := int(evs[i].Fd)
-			if fd == d.quitFD {
-				return
-			}
-			unix.Read(fd, buf[:])
-		}
-		// Post the rung QPs' WQEs from here at once rather than after
-		// waking the poller: one hand-off less on the way to the wire.
-		d.mu.Lock()
-		d.pass()
-		d.mu.Unlock()
-		select {
-		case d.dbCh <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// poll is the device's data path: it runs the clients' rings until quit.
-func (d *device) poll() {
-	defer d.done.Done()
-	t := time.NewTimer(backstop)
 	idle := 0
 	for {
 		d.mu.Lock()
@@ -166,23 +174,21 @@ func (d *device) poll() {
 		// Announce the sleep, then look once more: a WQE posted before the
 		// announcement was seen is found now, one posted after it rings.
 		d.setAsleep(true)
-		d.sendCQ.ReqNotify(false)
-		d.recvCQ.ReqNotify(false)
 		d.mu.Lock()
 		work = d.pass()
 		d.mu.Unlock()
-		if !work && d.sendCQ.Len() == 0 && d.recvCQ.Len() == 0 {
-			t.Reset(backstop)
-			select {
-			case <-d.quit:
-				return
-			case <-d.dbCh:
-			case <-d.sendCQ.Notify():
-			case <-d.recvCQ.Notify():
-			case <-t.C:
+		if !work {
+			n, err := unix.EpollWait(d.epfd, evs[:], int(backstop/time.Millisecond))
+			if n == 0 && err == nil {
 				d.s.backstops.Add(1)
 			}
-			t.Stop()
+			for i := range max(n, 0) {
+				fd := int(evs[i].Fd)
+				if fd == d.quitFD {
+					return
+				}
+				unix.Read(fd, buf[:])
+			}
 		}
 		d.setAsleep(false)
 		idle = 0
@@ -191,7 +197,6 @@ func (d *device) poll() {
 
 func (d *device) setAsleep(v bool) {
 	d.mu.Lock()
-	d.asleep = v
 	f := uint32(0)
 	if v {
 		f = 1
@@ -205,9 +210,57 @@ func (d *device) setAsleep(v bool) {
 	d.mu.Unlock()
 }
 
-// pass runs every QP's rings once and delivers every completion; d.mu is
-// held. It reports whether it did anything.
+// pass runs every QP's rings once; d.mu is held. It reports whether it did
+// anything.
 func (d *device) pass() bool {
+	work := false
+	if d.errPending.Load() {
+		d.moveOverrunsToErr()
+		work = true
+	}
+	if d.posted() {
+		// Post, then send what that built, on this goroutine: no wake-up
+		// of the transport's transmitter per post.
+		d.v.Batch(d.drainFn)
+		work = work || d.drainWork
+	}
+	// route takes every completion as it is pushed; the verbs CQs hold
+	// some only if it ever declined one.
+	for _, c := range [2]*verbs.CQ{d.sendCQ, d.recvCQ} {
+		recv := c == d.recvCQ
+		for {
+			n := c.Poll(d.wcs[:])
+			if n == 0 {
+				break
+			}
+			work = true
+			for i := range d.wcs[:n] {
+				d.route(&d.wcs[i], recv)
+			}
+		}
+	}
+	return work
+}
+
+// posted reports whether a client has posted WQEs the poller has not
+// taken; d.mu is held.
+func (d *device) posted() bool {
+	for _, q := range d.qps {
+		b := q.mem.b
+		if load32(b, offSQProd) != q.sqCons || load32(b, offRQProd) != q.rqCons {
+			return true
+		}
+	}
+	for _, o := range d.srqs {
+		if load32(o.mem.b, offRQProd) != o.cons {
+			return true
+		}
+	}
+	return false
+}
+
+// drainAll moves every ring's new WQEs into verbs; d.mu is held.
+func (d *device) drainAll() {
 	work := false
 	for _, q := range d.qps {
 		if q.drain() {
@@ -219,27 +272,21 @@ func (d *device) pass() bool {
 			work = true
 		}
 	}
-	for _, c := range [2]*verbs.CQ{d.sendCQ, d.recvCQ} {
-		recv := c == d.recvCQ
-		for {
-			n := c.Poll(d.wcs[:])
-			if n == 0 {
-				break
-			}
-			work = true
-			for i := range d.wcs[:n] {
-				d.deliver(&d.wcs[i], recv)
-			}
-		}
-	}
-	return work
+	d.drainWork = work
 }
 
-// deliver writes a completion into the ring of the client CQ its QP names.
+func (d *device) routeSend(wc verbs.WC, _ bool) bool { d.route(&wc, false); return true }
+func (d *device) routeRecv(wc verbs.WC, _ bool) bool { d.route(&wc, true); return true }
+
+// route writes a completion into the ring of the client CQ its QP names.
 // A completion of a QP destroyed meanwhile is dropped, as a RNIC drops it.
-func (d *device) deliver(wc *verbs.WC, recv bool) {
+// It runs on the goroutine that pushed the completion, under the engine
+// lock (see device): what needs more is left to the poller.
+func (d *device) route(wc *verbs.WC, recv bool) {
+	d.rmu.Lock()
 	q := d.byQPN[wc.QPNum]
 	if q == nil {
+		d.rmu.Unlock()
 		return
 	}
 	c := q.sendCQ
@@ -248,12 +295,39 @@ func (d *device) deliver(wc *verbs.WC, recv bool) {
 	}
 	if !c.push(wc) {
 		d.s.overruns.Add(1)
-		if !c.overran {
+		if !q.errQueued {
+			q.errQueued = true
+			d.overruns = append(d.overruns, overrun{qpn: q.qpn, cq: c.handle, first: !c.overran})
 			c.overran = true
-			q.c.raise(evCQErr, c.handle)
+			d.errPending.Store(true)
+			ring(d.wakeFD)
 		}
-		q.toErr() // as rxe does when a CQ overruns
 	}
+	d.rmu.Unlock()
+}
+
+// moveOverrunsToErr raises CQ_ERR and moves to ERR the QPs route found a
+// full CQ ring for, as rxe does on a CQ overrun; d.mu is held.
+func (d *device) moveOverrunsToErr() {
+	d.rmu.Lock()
+	d.errPending.Store(false)
+	work := d.overruns
+	d.overruns = d.overrunsWork[:0]
+	d.rmu.Unlock()
+	for _, o := range work {
+		q := d.byQPN[o.qpn]
+		if q == nil {
+			continue
+		}
+		if o.first {
+			q.c.raise(evCQErr, o.cq)
+		}
+		q.toErr() // its flushed WQEs overrun too, but find errQueued set
+		d.rmu.Lock()
+		q.errQueued = false
+		d.rmu.Unlock()
+	}
+	d.overrunsWork = work[:0]
 }
 
 // events forwards the device's async events to the clients they concern:

@@ -13,6 +13,8 @@ import (
 )
 
 // cqObj is a client CQ: a ring of struct ibv_wc slots in shared memory.
+// The producer state (prod, overran) is written by device.route under
+// device.rmu.
 type cqObj struct {
 	handle  uint32
 	mem     *shm
@@ -98,6 +100,7 @@ type qpObj struct {
 	sendCQ, recvCQ     *cqObj
 	typ                verbs.QPType // ud.go
 	srq                *srqObj      // srq.go: receives come from it
+	errQueued          bool         // under device.rmu: an overrun awaits the poller
 
 	// Reused for every WQE: the data path allocates nothing.
 	swr    verbs.SendWR
