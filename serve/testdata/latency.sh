@@ -19,6 +19,8 @@
 #   TCP        first TCP port of the out-of-band exchanges (default 18621)
 #   PERF       when set, `perf record -g` of the first daemon for each ABI run, into $OUT
 #   STRACE     when set, `strace -c -f` of the first daemon for each ABI run, into $OUT
+#   STAT       when set, `perf stat` (context switches, CPU time) of both daemons for each ABI run,
+#              into $OUT/NAME.ROUND/stat.txt: counts per iteration hold up under load where times do not
 #   OUT        directory for logs and profiles (default: a temporary one, printed)
 #   TIMEOUT    seconds each tool may run (default 120)
 #
@@ -96,6 +98,9 @@ abi() {
 		prof=$!
 	elif [ -n "${STRACE:-}" ]; then
 		strace -c -f -o "$d/strace.txt" -p "$pa" 2>/dev/null &
+		prof=$!
+	elif [ -n "${STAT:-}" ]; then
+		perf stat -e context-switches,cpu-migrations,task-clock -p "$pa,$pb" -o "$d/stat.txt" 2>/dev/null &
 		prof=$!
 	fi
 	[ -n "$prof" ] && sleep 0.5
