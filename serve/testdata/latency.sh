@@ -11,7 +11,8 @@
 #   LIB        the directory of the ABI libibverbs.so.1 (default: `$SOFTROCE abi build`)
 #   VARIANTS   space-separated NAME=BINARY:LIBDIR daemons to compare (default abi=$SOFTROCE:$LIB);
 #              each runs in every round, so before/after figures come from one run
-#   TESTS      "lat pingpong" (default), or either
+#   TESTS      "lat pingpong" (default), or any of lat, pingpong, bw (ib_write_bw -s 65536 vs
+#              softroce bw -mtu 4096, N_BW iterations, default 20000; MB/s)
 #   ROUNDS     rounds (default 3); N iterations per tool (default 5000)
 #   SIZE_LAT   ib_write_lat / softroce lat message size (default 2)
 #   SIZE_PP    ibv_rc_pingpong / softroce pingpong message size (default 4096)
@@ -74,6 +75,8 @@ waittcp() { # port
 
 # perftest-style result row -> "typical avg p99"
 latrow() { awk '$1 ~ /^[0-9]+$/ && NF >= 9 { print $5, $6, $8; exit }' "$1"; }
+# perftest-style bandwidth row -> BW average (MB/s)
+bwrow() { awk '$1 ~ /^[0-9]+$/ && NF >= 5 { print $4; exit }' "$1"; }
 # "... = X usec/iter" -> X
 pprow() { awk '/usec\/iter/ { for (i = 1; i <= NF; i++) if ($i == "usec/iter") print $(i-1) }' "$1" | head -1; }
 
@@ -115,6 +118,14 @@ abi() {
 			wait $s || echo "server exit $?" >>"$d/$t.srv.exit"
 			echo "$r $name lat $(latrow "$d/lat.cli")" >>"$RES"
 			;;
+		bw)
+			SOFTROCE_SOCKET="$d/a.sock" LD_LIBRARY_PATH="$lib" $T ib_write_bw -x 0 -s 65536 -n "${N_BW:-20000}" -p "$tcp" >"$d/bw.srv" 2>&1 &
+			s=$!
+			waittcp "$tcp"
+			SOFTROCE_SOCKET="$d/b.sock" LD_LIBRARY_PATH="$lib" $T ib_write_bw -x 0 -s 65536 -n "${N_BW:-20000}" -p "$tcp" 127.0.0.1 >"$d/bw.cli" 2>&1 || true
+			wait $s || echo "server exit $?" >>"$d/$t.srv.exit"
+			echo "$r $name bw $(bwrow "$d/bw.cli")" >>"$RES"
+			;;
 		pingpong)
 			SOFTROCE_SOCKET="$d/a.sock" LD_LIBRARY_PATH="$lib" $T ibv_rc_pingpong -g 0 -s "$SIZE_PP" -n "$N" -p "$tcp" >"$d/pp.srv" 2>&1 &
 			s=$!
@@ -152,6 +163,14 @@ goapi() {
 			wait $s || echo "server exit $?" >>"$d/$t.srv.exit"
 			echo "$r go lat $(latrow "$d/lat.cli")" >>"$RES"
 			;;
+		bw)
+			$T "$bin" bw --server --bind 127.0.0.1 --udp-port $((PORT + 14)) --port "$tcp" -s 65536 -mtu 4096 -n "${N_BW:-20000}" >"$d/bw.srv" 2>&1 &
+			s=$!
+			waittcp "$tcp"
+			$T "$bin" bw --bind 127.0.0.1 --udp-port $((PORT + 15)) --port "$tcp" -s 65536 -mtu 4096 -n "${N_BW:-20000}" 127.0.0.1 >"$d/bw.cli" 2>&1 || true
+			wait $s || echo "server exit $?" >>"$d/$t.srv.exit"
+			echo "$r go bw $(bwrow "$d/bw.cli")" >>"$RES"
+			;;
 		pingpong)
 			$T "$bin" pingpong --bind 127.0.0.1 --udp-port $((PORT + 12)) --peer-udp-port $((PORT + 13)) -s "$SIZE_PP" -n "$N" -p "$tcp" >"$d/pp.srv" 2>&1 &
 			s=$!
@@ -177,7 +196,7 @@ while [ $r -le "$ROUNDS" ]; do
 done
 
 echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# path test: typical / average / 99% (us) ranges over $ROUNDS rounds; pingpong: us/iter"
+echo "# path test: typical / average / 99% (us) ranges over $ROUNDS rounds; pingpong: us/iter; bw: MB/s"
 awk '
 function lo(a, b) { return a == "" || b + 0 < a + 0 ? b : a }
 function hi(a, b) { return a == "" || b + 0 > a + 0 ? b : a }
