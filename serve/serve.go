@@ -9,8 +9,10 @@
 // a send and a receive ring and each CQ a completion ring in shared memory
 // (memfds the daemon creates and the client maps). The library writes
 // WQEs and bumps a producer index; one poller goroutine per device moves
-// them into verbs PostSend/PostRecv and writes completions into the CQ
-// rings, which the library polls without a system call. The library rings
+// them into verbs PostSend/PostRecv (and sends the packets they make
+// itself, in verbs Device.Batch). Completions are written into the CQ
+// rings as the transport produces them (a push hook on the device's verbs
+// CQs), and the library polls those without a system call. The library rings
 // a doorbell (an eventfd per connection) only when the poller said, in the
 // QP's shared control page, that it is going to sleep.
 //
