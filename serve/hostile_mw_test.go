@@ -4,6 +4,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -18,8 +20,10 @@ func regMRIOVABody(pd uint32, addr, length, iova uint64, access uint32, ext ...e
 // Memory windows and IOVA registration are untrusted input like the
 // rest: windows of PDs or handles the client does not own, freed ones,
 // malformed bodies get errors; a BIND_MW WQE naming a window or region
-// that is not the client's, or a type 1 key out of step, moves the QP to
-// ERR. The other client's window keeps working.
+// that is not the client's, or giving a type 1 window a key with another
+// index, moves the QP to ERR. A type 1 key with the window's index and any
+// key byte is the client's choice and accepted. The other client's window
+// keeps working.
 func TestHostileMWClient(t *testing.T) {
 	s := startPipe(t)
 	a := dial(t, s)
@@ -54,7 +58,11 @@ func TestHostileMWClient(t *testing.T) {
 			t.Errorf("%s: %v, want EINVAL", c.name, e)
 		}
 	}
-	mw1 := h.handle(opAllocMW, u32s(pd, 1))
+	e, body, _ = h.call(opAllocMW, u32s(pd, 1))
+	if e != 0 || len(body) != sizeMWResp {
+		t.Fatalf("ALLOC_MW: %v", e)
+	}
+	mw1, k1 := le.Uint32(body), le.Uint32(body[4:])
 	mw2 := h.handle(opAllocMW, u32s(pd, 2))
 	freed := h.handle(opAllocMW, u32s(pd, 1))
 	if e, _, _ := h.call(opDeallocMW, u32s(freed, 0)); e != 0 {
@@ -100,10 +108,19 @@ func TestHostileMWClient(t *testing.T) {
 		{"a freed window", freed, key, 0, 0, 2, true},
 		{"a type 2 window through ibv_bind_mw", mw2, key, 0, 0, 2, true},
 		{"another client's region", mw1, aKey, 0, 0, 2, true},
-		{"a type 1 key out of step", mw1, key, 0xdead00, 0, 2, true},
+		{"a type 1 key with another index", mw1, key, k1 ^ 0x100, 0, 2, true},
+		{"a type 1 key with another index's top bit", mw1, key, k1 ^ 0x80000000, 0, 2, true},
+		{"a type 1 key byte not ibv_inc_rkey's", mw1, key, k1&^0xff | (k1+5)&0xff, 0, 2, false},
+		{"a type 1 key byte going back", mw1, key, k1&^0xff | (k1+2)&0xff, 0, 2, false},
 		{"access flags beyond 32 bits", 0, key, 0, 0, 1 << 40, true},
 	} {
 		ring, qh, resp := h.typedQP(pd, cq, ibvQPTRC, 0)
+		// In ERR a bind is accepted and flushed, so only the daemon's
+		// checks of the WQE can refuse it.
+		toErr := qpAttrWire{state: 6}
+		if e, _, _ := h.call(opModifyQP, append(u32s(qh, 1), toErr.encode(nil)...)); e != 0 {
+			t.Fatalf("MODIFY_QP to ERR: %v", e)
+		}
 		stride, sqOff := le.Uint32(resp[36:]), int(le.Uint64(resp[56:]))
 		bad := s.Stats().BadWQEs
 		w := ring[sqOff:][:stride]
@@ -118,6 +135,15 @@ func TestHostileMWClient(t *testing.T) {
 		le.PutUint32(w[offWQEBindLKey:], c.lkey)
 		le.PutUint32(w[offWQEBindMW:], c.mw)
 		store32(ring, offSQProd, 1)
+		if !c.wantFailed {
+			for load32(ring, offSQCons) != 1 {
+				unix.Nanosleep(&unix.Timespec{Nsec: 1e6}, nil)
+			}
+			if s.Stats().BadWQEs != bad || load32(ring, offQPError) != 0 {
+				t.Errorf("%s: refused", c.name)
+			}
+			continue
+		}
 		waitBad(s, bad)
 		if load32(ring, offQPError) == 0 {
 			t.Errorf("%s: the QP's error flag is not set", c.name)

@@ -69,8 +69,12 @@ const (
 
 // buildBind reads a BIND_MW WQE. The region is named by its L_Key and
 // must be one of the client's; a type 1 window by its handle, which must
-// be the client's too, and the new key must follow the window's last
-// (the library computes it, as the verb returns it at once). What the
+// be the client's too. The library computes a type 1 window's new key
+// (ibv_inc_rkey, as the verb returns it at once) and the window takes
+// exactly that key: binds posted on two QPs may reach the daemon in
+// either order, so the key need not follow the last one drained. It must
+// keep the window's index, so a client can only choose the key byte of
+// its own window, as a BIND_MW work request does for type 2. What the
 // binding rules refuse (range outside the region, rights, PDs) completes
 // with MW_BIND_ERR and moves the QP to ERR, as on rxe.
 func (q *qpObj) buildBind(w []byte) bool {
@@ -101,8 +105,8 @@ func (q *qpObj) buildBind(w []byte) bool {
 	case o.mw.Type() != verbs.MWType1:
 		q.bad("ibv_bind_mw on a type 2 window")
 		return false
-	case b.RKey != verbs.IncRKey(o.mw.RKey()):
-		q.bad("ibv_bind_mw key out of step with the window's")
+	case b.RKey>>8 != o.mw.RKey()>>8:
+		q.bad("ibv_bind_mw key with another window's index")
 		return false
 	}
 	q.bindMW = o
@@ -117,8 +121,7 @@ func (q *qpObj) buildBind(w []byte) bool {
 func (q *qpObj) post() error {
 	if o := q.bindMW; o != nil {
 		q.bindMW = nil
-		_, err := o.mw.Bind(q.qp, q.bindInfo, q.swr.ID, q.swr.Flags&(verbs.SendSignaled|verbs.SendFence))
-		return err
+		return o.mw.BindKey(q.qp, q.bindInfo, q.swr.RKey, q.swr.ID, q.swr.Flags&(verbs.SendSignaled|verbs.SendFence))
 	}
 	return q.qp.PostSend(&q.swr)
 }

@@ -438,6 +438,12 @@ func TestTwoDevicesIPv6(t *testing.T) {
 // or dealloc they fail with a remote access error.
 func TestCProgramMW(t *testing.T) { runC(t, "mw.c") }
 
+// One type 1 window bound with ibv_bind_mw alternately on two QPs, four
+// binds in flight at a time (testdata/mw1two.c): the daemon may drain the
+// two send rings in either order, and each bind gives the window the key
+// the library computed, so none is refused and the last bind's key works.
+func TestCProgramMWTwoQPs(t *testing.T) { runC(t, "mw1two.c") }
+
 // ibv_reg_mr_iova2 with an IOVA other than the address (testdata/iova.c):
 // a WRITE and a READ addressed by the IOVA land at the right bytes.
 func TestCProgramIOVA(t *testing.T) { runC(t, "iova.c") }

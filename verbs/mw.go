@@ -91,36 +91,62 @@ type MWBindInfo struct {
 // checked when the bind runs: a failure completes with MW_BIND_ERR and
 // moves the QP to ERR, as rxe does.
 func (mw *MW) Bind(qp *QP, info MWBindInfo, wrID uint64, flags SendFlags) (uint32, error) {
-	if err := qp.usable("bind MW"); err != nil {
+	mw.mu.Lock()
+	defer mw.mu.Unlock()
+	key := IncRKey(mw.key)
+	if err := mw.bindLocked(qp, info, key, wrID, flags); err != nil {
 		return 0, err
 	}
+	return key, nil
+}
+
+// BindKey is Bind with the window's new R_Key chosen by the caller:
+// newRKey keeps the window's index (the upper 24 bits of its R_Key) and
+// only the key byte is the caller's, as in a BIND_MW work request. A
+// program that computes the key itself (ibv_inc_rkey of ibv_mw.rkey, as
+// the bind-MW verb of libibverbs does) posts binds on several QPs whose
+// send queues may run in any order: each bind gives the window exactly
+// the key it names, and RKey reports the key of the last BindKey posted.
+// A key with another index is refused.
+func (mw *MW) BindKey(qp *QP, info MWBindInfo, newRKey uint32, wrID uint64, flags SendFlags) error {
+	mw.mu.Lock()
+	defer mw.mu.Unlock()
+	if newRKey>>8 != mw.key>>8 {
+		return fmt.Errorf("verbs: bind MW: new rkey %#08x does not keep the window's index (rkey %#08x)", newRKey, mw.key)
+	}
+	return mw.bindLocked(qp, info, newRKey, wrID, flags)
+}
+
+// bindLocked posts the bind of Bind and BindKey giving the window key;
+// mw.mu is held.
+func (mw *MW) bindLocked(qp *QP, info MWBindInfo, key uint32, wrID uint64, flags SendFlags) error {
+	if err := qp.usable("bind MW"); err != nil {
+		return err
+	}
 	if mw.Type() != MWType1 {
-		return 0, fmt.Errorf("verbs: bind MW: a %v window is bound with a BIND_MW work request", mw.Type())
+		return fmt.Errorf("verbs: bind MW: a %v window is bound with a BIND_MW work request", mw.Type())
 	}
 	if qp.pd.d != mw.pd.d {
-		return 0, fmt.Errorf("verbs: bind MW: QP of another device")
+		return fmt.Errorf("verbs: bind MW: QP of another device")
 	}
 	var lkey uint32
 	switch {
 	case info.MR == nil && (info.Addr != 0 || info.Length != 0):
-		return 0, fmt.Errorf("verbs: bind MW: no MR for [%#x, +%d)", info.Addr, info.Length)
+		return fmt.Errorf("verbs: bind MW: no MR for [%#x, +%d)", info.Addr, info.Length)
 	case info.Access&memreg.AccessZeroBased != 0:
-		return 0, fmt.Errorf("verbs: bind MW: zero-based windows are not supported")
+		return fmt.Errorf("verbs: bind MW: zero-based windows are not supported")
 	case info.MR != nil && info.MR.PD() != mw.pd.pd:
-		return 0, fmt.Errorf("verbs: bind MW: MR of another protection domain than the window's")
+		return fmt.Errorf("verbs: bind MW: MR of another protection domain than the window's")
 	case info.MR != nil:
 		lkey = info.MR.LKey()
 	}
-	mw.mu.Lock()
-	defer mw.mu.Unlock()
-	key := IncRKey(mw.key)
 	w := SendWR{ID: wrID, Opcode: WRBindMW, Flags: flags, Bind: MWBind{RKey: key, MRKey: lkey,
 		Addr: info.Addr, Length: info.Length, Access: uint32(info.Access)}}
 	if err := qp.rc.PostBindMW(&w, mw.mw); err != nil {
-		return 0, err
+		return err
 	}
 	mw.key = key
-	return key, nil
+	return nil
 }
 
 // BindWR returns the WRBindMW work request that binds this type 2 window
