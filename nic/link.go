@@ -80,10 +80,15 @@ type Packet struct {
 	// ICRC is set on Recv.
 	ICRC ICRCStatus
 	// IPKnown says that a link that sees the received packet's IP header
-	// filled the fields below (a UD receiver writes them into the GRH);
-	// they are ignored on Send. HopLimit is the IPv4 TTL or IPv6 hop
-	// limit, TClass the IPv4 TOS or IPv6 traffic class, IPID the IPv4
-	// identification, FlowLabel the IPv6 flow label.
+	// filled the fields below (a UD receiver writes them into the GRH).
+	// HopLimit is the IPv4 TTL or IPv6 hop limit, TClass the IPv4 TOS
+	// (DSCP and ECN) or IPv6 traffic class, IPID the IPv4 identification,
+	// FlowLabel the IPv6 flow label. On Send, HopLimit and TClass are the
+	// address vector's (the GRH hop limit and traffic class, which RoCEv2
+	// carries in the IP header, as rxe does): a link that writes or can
+	// set them sends them, HopLimit 0 meaning its default TTL (64); the
+	// in-process pipe ignores them. IPKnown, IPID and FlowLabel are
+	// ignored on Send.
 	IPKnown   bool
 	HopLimit  uint8
 	TClass    uint8

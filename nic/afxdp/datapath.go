@@ -211,7 +211,7 @@ func (l *Link) writeFrame(x *xsk, p *nic.Packet, mac [6]byte, src, dst netip.Add
 		b := x.umem[a : a+frameSize]
 		h := 0
 		if f == 0 {
-			h = l.writeHeaders(b, mac, src, dst, sport, dport, roce)
+			h = l.writeHeaders(b, mac, src, dst, sport, dport, p.HopLimit, p.TClass, roce)
 		}
 		c := copy(b[h:], roce)
 		roce = roce[c:]
@@ -227,20 +227,24 @@ func (l *Link) writeFrame(x *xsk, p *nic.Packet, mac [6]byte, src, dst netip.Add
 }
 
 // writeHeaders writes Ethernet, IP and UDP headers at the start of b and
-// returns their length.
-func (l *Link) writeHeaders(b []byte, mac [6]byte, src, dst netip.Addr, sport, dport uint16, roce []byte) int {
+// returns their length. hop and tc are the packet's address vector's
+// TTL (hop limit; 0: 64) and TOS (traffic class), as rxe writes them.
+func (l *Link) writeHeaders(b []byte, mac [6]byte, src, dst netip.Addr, sport, dport uint16, hop, tc uint8, roce []byte) int {
+	if hop == 0 {
+		hop = ttl
+	}
 	copy(b[0:6], mac[:])
 	copy(b[6:12], l.mac[:])
 	ulen := udpLen + len(roce)
 	if dst.Is4() {
 		binary.BigEndian.PutUint16(b[12:], unix.ETH_P_IP)
 		ip := b[ethLen : ethLen+ipv4Len]
-		ip[0], ip[1] = 0x45, 0
+		ip[0], ip[1] = 0x45, tc
 		binary.BigEndian.PutUint16(ip[2:], uint16(ipv4Len+ulen))
 		// ID 0 with DF, as Linux sends from an unconnected UDP socket with
 		// IP_PMTUDISC_DO: the ICRC covers the ID (docs/platform.md).
 		ip[4], ip[5], ip[6], ip[7] = 0, 0, 0x40, 0
-		ip[8], ip[9] = ttl, unix.IPPROTO_UDP
+		ip[8], ip[9] = hop, unix.IPPROTO_UDP
 		ip[10], ip[11] = 0, 0
 		s, d := src.As4(), dst.As4()
 		copy(ip[12:16], s[:])
@@ -261,9 +265,9 @@ func (l *Link) writeHeaders(b []byte, mac [6]byte, src, dst netip.Addr, sport, d
 	}
 	binary.BigEndian.PutUint16(b[12:], unix.ETH_P_IPV6)
 	ip := b[ethLen : ethLen+ipv6Len]
-	ip[0], ip[1], ip[2], ip[3] = 0x60, 0, 0, 0
+	ip[0], ip[1], ip[2], ip[3] = 0x60|tc>>4, tc<<4, 0, 0
 	binary.BigEndian.PutUint16(ip[4:], uint16(ulen))
-	ip[6], ip[7] = unix.IPPROTO_UDP, ttl
+	ip[6], ip[7] = unix.IPPROTO_UDP, hop
 	s, d := src.As16(), dst.As16()
 	copy(ip[8:24], s[:])
 	copy(ip[24:40], d[:])

@@ -55,7 +55,7 @@ func build(t testing.TB, l *Link, p *nic.Packet) []byte {
 		t.Fatal("endpoints")
 	}
 	b := make([]byte, 62+p.N)
-	h := l.writeHeaders(b, [6]byte{2, 0, 0, 0, 0, 2}, src, dst, sport, dport, p.Buf[:p.N])
+	h := l.writeHeaders(b, [6]byte{2, 0, 0, 0, 0, 2}, src, dst, sport, dport, p.HopLimit, p.TClass, p.Buf[:p.N])
 	return b[:h+copy(b[h:], p.Buf[:p.N])]
 }
 
@@ -95,6 +95,30 @@ func TestFrameRoundTrip(t *testing.T) {
 				if err := checkUDP(frame); err != "" {
 					t.Fatalf("%s %d bytes: %s", dst, n, err)
 				}
+			}
+		}
+	}
+}
+
+// TestFrameHopLimitTClass: a packet's HopLimit and TClass (an address
+// vector's) are the frame's IPv4 TTL and TOS or IPv6 hop limit and
+// traffic class; the receiver reads them back and the ICRC, which masks
+// them, still verifies; HopLimit 0 sends 64.
+func TestFrameHopLimitTClass(t *testing.T) {
+	l := testLink()
+	for _, dst := range []string{"10.77.0.2", "fd77::2"} {
+		for _, c := range []struct{ hop, tc, wantHop uint8 }{{7, 46<<2 | 1, 7}, {0, 3, 64}, {255, 0xff, 255}} {
+			p := nic.Packet{Buf: roce(100, 1), N: 100, Remote: netip.AddrPortFrom(netip.MustParseAddr(dst), 0), HopLimit: c.hop, TClass: c.tc}
+			frame := build(t, l, &p)
+			ip := frame[14:]
+			if dst == "10.77.0.2" && (ip[1] != c.tc || ip[8] != c.wantHop || fold(sum(0, ip[:20])) != 0xffff) ||
+				dst == "fd77::2" && (ip[0]<<4|ip[1]>>4 != c.tc || ip[0]>>4 != 6 || ip[1]&0xf != 0 || ip[7] != c.wantHop) {
+				t.Fatalf("%s hop %d tc %#x: IP header %x", dst, c.hop, c.tc, ip[:8])
+			}
+			x, e := fakeRX(split(frame, frameSize))
+			in := nic.Packet{Buf: make([]byte, 9000)}
+			if !l.rxPacket(x, 0, e, &in) || in.ICRC != nic.ICRCVerified || in.HopLimit != c.wantHop || in.TClass != c.tc {
+				t.Fatalf("%s hop %d tc %#x: received %v TTL %d TOS %#x", dst, c.hop, c.tc, in.ICRC, in.HopLimit, in.TClass)
 			}
 		}
 	}

@@ -75,7 +75,7 @@ type sender struct {
 	hdrs  []unix.Mmsghdr
 	iovs  []unix.Iovec
 	names []unix.RawSockaddrInet6
-	oob   []byte // per message: one UDP_SEGMENT cmsg
+	oob   []byte // per message: UDP_SEGMENT, TTL and TOS cmsgs (oobPerMsg bytes)
 	first []int  // per message: index in the caller's batch of its first packet
 	count []int  // per message: packets in it
 	bytes []int  // per message: bytes in it
@@ -86,11 +86,17 @@ type sender struct {
 	errno syscall.Errno
 }
 
-var gsoCmsgSpace = unix.CmsgSpace(2)
+var (
+	gsoCmsgSpace = unix.CmsgSpace(2)
+	// oobPerMsg fits a message's UDP_SEGMENT and, for an address
+	// vector's non-default values, its TTL and TOS (IPv6: hop limit and
+	// traffic class), each an int.
+	oobPerMsg = gsoCmsgSpace + 2*unix.CmsgSpace(4)
+)
 
 func newSender(rc syscall.RawConn, batch int) *sender {
 	s := &sender{rc: rc, hdrs: make([]unix.Mmsghdr, batch), iovs: make([]unix.Iovec, gsoIovs),
-		names: make([]unix.RawSockaddrInet6, batch), oob: make([]byte, batch*gsoCmsgSpace),
+		names: make([]unix.RawSockaddrInet6, batch), oob: make([]byte, batch*oobPerMsg),
 		first: make([]int, batch), count: make([]int, batch), bytes: make([]int, batch)}
 	s.fn = s.write
 	return s
@@ -119,16 +125,40 @@ func (s *sender) putName(m int, dst netip.AddrPort, v6 bool) uint32 {
 	return unix.SizeofSockaddrInet6
 }
 
-// putSegment sets the UDP_SEGMENT control message of message m.
-func (s *sender) putSegment(m int, size int) {
-	b := s.oob[m*gsoCmsgSpace : (m+1)*gsoCmsgSpace]
+// cmsg appends a control message of n data bytes to message m and
+// returns its data.
+func (s *sender) cmsg(m int, level, typ int32, n int) []byte {
+	hd := &s.hdrs[m].Hdr
+	base, off := m*oobPerMsg, int(hd.Controllen)
+	b := s.oob[base+off : base+off+unix.CmsgSpace(n)]
 	clear(b)
 	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
-	h.Level, h.Type = unix.SOL_UDP, udpSegment
-	h.SetLen(unix.CmsgLen(2))
-	binary.NativeEndian.PutUint16(b[unix.CmsgLen(0):], uint16(size))
-	s.hdrs[m].Hdr.Control = &b[0]
-	s.hdrs[m].Hdr.SetControllen(gsoCmsgSpace)
+	h.Level, h.Type = level, typ
+	h.SetLen(unix.CmsgLen(n))
+	hd.Control = &s.oob[base]
+	hd.SetControllen(off + len(b))
+	return b[unix.CmsgLen(0):]
+}
+
+// putSegment sets the UDP_SEGMENT control message of message m.
+func (s *sender) putSegment(m int, size int) {
+	binary.NativeEndian.PutUint16(s.cmsg(m, unix.SOL_UDP, udpSegment, 2), uint16(size))
+}
+
+// putIPFields gives message m the TTL and TOS (IPv6: hop limit and
+// traffic class) p asks for, each only when it differs from what the
+// socket sends anyway (HopLimit 0 or the socket's default, TClass 0).
+func (s *sender) putIPFields(m int, p *nic.Packet, v6 bool, defHop uint8) {
+	level, ttl, tos := int32(unix.IPPROTO_IP), int32(unix.IP_TTL), int32(unix.IP_TOS)
+	if v6 {
+		level, ttl, tos = unix.IPPROTO_IPV6, unix.IPV6_HOPLIMIT, unix.IPV6_TCLASS
+	}
+	if p.HopLimit != 0 && p.HopLimit != defHop {
+		binary.NativeEndian.PutUint32(s.cmsg(m, level, ttl, 4), uint32(p.HopLimit))
+	}
+	if p.TClass != 0 {
+		binary.NativeEndian.PutUint32(s.cmsg(m, level, tos, 4), uint32(p.TClass))
+	}
 }
 
 // sendmmsg sends messages [from, to) and returns how many went out.
@@ -179,8 +209,8 @@ func (l *Link) gatherRun(pkts []nic.Packet, i int, dst netip.AddrPort, iovLeft i
 			break
 		}
 		d, ok := l.dest(p)
-		if !ok || d != dst {
-			break
+		if !ok || d != dst || p.HopLimit != pkts[i].HopLimit || p.TClass != pkts[i].TClass {
+			break // a run shares one header's TTL and TOS
 		}
 		total += p.N
 		j++
@@ -244,6 +274,9 @@ func (l *Link) sendPackets(pkts []nic.Packet, computeICRC bool) (int, error) {
 			h.Hdr.Namelen = s.putName(m, dst, l.v6)
 			if end-next > 1 {
 				s.putSegment(m, pkts[next].N)
+			}
+			if q := &pkts[next]; q.HopLimit|q.TClass != 0 {
+				s.putIPFields(m, q, l.v6, l.defHop)
 			}
 			s.first[m], s.count[m], s.bytes[m] = next, end-next, bytes
 			iov += end - next

@@ -146,6 +146,7 @@ type Link struct {
 	local  netip.AddrPort
 	addrs  []netip.Addr
 	v6     bool
+	defHop uint8     // the TTL (hop limit) the socket sends without a control message
 	check  IPv4Check // as resolved by Open: never IPv4CheckAuto on IPv4
 	mtu    int
 	batch  int
@@ -323,6 +324,15 @@ func (l *Link) setup(cfg Config) error {
 	// flow label), which a UD receiver writes into its GRH. Best effort:
 	// without them packets say IPKnown false.
 	rc.Control(func(fd uintptr) {
+		// The TTL the socket sends by default: a packet asking for it
+		// needs no control message.
+		if l.v6 {
+			if v, err := unix.GetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS); err == nil && v > 0 && v < 256 {
+				l.defHop = uint8(v)
+			}
+		} else if v, err := unix.GetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_TTL); err == nil && v > 0 && v < 256 {
+			l.defHop = uint8(v)
+		}
 		if l.v6 {
 			unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVHOPLIMIT, 1)
 			unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVTCLASS, 1)
