@@ -293,7 +293,11 @@ func (qp *QP) path() rc.Path {
 	p := rc.Path{DestQPN: a.DestQPN, PMTU: a.PathMTU, RQPSN: a.RQPSN, SQPSN: a.SQPSN, Timeout: a.Timeout,
 		RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry, MinRNRTimer: a.MinRNRTimer, MaxRDAtomic: int(a.MaxRDAtomic),
 		MaxDestRDAtomic: int(a.MaxDestRDAtomic), Access: memreg.Access(a.AccessFlags), Local: local, QKey: a.QKey,
-		AdaptiveTimeout: qp.adaptive}
+		AdaptiveTimeout: qp.adaptive, TrafficClass: a.AV.TrafficClass}
+	// The address vector's traffic class is the packets' TOS; its hop
+	// limit is not their TTL: Linux replaces a connected QP's hop limit
+	// with the route's (ib_resolve_eth_dmac on modify-QP, for rxe and
+	// every RoCE device), so the link's default TTL is what rxe sends.
 	if p.PMTU == 0 {
 		p.PMTU = 1024
 	}

@@ -37,9 +37,9 @@ type AHAttr struct {
 	DGID         GID    // destination GID (IPv4-mapped for IPv4)
 	SGIDIndex    int    // index of the source GID in the port's GID table
 	FlowLabel    uint32 // 20 bits; a non-zero flow label picks the UDP source port
-	HopLimit     uint8
-	TrafficClass uint8
-	SL           uint8 // service level, 0..15
+	HopLimit     uint8  // the IPv4 TTL or IPv6 hop limit of its packets (0: the link's default)
+	TrafficClass uint8  // their IPv4 TOS (DSCP and ECN) or IPv6 traffic class
+	SL           uint8  // service level, 0..15
 }
 
 // AH is an address handle (struct ibv_ah): where a UD send goes. A send

@@ -232,7 +232,8 @@ func (e *Engine) getBuf() []byte {
 // e.unbuild() to take it back.
 func (qp *QP) newPacket() []byte {
 	e := qp.e
-	e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: qp.path.Remote, Local: qp.path.Local, SrcPort: srcPort(qp.num)})
+	e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: qp.path.Remote, Local: qp.path.Local, SrcPort: srcPort(qp.num),
+		HopLimit: qp.path.HopLimit, TClass: qp.path.TrafficClass})
 	e.txQP = append(e.txQP, qp)
 	return e.tx[len(e.tx)-1].Buf
 }

@@ -59,6 +59,11 @@ type Path struct {
 	MaxDestRDAtomic int
 	Access          memreg.Access // remote access enabled on the QP (ibv_qp_attr.qp_access_flags)
 	QKey            uint32        // UD: the QP's Q_Key (ibv_qp_attr.qkey)
+	// HopLimit and TrafficClass are the IP TTL and TOS (IPv6 hop limit
+	// and traffic class) of every packet of an RC or UC QP, requests and
+	// responses (nic.Packet; HopLimit 0: the link's default). verbs sets
+	// the address vector's traffic class and leaves HopLimit 0.
+	HopLimit, TrafficClass uint8
 	// AdaptiveTimeout makes the local ACK timeout follow the measured
 	// round trip (RC requester), never shorter than Timeout gives.
 	AdaptiveTimeout bool

@@ -96,7 +96,8 @@ func (qp *QP) transmitUD(budget int) bool {
 			port = p // SetRemotePort: a peer on another UDP port
 		}
 		e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: netip.AddrPortFrom(ah.Remote.Unmap(), port),
-			Local: ah.Local.Unmap(), SrcPort: ud.SrcPort(ah.FlowLabel, srcPort(qp.num))})
+			Local: ah.Local.Unmap(), SrcPort: ud.SrcPort(ah.FlowLabel, srcPort(qp.num)),
+			HopLimit: ah.HopLimit, TClass: ah.TrafficClass}) // the IP TTL and TOS, as rxe sends
 		e.txQP = append(e.txQP, qp)
 		buf := e.tx[len(e.tx)-1].Buf
 		n := ud.WriteHeaders(buf, &s, w.length)
