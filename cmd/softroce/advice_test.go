@@ -51,6 +51,7 @@ func commandFlags(t *testing.T, cmd string) map[string]bool {
 // adviceSources says which commands print each source's messages.
 var adviceSources = map[string][]string{
 	"bw.go":                                  {"bw", "lat"},
+	"latraw.go":                              {"lat"},
 	"link.go":                                {"bw", "lat", "pingpong", "perftest", "serve"},
 	"perftest.go":                            {"perftest"},
 	"pingpong.go":                            {"pingpong"},
@@ -76,6 +77,7 @@ var adviceSources = map[string][]string{
 	"../../perf/oob.go":                      {"bw", "lat"},
 	"../../perf/perf.go":                     {"bw", "lat"},
 	"../../perf/report.go":                   {"bw", "lat"},
+	"../../perf/rawudp.go":                   {"lat"},
 }
 
 // errorMessages returns the string literals of the error messages in a Go

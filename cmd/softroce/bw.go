@@ -47,6 +47,7 @@ type perfFlags struct {
 	json    bool
 	wait    time.Duration
 	busy    busyPollFlag
+	rawUDP  bool
 }
 
 // busyPollFlag is --busy-poll (defaultBusyPoll) or --busy-poll=DURATION.
@@ -102,6 +103,9 @@ func runPerf(kind string, args []string) int {
 	fs.BoolVar(&f.json, "json", false, "print the results as JSON")
 	fs.DurationVar(&f.wait, "wait", 5*time.Second, "how long the client keeps trying to reach the server")
 	fs.Var(&f.busy, "busy-poll", "the device's receive loop polls the link for this long (bare: 1ms) before it sleeps: lower latency for a core's worth of CPU (udp backend)")
+	if lat {
+		fs.BoolVar(&f.rawUDP, "raw-udp", false, "measure the reference instead: a plain UDP ping-pong of the same sizes between the same two hosts (server echoes on --udp-port; no RC, no TCP exchange)")
+	}
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage:\n  softroce %s --server [flags]        on one host\n  softroce %s [flags] SERVER-ADDR      on the other\n  softroce %s --backend pipe [flags]   both sides in this process\n\n", kind, kind, kind)
 		if lat {
@@ -157,7 +161,13 @@ func runPerf(kind string, args []string) int {
 	defer stop()
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
+	if f.rawUDP {
+		c.Test = perf.RawTest
+	}
 	pr := newPrinter(out, kind, lat, &c, f.json)
+	if f.rawUDP {
+		return runRawUDP(ctx, &f, c, bind, peer, pr, fail)
+	}
 
 	switch f.backend {
 	case "pipe":
@@ -355,7 +365,9 @@ func (p *printer) header() {
 	if cfg.QPs == 0 {
 		cfg.QPs = 1
 	}
-	if p.lat {
+	if cfg.Test == perf.RawTest {
+		perf.WriteRawLatHeader(p.w, &cfg)
+	} else if p.lat {
 		perf.WriteLatHeader(p.w, perf.Title(cfg.Test, true), &cfg)
 	} else {
 		perf.WriteBWHeader(p.w, perf.Title(cfg.Test, false), &cfg)

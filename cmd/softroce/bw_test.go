@@ -70,3 +70,40 @@ func TestBWCommandErrors(t *testing.T) {
 		t.Errorf("silent peer: exit %d, %q", code, errOut)
 	}
 }
+
+// TestLatRawUDP: `lat --raw-udp` as server and client over loopback prints
+// the raw reference in lat's columns, and the server stops when the
+// client is done.
+func TestLatRawUDP(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(pc.LocalAddr().(*net.UDPAddr).Port)
+	pc.Close()
+	var code, scode int
+	out, errOut := runOut(t, func() {
+		sdone := make(chan struct{})
+		go func() {
+			defer close(sdone)
+			scode = runPerf("lat", []string{"--server", "--raw-udp", "--bind", "127.0.0.1", "--udp-port", port})
+		}()
+		code = runPerf("lat", []string{"--raw-udp", "--bind", "127.0.0.1", "--udp-port", port, "-n", "200", "-s", "64", "--wait", "2s", "127.0.0.1"})
+		<-sdone
+	})
+	if code != 0 || scode != 0 {
+		t.Fatalf("exit %d (server %d): %s", code, scode, errOut)
+	}
+	for _, want := range []string{perf.RawTitle, "blocking reads", "t_typical[usec]", " 64      200 "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(errOut, "answered 200 datagrams") {
+		t.Errorf("server did not report its datagrams: %s", errOut)
+	}
+	_, errOut = runOut(t, func() { code = runPerf("lat", []string{"--raw-udp", "--backend", "pipe"}) })
+	if code != 2 || !strings.Contains(errOut, "--raw-udp measures kernel UDP sockets") {
+		t.Errorf("--raw-udp --backend pipe: exit %d, %q", code, errOut)
+	}
+}
