@@ -298,3 +298,82 @@ func TestBatchSendsOnTheCallersGoroutine(t *testing.T) {
 		t.Fatal("work posted during a batch that did not flush it was not woken for")
 	}
 }
+
+// TestDoorbellSendsOnThePoster: a WR posted to an idle send queue leaves
+// on the posting goroutine before PostSend returns (no goroutine of the
+// driver runs here), waking the timer goroutine only when its timer must
+// be re-armed; a WR posted behind outstanding work is left to the timer
+// goroutine.
+func TestDoorbellSendsOnThePoster(t *testing.T) {
+	f := newDriverFixture(t)
+	link := &fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
+	d := newDriver(f.e, link, DriverConfig{})
+	a, b := f.rtsQP(t, "10.0.0.2"), f.rtsQP(t, "10.0.0.3")
+	wakes := func() int {
+		n := len(d.wake)
+		select {
+		case <-d.wake:
+		default:
+		}
+		return n
+	}
+	write := &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, RemoteAddr: 0x1000, RKey: 1}
+	sent := func(ip string) int {
+		link.mu.Lock()
+		defer link.mu.Unlock()
+		return link.sent[netip.MustParseAddr(ip)]
+	}
+	d.flush() // what entering RTS queued, as the timer goroutine would
+	wakes()
+	mustPost(t, a, write)
+	if n := sent("10.0.0.2"); n != 1 {
+		t.Fatalf("idle queue: %d packets sent by PostSend, want 1", n)
+	}
+	// The WRITE armed the ACK timer and the timer goroutine sleeps with
+	// no deadline: it must hear of it.
+	if n := wakes(); n != 1 {
+		t.Fatalf("first timer: %d wake-ups, want 1", n)
+	}
+	f.e.NextDeadline() // the timer goroutine re-arms
+	// Another idle queue: sent at once; its timer expires after the one
+	// the timer goroutine sleeps for, so nobody is woken.
+	mustPost(t, b, write)
+	if n := sent("10.0.0.3"); n != 1 {
+		t.Fatalf("second idle queue: %d packets sent by PostSend, want 1", n)
+	}
+	if n := wakes(); n != 0 {
+		t.Fatalf("later timer: %d wake-ups, want 0", n)
+	}
+	// Behind the outstanding WRITE the WR waits for the timer goroutine.
+	mustPost(t, a, write)
+	if n := sent("10.0.0.2"); n != 1 {
+		t.Fatalf("busy queue: %d packets sent by PostSend, want 1 (the first)", n)
+	}
+	if n := wakes(); n != 1 {
+		t.Fatalf("busy queue: %d wake-ups, want 1", n)
+	}
+	d.flush()
+	if n := sent("10.0.0.2"); n != 2 {
+		t.Fatalf("after the timer goroutine's flush: %d packets, want 2", n)
+	}
+	// Inside Batch the doorbell does not ring: the posts leave together
+	// in Batch's flush.
+	c := f.rtsQP(t, "10.0.0.4")
+	d.flush()
+	wakes()
+	d.Batch(func() {
+		mustPost(t, c, write)
+		if n := sent("10.0.0.4"); n != 0 {
+			t.Errorf("inside Batch: %d packets sent by PostSend, want 0", n)
+		}
+	})
+	if n := sent("10.0.0.4"); n != 1 {
+		t.Fatalf("after Batch: %d packets, want 1", n)
+	}
+	f.e.mu.Lock()
+	left, held := f.e.doorbells, d.held
+	f.e.mu.Unlock()
+	if left != 0 || held != 0 {
+		t.Fatalf("%d doorbells, %d batches still counted", left, held)
+	}
+}

@@ -60,6 +60,16 @@ type Engine struct {
 	// Wake is called (under the engine lock, must not block) when posted
 	// work is waiting for Progress.
 	Wake func()
+	// Doorbell, if set, is called without the lock by the goroutine that
+	// posted a send WR to an idle send queue, after counting it in
+	// doorbells (a Wake during that post is for the Doorbell to handle):
+	// the driver sends it from there (Driver.doorbell).
+	Doorbell func()
+	// DoorbellOK, if set, is asked (under the engine lock) whether a post
+	// may ring the Doorbell now.
+	DoorbellOK func() bool
+	// doorbells counts posts whose Doorbell call has not finished.
+	doorbells int
 	// onPacket, if set, sees every packet sent (dir 'T', when Progress
 	// hands it out) and received (dir 'R'): see SetPacketTrace.
 	onPacket func(dir byte, p *nic.Packet)

@@ -442,27 +442,40 @@ func (qp *QP) PostBindMW(swr *wr.SendWR, mw *memreg.MW) error {
 func (qp *QP) postSend(swr *wr.SendWR, bindMW *memreg.MW) error {
 	e := qp.e
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	ring, err := qp.postSendLocked(swr, bindMW)
+	doorbell := e.Doorbell
+	e.mu.Unlock()
+	if ring {
+		doorbell()
+	}
+	return err
+}
+
+// postSendLocked queues swr; ring reports that the caller must call the
+// engine's Doorbell (after unlocking), because the WR went to an idle send
+// queue and the wake-up it would have caused was held back for it.
+func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ error) {
+	e := qp.e
 	if qp.destroyed {
-		return fmt.Errorf("%w: post send on destroyed QP %d", ErrState, qp.num)
+		return false, fmt.Errorf("%w: post send on destroyed QP %d", ErrState, qp.num)
 	}
 	if qp.state != qpstate.RTS && qp.state != qpstate.SQD {
 		if qp.state != qpstate.Err {
-			return fmt.Errorf("%w: post send on QP %d in state %v (needs RTS)", ErrState, qp.num, qp.state)
+			return false, fmt.Errorf("%w: post send on QP %d in state %v (needs RTS)", ErrState, qp.num, qp.state)
 		}
 	}
 	if qp.sqCount == len(qp.sq) {
-		return fmt.Errorf("%w: send queue of QP %d holds %d WRs (max_send_wr)", ErrQueueFull, qp.num, len(qp.sq))
+		return false, fmt.Errorf("%w: send queue of QP %d holds %d WRs (max_send_wr)", ErrQueueFull, qp.num, len(qp.sq))
 	}
 	if len(swr.SGL) > qp.cfg.MaxSendSGE {
-		return fmt.Errorf("rc: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(swr.SGL), qp.num, qp.cfg.MaxSendSGE)
+		return false, fmt.Errorf("rc: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(swr.SGL), qp.num, qp.cfg.MaxSendSGE)
 	}
 	if !swr.Opcode.Known() {
-		return fmt.Errorf("rc: opcode %v is not supported on an RC QP", swr.Opcode)
+		return false, fmt.Errorf("rc: opcode %v is not supported on an RC QP", swr.Opcode)
 	}
 	if qp.isUC() {
 		if err := uc.CheckPost(swr.Opcode); err != nil { // UC: no READ, atomics or invalidate
-			return err
+			return false, err
 		}
 	}
 	length := 0
@@ -471,22 +484,22 @@ func (qp *QP) postSend(swr *wr.SendWR, bindMW *memreg.MW) error {
 	}
 	if qp.cfg.Type == qpstate.UD {
 		if err := qp.checkSendUD(swr); err != nil {
-			return err
+			return false, err
 		}
 		qp.ud.ah[qp.sqTail] = *swr.AH
 	}
 	switch {
 	case swr.Opcode.IsAtomic():
 		if len(swr.SGL) != 1 || swr.SGL[0].Length != 8 {
-			return fmt.Errorf("rc: %v needs exactly one 8-byte SGE for the original value", swr.Opcode)
+			return false, fmt.Errorf("rc: %v needs exactly one 8-byte SGE for the original value", swr.Opcode)
 		}
 		if swr.RemoteAddr&7 != 0 {
-			return fmt.Errorf("rc: %v remote address 0x%x is not 8-byte aligned", swr.Opcode, swr.RemoteAddr)
+			return false, fmt.Errorf("rc: %v remote address 0x%x is not 8-byte aligned", swr.Opcode, swr.RemoteAddr)
 		}
 	case swr.Opcode == wr.AtomicWrite:
 		length = 8
 	case length > 1<<31:
-		return fmt.Errorf("rc: message of %d bytes exceeds the 2 GiB RC limit", length)
+		return false, fmt.Errorf("rc: message of %d bytes exceeds the 2 GiB RC limit", length)
 	}
 	w := &qp.sq[qp.sqTail]
 	w.wr = *swr
@@ -504,7 +517,7 @@ func (qp *QP) postSend(swr *wr.SendWR, bindMW *memreg.MW) error {
 			length = len(swr.InlineData)
 		}
 		if length > qp.cfg.MaxInline {
-			return fmt.Errorf("rc: inline WR of %d bytes exceeds max_inline_data %d", length, qp.cfg.MaxInline)
+			return false, fmt.Errorf("rc: inline WR of %d bytes exceeds max_inline_data %d", length, qp.cfg.MaxInline)
 		}
 		if cap(w.inline) < length {
 			w.inline = make([]byte, qp.cfg.MaxInline)
@@ -513,7 +526,7 @@ func (qp *QP) postSend(swr *wr.SendWR, bindMW *memreg.MW) error {
 		if swr.InlineData != nil {
 			copy(w.inline, swr.InlineData)
 		} else if err := gather(e.mrs, qp.cfg.PD, w.sgl, 0, w.inline); err != nil {
-			return fmt.Errorf("rc: inline data: %w", err)
+			return false, fmt.Errorf("rc: inline data: %w", err)
 		}
 		w.isInline = true
 	}
@@ -522,6 +535,15 @@ func (qp *QP) postSend(swr *wr.SendWR, bindMW *memreg.MW) error {
 	w.length = length
 	w.state = wqeQueued
 	w.readDone = 0
+	// A WR on an idle send queue is sent by the poster itself once the
+	// lock is released (the driver's Doorbell), as a doorbell write starts
+	// an RDMA NIC: handing it to another goroutine would cost a wake-up
+	// and a switch on every round trip of a ping-pong. WRs posted behind
+	// outstanding work are left to the driver, which batches them.
+	ring = e.Doorbell != nil && qp.sqCount == 0 && qp.state != qpstate.Err && (e.DoorbellOK == nil || e.DoorbellOK())
+	if ring {
+		e.doorbells++
+	}
 	qp.sqTail = (qp.sqTail + 1) % len(qp.sq)
 	qp.sqCount++
 	qp.kick()
@@ -529,7 +551,7 @@ func (qp *QP) postSend(swr *wr.SendWR, bindMW *memreg.MW) error {
 		// Posting to a QP in ERR completes with a flush error at once.
 		qp.flush()
 	}
-	return nil
+	return ring, nil
 }
 
 // PostRecv queues a receive work request.
