@@ -139,9 +139,10 @@ func rawRound(ctx context.Context, conn *net.UDPConn, r *rawReader, peer netip.A
 	}
 	samples := make([]float64, 0, min(total, 1<<20))
 	msg := out[:size]
-	lastReport := start
+	clk := latClock{start: start}
 	for i := int64(0); i < total; i++ {
-		if !deadline.IsZero() && time.Now().After(deadline) {
+		t0 := clk.now()
+		if !deadline.IsZero() && t0 > c.Duration {
 			break
 		}
 		if ctx.Err() != nil {
@@ -155,7 +156,6 @@ func rawRound(ctx context.Context, conn *net.UDPConn, r *rawReader, peer netip.A
 		if size == 1 && msg[0] == rawEndByte {
 			msg[0] = 0
 		}
-		t0 := time.Now()
 		if _, err := conn.WriteToUDPAddrPort(msg, peer); err != nil {
 			return res, fmt.Errorf("send to %v: %w", peer, err)
 		}
@@ -181,15 +181,9 @@ func rawRound(ctx context.Context, conn *net.UDPConn, r *rawReader, peer netip.A
 			}
 			// A stale answer: keep reading.
 		}
-		samples = append(samples, float64(time.Since(t0).Nanoseconds())/1000)
-		if c.Progress != nil && time.Since(lastReport) > 100*time.Millisecond {
-			lastReport = time.Now()
-			pt := total
-			if c.Duration > 0 {
-				pt = 0
-			}
-			c.Progress(i+1, pt)
-		}
+		t1 := clk.now()
+		samples = append(samples, float64((t1-t0).Nanoseconds())/1000)
+		clk.progress(c, t1, i+1, total)
 	}
 	if c.Progress != nil {
 		c.Progress(int64(len(samples)), int64(len(samples)))
