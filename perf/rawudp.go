@@ -44,13 +44,14 @@ type RawConfig struct {
 	// tries) for up to this long before it sleeps in the poller: the
 	// raw counterpart of Config.BusyPoll.
 	BusyPoll time.Duration
-	// Log receives one line per event (may be nil).
-	Log func(format string, args ...any)
+	// Wait is how long the client keeps trying to reach the server
+	// before the first round (default 5s).
+	Wait time.Duration
 }
 
 // RawUDPServe answers every datagram on conn with one of the same length
 // and contents, until a session-ending datagram arrives or ctx ends. It
-// returns the number of datagrams answered.
+// returns the number of round trips answered (probes not counted).
 func RawUDPServe(ctx context.Context, conn *net.UDPConn, rc RawConfig) (int64, error) {
 	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
@@ -74,7 +75,9 @@ func RawUDPServe(ctx context.Context, conn *net.UDPConn, rc RawConfig) (int64, e
 		if k == 1 && buf[0] == rawEndByte {
 			return n, nil
 		}
-		n++
+		if k > 0 { // empty: the client's probe, not a round trip
+			n++
+		}
 	}
 }
 
@@ -96,6 +99,9 @@ func RawUDPPing(ctx context.Context, conn *net.UDPConn, peer netip.AddrPort, c C
 	rep := &Report{Kind: "lat", Test: RawTest, Backend: "udp", QPs: 1, MTU: c.MTU}
 	out := make([]byte, c.maxSize())
 	in := make([]byte, c.maxSize()+1)
+	if err := rawProbe(ctx, conn, peer, rc.Wait, in); err != nil {
+		return rep, err
+	}
 	var runErr error
 	for _, size := range c.Sizes {
 		res, err := rawRound(ctx, conn, r, peer, &c, size, out, in)
@@ -125,6 +131,31 @@ func RawUDPPing(ctx context.Context, conn *net.UDPConn, peer netip.AddrPort, c C
 		}
 	}
 	return rep, runErr
+}
+
+// rawProbe waits until the server answers an empty datagram (no round
+// is timed before the server is there), for up to wait. Answers to probes
+// sent again come late and are empty: no round mistakes them for its own.
+func rawProbe(ctx context.Context, conn *net.UDPConn, peer netip.AddrPort, wait time.Duration, in []byte) error {
+	if wait <= 0 {
+		wait = 5 * time.Second
+	}
+	end := time.Now().Add(wait)
+	for time.Now().Before(end) && ctx.Err() == nil {
+		if _, err := conn.WriteToUDPAddrPort(nil, peer); err != nil {
+			return fmt.Errorf("send to %v: %w", peer, err)
+		}
+		conn.SetReadDeadline(time.Now().Add(min(rawRetry, time.Until(end))))
+		k, _, err := conn.ReadFromUDPAddrPort(in)
+		if err == nil && k == 0 {
+			conn.SetReadDeadline(time.Time{})
+			return nil
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("%w from %v within %v: is `softroce lat --server --raw-udp` running there?", ErrNoAnswer, peer, wait)
 }
 
 // rawRound is one size of the raw ping-pong.

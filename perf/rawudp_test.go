@@ -2,6 +2,7 @@ package perf
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"strings"
@@ -83,15 +84,37 @@ func TestRawUDPStaleAnswers(t *testing.T) {
 	saneLat(t, rep.Lat[0], 200)
 }
 
-// TestRawUDPNoServer: nobody answers; the client keeps resending and
-// returns an error when its context ends, rather than hanging.
+// TestRawUDPNoServer: nobody answers; the client gives up after Wait,
+// naming the command to start on the other side, and ends when its
+// context does.
 func TestRawUDPNoServer(t *testing.T) {
 	_, cli, peer := rawPair(t)
-	c, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	_, err := RawUDPPing(ctx(t), cli, peer, Config{Iters: 10}, RawConfig{Wait: 300 * time.Millisecond}, nil)
+	if !errors.Is(err, ErrNoAnswer) || !strings.Contains(err.Error(), "softroce lat --server --raw-udp") {
+		t.Fatalf("no server: %v", err)
+	}
+	c, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	_, err := RawUDPPing(c, cli, peer, Config{Iters: 10}, RawConfig{}, nil)
-	if err == nil {
-		t.Fatal("a ping-pong with no server succeeded")
+	if _, err := RawUDPPing(c, cli, peer, Config{Iters: 10}, RawConfig{Wait: time.Hour}, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("context ended: %v", err)
+	}
+}
+
+// TestRawUDPLateServer: the server starts after the client; the client
+// waits for it, and no sample includes that wait.
+func TestRawUDPLateServer(t *testing.T) {
+	srv, cli, peer := rawPair(t)
+	// Nobody reads the server's socket for a while: datagrams sent now wait.
+	go func() {
+		time.Sleep(400 * time.Millisecond)
+		RawUDPServe(ctx(t), srv, RawConfig{})
+	}()
+	rep, err := RawUDPPing(ctx(t), cli, peer, Config{Iters: 50}, RawConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rep.Lat[0]; r.Iterations != 50 || r.Max >= 400e3 {
+		t.Fatalf("row %+v: a sample holds the wait for the server", r)
 	}
 }
 

@@ -21,7 +21,7 @@ func runRawUDP(ctx context.Context, f *perfFlags, c perf.Config, bind netip.Addr
 	if f.test != "write" {
 		return fail("--raw-udp sends datagrams: drop --test %s", f.test)
 	}
-	rc := perf.RawConfig{BusyPoll: time.Duration(f.busy)}
+	rc := perf.RawConfig{BusyPoll: time.Duration(f.busy), Wait: f.wait}
 	if f.server {
 		if peer != "" {
 			return fail("--server takes no peer address")
