@@ -105,6 +105,7 @@ func TestNumbersTwoGuests(t *testing.T) {
 				col := (k + round) % (1 + len(variants))
 				if col == 0 {
 					rxeBefore := [2]map[string]int64{guestRxeCounters(ctx, client), guestRxeCounters(ctx, server)}
+					netBefore := takeNetSnapshot(ctx, client, server)
 					res, _, _, err := retryOnce(t, &port, func(port int) (rxevm.BWResult, string, string, error) {
 						args := fmt.Sprintf("-s %d -n %d -p %d", sz.bytes, sz.iters, port)
 						return runAcross(ctx, server, client,
@@ -120,10 +121,12 @@ func TestNumbersTwoGuests(t *testing.T) {
 					timeouts[si][0] += after["completer_retry_err"] - rxeBefore[0]["completer_retry_err"]
 					t.Logf("round %d, %d bytes, rxe: %.2f MiB/s; client rxe0: %s; server rxe0: %s", round, sz.bytes, res.AvgBW,
 						counterDelta(rxeBefore[0], after), counterDelta(rxeBefore[1], guestRxeCounters(ctx, server)))
+					t.Logf("  %s", netBefore.lossDelta(takeNetSnapshot(ctx, client, server)))
 					continue
 				}
 				vi, variant := col-1, variants[col-1]
 				prefix, exe, flags := variantCommand(variant, sr)
+				netBefore := takeNetSnapshot(ctx, client, server)
 				var before [2]cpuStat
 				if profDir != "" {
 					before = [2]cpuStat{readCPU(ctx, client), readCPU(ctx, server)}
@@ -147,6 +150,8 @@ func TestNumbersTwoGuests(t *testing.T) {
 				results[si][1+vi] = append(results[si][1+vi], res.AvgBW)
 				timeouts[si][1+vi] += qpTimeouts(cout)
 				t.Logf("round %d, %d bytes, softroce %q: %.2f MiB/s; client: %s; server: %s", round, sz.bytes, variant, res.AvgBW, qpStats(cout), qpStats(sout))
+				t.Logf("  client %s; server %s", dropStats(cout), dropStats(sout))
+				t.Logf("  %s", netBefore.lossDelta(takeNetSnapshot(ctx, client, server)))
 				if profDir != "" {
 					t.Logf("  guest CPU during the run (both processes' setup included): client %s; server %s",
 						readCPU(ctx, client).since(before[0]), readCPU(ctx, server).since(before[1]))
@@ -288,6 +293,17 @@ func qpStats(out string) string {
 	return "(no QP statistics)"
 }
 
+var dropStatsLine = regexp.MustCompile(`softroce drops: .*`)
+
+// dropStats is softroce perftest's line of QP, engine, driver and link
+// drop counters.
+func dropStats(out string) string {
+	if m := dropStatsLine.FindString(out); m != "" {
+		return strings.TrimPrefix(m, "softroce ")
+	}
+	return "(no drop counters)"
+}
+
 var timeoutsField = regexp.MustCompile(`softroce QP: .* (\d+) timeouts`)
 
 // qpTimeouts is the ACK timeout count of a softroce perftest output.
@@ -388,4 +404,168 @@ func counterDelta(before, after map[string]int64) string {
 		return "(no counter moved)"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// guestNetCounters reads where a guest's kernel drops packets: the Udp and
+// Ip lines of /proc/net/snmp (InErrors, RcvbufErrors, SndbufErrors,
+// InDiscards, ...), eth0's device statistics, softnet_stat's dropped and
+// time_squeeze columns summed over CPUs, and the drops column of every UDP
+// and raw socket (/proc/net/udp, /proc/net/raw: a full receive buffer).
+func guestNetCounters(ctx context.Context, g *rxevm.VM) map[string]int64 {
+	out, err := g.Run(ctx, "cat /proc/net/snmp; echo '#softnet'; cat /proc/net/softnet_stat; echo '#dev'; cd /sys/class/net/eth0/statistics && grep . *; echo '#udp'; cat /proc/net/udp; echo '#raw'; cat /proc/net/raw")
+	if err != nil {
+		return nil
+	}
+	return parseNetCounters(out)
+}
+
+// parseNetCounters parses guestNetCounters' output into "section.name"
+// counters.
+func parseNetCounters(out string) map[string]int64 {
+	m := map[string]int64{}
+	section := "snmp"
+	var heads = map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "#") {
+			section = line[1:]
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		switch section {
+		case "snmp":
+			// Pairs of lines: "Udp: InDatagrams ..." then "Udp: 12 ...".
+			proto := strings.TrimSuffix(f[0], ":")
+			if proto != "Udp" && proto != "Ip" {
+				continue
+			}
+			if _, err := strconv.ParseInt(f[1], 10, 64); err != nil {
+				heads[proto] = f[1:]
+				continue
+			}
+			for i, v := range f[1:] {
+				if n, err := strconv.ParseInt(v, 10, 64); err == nil && i < len(heads[proto]) {
+					m[proto+"."+heads[proto][i]] = n
+				}
+			}
+		case "softnet":
+			// Hex columns: processed, dropped, time_squeeze.
+			if len(f) >= 3 {
+				d, _ := strconv.ParseInt(f[1], 16, 64)
+				s, _ := strconv.ParseInt(f[2], 16, 64)
+				m["softnet.dropped"] += d
+				m["softnet.time_squeeze"] += s
+			}
+		case "dev":
+			if k, v, ok := strings.Cut(line, ":"); ok {
+				if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+					m["eth0."+k] = n
+				}
+			}
+		case "udp", "raw":
+			// sl local rem st tx:rx tr:when retr uid timeout inode ref ptr drops
+			if len(f) >= 13 && strings.HasSuffix(f[0], ":") {
+				if n, err := strconv.ParseInt(f[len(f)-1], 10, 64); err == nil {
+					m[section+".drops"] += n
+				}
+			}
+		}
+	}
+	return m
+}
+
+// hostNetCounters reads the drop and error counters of the pair's bridge
+// and taps (inside its namespace), and the drops of their queueing
+// disciplines.
+func hostNetCounters(ctx context.Context, g *rxevm.VM) map[string]int64 {
+	out, err := g.HostCommand(ctx, "sh", "-c", "cd /sys/class/net && grep . */statistics/*drop* */statistics/*err* */statistics/*packets; tc -s qdisc 2>/dev/null").Output()
+	if err != nil && len(out) == 0 {
+		return nil
+	}
+	return parseHostCounters(string(out))
+}
+
+var qdiscLine = regexp.MustCompile(`^qdisc (\S+) \S+ (?:dev )?(\S+)`)
+var qdiscDropped = regexp.MustCompile(`dropped (\d+), overlimits (\d+) requeues (\d+)`)
+
+func parseHostCounters(out string) map[string]int64 {
+	m := map[string]int64{}
+	dev := ""
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if q := qdiscLine.FindStringSubmatch(line); q != nil {
+			dev = q[2] + ".qdisc"
+			continue
+		}
+		if d := qdiscDropped.FindStringSubmatch(line); d != nil && dev != "" {
+			n, _ := strconv.ParseInt(d[1], 10, 64)
+			r, _ := strconv.ParseInt(d[3], 10, 64)
+			m[dev+".dropped"] += n
+			m[dev+".requeues"] += r
+			continue
+		}
+		// br0/statistics/rx_dropped:0
+		path, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		parts := strings.Split(path, "/")
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && len(parts) == 3 {
+			m[parts[0]+"."+parts[2]] = n
+		}
+	}
+	return m
+}
+
+// netSnapshot is both guests' and the host's counters at one moment.
+type netSnapshot struct{ client, server, host map[string]int64 }
+
+func takeNetSnapshot(ctx context.Context, client, server *rxevm.VM) netSnapshot {
+	return netSnapshot{guestNetCounters(ctx, client), guestNetCounters(ctx, server), hostNetCounters(ctx, client)}
+}
+
+// lossDelta lists what moved between two snapshots, leaving out the
+// packet and byte counts that move on every run.
+func (s netSnapshot) lossDelta(after netSnapshot) string {
+	f := func(b, a map[string]int64) string {
+		bb, aa := map[string]int64{}, map[string]int64{}
+		for k, v := range a {
+			if strings.HasSuffix(k, "packets") || strings.HasSuffix(k, "bytes") || strings.HasSuffix(k, "Datagrams") || strings.HasSuffix(k, "Receives") ||
+				strings.HasSuffix(k, "Requests") || strings.HasSuffix(k, "Delivers") || k == "Ip.Forwarding" || k == "Ip.DefaultTTL" {
+				continue
+			}
+			aa[k], bb[k] = v, b[k]
+		}
+		return counterDelta(bb, aa)
+	}
+	return fmt.Sprintf("losses: client %s; server %s; host %s", f(s.client, after.client), f(s.server, after.server), f(s.host, after.host))
+}
+
+func TestParseNetCounters(t *testing.T) {
+	guest := "Ip: Forwarding DefaultTTL InReceives InDiscards\nIp: 2 64 900 3\n" +
+		"Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\nUdp: 800 1 7 700 5 2\n" +
+		"#softnet\n0000aaaa 00000010 00000002 0\n00000001 00000001 00000000 0\n" +
+		"#dev\nrx_dropped:4\ntx_packets:99\n" +
+		"#udp\n  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n" +
+		" 1: 00000000:12B8 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1 2 0000000000000000 6\n" +
+		"#raw\n 2: 00000000:0011 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1 2 0000000000000000 9\n"
+	m := parseNetCounters(guest)
+	want := map[string]int64{"Ip.InDiscards": 3, "Udp.InErrors": 7, "Udp.RcvbufErrors": 5, "Udp.SndbufErrors": 2,
+		"softnet.dropped": 17, "softnet.time_squeeze": 2, "eth0.rx_dropped": 4, "udp.drops": 6, "raw.drops": 9}
+	for k, v := range want {
+		if m[k] != v {
+			t.Errorf("%s = %d, want %d (all: %v)", k, m[k], v, m)
+		}
+	}
+	host := "tap0/statistics/tx_dropped:12\nbr0/statistics/rx_errors:0\n" +
+		"qdisc fq_codel 0: dev tap1 root refcnt 2 limit 10240p\n Sent 1 bytes 2 pkt (dropped 8, overlimits 0 requeues 3)\n"
+	h := parseHostCounters(host)
+	for k, v := range map[string]int64{"tap0.tx_dropped": 12, "tap1.qdisc.dropped": 8, "tap1.qdisc.requeues": 3} {
+		if h[k] != v {
+			t.Errorf("%s = %d, want %d (all: %v)", k, h[k], v, h)
+		}
+	}
 }
