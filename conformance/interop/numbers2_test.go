@@ -121,7 +121,7 @@ func TestNumbersTwoGuests(t *testing.T) {
 					timeouts[si][0] += after["completer_retry_err"] - rxeBefore[0]["completer_retry_err"]
 					t.Logf("round %d, %d bytes, rxe: %.2f MiB/s; client rxe0: %s; server rxe0: %s", round, sz.bytes, res.AvgBW,
 						counterDelta(rxeBefore[0], after), counterDelta(rxeBefore[1], guestRxeCounters(ctx, server)))
-					t.Logf("  %s", netBefore.lossDelta(takeNetSnapshot(ctx, client, server)))
+					t.Logf("  %s", netBefore.lossDelta(takeNetSnapshot(ctx, client, server), [2]int64{}))
 					continue
 				}
 				vi, variant := col-1, variants[col-1]
@@ -151,7 +151,7 @@ func TestNumbersTwoGuests(t *testing.T) {
 				timeouts[si][1+vi] += qpTimeouts(cout)
 				t.Logf("round %d, %d bytes, softroce %q: %.2f MiB/s; client: %s; server: %s", round, sz.bytes, variant, res.AvgBW, qpStats(cout), qpStats(sout))
 				t.Logf("  client %s; server %s", dropStats(cout), dropStats(sout))
-				t.Logf("  %s", netBefore.lossDelta(takeNetSnapshot(ctx, client, server)))
+				t.Logf("  %s", netBefore.lossDelta(takeNetSnapshot(ctx, client, server), [2]int64{linkReceived(cout), linkReceived(sout)}))
 				if profDir != "" {
 					t.Logf("  guest CPU during the run (both processes' setup included): client %s; server %s",
 						readCPU(ctx, client).since(before[0]), readCPU(ctx, server).since(before[1]))
@@ -302,6 +302,18 @@ func dropStats(out string) string {
 		return strings.TrimPrefix(m, "softroce ")
 	}
 	return "(no drop counters)"
+}
+
+var linkReceivedField = regexp.MustCompile(`softroce drops: .*; link (\d+) received`)
+
+// linkReceived is the packets softroce's link received in a perftest run.
+func linkReceived(out string) int64 {
+	m := linkReceivedField.FindStringSubmatch(out)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(m[1], 10, 64)
+	return n
 }
 
 var timeoutsField = regexp.MustCompile(`softroce QP: .* (\d+) timeouts`)
@@ -529,9 +541,17 @@ func takeNetSnapshot(ctx context.Context, client, server *rxevm.VM) netSnapshot 
 
 // lossDelta lists what moved between two snapshots, leaving out the
 // packet and byte counts that move on every run.
-func (s netSnapshot) lossDelta(after netSnapshot) string {
-	f := func(b, a map[string]int64) string {
+// filtered[0] and [1] are the packets the client's and server's softroce
+// links received: softroce's UDP socket carries a filter that accepts
+// nothing (the raw socket gets the packets), and the kernel counts each
+// packet that filter drops in Udp.InErrors, so those are taken off.
+func (s netSnapshot) lossDelta(after netSnapshot, filtered [2]int64) string {
+	f := func(b, a map[string]int64, filtered int64) string {
 		bb, aa := map[string]int64{}, map[string]int64{}
+		if _, ok := a["Udp.InErrors"]; ok {
+			b = maps.Clone(b)
+			b["Udp.InErrors"] += filtered
+		}
 		for k, v := range a {
 			if strings.HasSuffix(k, "packets") || strings.HasSuffix(k, "bytes") || strings.HasSuffix(k, "Datagrams") || strings.HasSuffix(k, "Receives") ||
 				strings.HasSuffix(k, "Requests") || strings.HasSuffix(k, "Delivers") || k == "Ip.Forwarding" || k == "Ip.DefaultTTL" {
@@ -541,7 +561,7 @@ func (s netSnapshot) lossDelta(after netSnapshot) string {
 		}
 		return counterDelta(bb, aa)
 	}
-	return fmt.Sprintf("losses: client %s; server %s; host %s", f(s.client, after.client), f(s.server, after.server), f(s.host, after.host))
+	return fmt.Sprintf("losses: client %s; server %s; host %s", f(s.client, after.client, filtered[0]), f(s.server, after.server, filtered[1]), f(s.host, after.host, 0))
 }
 
 func TestParseNetCounters(t *testing.T) {
@@ -559,6 +579,12 @@ func TestParseNetCounters(t *testing.T) {
 		if m[k] != v {
 			t.Errorf("%s = %d, want %d (all: %v)", k, m[k], v, m)
 		}
+	}
+	before := netSnapshot{client: map[string]int64{"Udp.InErrors": 10}, server: map[string]int64{"Udp.InErrors": 0}}
+	after := netSnapshot{client: map[string]int64{"Udp.InErrors": 15}, server: map[string]int64{"Udp.InErrors": 100, "raw.drops": 1}}
+	out := "softroce drops: QP 0 duplicate requests; driver 0 refused sends; link 99 received, 5 sent, 0 ICRC bad"
+	if got, want := before.lossDelta(after, [2]int64{5, linkReceived(out)}), "losses: client (no counter moved); server Udp.InErrors 1, raw.drops 1; host (no counter moved)"; got != want {
+		t.Errorf("lossDelta = %q, want %q", got, want)
 	}
 	host := "tap0/statistics/tx_dropped:12\nbr0/statistics/rx_errors:0\n" +
 		"qdisc fq_codel 0: dev tap1 root refcnt 2 limit 10240p\n Sent 1 bytes 2 pkt (dropped 8, overlimits 0 requeues 3)\n"
