@@ -121,7 +121,8 @@ func TestNumbersTwoGuests(t *testing.T) {
 					timeouts[si][0] += after["completer_retry_err"] - rxeBefore[0]["completer_retry_err"]
 					t.Logf("round %d, %d bytes, rxe: %.2f MiB/s; client rxe0: %s; server rxe0: %s", round, sz.bytes, res.AvgBW,
 						counterDelta(rxeBefore[0], after), counterDelta(rxeBefore[1], guestRxeCounters(ctx, server)))
-					t.Logf("  %s", netBefore.lossDelta(takeNetSnapshot(ctx, client, server), [2]int64{}))
+					netAfter := takeNetSnapshot(ctx, client, server)
+					t.Logf("  %s; %s", netBefore.lossDelta(netAfter, [2]int64{}), netBefore.schedDelta(netAfter))
 					continue
 				}
 				vi, variant := col-1, variants[col-1]
@@ -151,7 +152,8 @@ func TestNumbersTwoGuests(t *testing.T) {
 				timeouts[si][1+vi] += qpTimeouts(cout)
 				t.Logf("round %d, %d bytes, softroce %q: %.2f MiB/s; client: %s; server: %s", round, sz.bytes, variant, res.AvgBW, qpStats(cout), qpStats(sout))
 				t.Logf("  client %s; server %s", dropStats(cout), dropStats(sout))
-				t.Logf("  %s", netBefore.lossDelta(takeNetSnapshot(ctx, client, server), [2]int64{linkReceived(cout), linkReceived(sout)}))
+				netAfter := takeNetSnapshot(ctx, client, server)
+				t.Logf("  %s; %s", netBefore.lossDelta(netAfter, [2]int64{linkReceived(cout), linkReceived(sout)}), netBefore.schedDelta(netAfter))
 				if profDir != "" {
 					t.Logf("  guest CPU during the run (both processes' setup included): client %s; server %s",
 						readCPU(ctx, client).since(before[0]), readCPU(ctx, server).since(before[1]))
@@ -532,11 +534,57 @@ func parseHostCounters(out string) map[string]int64 {
 	return m
 }
 
-// netSnapshot is both guests' and the host's counters at one moment.
-type netSnapshot struct{ client, server, host map[string]int64 }
+// qemuSched sums a qemu process's threads' schedstat: time on a host CPU
+// and time runnable but waiting for one (ns). The wait is how long the
+// host kept the guest's vCPU or I/O thread from running.
+func qemuSched(g *rxevm.VM) (run, wait int64) {
+	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", g.QemuPID()))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		r, w := parseSchedstat(string(b))
+		run, wait = run+r, wait+w
+	}
+	return run, wait
+}
+
+// parseSchedstat parses "run_ns wait_ns timeslices".
+func parseSchedstat(s string) (run, wait int64) {
+	f := strings.Fields(s)
+	if len(f) < 2 {
+		return 0, 0
+	}
+	run, _ = strconv.ParseInt(f[0], 10, 64)
+	wait, _ = strconv.ParseInt(f[1], 10, 64)
+	return run, wait
+}
+
+// netSnapshot is both guests' and the host's counters at one moment, with
+// both qemu processes' host scheduling times.
+type netSnapshot struct {
+	client, server, host map[string]int64
+	sched                [2][2]int64 // [client, server][run, wait]
+	at                   time.Time
+}
 
 func takeNetSnapshot(ctx context.Context, client, server *rxevm.VM) netSnapshot {
-	return netSnapshot{guestNetCounters(ctx, client), guestNetCounters(ctx, server), hostNetCounters(ctx, client)}
+	s := netSnapshot{client: guestNetCounters(ctx, client), server: guestNetCounters(ctx, server), host: hostNetCounters(ctx, client)}
+	s.sched[0][0], s.sched[0][1] = qemuSched(client)
+	s.sched[1][0], s.sched[1][1] = qemuSched(server)
+	s.at = time.Now()
+	return s
+}
+
+// schedDelta says, per qemu, how much of the run it spent on a host CPU
+// and waiting for one.
+func (s netSnapshot) schedDelta(after netSnapshot) string {
+	ms := func(ns int64) int64 { return ns / 1e6 }
+	wall := after.at.Sub(s.at).Milliseconds()
+	return fmt.Sprintf("host scheduling over %d ms: client qemu ran %d ms, waited %d ms for a CPU; server qemu ran %d ms, waited %d ms",
+		wall, ms(after.sched[0][0]-s.sched[0][0]), ms(after.sched[0][1]-s.sched[0][1]),
+		ms(after.sched[1][0]-s.sched[1][0]), ms(after.sched[1][1]-s.sched[1][1]))
 }
 
 // lossDelta lists what moved between two snapshots, leaving out the
@@ -585,6 +633,9 @@ func TestParseNetCounters(t *testing.T) {
 	out := "softroce drops: QP 0 duplicate requests; driver 0 refused sends; link 99 received, 5 sent, 0 ICRC bad"
 	if got, want := before.lossDelta(after, [2]int64{5, linkReceived(out)}), "losses: client (no counter moved); server Udp.InErrors 1, raw.drops 1; host (no counter moved)"; got != want {
 		t.Errorf("lossDelta = %q, want %q", got, want)
+	}
+	if r, w := parseSchedstat("307561 1026130 2\n"); r != 307561 || w != 1026130 {
+		t.Errorf("parseSchedstat = %d, %d", r, w)
 	}
 	host := "tap0/statistics/tx_dropped:12\nbr0/statistics/rx_errors:0\n" +
 		"qdisc fq_codel 0: dev tap1 root refcnt 2 limit 10240p\n Sent 1 bytes 2 pkt (dropped 8, overlimits 0 requeues 3)\n"
