@@ -31,8 +31,10 @@ const twoGuestPort = 4792
 // more with softroce's --adaptive-timeout (that timeout as the floor).
 // rdma_rxe stays loaded, so softroce uses UDP port 4792 on both ends.
 // Rounds alternate the runs so that host load hits all alike; a run that
-// fails is retried once (see retryOnce). It logs each run's counters and
-// a Markdown table (MiB/s, range over rounds, ratio of the medians) and
+// fails is retried once (see retryOnce). It logs each run's counters
+// (rxe's port counters, softroce's QP and drop lines, what moved in both
+// guests' and the host's loss counters, and how long each qemu ran and
+// waited for a host CPU: see netSnapshot) and a Markdown table (MiB/s, range over rounds, ratio of the medians) and
 // asserts only that every run completed with the requested bytes: speed
 // is reported, not asserted.
 //
