@@ -170,6 +170,13 @@ func runPerftest(args []string) int {
 	st := res.Stats
 	fmt.Printf(" softroce QP: %d packets sent, %d received, %d retransmitted, %d timeouts, %d sequence NAKs sent, %d received\n",
 		st.TxPackets, st.RxPackets, st.Retransmits, st.Timeouts, st.SeqNAKsSent, st.SeqNAKsRecv)
+	// Where packets went missing, when they did: the QPs' drops, the
+	// packets the link refused to send and the ones it dropped on receive.
+	ls, es, ds := link.Stats(), dev.Stats(), dev.DriverStats()
+	fmt.Printf(" softroce drops: QP %d duplicate requests, %d out of sequence, %d dropped, %d RNR NAKs sent, %d received; engine %d malformed, %d unknown QP, %d bad header; driver %d refused sends; link %d received, %d sent, %d ICRC bad, %d malformed, %d truncated, %d send errors\n",
+		st.DupRequests, st.OutOfSeqRequests, st.Dropped, st.RNRNAKsSent, st.RNRNAKsRecv,
+		es.RxMalformed, es.RxUnknownQP, es.RxBadHeader, ds.TxDropped,
+		ls.RxPackets, ls.TxPackets, ls.RxICRCBad, ls.RxMalformed, ls.RxTruncated, ls.TxErrors)
 	if e := res.Engine; e != nil {
 		// The figures above come from this run of the traffic engine;
 		// its packet rates are counted by the QPs, not derived from bytes.

@@ -30,6 +30,12 @@ func TestPerftestCommandUC(t *testing.T) {
 			if !strings.Contains(out, " 0 received, 0 retransmitted") || !strings.Contains(out, "softroce QP: 0 packets sent") {
 				t.Fatalf("a UC side received or retransmitted packets:\n%s", out)
 			}
+			// The drop counters: none on either side, and the link saw
+			// the 150 packets arrive at the receiver.
+			if strings.Count(out, "softroce drops: QP 0 duplicate requests, 0 out of sequence, 0 dropped") != 2 ||
+				!strings.Contains(out, "link 150 received, 0 sent, 0 ICRC bad, 0 malformed, 0 truncated, 0 send errors") {
+				t.Fatalf("drop counters missing or moved:\n%s", out)
+			}
 		})
 	}
 }

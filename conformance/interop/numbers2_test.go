@@ -31,8 +31,10 @@ const twoGuestPort = 4792
 // more with softroce's --adaptive-timeout (that timeout as the floor).
 // rdma_rxe stays loaded, so softroce uses UDP port 4792 on both ends.
 // Rounds alternate the runs so that host load hits all alike; a run that
-// fails is retried once (see retryOnce). It logs each run's counters and
-// a Markdown table (MiB/s, range over rounds, ratio of the medians) and
+// fails is retried once (see retryOnce). It logs each run's counters
+// (rxe's port counters, softroce's QP and drop lines, what moved in both
+// guests' and the host's loss counters, and how long each qemu ran and
+// waited for a host CPU: see netSnapshot) and a Markdown table (MiB/s, range over rounds, ratio of the medians) and
 // asserts only that every run completed with the requested bytes: speed
 // is reported, not asserted.
 //
@@ -105,6 +107,7 @@ func TestNumbersTwoGuests(t *testing.T) {
 				col := (k + round) % (1 + len(variants))
 				if col == 0 {
 					rxeBefore := [2]map[string]int64{guestRxeCounters(ctx, client), guestRxeCounters(ctx, server)}
+					netBefore := takeNetSnapshot(ctx, client, server)
 					res, _, _, err := retryOnce(t, &port, func(port int) (rxevm.BWResult, string, string, error) {
 						args := fmt.Sprintf("-s %d -n %d -p %d", sz.bytes, sz.iters, port)
 						return runAcross(ctx, server, client,
@@ -120,10 +123,13 @@ func TestNumbersTwoGuests(t *testing.T) {
 					timeouts[si][0] += after["completer_retry_err"] - rxeBefore[0]["completer_retry_err"]
 					t.Logf("round %d, %d bytes, rxe: %.2f MiB/s; client rxe0: %s; server rxe0: %s", round, sz.bytes, res.AvgBW,
 						counterDelta(rxeBefore[0], after), counterDelta(rxeBefore[1], guestRxeCounters(ctx, server)))
+					netAfter := takeNetSnapshot(ctx, client, server)
+					t.Logf("  %s; %s", netBefore.lossDelta(netAfter, [2]int64{}), netBefore.schedDelta(netAfter))
 					continue
 				}
 				vi, variant := col-1, variants[col-1]
 				prefix, exe, flags := variantCommand(variant, sr)
+				netBefore := takeNetSnapshot(ctx, client, server)
 				var before [2]cpuStat
 				if profDir != "" {
 					before = [2]cpuStat{readCPU(ctx, client), readCPU(ctx, server)}
@@ -147,6 +153,9 @@ func TestNumbersTwoGuests(t *testing.T) {
 				results[si][1+vi] = append(results[si][1+vi], res.AvgBW)
 				timeouts[si][1+vi] += qpTimeouts(cout)
 				t.Logf("round %d, %d bytes, softroce %q: %.2f MiB/s; client: %s; server: %s", round, sz.bytes, variant, res.AvgBW, qpStats(cout), qpStats(sout))
+				t.Logf("  client %s; server %s", dropStats(cout), dropStats(sout))
+				netAfter := takeNetSnapshot(ctx, client, server)
+				t.Logf("  %s; %s", netBefore.lossDelta(netAfter, [2]int64{linkReceived(cout), linkReceived(sout)}), netBefore.schedDelta(netAfter))
 				if profDir != "" {
 					t.Logf("  guest CPU during the run (both processes' setup included): client %s; server %s",
 						readCPU(ctx, client).since(before[0]), readCPU(ctx, server).since(before[1]))
@@ -288,6 +297,29 @@ func qpStats(out string) string {
 	return "(no QP statistics)"
 }
 
+var dropStatsLine = regexp.MustCompile(`softroce drops: .*`)
+
+// dropStats is softroce perftest's line of QP, engine, driver and link
+// drop counters.
+func dropStats(out string) string {
+	if m := dropStatsLine.FindString(out); m != "" {
+		return strings.TrimPrefix(m, "softroce ")
+	}
+	return "(no drop counters)"
+}
+
+var linkReceivedField = regexp.MustCompile(`softroce drops: .*; link (\d+) received`)
+
+// linkReceived is the packets softroce's link received in a perftest run.
+func linkReceived(out string) int64 {
+	m := linkReceivedField.FindStringSubmatch(out)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(m[1], 10, 64)
+	return n
+}
+
 var timeoutsField = regexp.MustCompile(`softroce QP: .* (\d+) timeouts`)
 
 // qpTimeouts is the ACK timeout count of a softroce perftest output.
@@ -388,4 +420,231 @@ func counterDelta(before, after map[string]int64) string {
 		return "(no counter moved)"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// guestNetCounters reads where a guest's kernel drops packets: the Udp and
+// Ip lines of /proc/net/snmp (InErrors, RcvbufErrors, SndbufErrors,
+// InDiscards, ...), eth0's device statistics, softnet_stat's dropped and
+// time_squeeze columns summed over CPUs, and the drops column of every UDP
+// and raw socket (/proc/net/udp, /proc/net/raw: a full receive buffer).
+func guestNetCounters(ctx context.Context, g *rxevm.VM) map[string]int64 {
+	out, err := g.Run(ctx, "cat /proc/net/snmp; echo '#softnet'; cat /proc/net/softnet_stat; echo '#dev'; cd /sys/class/net/eth0/statistics && grep . *; echo '#udp'; cat /proc/net/udp; echo '#raw'; cat /proc/net/raw")
+	if err != nil {
+		return nil
+	}
+	return parseNetCounters(out)
+}
+
+// parseNetCounters parses guestNetCounters' output into "section.name"
+// counters.
+func parseNetCounters(out string) map[string]int64 {
+	m := map[string]int64{}
+	section := "snmp"
+	var heads = map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "#") {
+			section = line[1:]
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		switch section {
+		case "snmp":
+			// Pairs of lines: "Udp: InDatagrams ..." then "Udp: 12 ...".
+			proto := strings.TrimSuffix(f[0], ":")
+			if proto != "Udp" && proto != "Ip" {
+				continue
+			}
+			if _, err := strconv.ParseInt(f[1], 10, 64); err != nil {
+				heads[proto] = f[1:]
+				continue
+			}
+			for i, v := range f[1:] {
+				if n, err := strconv.ParseInt(v, 10, 64); err == nil && i < len(heads[proto]) {
+					m[proto+"."+heads[proto][i]] = n
+				}
+			}
+		case "softnet":
+			// Hex columns: processed, dropped, time_squeeze.
+			if len(f) >= 3 {
+				d, _ := strconv.ParseInt(f[1], 16, 64)
+				s, _ := strconv.ParseInt(f[2], 16, 64)
+				m["softnet.dropped"] += d
+				m["softnet.time_squeeze"] += s
+			}
+		case "dev":
+			if k, v, ok := strings.Cut(line, ":"); ok {
+				if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+					m["eth0."+k] = n
+				}
+			}
+		case "udp", "raw":
+			// sl local rem st tx:rx tr:when retr uid timeout inode ref ptr drops
+			if len(f) >= 13 && strings.HasSuffix(f[0], ":") {
+				if n, err := strconv.ParseInt(f[len(f)-1], 10, 64); err == nil {
+					m[section+".drops"] += n
+				}
+			}
+		}
+	}
+	return m
+}
+
+// hostNetCounters reads the drop and error counters of the pair's bridge
+// and taps (inside its namespace), and the drops of their queueing
+// disciplines.
+func hostNetCounters(ctx context.Context, g *rxevm.VM) map[string]int64 {
+	out, err := g.HostCommand(ctx, "sh", "-c", "cd /sys/class/net && grep . */statistics/*drop* */statistics/*err* */statistics/*packets; tc -s qdisc 2>/dev/null").Output()
+	if err != nil && len(out) == 0 {
+		return nil
+	}
+	return parseHostCounters(string(out))
+}
+
+var qdiscLine = regexp.MustCompile(`^qdisc (\S+) \S+ (?:dev )?(\S+)`)
+var qdiscDropped = regexp.MustCompile(`dropped (\d+), overlimits (\d+) requeues (\d+)`)
+
+func parseHostCounters(out string) map[string]int64 {
+	m := map[string]int64{}
+	dev := ""
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if q := qdiscLine.FindStringSubmatch(line); q != nil {
+			dev = q[2] + ".qdisc"
+			continue
+		}
+		if d := qdiscDropped.FindStringSubmatch(line); d != nil && dev != "" {
+			n, _ := strconv.ParseInt(d[1], 10, 64)
+			r, _ := strconv.ParseInt(d[3], 10, 64)
+			m[dev+".dropped"] += n
+			m[dev+".requeues"] += r
+			continue
+		}
+		// br0/statistics/rx_dropped:0
+		path, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		parts := strings.Split(path, "/")
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && len(parts) == 3 {
+			m[parts[0]+"."+parts[2]] = n
+		}
+	}
+	return m
+}
+
+// qemuSched sums a qemu process's threads' schedstat: time on a host CPU
+// and time runnable but waiting for one (ns). The wait is how long the
+// host kept the guest's vCPU or I/O thread from running.
+func qemuSched(g *rxevm.VM) (run, wait int64) {
+	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", g.QemuPID()))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		r, w := parseSchedstat(string(b))
+		run, wait = run+r, wait+w
+	}
+	return run, wait
+}
+
+// parseSchedstat parses "run_ns wait_ns timeslices".
+func parseSchedstat(s string) (run, wait int64) {
+	f := strings.Fields(s)
+	if len(f) < 2 {
+		return 0, 0
+	}
+	run, _ = strconv.ParseInt(f[0], 10, 64)
+	wait, _ = strconv.ParseInt(f[1], 10, 64)
+	return run, wait
+}
+
+// netSnapshot is both guests' and the host's counters at one moment, with
+// both qemu processes' host scheduling times.
+type netSnapshot struct {
+	client, server, host map[string]int64
+	sched                [2][2]int64 // [client, server][run, wait]
+	at                   time.Time
+}
+
+func takeNetSnapshot(ctx context.Context, client, server *rxevm.VM) netSnapshot {
+	s := netSnapshot{client: guestNetCounters(ctx, client), server: guestNetCounters(ctx, server), host: hostNetCounters(ctx, client)}
+	s.sched[0][0], s.sched[0][1] = qemuSched(client)
+	s.sched[1][0], s.sched[1][1] = qemuSched(server)
+	s.at = time.Now()
+	return s
+}
+
+// schedDelta says, per qemu, how much of the run it spent on a host CPU
+// and waiting for one.
+func (s netSnapshot) schedDelta(after netSnapshot) string {
+	ms := func(ns int64) int64 { return ns / 1e6 }
+	wall := after.at.Sub(s.at).Milliseconds()
+	return fmt.Sprintf("host scheduling over %d ms: client qemu ran %d ms, waited %d ms for a CPU; server qemu ran %d ms, waited %d ms",
+		wall, ms(after.sched[0][0]-s.sched[0][0]), ms(after.sched[0][1]-s.sched[0][1]),
+		ms(after.sched[1][0]-s.sched[1][0]), ms(after.sched[1][1]-s.sched[1][1]))
+}
+
+// lossDelta lists what moved between two snapshots, leaving out the
+// packet and byte counts that move on every run.
+// filtered[0] and [1] are the packets the client's and server's softroce
+// links received: softroce's UDP socket carries a filter that accepts
+// nothing (the raw socket gets the packets), and the kernel counts each
+// packet that filter drops in Udp.InErrors, so those are taken off.
+func (s netSnapshot) lossDelta(after netSnapshot, filtered [2]int64) string {
+	f := func(b, a map[string]int64, filtered int64) string {
+		bb, aa := map[string]int64{}, map[string]int64{}
+		if _, ok := a["Udp.InErrors"]; ok {
+			b = maps.Clone(b)
+			b["Udp.InErrors"] += filtered
+		}
+		for k, v := range a {
+			if strings.HasSuffix(k, "packets") || strings.HasSuffix(k, "bytes") || strings.HasSuffix(k, "Datagrams") || strings.HasSuffix(k, "Receives") ||
+				strings.HasSuffix(k, "Requests") || strings.HasSuffix(k, "Delivers") || k == "Ip.Forwarding" || k == "Ip.DefaultTTL" {
+				continue
+			}
+			aa[k], bb[k] = v, b[k]
+		}
+		return counterDelta(bb, aa)
+	}
+	return fmt.Sprintf("losses: client %s; server %s; host %s", f(s.client, after.client, filtered[0]), f(s.server, after.server, filtered[1]), f(s.host, after.host, 0))
+}
+
+func TestParseNetCounters(t *testing.T) {
+	guest := "Ip: Forwarding DefaultTTL InReceives InDiscards\nIp: 2 64 900 3\n" +
+		"Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\nUdp: 800 1 7 700 5 2\n" +
+		"#softnet\n0000aaaa 00000010 00000002 0\n00000001 00000001 00000000 0\n" +
+		"#dev\nrx_dropped:4\ntx_packets:99\n" +
+		"#udp\n  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n" +
+		" 1: 00000000:12B8 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1 2 0000000000000000 6\n" +
+		"#raw\n 2: 00000000:0011 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1 2 0000000000000000 9\n"
+	m := parseNetCounters(guest)
+	want := map[string]int64{"Ip.InDiscards": 3, "Udp.InErrors": 7, "Udp.RcvbufErrors": 5, "Udp.SndbufErrors": 2,
+		"softnet.dropped": 17, "softnet.time_squeeze": 2, "eth0.rx_dropped": 4, "udp.drops": 6, "raw.drops": 9}
+	for k, v := range want {
+		if m[k] != v {
+			t.Errorf("%s = %d, want %d (all: %v)", k, m[k], v, m)
+		}
+	}
+	before := netSnapshot{client: map[string]int64{"Udp.InErrors": 10}, server: map[string]int64{"Udp.InErrors": 0}}
+	after := netSnapshot{client: map[string]int64{"Udp.InErrors": 15}, server: map[string]int64{"Udp.InErrors": 100, "raw.drops": 1}}
+	out := "softroce drops: QP 0 duplicate requests; driver 0 refused sends; link 99 received, 5 sent, 0 ICRC bad"
+	if got, want := before.lossDelta(after, [2]int64{5, linkReceived(out)}), "losses: client (no counter moved); server Udp.InErrors 1, raw.drops 1; host (no counter moved)"; got != want {
+		t.Errorf("lossDelta = %q, want %q", got, want)
+	}
+	if r, w := parseSchedstat("307561 1026130 2\n"); r != 307561 || w != 1026130 {
+		t.Errorf("parseSchedstat = %d, %d", r, w)
+	}
+	host := "tap0/statistics/tx_dropped:12\nbr0/statistics/rx_errors:0\n" +
+		"qdisc fq_codel 0: dev tap1 root refcnt 2 limit 10240p\n Sent 1 bytes 2 pkt (dropped 8, overlimits 0 requeues 3)\n"
+	h := parseHostCounters(host)
+	for k, v := range map[string]int64{"tap0.tx_dropped": 12, "tap1.qdisc.dropped": 8, "tap1.qdisc.requeues": 3} {
+		if h[k] != v {
+			t.Errorf("%s = %d, want %d (all: %v)", k, h[k], v, h)
+		}
+	}
 }

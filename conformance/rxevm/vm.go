@@ -423,6 +423,10 @@ func (vm *VM) HostAddr() netip.Addr { return hostPrefix.Addr() }
 // GuestAddr is the guest's eth0 address, the address of rxe0's GID 1.
 func (vm *VM) GuestAddr() netip.Addr { return vm.guest.Addr() }
 
+// QemuPID is the process id of the guest's qemu, for reading its host-side
+// scheduling statistics (/proc/<pid>/task/*/schedstat).
+func (vm *VM) QemuPID() int { return vm.qemu.Process.Pid }
+
 // Tap is the name of the host side of the guest's eth0 in the namespace:
 // TapName for a VM from Boot.
 func (vm *VM) Tap() string { return vm.tap }

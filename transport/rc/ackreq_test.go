@@ -1,0 +1,61 @@
+package rc
+
+import (
+	"bytes"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/bth"
+	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/wr"
+)
+
+// TestAckReqEvery64: a 200-packet WRITE asks for an ACK on every 64th
+// packet and on its last (rxe's rate), and the responder answers each
+// AckReq with at most one ACK: four for the message, where every 32nd
+// packet asked for seven.
+func TestAckReqEvery64(t *testing.T) {
+	s := newSim(t, 1, impairment{})
+	const start = 0xffffc0 // the PSNs wrap inside the message
+	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{start, 5}})
+	var asked []int
+	acks := 0
+	for i := range s.ep {
+		s.ep[i].e.SetPacketTrace(func(dir byte, p *nic.Packet) {
+			if dir != 'T' {
+				return
+			}
+			var pk bth.Packet
+			if err := bth.Parse(&pk, p.Bytes()); err != nil {
+				t.Errorf("engine %d sent a malformed packet: %v", i, err)
+				return
+			}
+			switch {
+			case i == 0 && pk.BTH.AckReq():
+				asked = append(asked, bth.PSNDiff(pk.BTH.PSN(), start))
+			case i == 1 && pk.Info.Op == bth.OpAck:
+				acks++
+			}
+		})
+	}
+	const n = 200 * 256
+	lmr, local := s.reg(0, n)
+	rmr, remote := s.reg(1, n)
+	fill(local, 3)
+	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+		SGL: []wr.SGE{{Addr: lmr.Addr(), Length: n, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	if wc := s.waitWC(s.ep[0].scq, 1, time.Second); wc[0].Status != cq.Success {
+		t.Fatalf("completion %+v", wc[0])
+	}
+	if !bytes.Equal(local, remote) {
+		t.Fatal("data differs")
+	}
+	if want := []int{63, 127, 191, 199}; !slices.Equal(asked, want) {
+		t.Fatalf("AckReq on packets %v, want %v", asked, want)
+	}
+	if acks < 1 || acks > 4 || qps[0].Stats().Retransmits != 0 {
+		t.Fatalf("%d ACKs, %d retransmissions; want 1..4 ACKs, none", acks, qps[0].Stats().Retransmits)
+	}
+}
