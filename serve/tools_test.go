@@ -143,7 +143,10 @@ func runPair(t *testing.T, s *Server, lib, p string, iters int, extra ...string)
 	port := fmt.Sprint(freeTCPPort(t))
 	args := append([]string{"-g", "0", "-p", port, "-n", fmt.Sprint(iters)}, extra...)
 	srv := startPingpong(t, s, lib, p, args...)
-	time.Sleep(200 * time.Millisecond) // the server listens on TCP once its QP exists
+	// The server listens on TCP once its QPs exist (16 for ibv_srq_pingpong,
+	// which takes a while on a loaded machine); a probe connection would be
+	// taken for the client, so watch the socket table instead.
+	waitTCPListen(t, port)
 	cli := startPingpong(t, s, lib, p, append(args, "127.0.0.1")...)
 	return srv, cli
 }
@@ -447,3 +450,26 @@ func TestCProgramMWTwoQPs(t *testing.T) { runC(t, "mw1two.c") }
 // ibv_reg_mr_iova2 with an IOVA other than the address (testdata/iova.c):
 // a WRITE and a READ addressed by the IOVA land at the right bytes.
 func TestCProgramIOVA(t *testing.T) { runC(t, "iova.c") }
+
+// waitTCPListen waits until a socket listens on TCP port (decimal) in this
+// network namespace, as /proc/net/tcp and tcp6 show it, for up to a minute.
+func waitTCPListen(t *testing.T, port string) {
+	t.Helper()
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(":%04X ", n)
+	for start := time.Now(); time.Since(start) < time.Minute; time.Sleep(5 * time.Millisecond) {
+		for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+			b, _ := os.ReadFile(f)
+			for _, line := range strings.Split(string(b), "\n") {
+				// Fields: sl local_address rem_address st ...; st 0A is LISTEN.
+				if fs := strings.Fields(line); len(fs) > 3 && strings.HasSuffix(fs[1]+" ", want) && fs[3] == "0A" {
+					return
+				}
+			}
+		}
+	}
+	t.Fatalf("nothing listens on TCP port %s after a minute", port)
+}
