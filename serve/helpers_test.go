@@ -8,6 +8,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
@@ -93,6 +95,23 @@ func sharedSocket(t testing.TB) string {
 		}
 	}
 	return filepath.Join(dir, "s.sock")
+}
+
+// cqRing creates a CQ of slots entries and maps its ring until the test
+// ends; it returns the CQ's handle, the slots it has and the ring.
+func (r *rawClient) cqRing(slots uint32) (cq, got uint32, ring []byte) {
+	r.t.Helper()
+	e, body, fds := r.call(opCreateCQ, u32s(slots, 0))
+	if e != 0 || len(fds) != 1 {
+		r.t.Fatalf("CREATE_CQ of %d slots: %v", slots, e)
+	}
+	ring, err := unix.Mmap(fds[0], 0, int(le.Uint64(body[8:])), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	closeAll(fds)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { unix.Munmap(ring) })
+	return le.Uint32(body), le.Uint32(body[4:]), ring
 }
 
 func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }
