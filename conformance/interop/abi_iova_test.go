@@ -29,7 +29,8 @@ func TestABIIOVAAgainstRxe(t *testing.T) {
 	must := mustOf(t)
 	env := abiDaemon(t)
 	bin := filepath.Join(t.TempDir(), "iova_peer")
-	if out, err := exec.Command("gcc", "-O1", "-o", bin, filepath.Join("testdata", "iova_peer.c"), "-libverbs").CombinedOutput(); err != nil {
+	if out, err := exec.Command("gcc", "-O1", "-I"+filepath.Join("..", "..", "serve", "testdata"), "-o", bin,
+		filepath.Join("testdata", "iova_peer.c"), "-libverbs").CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	cmd := exec.Command(bin)
