@@ -47,6 +47,21 @@ func checkIPv4GRH(t *testing.T, g []byte, src, dst [4]byte, roceLen int, ttl uin
 	return ip
 }
 
+// readyUDQPs makes a UD QP on each side, rxe's on acq and softroce's on
+// cq, with wr send and receive WQEs, ready with Q_Key udQKey (rxe's send
+// PSN 0x123, softroce's 0x456).
+func readyUDQPs(t *testing.T, ctx context.Context, ag *agent.Client, apd agent.PD, acq agent.CQ, pd *verbs.PD, cq *verbs.CQ, wr int) (agent.QP, *verbs.QP) {
+	t.Helper()
+	must := mustOf(t)
+	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: wr, RecvWR: wr, Type: agent.QPTypeUD})
+	must(err)
+	must(ag.ReadyUD(ctx, aqp, udQKey, 0x123))
+	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.QPTypeUD, SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: wr, MaxRecvWR: wr}})
+	must(err)
+	must(qp.ReadyUD(udQKey, 0x456))
+	return aqp, qp
+}
+
 // TestUDAgainstRxe: UD SEND and SEND_WITH_IMM between a softroce UD QP and
 // a kernel rxe UD QP, both directions, up to the port MTU. Each side's
 // receive carries the 40-byte GRH (20 zero bytes and the IPv4 header) and
@@ -61,17 +76,11 @@ func TestUDAgainstRxe(t *testing.T) {
 	defer cancel()
 	must := mustOf(t)
 	ag, apd, amr, acq := rxeSide(t, ctx)
-	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 64, RecvWR: 64, Type: agent.QPTypeUD})
-	must(err)
-	must(ag.ReadyUD(ctx, aqp, udQKey, 0x123))
+	dev, pd, buf, mr, cq := hostSide(t, bufLen, 256)
+	aqp, qp := readyUDQPs(t, ctx, ag, apd, acq, pd, cq, 64)
 	if a, err := ag.Query(ctx, aqp); err != nil || a.QKey != udQKey || a.State != "RTS" {
 		t.Fatalf("rxe UD QP: %+v %v", a, err)
 	}
-
-	dev, pd, buf, mr, cq := hostSide(t, bufLen, 256)
-	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.QPTypeUD, SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: 64, MaxRecvWR: 64}})
-	must(err)
-	must(qp.ReadyUD(udQKey, 0x456))
 	ah, aah := udAHs(t, ctx, ag, apd, dev, pd)
 	mtu := dev.QueryPort().ActiveMTU
 	if mtu > 4096 || mtu < 1024 {
