@@ -120,18 +120,19 @@ func TestABIMWAgainstRxe(t *testing.T) {
 		}
 	}
 
-	mw1, err := ha.AllocMW(ctx, hpd, 1)
-	must(err)
-	wrID++
-	must(ha.BindMW(ctx, hqp, wrID, &mw1, hmr, 4096, 8192, agent.AccessRemoteWrite|agent.AccessRemoteRead, true))
-	hostWC("ibv_bind_mw")
-	through("type 1", mw1, 4096, 3)
-
-	mw2, err := ha.AllocMW(ctx, hpd, 2)
-	must(err)
-	wrID++
-	must(ha.BindMW(ctx, hqp, wrID, &mw2, hmr, 16384, 8192, agent.AccessRemoteWrite|agent.AccessRemoteRead, true))
-	hostWC("BIND_MW work request")
+	// bind allocates a window of type typ and binds it over 8 KiB at off
+	// of the program's region, the way what says.
+	bind := func(typ, off int, what string) agent.MW {
+		t.Helper()
+		mw, err := ha.AllocMW(ctx, hpd, typ)
+		must(err)
+		wrID++
+		must(ha.BindMW(ctx, hqp, wrID, &mw, hmr, off, 8192, agent.AccessRemoteWrite|agent.AccessRemoteRead, true))
+		hostWC(what)
+		return mw
+	}
+	through("type 1", bind(1, 4096, "ibv_bind_mw"), 4096, 3)
+	mw2 := bind(2, 16384, "BIND_MW work request")
 	through("type 2", mw2, 16384, 9)
 
 	wrID++
