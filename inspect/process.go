@@ -249,64 +249,33 @@ func RenderText(verbose bool) func(dst []byte, r *Record) ([]byte, error) {
 func (r *Record) Clone() Record {
 	c := *r
 	st := new(headerStore)
-	if r.RDETH != nil {
-		st.rdeth = *r.RDETH
-		c.RDETH = &st.rdeth
+	c.RDETH = keep(&st.rdeth, r.RDETH)
+	c.DETH = keep(&st.deth, r.DETH)
+	c.XRCETH = keep(&st.xrceth, r.XRCETH)
+	c.FETH = keep(&st.feth, r.FETH)
+	c.RETH = keep(&st.reth, r.RETH)
+	c.AtomicETH = keep(&st.atomicETH, r.AtomicETH)
+	c.AETH = keep(&st.aeth, r.AETH)
+	if a := c.AETH; a != nil {
+		a.Credits = keep(&st.credits, a.Credits)
+		a.RNRTimer = keep(&st.rnrTimer, a.RNRTimer)
+		a.RNRTimerUS = keep(&st.rnrUS, a.RNRTimerUS)
+		a.NAKCode = keep(&st.nakCode, a.NAKCode)
 	}
-	if r.DETH != nil {
-		st.deth = *r.DETH
-		c.DETH = &st.deth
-	}
-	if r.XRCETH != nil {
-		st.xrceth = *r.XRCETH
-		c.XRCETH = &st.xrceth
-	}
-	if r.FETH != nil {
-		st.feth = *r.FETH
-		c.FETH = &st.feth
-	}
-	if r.RETH != nil {
-		st.reth = *r.RETH
-		c.RETH = &st.reth
-	}
-	if r.AtomicETH != nil {
-		st.atomicETH = *r.AtomicETH
-		c.AtomicETH = &st.atomicETH
-	}
-	if a := r.AETH; a != nil {
-		st.aeth = *a
-		c.AETH = &st.aeth
-		if a.Credits != nil {
-			st.credits = *a.Credits
-			st.aeth.Credits = &st.credits
-		}
-		if a.RNRTimer != nil {
-			st.rnrTimer = *a.RNRTimer
-			st.aeth.RNRTimer = &st.rnrTimer
-		}
-		if a.RNRTimerUS != nil {
-			st.rnrUS = *a.RNRTimerUS
-			st.aeth.RNRTimerUS = &st.rnrUS
-		}
-		if a.NAKCode != nil {
-			st.nakCode = *a.NAKCode
-			st.aeth.NAKCode = &st.nakCode
-		}
-	}
-	if r.AtomicAck != nil {
-		st.atomicAck = *r.AtomicAck
-		c.AtomicAck = &st.atomicAck
-	}
-	if r.Imm != nil {
-		st.imm = *r.Imm
-		c.Imm = &st.imm
-	}
-	if r.IETH != nil {
-		st.ieth = *r.IETH
-		c.IETH = &st.ieth
-	}
+	c.AtomicAck = keep(&st.atomicAck, r.AtomicAck)
+	c.Imm = keep(&st.imm, r.Imm)
+	c.IETH = keep(&st.ieth, r.IETH)
 	// A CM is made for its record alone and never changed.
 	c.VLAN = slices.Clone(r.VLAN)
 	c.Data = bytes.Clone(r.Data)
 	return c
+}
+
+// keep copies *src into *dst and returns dst, or nil when src is nil.
+func keep[T any](dst, src *T) *T {
+	if src == nil {
+		return nil
+	}
+	*dst = *src
+	return dst
 }

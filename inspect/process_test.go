@@ -138,6 +138,85 @@ func TestProcessMatchesWalk(t *testing.T) {
 	}
 }
 
+// TestCloneOutlivesProcess: a clone shares no pointer or slice with the
+// record Process hands out, clones kept from Process (whose one batch of
+// two frames is reused every other frame) still equal Walk's records at
+// the end, and the captures exercise every optional header Clone copies.
+func TestCloneOutlivesProcess(t *testing.T) {
+	smallBatches(t, 2, 300)
+	seen := map[string]bool{}
+	for _, path := range testCaptures(t) {
+		recs, err := Records(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kept []Record
+		err = Process(path, ProcessOptions{}, func(r *Record, _ []byte, _ error) error {
+			c := r.Clone()
+			if p := sharedStorage(reflect.ValueOf(c), reflect.ValueOf(*r), "Record"); p != "" {
+				return fmt.Errorf("frame %d: clone shares %s", r.Frame, p)
+			}
+			kept = append(kept, c)
+			return nil
+		})
+		if err != nil || len(kept) != len(recs) {
+			t.Fatalf("%s: %v after %d of %d records", path, err, len(kept), len(recs))
+		}
+		for i := range recs {
+			if !reflect.DeepEqual(kept[i], recs[i]) {
+				t.Fatalf("%s: clone of record %d differs from Walk's", path, i+1)
+			}
+			r := &recs[i]
+			for name, set := range map[string]bool{
+				"DETH": r.DETH != nil, "RETH": r.RETH != nil,
+				"AtomicETH": r.AtomicETH != nil, "AETH": r.AETH != nil, "AtomicAck": r.AtomicAck != nil,
+				"Imm": r.Imm != nil, "IETH": r.IETH != nil,
+				"Credits":  r.AETH != nil && r.AETH.Credits != nil,
+				"NAKCode":  r.AETH != nil && r.AETH.NAKCode != nil,
+				"RNRTimer": r.AETH != nil && r.AETH.RNRTimer != nil,
+			} {
+				seen[name] = seen[name] || set
+			}
+		}
+	}
+	for name, ok := range seen {
+		if !ok {
+			t.Errorf("no record with %s: Clone's copy of it is untested", name)
+		}
+	}
+}
+
+// sharedStorage names the first non-nil pointer or non-empty slice that
+// a and b (values of one of this package's types) both hold, or returns
+// "". Other packages' values (addresses, times) and the CM, which is never
+// changed, may share.
+func sharedStorage(a, b reflect.Value, path string) string {
+	if t := a.Type(); t.Name() != "" && t.PkgPath() != reflect.TypeFor[Record]().PkgPath() || t == reflect.TypeFor[*CM]() {
+		return ""
+	}
+	switch a.Kind() {
+	case reflect.Pointer:
+		if a.IsNil() || b.IsNil() {
+			return ""
+		}
+		if a.Pointer() == b.Pointer() {
+			return path
+		}
+		return sharedStorage(a.Elem(), b.Elem(), path)
+	case reflect.Slice:
+		if a.Len() > 0 && b.Len() > 0 && a.Pointer() == b.Pointer() {
+			return path
+		}
+	case reflect.Struct:
+		for i := range a.NumField() {
+			if p := sharedStorage(a.Field(i), b.Field(i), path+"."+a.Type().Field(i).Name); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
+}
+
 // pcapBytes builds a classic pcap: header fields in the given byte order
 // and timestamp resolution, then records of (caplen, wirelen, data).
 func pcapBytes(order binary.AppendByteOrder, nano bool, snaplen uint32, lt layers.LinkType, recs ...[]byte) []byte {

@@ -30,28 +30,7 @@ func startGroupInNS(t *testing.T, l nic.Link, group string) *Server {
 		l.Close()
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	for _, p := range []string{dir, filepath.Dir(dir)} {
-		if err := os.Chmod(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s, err := New([]*verbs.Device{d}, Config{Socket: filepath.Join(dir, "s.sock"), Group: group})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve() }()
-	t.Cleanup(func() {
-		s.Close()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return s
+	return serveOn(t, []*verbs.Device{d}, Config{Socket: sharedSocket(t), Group: group})
 }
 
 // openAFXDPIn opens nic/afxdp on e's interface inside e's namespace, in

@@ -3,8 +3,6 @@ package serve
 import (
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/verbs"
 )
@@ -25,17 +23,7 @@ func TestDataPathNoAllocs(t *testing.T) {
 	c.open()
 	pd := c.handle(opAllocPD, nil)
 	buf, key := c.regMem(pd, 8192)
-	e, body, fds := c.call(opCreateCQ, u32s(64, 0))
-	if e != 0 || len(fds) != 1 {
-		t.Fatalf("CREATE_CQ: %v", e)
-	}
-	cq := le.Uint32(body)
-	cqRing, err := unix.Mmap(fds[0], 0, int(le.Uint64(body[8:])), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	closeAll(fds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(cqRing)
+	cq, _, cqRing := c.cqRing(64)
 	ring, qh := c.qpH(pd, cq)
 	a2 := qpAttrWire{state: 6}
 	if e, _, _ := c.call(opModifyQP, append(u32s(qh, 1), a2.encode(nil)...)); e != 0 {

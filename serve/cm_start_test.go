@@ -63,14 +63,7 @@ func newCMPair(t *testing.T, before func(d *verbs.Device)) *cmPair {
 		before(da)
 	}
 	p := &cmPair{lg: &logBuf{}, pdev: db}
-	if p.s, err = New([]*verbs.Device{da}, Config{Socket: filepath.Join(t.TempDir(), "s.sock"), Log: log.New(p.lg, "", 0)}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.s.Close() })
-	if err := p.s.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	go p.s.Serve()
+	p.s = serveOn(t, []*verbs.Device{da}, Config{Socket: filepath.Join(t.TempDir(), "s.sock"), Log: log.New(p.lg, "", 0)})
 	if p.peer, err = cm.Open(db, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
@@ -52,13 +54,23 @@ func startPipe(t testing.TB) *Server {
 	return start(t, d, 0)
 }
 
+// start runs a daemon with device d, its QPs sending to UDP port (0:
+// 4791), on a socket in a temporary directory.
 func start(t testing.TB, d *verbs.Device, port uint16) *Server {
 	t.Helper()
-	s, err := New([]*verbs.Device{d}, Config{Socket: filepath.Join(t.TempDir(), "s.sock"), RemotePort: port})
+	return serveOn(t, []*verbs.Device{d}, Config{Socket: filepath.Join(t.TempDir(), "s.sock"), RemotePort: port})
+}
+
+// serveOn runs a daemon with devs and c until the test ends, when Serve
+// must return no error.
+func serveOn(t testing.TB, devs []*verbs.Device, c Config) *Server {
+	t.Helper()
+	s, err := New(devs, c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Listen(); err != nil {
+		s.Close()
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -70,6 +82,36 @@ func start(t testing.TB, d *verbs.Device, port uint16) *Server {
 		}
 	})
 	return s
+}
+
+// sharedSocket is a socket path in a temporary directory anyone may
+// enter, for a daemon whose --group lets other users in.
+func sharedSocket(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, p := range []string{dir, filepath.Dir(dir)} {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return filepath.Join(dir, "s.sock")
+}
+
+// cqRing creates a CQ of slots entries and maps its ring until the test
+// ends; it returns the CQ's handle, the slots it has and the ring.
+func (r *rawClient) cqRing(slots uint32) (cq, got uint32, ring []byte) {
+	r.t.Helper()
+	e, body, fds := r.call(opCreateCQ, u32s(slots, 0))
+	if e != 0 || len(fds) != 1 {
+		r.t.Fatalf("CREATE_CQ of %d slots: %v", slots, e)
+	}
+	ring, err := unix.Mmap(fds[0], 0, int(le.Uint64(body[8:])), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	closeAll(fds)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { unix.Munmap(ring) })
+	return le.Uint32(body), le.Uint32(body[4:]), ring
 }
 
 func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }

@@ -18,17 +18,10 @@ func TestCQOverrun(t *testing.T) {
 	pd := h.handle(opAllocPD, nil)
 	buf, key := h.regMem(pd, 8192)
 	base := uint64(uintptr(unsafePointer(buf)))
-	e, body, fds := h.call(opCreateCQ, u32s(1, 0))
-	if e != 0 || len(fds) != 1 || le.Uint32(body[4:]) != 1 {
-		t.Fatalf("CREATE_CQ of 1 slot: %v", e)
+	cq, slots, cqRing := h.cqRing(1)
+	if slots != 1 {
+		t.Fatalf("CREATE_CQ of 1 slot made %d", slots)
 	}
-	cq := le.Uint32(body)
-	cqRing, err := unix.Mmap(fds[0], 0, int(le.Uint64(body[8:])), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	closeAll(fds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(cqRing)
 	ring, qh := h.qpH(pd, cq) // in INIT: receives wait there
 	rqOff := ctlPage + 4096
 	for i := range 3 {

@@ -315,18 +315,7 @@ func TestUnprivilegedGroupMembers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	os.Chmod(dir, 0o755)
-	os.Chmod(filepath.Dir(dir), 0o755) // the test's own temporary directory
-	s, err := New([]*verbs.Device{d}, Config{Socket: filepath.Join(dir, "s.sock"), Group: "nogroup", RemotePort: port})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve()
-	t.Cleanup(func() { s.Close() })
+	s := serveOn(t, []*verbs.Device{d}, Config{Socket: sharedSocket(t), Group: "nogroup", RemotePort: port})
 	if fi, err := os.Stat(s.Socket()); err != nil || fi.Mode().Perm() != 0o770 {
 		t.Fatalf("socket mode: %v %v", fi.Mode(), err)
 	}
@@ -407,15 +396,7 @@ func TestTwoDevicesIPv6(t *testing.T) {
 		}
 		devs = append(devs, d)
 	}
-	s, err := New(devs, Config{Socket: filepath.Join(t.TempDir(), "s.sock"), RemotePort: uint16(port)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve()
-	t.Cleanup(func() { s.Close() })
+	s := serveOn(t, devs, Config{Socket: filepath.Join(t.TempDir(), "s.sock"), RemotePort: uint16(port)})
 	list, _ := exec.LookPath("ibv_devices")
 	cmd := exec.Command(list)
 	cmd.Env = env(s, lib)

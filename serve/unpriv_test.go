@@ -62,18 +62,7 @@ func TestUnprivilegedTools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	os.Chmod(dir, 0o755)
-	os.Chmod(filepath.Dir(dir), 0o755)
-	s, err := New([]*verbs.Device{d}, Config{Socket: filepath.Join(dir, "s.sock"), Group: "nogroup"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve()
-	t.Cleanup(func() { s.Close() })
+	s := serveOn(t, []*verbs.Device{d}, Config{Socket: sharedSocket(t), Group: "nogroup"})
 	nobody := &syscall.Credential{Uid: 65534, Gid: uint32(gid)}
 	look := func(t *testing.T, name string) string {
 		p, err := exec.LookPath(name)

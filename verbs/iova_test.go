@@ -23,18 +23,10 @@ func TestRegMRIOVAOverPipe(t *testing.T) {
 		t.Fatalf("RegMRIOVA: %v", err)
 	}
 	p := connectPair(t, a, b, pda, pdb, &ConnectOptions{Timeout: 16, RetryCnt: 2})
-	post := func(w SendWR) cq.WC {
-		t.Helper()
-		w.Flags |= SendSignaled
-		if err := p.qa.PostSend(&w); err != nil {
-			t.Fatal(err)
-		}
-		return waitOne(t, p.ca, w.Opcode.String())
-	}
 	for i := range bufa[:3000] {
 		bufa[i] = byte(i*7 + 3)
 	}
-	if wc := post(SendWR{ID: 1, Opcode: WRRDMAWrite, RemoteAddr: iova + 1000, RKey: mrb.RKey(),
+	if wc := p.post(t, SendWR{ID: 1, Opcode: WRRDMAWrite, RemoteAddr: iova + 1000, RKey: mrb.RKey(),
 		SGL: []SGE{{Addr: mra.Addr(), Length: 3000, LKey: mra.LKey()}}}); wc.Status != cq.Success {
 		t.Fatalf("WRITE at the IOVA: %v", wc.Status)
 	}
@@ -42,7 +34,7 @@ func TestRegMRIOVAOverPipe(t *testing.T) {
 		t.Fatal("the WRITE did not land at IOVA-relative bytes")
 	}
 	copy(bufb[6000:], "read me")
-	if wc := post(SendWR{ID: 2, Opcode: WRRDMARead, RemoteAddr: iova + 6000, RKey: mrb.RKey(),
+	if wc := p.post(t, SendWR{ID: 2, Opcode: WRRDMARead, RemoteAddr: iova + 6000, RKey: mrb.RKey(),
 		SGL: []SGE{{Addr: mra.Addr() + 5000, Length: 7, LKey: mra.LKey()}}}); wc.Status != cq.Success || string(bufa[5000:5007]) != "read me" {
 		t.Fatalf("READ at the IOVA: %v %q", wc.Status, bufa[5000:5007])
 	}
@@ -50,14 +42,14 @@ func TestRegMRIOVAOverPipe(t *testing.T) {
 	if err := p.qb.PostRecv(&RecvWR{ID: 5, SGL: []SGE{{Addr: iova + 7000, Length: 100, LKey: mrb.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := post(SendWR{ID: 3, Opcode: WRSend, SGL: []SGE{{Addr: mra.Addr(), Length: 50, LKey: mra.LKey()}}}); wc.Status != cq.Success {
+	if wc := p.post(t, SendWR{ID: 3, Opcode: WRSend, SGL: []SGE{{Addr: mra.Addr(), Length: 50, LKey: mra.LKey()}}}); wc.Status != cq.Success {
 		t.Fatalf("SEND: %v", wc.Status)
 	}
 	if wc := waitOne(t, p.cb, "receive"); wc.Status != cq.Success || !bytes.Equal(bufb[7000:7050], bufa[:50]) {
 		t.Fatalf("receive at the IOVA: %+v", wc)
 	}
 	own := mra.Addr() // any address outside [iova, iova+8192)
-	if wc := post(SendWR{ID: 4, Opcode: WRRDMAWrite, RemoteAddr: own, RKey: mrb.RKey(),
+	if wc := p.post(t, SendWR{ID: 4, Opcode: WRRDMAWrite, RemoteAddr: own, RKey: mrb.RKey(),
 		SGL: []SGE{{Addr: mra.Addr(), Length: 8, LKey: mra.LKey()}}}); wc.Status != cq.RemAccessErr {
 		t.Fatalf("WRITE outside the IOVA range: %v", wc.Status)
 	}

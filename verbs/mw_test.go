@@ -37,27 +37,19 @@ func TestMWOverPipe(t *testing.T) {
 	}
 	p := connectPair(t, a, b, pda, pdb, &ConnectOptions{Timeout: 16, RetryCnt: 2})
 
-	post := func(w SendWR) cq.WC {
-		t.Helper()
-		w.Flags |= SendSignaled
-		if err := p.qa.PostSend(&w); err != nil {
-			t.Fatal(err)
-		}
-		return waitOne(t, p.ca, w.Opcode.String())
-	}
 	for i := range bufa[:8192] {
 		bufa[i] = byte(i*13 + i>>8 + 1)
 	}
 	check := func(name string, rkey uint32, roff int) {
 		t.Helper()
-		if wc := post(SendWR{ID: 1, Opcode: WRRDMAWrite, RemoteAddr: mrb.Addr() + uint64(roff), RKey: rkey,
+		if wc := p.post(t, SendWR{ID: 1, Opcode: WRRDMAWrite, RemoteAddr: mrb.Addr() + uint64(roff), RKey: rkey,
 			SGL: []SGE{{Addr: mra.Addr(), Length: 4000, LKey: mra.LKey()}}}); wc.Status != cq.Success {
 			t.Fatalf("%s: WRITE %v", name, wc.Status)
 		}
 		if !bytes.Equal(bufb[roff:roff+4000], bufa[:4000]) {
 			t.Fatalf("%s: WRITE data differs", name)
 		}
-		if wc := post(SendWR{ID: 2, Opcode: WRRDMARead, RemoteAddr: mrb.Addr() + uint64(roff), RKey: rkey,
+		if wc := p.post(t, SendWR{ID: 2, Opcode: WRRDMARead, RemoteAddr: mrb.Addr() + uint64(roff), RKey: rkey,
 			SGL: []SGE{{Addr: mra.Addr() + 8192, Length: 4000, LKey: mra.LKey()}}}); wc.Status != cq.Success || wc.ByteLen != 4000 {
 			t.Fatalf("%s: READ %+v", name, wc)
 		}
@@ -109,14 +101,14 @@ func TestMWOverPipe(t *testing.T) {
 	if err := p.qb.PostRecv(&RecvWR{ID: 7, SGL: []SGE{{Addr: mrb.Addr() + 12800, Length: 64, LKey: mrb.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := post(SendWR{ID: 3, Opcode: WRSendWithInv, InvRKey: k2, SGL: []SGE{{Addr: mra.Addr(), Length: 33, LKey: mra.LKey()}}}); wc.Status != cq.Success {
+	if wc := p.post(t, SendWR{ID: 3, Opcode: WRSendWithInv, InvRKey: k2, SGL: []SGE{{Addr: mra.Addr(), Length: 33, LKey: mra.LKey()}}}); wc.Status != cq.Success {
 		t.Fatalf("SEND_WITH_INV %v", wc.Status)
 	}
 	if wc := waitOne(t, p.cb, "receive"); wc.Status != cq.Success || wc.Flags&cq.FlagWithInv == 0 || wc.InvalidatedRKey != k2 || wc.ByteLen != 33 ||
 		!bytes.Equal(bufb[12800:12833], bufa[:33]) {
 		t.Fatalf("receive %+v", wc)
 	}
-	if wc := post(SendWR{ID: 4, Opcode: WRRDMARead, RemoteAddr: mrb.Addr() + 4096, RKey: k2,
+	if wc := p.post(t, SendWR{ID: 4, Opcode: WRRDMARead, RemoteAddr: mrb.Addr() + 4096, RKey: k2,
 		SGL: []SGE{{Addr: mra.Addr(), Length: 8, LKey: mra.LKey()}}}); wc.Status != cq.RemAccessErr {
 		t.Fatalf("READ after invalidation: %v", wc.Status)
 	}
@@ -219,11 +211,8 @@ func TestMWBindKey(t *testing.T) {
 	}
 	write := func(rkey uint32) cq.Status {
 		t.Helper()
-		if err := p1.qa.PostSend(&SendWR{ID: 5, Opcode: WRRDMAWrite, Flags: SendSignaled, RemoteAddr: mrb.Addr(), RKey: rkey,
-			SGL: []SGE{{Addr: mra.Addr(), Length: 8, LKey: mra.LKey()}}}); err != nil {
-			t.Fatal(err)
-		}
-		return waitOne(t, p1.ca, "WRITE").Status
+		return p1.post(t, SendWR{ID: 5, Opcode: WRRDMAWrite, RemoteAddr: mrb.Addr(), RKey: rkey,
+			SGL: []SGE{{Addr: mra.Addr(), Length: 8, LKey: mra.LKey()}}}).Status
 	}
 	// The second key "goes back" from the first, as when the later call's
 	// bind is drained first: each bind takes its own key.

@@ -44,6 +44,16 @@ func connectPair(t *testing.T, a, b *Device, pda, pdb *PD, o *ConnectOptions) rc
 	return rcPair{qa, qb, ca, cb}
 }
 
+// post posts w, signaled, on qa and returns its completion.
+func (p rcPair) post(t *testing.T, w SendWR) cq.WC {
+	t.Helper()
+	w.Flags |= SendSignaled
+	if err := p.qa.PostSend(&w); err != nil {
+		t.Fatal(err)
+	}
+	return waitOne(t, p.ca, w.Opcode.String())
+}
+
 func waitOne(t *testing.T, c *CQ, what string) cq.WC {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -159,23 +159,11 @@ func testABIAFXDP(t *testing.T, h abiHost, bin, mode, want string) {
 		return slices.DeleteFunc(st.Clients, func(c serve.ClientStatus) bool { return c.PID == os.Getpid() })
 	})
 	before := tapCounters(t, "tx_packets", "tx_dropped", "rx_packets")
-	pair := func(t *testing.T, tool string, hostArgs []string, guestCmd string, port int, role string, settle time.Duration) (string, string) {
-		p, err := exec.LookPath(tool)
-		if err != nil {
-			t.Skipf("%s is not installed on the host", tool)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-		defer cancel()
-		path, args := h.argv(p, hostArgs)
-		out, gout, err, gerr := abiPair(t, ctx, env, path, args, guestCmd, port, role, settle)
-		if err != nil || gerr != nil {
-			t.Fatalf("host %s as nobody on the AF_XDP daemon (%s): %v\n%s\nguest: %v\n%s", tool, role, err, out, gerr, gout)
-		}
-		return out, gout
-	}
+	// The tools run as h says on this one daemon.
+	onThis := abiHost{daemon: func(*testing.T) []string { return env }, argv: h.argv}
 	for _, role := range []string{"host-client", "host-server"} {
 		t.Run("ibv_rc_pingpong/"+role, func(t *testing.T) {
-			out, gout := pair(t, "ibv_rc_pingpong", []string{"-g", "0", "-c", "-n", "50", "-r", "50"},
+			out, gout := abiPairAs(t, onThis, "ibv_rc_pingpong", []string{"-g", "0", "-c", "-n", "50", "-r", "50"},
 				"timeout 80 ibv_rc_pingpong -d rxe0 -g 1 -e -c -n 50 -r 50", 18515, role, 500*time.Millisecond)
 			for _, o := range []string{out, gout} {
 				if !strings.Contains(o, "50 iters in") || strings.Contains(o, "invalid data") {
@@ -185,25 +173,10 @@ func testABIAFXDP(t *testing.T, h abiHost, bin, mode, want string) {
 			t.Logf("host: %s", lastLines(out, 1))
 		})
 	}
-	for _, role := range []string{"host-client", "host-server"} {
-		t.Run("ib_write_bw/"+role, func(t *testing.T) {
-			common := "-m 4096 -s 65536 -n 100 -p 18516"
-			out, gout := pair(t, "ib_write_bw", append([]string{"-x", "0", "-F"}, strings.Fields(common)...),
-				"timeout 100 ib_write_bw -d rxe0 -x 1 -F "+common, 18516, role, time.Second)
-			client := gout // only the client prints the result row
-			if role == "host-client" {
-				client = out
-			}
-			if _, row := perftestRow(client, 65536, 100); row == nil {
-				t.Fatalf("no result row:\nhost:\n%s\nguest:\n%s", out, gout)
-			}
-			t.Logf("client: %s", lastLines(client, 2))
-		})
-	}
+	writeBWBothRoles(t, onThis, 4096, 65536)
 	if mode == "auto" {
 		// rdma_cm: CM MADs to and from rxe's QP1 through the AF_XDP link.
 		t.Run("rping", func(t *testing.T) {
-			onThis := abiHost{daemon: func(*testing.T) []string { return env }, argv: h.argv}
 			cmBothRolesAs(t, onThis, "rping", "rping -s -C 10 -v", "rping -c -C 10 -v -a", []string{"-s", "-C", "10", "-v", "-a", "HOST"},
 				[]string{"-c", "-C", "10", "-v", "-a"}, "ping data: rdma-ping-9", "REJECTED")
 		})

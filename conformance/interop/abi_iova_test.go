@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,7 +29,8 @@ func TestABIIOVAAgainstRxe(t *testing.T) {
 	must := mustOf(t)
 	env := abiDaemon(t)
 	bin := filepath.Join(t.TempDir(), "iova_peer")
-	if out, err := exec.Command("gcc", "-O1", "-o", bin, filepath.Join("testdata", "iova_peer.c"), "-libverbs").CombinedOutput(); err != nil {
+	if out, err := exec.Command("gcc", "-O1", "-I"+filepath.Join("..", "..", "serve", "testdata"), "-o", bin,
+		filepath.Join("testdata", "iova_peer.c"), "-libverbs").CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	cmd := exec.Command(bin)
@@ -64,39 +64,15 @@ func TestABIIOVAAgainstRxe(t *testing.T) {
 		copy(pgid[:], b)
 	}
 
-	ga, err := agent.Launch(ctx, vm, 7100+rand.IntN(800))
-	if err != nil {
-		t.Fatalf("launch the verbs agent: %v", err)
-	}
-	t.Cleanup(func() { ga.Close() })
-	must(ga.Open(ctx, "rxe0"))
-	gpd, err := ga.AllocPD(ctx)
-	must(err)
-	gmr, err := ga.RegMR(ctx, gpd, 64<<10, agent.AccessAll)
-	must(err)
-	gcq, err := ga.CreateCQ(ctx, 16)
-	must(err)
-	gqp, err := ga.CreateQP(ctx, gpd, gcq, gcq, agent.QPCap{SendWR: 16, RecvWR: 16})
-	must(err)
-	must(ga.ModifyToInit(ctx, gqp, agent.AccessAll))
-	ggid, err := ga.GID(ctx, 1)
-	must(err)
-	fmt.Fprintf(in, "%d %x\n", gqp.QPN, ggid[:])
-	must(ga.ModifyToRTR(ctx, gqp, agent.RTRAttr{DestQPN: qpn, RecvPSN: 100, DestGID: pgid, MTU: 1024, MaxDestRdAtom: 16}))
-	must(ga.ModifyToRTS(ctx, gqp, agent.RTSAttr{SendPSN: 200, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
+	g := newRxeRC(t, ctx)
+	fmt.Fprintf(in, "%d %x\n", g.qp.QPN, g.gid[:])
+	must(agentToRTS(ctx, g.ag, g.qp, qpn, pgid, 100, 200))
 	if l := line(); l != "ready" {
 		t.Fatalf("the program says %q", l)
 	}
-	var wrID uint64
 	rxe := func(op agent.Op, off, length int, raddr uint64) agent.WCStatus {
 		t.Helper()
-		wrID++
-		must(ga.PostSend(ctx, gqp, agent.SendWR{WRID: wrID, Op: op, MR: gmr, Off: off, Len: length, RemoteAddr: raddr, RKey: rkey}))
-		wc, err := ga.Poll(ctx, gcq, 20*time.Second)
-		if err != nil || wc.WRID != wrID {
-			t.Fatalf("rxe %s: %+v (%v)", op, wc, err)
-		}
-		return wc.Status
+		return g.op(t, ctx, op, off, length, raddr, rkey)
 	}
 	dump := func(off, n int) []byte {
 		t.Helper()
@@ -116,7 +92,7 @@ func TestABIIOVAAgainstRxe(t *testing.T) {
 	}
 
 	data := pattern(3000, 5)
-	must(ga.WriteMem(ctx, gmr, 0, data))
+	must(g.ag.WriteMem(ctx, g.mr, 0, data))
 	if st := rxe(agent.OpWrite, 0, len(data), iova+1000); st != agent.WCSuccess {
 		t.Fatalf("rxe WRITE at the IOVA: status %d", st)
 	}
@@ -127,7 +103,7 @@ func TestABIIOVAAgainstRxe(t *testing.T) {
 	if st := rxe(agent.OpRead, 8192, 5000, iova+40000); st != agent.WCSuccess {
 		t.Fatalf("rxe READ at the IOVA: status %d", st)
 	}
-	if b, err := ga.ReadMem(ctx, gmr, 8192, 5000); err != nil || !bytes.Equal(b, initial(40000, 5000)) {
+	if b, err := g.ag.ReadMem(ctx, g.mr, 8192, 5000); err != nil || !bytes.Equal(b, initial(40000, 5000)) {
 		t.Fatalf("rxe READ at the IOVA: data differs (%v)", err)
 	}
 	if addr < iova || addr >= iova+64<<10 {

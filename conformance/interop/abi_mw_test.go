@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -67,26 +66,10 @@ func TestABIMWAgainstRxe(t *testing.T) {
 	defer cancel()
 	must := mustOf(t)
 	ha := hostAgent(t, ctx, abiDaemon(t))
-	ga, err := agent.Launch(ctx, vm, 7100+rand.IntN(800))
-	if err != nil {
-		t.Fatalf("launch the verbs agent in the guest: %v", err)
-	}
-	t.Cleanup(func() { ga.Close() })
-	must(ga.Open(ctx, "rxe0"))
+	g := newRxeRC(t, ctx)
 	must(ha.Open(ctx, ""))
 
 	const n = 64 << 10
-	gpd, err := ga.AllocPD(ctx)
-	must(err)
-	gmr, err := ga.RegMR(ctx, gpd, n, agent.AccessAll)
-	must(err)
-	gcq, err := ga.CreateCQ(ctx, 64)
-	must(err)
-	gqp, err := ga.CreateQP(ctx, gpd, gcq, gcq, agent.QPCap{SendWR: 16, RecvWR: 16})
-	must(err)
-	must(ga.ModifyToInit(ctx, gqp, agent.AccessAll))
-	ggid, err := ga.GID(ctx, 1)
-	must(err)
 
 	hpd, err := ha.AllocPD(ctx)
 	must(err)
@@ -101,10 +84,8 @@ func TestABIMWAgainstRxe(t *testing.T) {
 	hgid, err := ha.GID(ctx, 0)
 	must(err)
 
-	must(ga.ModifyToRTR(ctx, gqp, agent.RTRAttr{DestQPN: hqp.QPN, RecvPSN: 100, DestGID: hgid, MTU: 1024, MaxDestRdAtom: 16}))
-	must(ga.ModifyToRTS(ctx, gqp, agent.RTSAttr{SendPSN: 200, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
-	must(ha.ModifyToRTR(ctx, hqp, agent.RTRAttr{DestQPN: gqp.QPN, RecvPSN: 200, DestGID: ggid, MTU: 1024, MaxDestRdAtom: 16}))
-	must(ha.ModifyToRTS(ctx, hqp, agent.RTSAttr{SendPSN: 100, Timeout: 14, Retry: 7, RNRRetry: 7, MaxRdAtom: 16}))
+	must(agentToRTS(ctx, g.ag, g.qp, hqp.QPN, hgid, 100, 200))
+	must(agentToRTS(ctx, ha, hqp, g.qp.QPN, g.gid, 200, 100))
 
 	var wrID uint64
 	hostWC := func(what string) {
@@ -116,18 +97,12 @@ func TestABIMWAgainstRxe(t *testing.T) {
 	}
 	rxe := func(op agent.Op, off, length int, raddr uint64, rkey uint32) agent.WCStatus {
 		t.Helper()
-		wrID++
-		must(ga.PostSend(ctx, gqp, agent.SendWR{WRID: wrID, Op: op, MR: gmr, Off: off, Len: length, RemoteAddr: raddr, RKey: rkey}))
-		wc, err := ga.Poll(ctx, gcq, 20*time.Second)
-		if err != nil || wc.WRID != wrID {
-			t.Fatalf("rxe %s: %+v (%v)", op, wc, err)
-		}
-		return wc.Status
+		return g.op(t, ctx, op, off, length, raddr, rkey)
 	}
 	through := func(name string, mw agent.MW, off int, seed byte) {
 		t.Helper()
 		data := pattern(3000, seed)
-		must(ga.WriteMem(ctx, gmr, 0, data))
+		must(g.ag.WriteMem(ctx, g.mr, 0, data))
 		if st := rxe(agent.OpWrite, 0, len(data), hmr.Addr+uint64(off)+100, mw.RKey); st != agent.WCSuccess {
 			t.Fatalf("%s: rxe WRITE through the window: status %d", name, st)
 		}
@@ -140,23 +115,24 @@ func TestABIMWAgainstRxe(t *testing.T) {
 		if st := rxe(agent.OpRead, 8192, len(back), hmr.Addr+uint64(off)+5000, mw.RKey); st != agent.WCSuccess {
 			t.Fatalf("%s: rxe READ through the window: status %d", name, st)
 		}
-		if got, err := ga.ReadMem(ctx, gmr, 8192, len(back)); err != nil || !bytes.Equal(got, back) {
+		if got, err := g.ag.ReadMem(ctx, g.mr, 8192, len(back)); err != nil || !bytes.Equal(got, back) {
 			t.Fatalf("%s: rxe READ: data differs (%v)", name, err)
 		}
 	}
 
-	mw1, err := ha.AllocMW(ctx, hpd, 1)
-	must(err)
-	wrID++
-	must(ha.BindMW(ctx, hqp, wrID, &mw1, hmr, 4096, 8192, agent.AccessRemoteWrite|agent.AccessRemoteRead, true))
-	hostWC("ibv_bind_mw")
-	through("type 1", mw1, 4096, 3)
-
-	mw2, err := ha.AllocMW(ctx, hpd, 2)
-	must(err)
-	wrID++
-	must(ha.BindMW(ctx, hqp, wrID, &mw2, hmr, 16384, 8192, agent.AccessRemoteWrite|agent.AccessRemoteRead, true))
-	hostWC("BIND_MW work request")
+	// bind allocates a window of type typ and binds it over 8 KiB at off
+	// of the program's region, the way what says.
+	bind := func(typ, off int, what string) agent.MW {
+		t.Helper()
+		mw, err := ha.AllocMW(ctx, hpd, typ)
+		must(err)
+		wrID++
+		must(ha.BindMW(ctx, hqp, wrID, &mw, hmr, off, 8192, agent.AccessRemoteWrite|agent.AccessRemoteRead, true))
+		hostWC(what)
+		return mw
+	}
+	through("type 1", bind(1, 4096, "ibv_bind_mw"), 4096, 3)
+	mw2 := bind(2, 16384, "BIND_MW work request")
 	through("type 2", mw2, 16384, 9)
 
 	wrID++

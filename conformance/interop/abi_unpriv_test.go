@@ -140,21 +140,6 @@ func (w *clientWatch) check(t *testing.T) {
 func TestABIUnprivilegedAgainstRxe(t *testing.T) {
 	needVM(t)
 	h := asNobody(t)
-	pair := func(t *testing.T, tool string, hostArgs []string, guestCmd string, port int, role string, settle time.Duration) (out, gout string) {
-		p, err := exec.LookPath(tool)
-		if err != nil {
-			t.Skipf("%s is not installed on the host", tool)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-		defer cancel()
-		env := h.daemon(t)
-		path, args := h.argv(p, hostArgs)
-		out, gout, err, gerr := abiPair(t, ctx, env, path, args, guestCmd, port, role, settle)
-		if err != nil || gerr != nil {
-			t.Fatalf("host %s as nobody (%s): %v\n%s\nguest: %v\n%s", tool, role, err, out, gerr, gout)
-		}
-		return out, gout
-	}
 	for _, c := range []struct{ name, tool, host, guest string }{ // the guest sleeps on events (-e) always
 		{"ibv_rc_pingpong", "ibv_rc_pingpong", "-c", "-c"},
 		{"ibv_rc_pingpong-e", "ibv_rc_pingpong", "-c -e", "-c"},
@@ -163,7 +148,7 @@ func TestABIUnprivilegedAgainstRxe(t *testing.T) {
 	} {
 		for _, role := range []string{"host-client", "host-server"} {
 			t.Run(c.name+"/"+role, func(t *testing.T) {
-				out, gout := pair(t, c.tool, append([]string{"-g", "0", "-n", "50", "-r", "50"}, strings.Fields(c.host)...),
+				out, gout := abiPairAs(t, h, c.tool, append([]string{"-g", "0", "-n", "50", "-r", "50"}, strings.Fields(c.host)...),
 					"timeout 80 "+c.tool+" -d rxe0 -g 1 -e -n 50 -r 50 "+c.guest, 18515, role, 500*time.Millisecond)
 				if !strings.Contains(out, "50 iters in") || !strings.Contains(gout, "50 iters in") {
 					t.Fatalf("no result:\nhost:\n%s\nguest:\n%s", out, gout)
@@ -172,21 +157,7 @@ func TestABIUnprivilegedAgainstRxe(t *testing.T) {
 			})
 		}
 	}
-	for _, role := range []string{"host-client", "host-server"} {
-		t.Run("ib_write_bw/"+role, func(t *testing.T) {
-			common := "-m 1024 -s 4096 -n 100 -p 18516"
-			out, gout := pair(t, "ib_write_bw", append([]string{"-x", "0", "-F"}, strings.Fields(common)...),
-				"timeout 100 ib_write_bw -d rxe0 -x 1 -F "+common, 18516, role, time.Second)
-			client := gout // only the client prints the result row
-			if role == "host-client" {
-				client = out
-			}
-			if _, row := perftestRow(client, 4096, 100); row == nil {
-				t.Fatalf("no result row:\nhost:\n%s\nguest:\n%s", out, gout)
-			}
-			t.Logf("client: %s", lastLines(client, 2))
-		})
-	}
+	writeBWBothRoles(t, h, 1024, 4096)
 	t.Run("rping", func(t *testing.T) {
 		cmBothRolesAs(t, h, "rping", "rping -s -C 10 -v", "rping -c -C 10 -v -a", []string{"-s", "-C", "10", "-v", "-a", "HOST"},
 			[]string{"-c", "-C", "10", "-v", "-a"}, "ping data: rdma-ping-9", "REJECTED")
@@ -194,6 +165,47 @@ func TestABIUnprivilegedAgainstRxe(t *testing.T) {
 	t.Run("ucmatose", func(t *testing.T) {
 		cmBothRolesAs(t, h, "ucmatose", "ucmatose", "ucmatose -s", []string{"-b", "HOST"}, []string{"-s"}, "return status 0", "REJECTED, error: 8")
 	})
+}
+
+// abiPairAs runs the host's tool (skipping when it is not installed) the
+// way h says, with hostArgs, against guestCmd on the rxe guest in role,
+// on a daemon of h's, and fails t unless both succeed.
+func abiPairAs(t *testing.T, h abiHost, tool string, hostArgs []string, guestCmd string, port int, role string, settle time.Duration) (out, gout string) {
+	t.Helper()
+	p, err := exec.LookPath(tool)
+	if err != nil {
+		t.Skipf("%s is not installed on the host", tool)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	env := h.daemon(t)
+	path, args := h.argv(p, hostArgs)
+	out, gout, err, gerr := abiPair(t, ctx, env, path, args, guestCmd, port, role, settle)
+	if err != nil || gerr != nil {
+		t.Fatalf("host %s (%s): %v\n%s\nguest: %v\n%s", tool, role, err, out, gerr, gout)
+	}
+	return out, gout
+}
+
+// writeBWBothRoles runs ib_write_bw -F of 100 messages of size bytes at
+// path MTU mtu through abiPairAs, the host as client then as server, and
+// checks the client's result row.
+func writeBWBothRoles(t *testing.T, h abiHost, mtu, size int) {
+	for _, role := range []string{"host-client", "host-server"} {
+		t.Run("ib_write_bw/"+role, func(t *testing.T) {
+			common := fmt.Sprintf("-m %d -s %d -n 100 -p 18516", mtu, size)
+			out, gout := abiPairAs(t, h, "ib_write_bw", append([]string{"-x", "0", "-F"}, strings.Fields(common)...),
+				"timeout 100 ib_write_bw -d rxe0 -x 1 -F "+common, 18516, role, time.Second)
+			client := gout // only the client prints the result row
+			if role == "host-client" {
+				client = out
+			}
+			if _, row := perftestRow(client, size, 100); row == nil {
+				t.Fatalf("no result row:\nhost:\n%s\nguest:\n%s", out, gout)
+			}
+			t.Logf("client: %s", lastLines(client, 2))
+		})
+	}
 }
 
 // procWho reads this process's own name and users the way the

@@ -27,28 +27,13 @@ func TestUDHopLimitTClassAgainstRxe(t *testing.T) {
 	defer cancel()
 	must := mustOf(t)
 	ag, apd, amr, acq := rxeSide(t, ctx)
-	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 16, RecvWR: 16, Type: agent.QPTypeUD})
-	must(err)
-	must(ag.ReadyUD(ctx, aqp, udQKey, 0x123))
 	dev, pd, buf, mr, cq := hostSide(t, bufLen, 64)
-	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.QPTypeUD, SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16}})
-	must(err)
-	must(qp.ReadyUD(udQKey, 0x456))
+	aqp, qp := readyUDQPs(t, ctx, ag, apd, acq, pd, cq, 16)
 	agid, err := ag.GID(ctx, 1)
 	must(err)
 	sgid, err := dev.QueryGID(0)
 	must(err)
 	hostIP, guestIP := vm.HostAddr().As4(), vm.GuestAddr().As4()
-	wait := func(t *testing.T, what string) verbs.WC {
-		t.Helper()
-		wcs := make([]verbs.WC, 1)
-		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
-		defer wcancel()
-		if _, err := cq.Wait(wctx, wcs); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return wcs[0]
-	}
 	const n = 100
 	roce := 12 + 8 + n + 4
 	for i, c := range []struct{ hop, tc uint8 }{{7, 46<<2 | 1}, {64, 0}, {1, 0x03}, {200, 0xb8}} {
@@ -60,7 +45,7 @@ func TestUDHopLimitTClassAgainstRxe(t *testing.T) {
 			must(ag.PostRecv(ctx, aqp, 77, amr, 0, verbs.GRHLen+n))
 			must(qp.PostSend(&verbs.SendWR{ID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled, AH: ah.AV(), RemoteQPN: aqp.QPN,
 				RemoteQKey: udQKey, SGL: []verbs.SGE{{Addr: mr.Addr(), Length: n, LKey: mr.LKey()}}}))
-			if wc := wait(t, "softroce send"); wc.Status != 0 {
+			if wc := waitWC(t, ctx, dev, cq, "softroce send"); wc.Status != 0 {
 				t.Fatalf("softroce send: %+v", wc)
 			}
 			if wc, err := ag.Poll(ctx, acq, 20*time.Second); err != nil || wc == nil || wc.Status != agent.WCSuccess || wc.WRID != 77 {
@@ -78,7 +63,7 @@ func TestUDHopLimitTClassAgainstRxe(t *testing.T) {
 			must(err)
 			must(qp.PostRecv(&verbs.RecvWR{ID: 99, SGL: []verbs.SGE{{Addr: mr.Addr() + 8192, Length: verbs.GRHLen + n, LKey: mr.LKey()}}}))
 			rxeSend(t, ctx, ag, aqp, acq, agent.SendWR{WRID: 5, Op: agent.OpSend, MR: amr, Off: 8192, Len: n, AH: aah, RemoteQPN: qp.Num(), RemoteQKey: udQKey})
-			wc := wait(t, "softroce receive")
+			wc := waitWC(t, ctx, dev, cq, "softroce receive")
 			if wc.Status != 0 || wc.WRID != 99 || wc.ByteLen != verbs.GRHLen+n {
 				t.Fatalf("softroce receive: %+v", wc)
 			}
@@ -145,11 +130,8 @@ func TestRCHopLimitTClassAgainstRxe(t *testing.T) {
 	rxeSend(t, ctx, ag, aqp, acq, agent.SendWR{WRID: 1, Op: agent.OpWrite, MR: amr, Off: 0, Len: 3000, RemoteAddr: mr.Addr(), RKey: mr.RKey()})
 	must(qp.PostSend(&verbs.SendWR{ID: 2, Opcode: verbs.WRRDMAWrite, Flags: verbs.SendSignaled, RemoteAddr: amr.Addr, RKey: amr.RKey,
 		SGL: []verbs.SGE{{Addr: mr.Addr(), Length: 3000, LKey: mr.LKey()}}}))
-	wcs := make([]verbs.WC, 1)
-	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
-	defer wcancel()
-	if _, err := cq.Wait(wctx, wcs); err != nil || wcs[0].Status != 0 {
-		t.Fatalf("softroce WRITE: %+v %v", wcs[0], err)
+	if wc := waitWC(t, ctx, dev, cq, "softroce WRITE"); wc.Status != 0 {
+		t.Fatalf("softroce WRITE: %+v", wc)
 	}
 	dev.SetPacketTrace(nil)
 	mu.Lock()

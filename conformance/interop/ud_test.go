@@ -47,6 +47,21 @@ func checkIPv4GRH(t *testing.T, g []byte, src, dst [4]byte, roceLen int, ttl uin
 	return ip
 }
 
+// readyUDQPs makes a UD QP on each side, rxe's on acq and softroce's on
+// cq, with wr send and receive WQEs, ready with Q_Key udQKey (rxe's send
+// PSN 0x123, softroce's 0x456).
+func readyUDQPs(t *testing.T, ctx context.Context, ag *agent.Client, apd agent.PD, acq agent.CQ, pd *verbs.PD, cq *verbs.CQ, wr int) (agent.QP, *verbs.QP) {
+	t.Helper()
+	must := mustOf(t)
+	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: wr, RecvWR: wr, Type: agent.QPTypeUD})
+	must(err)
+	must(ag.ReadyUD(ctx, aqp, udQKey, 0x123))
+	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.QPTypeUD, SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: wr, MaxRecvWR: wr}})
+	must(err)
+	must(qp.ReadyUD(udQKey, 0x456))
+	return aqp, qp
+}
+
 // TestUDAgainstRxe: UD SEND and SEND_WITH_IMM between a softroce UD QP and
 // a kernel rxe UD QP, both directions, up to the port MTU. Each side's
 // receive carries the 40-byte GRH (20 zero bytes and the IPv4 header) and
@@ -61,17 +76,11 @@ func TestUDAgainstRxe(t *testing.T) {
 	defer cancel()
 	must := mustOf(t)
 	ag, apd, amr, acq := rxeSide(t, ctx)
-	aqp, err := ag.CreateQP(ctx, apd, acq, acq, agent.QPCap{SendWR: 64, RecvWR: 64, Type: agent.QPTypeUD})
-	must(err)
-	must(ag.ReadyUD(ctx, aqp, udQKey, 0x123))
+	dev, pd, buf, mr, cq := hostSide(t, bufLen, 256)
+	aqp, qp := readyUDQPs(t, ctx, ag, apd, acq, pd, cq, 64)
 	if a, err := ag.Query(ctx, aqp); err != nil || a.QKey != udQKey || a.State != "RTS" {
 		t.Fatalf("rxe UD QP: %+v %v", a, err)
 	}
-
-	dev, pd, buf, mr, cq := hostSide(t, bufLen, 256)
-	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.QPTypeUD, SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: 64, MaxRecvWR: 64}})
-	must(err)
-	must(qp.ReadyUD(udQKey, 0x456))
 	ah, aah := udAHs(t, ctx, ag, apd, dev, pd)
 	mtu := dev.QueryPort().ActiveMTU
 	if mtu > 4096 || mtu < 1024 {
@@ -87,16 +96,6 @@ func TestUDAgainstRxe(t *testing.T) {
 			lastID, lastTTL = p.IPID, p.HopLimit
 		}
 	})
-	wait := func(t *testing.T, what string) verbs.WC {
-		t.Helper()
-		wcs := make([]verbs.WC, 1)
-		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
-		defer wcancel()
-		if _, err := cq.Wait(wctx, wcs); err != nil {
-			t.Fatalf("%s: %v (transport %+v, link %+v)", what, err, dev.Stats(), dev.Link().Stats())
-		}
-		return wcs[0]
-	}
 	wrID := uint64(0)
 
 	t.Run("rxe-to-softroce", func(t *testing.T) {
@@ -113,7 +112,7 @@ func TestUDAgainstRxe(t *testing.T) {
 				if wc, err := ag.Poll(ctx, acq, 20*time.Second); err != nil || wc == nil || wc.Status != agent.WCSuccess || wc.WRID != 5 {
 					t.Fatalf("rxe send of %d bytes: %+v %v", n, wc, err)
 				}
-				wc := wait(t, "softroce receive")
+				wc := waitWC(t, ctx, dev, cq, "softroce receive")
 				want := verbs.WC{WRID: 99, Opcode: 128, ByteLen: uint32(verbs.GRHLen + n), QPNum: qp.Num(), SrcQP: aqp.QPN, Flags: 1}
 				if imm {
 					want.Flags, want.ImmData = 3, immv
@@ -144,7 +143,7 @@ func TestUDAgainstRxe(t *testing.T) {
 		}{{udQKey + 1, 10}, {udQKey, 101}, {0x80000000, 100}, {udQKey, 100}} {
 			rxeSend(t, ctx, ag, aqp, acq, agent.SendWR{WRID: uint64(10 + i), Op: agent.OpSend, MR: amr, Off: 8192, Len: c.n, AH: aah, RemoteQPN: qp.Num(), RemoteQKey: c.qkey})
 		}
-		wc := wait(t, "softroce receive")
+		wc := waitWC(t, ctx, dev, cq, "softroce receive")
 		if wc.WRID != 100 || wc.ByteLen != verbs.GRHLen+100 {
 			t.Fatalf("softroce receive after the drops: %+v", wc)
 		}
@@ -169,7 +168,7 @@ func TestUDAgainstRxe(t *testing.T) {
 					w.Opcode, w.Imm, roce = verbs.WRSendWithImm, 0xabcd0000+uint32(n), roce+4
 				}
 				must(qp.PostSend(&w))
-				if wc := wait(t, "softroce send"); wc.Status != 0 || wc.WRID != wrID {
+				if wc := waitWC(t, ctx, dev, cq, "softroce send"); wc.Status != 0 || wc.WRID != wrID {
 					t.Fatalf("softroce send completion %+v", wc)
 				}
 				wc, err := ag.Poll(ctx, acq, 20*time.Second)
@@ -203,7 +202,7 @@ func TestUDAgainstRxe(t *testing.T) {
 			wrID++
 			must(qp.PostSend(&verbs.SendWR{ID: wrID, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, AH: ah.AV(), RemoteQPN: aqp.QPN, RemoteQKey: qkey,
 				SGL: []verbs.SGE{{Addr: mr.Addr(), Length: 100, LKey: mr.LKey()}}}))
-			wait(t, "softroce send")
+			waitWC(t, ctx, dev, cq, "softroce send")
 			wc, err := ag.Poll(ctx, acq, 2*time.Second)
 			must(err)
 			if i == 0 && wc != nil {
@@ -221,7 +220,7 @@ func TestUDAgainstRxe(t *testing.T) {
 		wrID++
 		must(qp.PostSend(&verbs.SendWR{ID: wrID, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, AH: ah.AV(), RemoteQPN: aqp.QPN, RemoteQKey: udQKey,
 			SGL: []verbs.SGE{{Addr: mr.Addr(), Length: 101, LKey: mr.LKey()}}}))
-		wait(t, "softroce send")
+		waitWC(t, ctx, dev, cq, "softroce send")
 		wc, err := ag.Poll(ctx, acq, 2*time.Second)
 		must(err)
 		switch {
@@ -326,16 +325,6 @@ func TestUDSRQAgainstRxe(t *testing.T) {
 	must(err)
 	must(qp.ReadyUD(udQKey, 0))
 	ah, aah := udAHs(t, ctx, ag, apd, dev, pd)
-	wait := func(what string) verbs.WC {
-		t.Helper()
-		wcs := make([]verbs.WC, 1)
-		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
-		defer wcancel()
-		if _, err := cq.Wait(wctx, wcs); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return wcs[0]
-	}
 
 	// rxe to softroce: 101 bytes into a 40+100 WQE, then 100 bytes.
 	for i := range 2 {
@@ -344,10 +333,10 @@ func TestUDSRQAgainstRxe(t *testing.T) {
 	for i, n := range []int{101, 100} {
 		rxeSend(t, ctx, ag, aqp, acq, agent.SendWR{WRID: uint64(i), Op: agent.OpSend, MR: amr, Len: n, AH: aah, RemoteQPN: qp.Num(), RemoteQKey: udQKey})
 	}
-	if w := wait("too long"); w.WRID != 0 || w.Status != 9 /* REM_INV_REQ_ERR */ {
+	if w := waitWC(t, ctx, dev, cq, "too long"); w.WRID != 0 || w.Status != 9 /* REM_INV_REQ_ERR */ {
 		t.Fatalf("softroce SRQ receive of a datagram too long: %+v", w)
 	}
-	if w := wait("fits"); w.WRID != 1 || w.Status != 0 || w.ByteLen != verbs.GRHLen+100 || w.SrcQP != aqp.QPN {
+	if w := waitWC(t, ctx, dev, cq, "fits"); w.WRID != 1 || w.Status != 0 || w.ByteLen != verbs.GRHLen+100 || w.SrcQP != aqp.QPN {
 		t.Fatalf("softroce SRQ receive: %+v", w)
 	}
 	if qp.State() != verbs.StateRTS {
@@ -361,7 +350,7 @@ func TestUDSRQAgainstRxe(t *testing.T) {
 	for i, n := range []int{101, 100} {
 		must(qp.PostSend(&verbs.SendWR{ID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled, AH: ah.AV(), RemoteQPN: aqp.QPN, RemoteQKey: udQKey,
 			SGL: []verbs.SGE{{Addr: mr.Addr(), Length: uint32(n), LKey: mr.LKey()}}}))
-		wait("softroce send")
+		waitWC(t, ctx, dev, cq, "softroce send")
 	}
 	var got []*agent.WC
 	for range 2 {

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -135,20 +134,7 @@ func TestConfigDefaults(t *testing.T) {
 // kernel UDP sockets on 127.0.0.1 (two UDP ports, one address), with the
 // data checks of both sides.
 func TestLoopback(t *testing.T) {
-	addr := netip.MustParseAddr("127.0.0.1")
-	open := func(port int) *verbs.Device {
-		l, err := udp.Open(udp.Config{Addr: addr, Port: port, SocketBuffer: 4 << 20})
-		if err != nil {
-			t.Skipf("cannot open UDP port %d on loopback: %v", port, err)
-		}
-		d, err := verbs.Open(l, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		return d
-	}
-	ds, dc := open(47921), open(47922)
+	devs := loopbackDevs(t, 47921)
 	cases := []struct {
 		test      Test
 		atomic    AtomicOp
@@ -175,27 +161,7 @@ func TestLoopback(t *testing.T) {
 		t.Run(fmt.Sprintf("%v/%d/size%d/mtu%d/q%d", tc.test, tc.atomic, tc.size, tc.mtu, tc.qps), func(t *testing.T) {
 			base := Config{Test: tc.test, Atomic: tc.atomic, Port: 47970 + i, Size: tc.size, MTU: tc.mtu, Iters: tc.iters,
 				QPs: tc.qps, Timeout: 20 * time.Second}
-			var wg sync.WaitGroup
-			var sout, cout bytes.Buffer
-			var sres, cres *Result
-			var serr, cerr error
-			wg.Add(2)
-			go func() {
-				defer wg.Done()
-				c := base
-				c.RemotePort = 47922
-				sres, serr = Run(context.Background(), ds, c, &sout)
-			}()
-			go func() {
-				defer wg.Done()
-				c := base
-				c.Server, c.RemotePort = "127.0.0.1", 47921
-				cres, cerr = Run(context.Background(), dc, c, &cout)
-			}()
-			wg.Wait()
-			if serr != nil || cerr != nil {
-				t.Fatalf("server: %v\n%s\nclient: %v\n%s", serr, &sout, cerr, &cout)
-			}
+			sres, cres, _, cout := runPair(t, devs, base, overUDP(47921))
 			if sres.MTU != tc.mtu || cres.MTU != tc.mtu {
 				t.Fatalf("negotiated MTU %d/%d, want %d", sres.MTU, cres.MTU, tc.mtu)
 			}
@@ -218,45 +184,21 @@ func TestLoopback(t *testing.T) {
 					t.Fatalf("QP %d keys: server %+v / %+v, client %+v / %+v", q, sres.LocalQPs[q], sres.RemoteQPs[q], cres.LocalQPs[q], cres.RemoteQPs[q])
 				}
 			}
-			t.Logf("%s\nclient %+v\nserver %+v", lastLines(cout.String(), 3), cres.Stats, sres.Stats)
+			t.Logf("%s\nclient %+v\nserver %+v", lastLines(cout, 3), cres.Stats, sres.Stats)
 		})
 	}
 }
 
 // TestMTUNegotiation: each side adopts the smaller of the two MTUs.
 func TestMTUNegotiation(t *testing.T) {
-	addr := netip.MustParseAddr("127.0.0.1")
-	var devs [2]*verbs.Device
-	for i := range devs {
-		l, err := udp.Open(udp.Config{Addr: addr, Port: 47941 + i})
-		if err != nil {
-			t.Skipf("loopback UDP: %v", err)
-		}
-		if devs[i], err = verbs.Open(l, nil); err != nil {
-			t.Fatal(err)
-		}
-		defer devs[i].Close()
-	}
-	var wg sync.WaitGroup
-	var res [2]*Result
-	var errs [2]error
-	for i, mtu := range []int{4096, 512} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := Config{Test: Write, Port: 47945, Size: 4096, Iters: 20, MTU: mtu, RemotePort: uint16(47942 - i), Timeout: 20 * time.Second}
-			if i == 1 {
-				c.Server = "127.0.0.1"
-			}
-			res[i], errs[i] = Run(context.Background(), devs[i], c, &bytes.Buffer{})
-		}()
-	}
-	wg.Wait()
-	if errs[0] != nil || errs[1] != nil {
-		t.Fatal(errs)
-	}
-	if res[0].MTU != 512 || res[1].MTU != 512 {
-		t.Fatalf("MTUs %d %d, want 512", res[0].MTU, res[1].MTU)
+	devs := loopbackDevs(t, 47941)
+	sres, cres, _, _ := runPair(t, devs, Config{Test: Write, Port: 47945, Size: 4096, Iters: 20, Timeout: 20 * time.Second},
+		func(side int, c *Config) {
+			overUDP(47941)(side, c)
+			c.MTU = []int{4096, 512}[side]
+		})
+	if sres.MTU != 512 || cres.MTU != 512 {
+		t.Fatalf("MTUs %d %d, want 512", sres.MTU, cres.MTU)
 	}
 }
 
@@ -354,44 +296,16 @@ func TestPeerMisbehaves(t *testing.T) {
 // TestLoopbackDuplex: -b, both sides post traffic at once, each checks
 // its own target area and prints the sum of both reports.
 func TestLoopbackDuplex(t *testing.T) {
-	addr := netip.MustParseAddr("127.0.0.1")
-	var devs [2]*verbs.Device
-	for i := range devs {
-		l, err := udp.Open(udp.Config{Addr: addr, Port: 48111 + i, SocketBuffer: 4 << 20})
-		if err != nil {
-			t.Skipf("loopback UDP: %v", err)
-		}
-		if devs[i], err = verbs.Open(l, nil); err != nil {
-			t.Fatal(err)
-		}
-		defer devs[i].Close()
-	}
+	devs := loopbackDevs(t, 48111)
 	for i, tc := range []struct {
 		test        Test
 		size, iters int
 		qps         int
 	}{{Write, 4096, 200, 1}, {Write, 100, 300, 2}, {Read, 65536, 40, 1}, {Atomic, 8, 300, 2}} {
 		t.Run(fmt.Sprintf("%v/size%d/q%d", tc.test, tc.size, tc.qps), func(t *testing.T) {
-			var wg sync.WaitGroup
-			var res [2]*Result
-			var errs [2]error
-			var outs [2]bytes.Buffer
-			for side := range 2 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					c := Config{Test: tc.test, Port: 48115 + i, Size: tc.size, Iters: tc.iters, QPs: tc.qps, MTU: 1024,
-						Duplex: true, RemotePort: uint16(48112 - side), Timeout: 20 * time.Second}
-					if side == 1 {
-						c.Server = "127.0.0.1"
-					}
-					res[side], errs[side] = Run(context.Background(), devs[side], c, &outs[side])
-				}()
-			}
-			wg.Wait()
-			if errs[0] != nil || errs[1] != nil {
-				t.Fatalf("server: %v\n%s\nclient: %v\n%s", errs[0], &outs[0], errs[1], &outs[1])
-			}
+			sres, cres, _, _ := runPair(t, devs, Config{Test: tc.test, Port: 48115 + i, Size: tc.size, Iters: tc.iters, QPs: tc.qps,
+				MTU: 1024, Duplex: true, Timeout: 20 * time.Second}, overUDP(48111))
+			res := [2]*Result{sres, cres}
 			total := uint64(tc.iters * tc.qps)
 			for side, r := range res {
 				other := res[1-side]

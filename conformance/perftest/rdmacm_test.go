@@ -7,12 +7,10 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/softroce/softroce/cm"
-	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/verbs"
 )
@@ -73,15 +71,7 @@ type cmPair struct {
 func newCMPair(t *testing.T, pc pipe.Config) *cmPair {
 	t.Helper()
 	la, lb := pipe.New(pc)
-	p := &cmPair{}
-	for i, link := range []nic.Link{la, lb} {
-		d, err := verbs.Open(link, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		p.devs[i] = d
-	}
+	p := &cmPair{devs: openDevs(t, la, lb)}
 	for i, d := range p.devs {
 		c, err := cm.Open(d, nil)
 		if err != nil {
@@ -91,29 +81,6 @@ func newCMPair(t *testing.T, pc pipe.Config) *cmPair {
 		p.cms[i] = c
 	}
 	return p
-}
-
-// runPair runs the passive side on devs[0] and the active side on devs[1].
-func runPair(t *testing.T, devs [2]*verbs.Device, base Config, set func(side int, c *Config)) (sres, cres *Result, sout, cout string) {
-	t.Helper()
-	var wg sync.WaitGroup
-	var outs [2]bytes.Buffer
-	var res [2]*Result
-	var errs [2]error
-	for side := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := base
-			set(side, &c)
-			res[side], errs[side] = Run(context.Background(), devs[side], c, &outs[side])
-		}()
-	}
-	wg.Wait()
-	if errs[0] != nil || errs[1] != nil {
-		t.Fatalf("server: %v\n%s\nclient: %v\n%s", errs[0], &outs[0], errs[1], &outs[1])
-	}
-	return res[0], res[1], outs[0].String(), outs[1].String()
 }
 
 // TestLoopbackRDMACM runs -R between two softroce devices: the exchange

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/verbs"
 )
@@ -33,16 +32,7 @@ func TestConfigUD(t *testing.T) {
 func udPair(t *testing.T, pc pipe.Config) [2]*verbs.Device {
 	t.Helper()
 	la, lb := pipe.New(pc)
-	var devs [2]*verbs.Device
-	for i, link := range []nic.Link{la, lb} {
-		d, err := verbs.Open(link, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		devs[i] = d
-	}
-	return devs
+	return openDevs(t, la, lb)
 }
 
 // TestLoopbackUD runs ib_send_bw -c UD's flow between two softroce

@@ -81,18 +81,7 @@ func TestSendHopLimitTClassNoAllocs(t *testing.T) {
 	for _, addr := range []string{"127.0.0.1", "::1"} {
 		a, b := open(t, addr, 9000), open(t, addr, 9000)
 		out, in := ipFieldsBatch(b.LocalAddrPort()), packets(16, 4200)
-		allocs := testing.AllocsPerRun(50, func() {
-			if _, err := a.Send(out); err != nil {
-				t.Fatal(err)
-			}
-			for got := 0; got < len(out); {
-				n, err := b.Recv(in)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got += n
-			}
-		})
+		allocs := batchAllocs(t, a, b, out, in)
 		if allocs != 0 {
 			t.Errorf("%s: %v allocations per batch", addr, allocs)
 		}

@@ -64,6 +64,24 @@ func packets(n, size int) []nic.Packet {
 	return p
 }
 
+// batchAllocs is the allocations of a sending the batch out and b
+// receiving all of it into in, averaged over 50 rounds.
+func batchAllocs(t *testing.T, a, b *Link, out, in []nic.Packet) float64 {
+	t.Helper()
+	return testing.AllocsPerRun(50, func() {
+		if _, err := a.Send(out); err != nil {
+			t.Fatal(err)
+		}
+		for got := 0; got < len(out); {
+			n, err := b.Recv(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += n
+		}
+	})
+}
+
 // recvN receives n packets (or fails shortly before the test times out).
 func recvN(t *testing.T, l *Link, in []nic.Packet, n int) []nic.Packet {
 	t.Helper()
@@ -462,18 +480,7 @@ func TestNoAllocs(t *testing.T) {
 			fill(out[i].Buf, out[i].N, uint32(i))
 			out[i].Remote = b.LocalAddrPort()
 		}
-		allocs := testing.AllocsPerRun(50, func() {
-			if _, err := a.Send(out); err != nil {
-				t.Fatal(err)
-			}
-			for got := 0; got < len(out); {
-				n, err := b.Recv(in)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got += n
-			}
-		})
+		allocs := batchAllocs(t, a, b, out, in)
 		if allocs != 0 {
 			t.Errorf("%s: %v allocations per batch of %d", addr, allocs, len(out))
 		}

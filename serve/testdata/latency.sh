@@ -83,6 +83,19 @@ pprow() { awk '/usec\/iter/ { for (i = 1; i <= NF; i++) if ($i == "usec/iter") p
 tcp=$TCP
 nexttcp() { tcp=$((tcp + 1)); }
 
+# abipair TAG TOOL ARGS...: TOOL ARGS as the server through daemon a and,
+# once it listens on $tcp, as the client of 127.0.0.1 through daemon b,
+# their output in $d/TAG.srv and $d/TAG.cli.
+abipair() {
+	tag=$1
+	shift
+	SOFTROCE_SOCKET="$d/a.sock" LD_LIBRARY_PATH="$lib" $T "$@" >"$d/$tag.srv" 2>&1 &
+	s=$!
+	waittcp "$tcp"
+	SOFTROCE_SOCKET="$d/b.sock" LD_LIBRARY_PATH="$lib" $T "$@" 127.0.0.1 >"$d/$tag.cli" 2>&1 || true
+	wait $s || echo "server exit $?" >>"$d/$t.srv.exit"
+}
+
 # abi NAME BIN LIB ROUND: both tools through two daemons of BIN.
 abi() {
 	name=$1 bin=$2 lib=$3 r=$4
@@ -111,27 +124,15 @@ abi() {
 		nexttcp
 		case $t in
 		lat)
-			SOFTROCE_SOCKET="$d/a.sock" LD_LIBRARY_PATH="$lib" $T ib_write_lat -x 0 -s "$SIZE_LAT" -n "$N" -p "$tcp" >"$d/lat.srv" 2>&1 &
-			s=$!
-			waittcp "$tcp"
-			SOFTROCE_SOCKET="$d/b.sock" LD_LIBRARY_PATH="$lib" $T ib_write_lat -x 0 -s "$SIZE_LAT" -n "$N" -p "$tcp" 127.0.0.1 >"$d/lat.cli" 2>&1 || true
-			wait $s || echo "server exit $?" >>"$d/$t.srv.exit"
+			abipair lat ib_write_lat -x 0 -s "$SIZE_LAT" -n "$N" -p "$tcp"
 			echo "$r $name lat $(latrow "$d/lat.cli")" >>"$RES"
 			;;
 		bw)
-			SOFTROCE_SOCKET="$d/a.sock" LD_LIBRARY_PATH="$lib" $T ib_write_bw -x 0 -s 65536 -n "${N_BW:-20000}" -p "$tcp" >"$d/bw.srv" 2>&1 &
-			s=$!
-			waittcp "$tcp"
-			SOFTROCE_SOCKET="$d/b.sock" LD_LIBRARY_PATH="$lib" $T ib_write_bw -x 0 -s 65536 -n "${N_BW:-20000}" -p "$tcp" 127.0.0.1 >"$d/bw.cli" 2>&1 || true
-			wait $s || echo "server exit $?" >>"$d/$t.srv.exit"
+			abipair bw ib_write_bw -x 0 -s 65536 -n "${N_BW:-20000}" -p "$tcp"
 			echo "$r $name bw $(bwrow "$d/bw.cli")" >>"$RES"
 			;;
 		pingpong)
-			SOFTROCE_SOCKET="$d/a.sock" LD_LIBRARY_PATH="$lib" $T ibv_rc_pingpong -g 0 -s "$SIZE_PP" -n "$N" -p "$tcp" >"$d/pp.srv" 2>&1 &
-			s=$!
-			waittcp "$tcp"
-			SOFTROCE_SOCKET="$d/b.sock" LD_LIBRARY_PATH="$lib" $T ibv_rc_pingpong -g 0 -s "$SIZE_PP" -n "$N" -p "$tcp" 127.0.0.1 >"$d/pp.cli" 2>&1 || true
-			wait $s || echo "server exit $?" >>"$d/$t.srv.exit"
+			abipair pp ibv_rc_pingpong -g 0 -s "$SIZE_PP" -n "$N" -p "$tcp"
 			echo "$r $name pingpong $(pprow "$d/pp.cli")" >>"$RES"
 			;;
 		esac

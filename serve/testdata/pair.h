@@ -1,5 +1,6 @@
 /* Two RC QPs of one process connected to each other through the device's
- * GID 0, for the C test programs. */
+ * GID 0, for the C test programs; rc_to_rts serves programs whose peer
+ * is elsewhere too. */
 #include <infiniband/verbs.h>
 #include <errno.h>
 #include <stdio.h>
@@ -16,7 +17,10 @@ struct pair {
 	struct ibv_qp_ex *qbx;
 };
 
-static void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
+/* rc_to_rts moves an RC QP from RESET to RTS facing QP dest at gid (path
+ * MTU 1024, local and remote writes and reads allowed), receiving from
+ * rq_psn, sending from sq_psn, taking rd_atomic reads as responder. */
+static void rc_to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid, uint32_t rq_psn, uint32_t sq_psn, uint8_t rd_atomic)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
 				 .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
@@ -26,8 +30,8 @@ static void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
 	a.qp_state = IBV_QPS_RTR;
 	a.path_mtu = IBV_MTU_1024;
 	a.dest_qp_num = dest;
-	a.rq_psn = 1;
-	a.max_dest_rd_atomic = 1;
+	a.rq_psn = rq_psn;
+	a.max_dest_rd_atomic = rd_atomic;
 	a.min_rnr_timer = 12;
 	a.ah_attr.is_global = 1;
 	a.ah_attr.grh.dgid = *gid;
@@ -41,11 +45,16 @@ static void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
 	a.timeout = 14;
 	a.retry_cnt = 7;
 	a.rnr_retry = 7;
-	a.sq_psn = 1;
+	a.sq_psn = sq_psn;
 	a.max_rd_atomic = 1;
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 				      IBV_QP_MAX_QP_RD_ATOMIC))
 		die("to RTS: %s", strerror(errno));
+}
+
+static void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
+{
+	rc_to_rts(qp, dest, gid, 1, 1, 1);
 }
 
 /* pair_connect (re)creates both QPs, connected: after a remote access

@@ -8,7 +8,6 @@ import (
 
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
-	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -22,24 +21,14 @@ func TestAckReqEvery64(t *testing.T) {
 	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{start, 5}})
 	var asked []int
 	acks := 0
-	for i := range s.ep {
-		s.ep[i].e.SetPacketTrace(func(dir byte, p *nic.Packet) {
-			if dir != 'T' {
-				return
-			}
-			var pk bth.Packet
-			if err := bth.Parse(&pk, p.Bytes()); err != nil {
-				t.Errorf("engine %d sent a malformed packet: %v", i, err)
-				return
-			}
-			switch {
-			case i == 0 && pk.BTH.AckReq():
-				asked = append(asked, bth.PSNDiff(pk.BTH.PSN(), start))
-			case i == 1 && pk.Info.Op == bth.OpAck:
-				acks++
-			}
-		})
-	}
+	s.traceSent(func(i int, pk *bth.Packet) {
+		switch {
+		case i == 0 && pk.BTH.AckReq():
+			asked = append(asked, bth.PSNDiff(pk.BTH.PSN(), start))
+		case i == 1 && pk.Info.Op == bth.OpAck:
+			acks++
+		}
+	})
 	const n = 200 * 256
 	lmr, local := s.reg(0, n)
 	rmr, remote := s.reg(1, n)

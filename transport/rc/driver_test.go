@@ -194,6 +194,17 @@ func TestCloseSendsBuiltACKs(t *testing.T) {
 	}
 }
 
+// takeWakes returns how many wake-ups of d's timer goroutine are pending
+// (0 or 1) and takes them.
+func takeWakes(d *Driver) int {
+	n := len(d.wake)
+	select {
+	case <-d.wake:
+	default:
+	}
+	return n
+}
+
 // TestBatchWakesTimerOnlyWhenNeeded: wake-ups the engine asks for while the
 // receive goroutine handles a batch (and flushes after it) reach the timer
 // goroutine only if that flush left work behind or armed a timer earlier
@@ -207,21 +218,13 @@ func TestBatchWakesTimerOnlyWhenNeeded(t *testing.T) {
 		t.Helper()
 		mustPost(t, qp, &wr.SendWR{ID: id, Opcode: wr.RDMAWrite, RemoteAddr: 0x1000, RKey: 1})
 	}
-	wakes := func() int {
-		n := len(d.wake)
-		select {
-		case <-d.wake:
-		default:
-		}
-		return n
-	}
 	// Sending the first WRITE arms the ACK timer: the timer goroutine,
 	// sleeping with no deadline, must hear of it.
 	d.beginBatch()
 	post(1)
 	d.flush()
 	d.endBatch()
-	if n := wakes(); n != 1 {
+	if n := takeWakes(d); n != 1 {
 		t.Fatalf("new timer: %d wake-ups, want 1", n)
 	}
 	f.e.NextDeadline() // the timer goroutine re-arms
@@ -230,20 +233,20 @@ func TestBatchWakesTimerOnlyWhenNeeded(t *testing.T) {
 	post(2)
 	d.flush()
 	d.endBatch()
-	if n := wakes(); n != 0 {
+	if n := takeWakes(d); n != 0 {
 		t.Fatalf("work done in the batch: %d wake-ups, want 0", n)
 	}
 	// Work posted after the batch's flush is left for the timer goroutine.
 	d.beginBatch()
 	post(3)
 	d.endBatch()
-	if n := wakes(); n != 1 {
+	if n := takeWakes(d); n != 1 {
 		t.Fatalf("work left over: %d wake-ups, want 1", n)
 	}
 	// Outside a batch every wake-up goes through.
 	d.flush()
 	post(4)
-	if n := wakes(); n != 1 {
+	if n := takeWakes(d); n != 1 {
 		t.Fatalf("posted outside a batch: %d wake-ups, want 1", n)
 	}
 	if got := link.sent[netip.MustParseAddr("10.0.0.2")]; got != 3 {
@@ -309,14 +312,6 @@ func TestDoorbellSendsOnThePoster(t *testing.T) {
 	link := &fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
 	d := newDriver(f.e, link, DriverConfig{})
 	a, b := f.rtsQP(t, "10.0.0.2"), f.rtsQP(t, "10.0.0.3")
-	wakes := func() int {
-		n := len(d.wake)
-		select {
-		case <-d.wake:
-		default:
-		}
-		return n
-	}
 	write := &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, RemoteAddr: 0x1000, RKey: 1}
 	sent := func(ip string) int {
 		link.mu.Lock()
@@ -324,14 +319,14 @@ func TestDoorbellSendsOnThePoster(t *testing.T) {
 		return link.sent[netip.MustParseAddr(ip)]
 	}
 	d.flush() // what entering RTS queued, as the timer goroutine would
-	wakes()
+	takeWakes(d)
 	mustPost(t, a, write)
 	if n := sent("10.0.0.2"); n != 1 {
 		t.Fatalf("idle queue: %d packets sent by PostSend, want 1", n)
 	}
 	// The WRITE armed the ACK timer and the timer goroutine sleeps with
 	// no deadline: it must hear of it.
-	if n := wakes(); n != 1 {
+	if n := takeWakes(d); n != 1 {
 		t.Fatalf("first timer: %d wake-ups, want 1", n)
 	}
 	f.e.NextDeadline() // the timer goroutine re-arms
@@ -341,7 +336,7 @@ func TestDoorbellSendsOnThePoster(t *testing.T) {
 	if n := sent("10.0.0.3"); n != 1 {
 		t.Fatalf("second idle queue: %d packets sent by PostSend, want 1", n)
 	}
-	if n := wakes(); n != 0 {
+	if n := takeWakes(d); n != 0 {
 		t.Fatalf("later timer: %d wake-ups, want 0", n)
 	}
 	// Behind the outstanding WRITE the WR waits for the timer goroutine.
@@ -349,7 +344,7 @@ func TestDoorbellSendsOnThePoster(t *testing.T) {
 	if n := sent("10.0.0.2"); n != 1 {
 		t.Fatalf("busy queue: %d packets sent by PostSend, want 1 (the first)", n)
 	}
-	if n := wakes(); n != 1 {
+	if n := takeWakes(d); n != 1 {
 		t.Fatalf("busy queue: %d wake-ups, want 1", n)
 	}
 	d.flush()
@@ -360,7 +355,7 @@ func TestDoorbellSendsOnThePoster(t *testing.T) {
 	// in Batch's flush.
 	c := f.rtsQP(t, "10.0.0.4")
 	d.flush()
-	wakes()
+	takeWakes(d)
 	d.Batch(func() {
 		mustPost(t, c, write)
 		if n := sent("10.0.0.4"); n != 0 {

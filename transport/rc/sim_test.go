@@ -140,6 +140,24 @@ func (s *sim) connect(o qpOpts) [2]*QP {
 	return qps
 }
 
+// traceSent calls fn with every packet engine i sends, parsed (a
+// malformed one fails the test).
+func (s *sim) traceSent(fn func(i int, pk *bth.Packet)) {
+	for i := range s.ep {
+		s.ep[i].e.SetPacketTrace(func(dir byte, p *nic.Packet) {
+			if dir != 'T' {
+				return
+			}
+			var pk bth.Packet
+			if err := bth.Parse(&pk, p.Bytes()); err != nil {
+				s.t.Errorf("engine %d sent a malformed packet: %v", i, err)
+				return
+			}
+			fn(i, &pk)
+		})
+	}
+}
+
 func (s *sim) send(from int, p *nic.Packet) {
 	data := append([]byte(nil), p.Bytes()...)
 	src, dst := s.ep[from].addr.As4(), s.ep[1-from].addr.As4()

@@ -28,24 +28,14 @@ func ucSim(t *testing.T, o qpOpts) (*sim, [2]*QP) {
 		o.pmtu = 256
 	}
 	qps := s.connect(o)
-	for i := range s.ep {
-		s.ep[i].e.SetPacketTrace(func(dir byte, p *nic.Packet) {
-			if dir != 'T' {
-				return
-			}
-			var pk bth.Packet
-			if err := bth.Parse(&pk, p.Bytes()); err != nil {
-				t.Errorf("engine %d sent a malformed packet: %v", i, err)
-				return
-			}
-			if i == 1 {
-				t.Errorf("the UC receiver sent %v psn %d: UC never answers", pk.Info.Name, pk.BTH.PSN())
-			}
-			if pk.Info.Transport != bth.TransportUC || pk.BTH.AckReq() {
-				t.Errorf("UC requester sent %v with AckReq=%v", pk.Info.Name, pk.BTH.AckReq())
-			}
-		})
-	}
+	s.traceSent(func(i int, pk *bth.Packet) {
+		if i == 1 {
+			t.Errorf("the UC receiver sent %v psn %d: UC never answers", pk.Info.Name, pk.BTH.PSN())
+		}
+		if pk.Info.Transport != bth.TransportUC || pk.BTH.AckReq() {
+			t.Errorf("UC requester sent %v with AckReq=%v", pk.Info.Name, pk.BTH.AckReq())
+		}
+	})
 	return s, qps
 }
 
