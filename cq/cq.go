@@ -63,6 +63,7 @@ type CQ struct {
 	wake   chan struct{}       // wakes a Wait, capacity 1; the baton is passed on
 	onErr  func(Event)         // SetErrorHook's function, guarded by mu
 	onPush func(WC, bool) bool // SetPushHook's function, guarded by mu
+	onPoll func() bool         // SetPollHook's function, guarded by mu
 }
 
 // New creates a CQ that holds depth completions (ibv_create_cq's cqe).
@@ -185,11 +186,32 @@ func (c *CQ) signal(ch chan struct{}) {
 // After an overrun Poll still returns the completions stored before it (each
 // of them is a finished work request), and 0 once those are drained; use Err
 // or Events to learn about the overrun.
+//
+// With a poll hook installed (SetPollHook), a Poll that finds the CQ empty
+// runs the hook once and, if it reports progress, looks again.
 func (c *CQ) Poll(wcs []WC) int {
 	c.mu.Lock()
 	n := c.pollLocked(wcs)
+	hook := c.onPoll
 	c.mu.Unlock()
+	if n == 0 && hook != nil && len(wcs) > 0 && hook() {
+		c.mu.Lock()
+		n = c.pollLocked(wcs)
+		c.mu.Unlock()
+	}
 	return n
+}
+
+// SetPollHook installs f, which a Poll that finds the CQ empty calls once,
+// with no lock of the CQ held, before it returns 0; if f returns true (it
+// made progress) Poll looks again. A busy-polling device uses it to run
+// its receive path on the polling goroutine, so that a completion reaches
+// a spinning consumer without a hand-off from another goroutine. f may
+// push into this CQ. Wait does not call it. A nil f removes the hook.
+func (c *CQ) SetPollHook(f func() bool) {
+	c.mu.Lock()
+	c.onPoll = f
+	c.mu.Unlock()
 }
 
 func (c *CQ) pollLocked(wcs []WC) int {

@@ -1,6 +1,9 @@
 package cq
 
-import "testing"
+import (
+	"context"
+	"testing"
+)
 
 // A push hook takes completions instead of the ring; once it declines one,
 // later completions queue behind it until the CQ is polled empty, so the
@@ -68,5 +71,40 @@ func TestPushHookNoAlloc(t *testing.T) {
 	}
 	if n == 0 {
 		t.Fatal("hook not called")
+	}
+}
+
+// TestPollHook: a Poll that finds the CQ empty runs the poll hook once
+// and returns what the hook pushed; a Poll with completions stored, and
+// Wait, do not run it.
+func TestPollHook(t *testing.T) {
+	c, _ := New(4)
+	calls := 0
+	c.SetPollHook(func() bool {
+		calls++
+		if calls == 1 {
+			c.Push(WC{WRID: 7})
+			return true
+		}
+		return false
+	})
+	wcs := make([]WC, 2)
+	if n := c.Poll(wcs); n != 1 || wcs[0].WRID != 7 || calls != 1 {
+		t.Fatalf("first Poll: %d completions (wr_id %d), hook ran %d times; want 1, 7, 1", n, wcs[0].WRID, calls)
+	}
+	if n := c.Poll(wcs); n != 0 || calls != 2 {
+		t.Fatalf("empty Poll: %d completions, hook ran %d times; want 0, 2", n, calls)
+	}
+	c.Push(WC{WRID: 8})
+	if n := c.Poll(wcs); n != 1 || calls != 2 {
+		t.Fatalf("Poll with one stored: %d completions, hook ran %d times; want 1, 2", n, calls)
+	}
+	c.Push(WC{WRID: 9})
+	if n, err := c.Wait(context.Background(), wcs); n != 1 || err != nil || calls != 2 {
+		t.Fatalf("Wait: %d, %v, hook ran %d times; want 1, nil, 2", n, err, calls)
+	}
+	c.SetPollHook(nil)
+	if n := c.Poll(wcs); n != 0 || calls != 2 {
+		t.Fatalf("after removing the hook: %d completions, hook ran %d times", n, calls)
 	}
 }

@@ -141,6 +141,14 @@ type Options struct {
 	// BusyPoll, if positive, makes the device's receive loop poll the
 	// link for up to this long before it sleeps (rc.DriverConfig.BusyPoll):
 	// lower latency for a core's worth of CPU. Off by default.
+	//
+	// In this mode a Poll of the device's CQs that finds one empty also
+	// runs the device's receive path once on the polling goroutine
+	// (rc.Driver.PollInline): a consumer that spins on CQ.Poll receives
+	// its completion, and sends what follows from it, without a hand-off
+	// from the receive goroutine, which sleeps while consumers poll. The
+	// goroutine calling Poll must then hold no lock that a completion's
+	// delivery (a CQ push hook) takes.
 	BusyPoll time.Duration
 }
 
@@ -199,6 +207,7 @@ type Device struct {
 	drv          *rc.Driver
 	gids         []GIDEntry
 	maxQP, maxCQ int
+	busyPoll     bool // Options.BusyPoll > 0: CQ polls run the receive path
 
 	events        chan AsyncEvent
 	eventsDropped atomic.Uint64
@@ -296,7 +305,8 @@ func Open(link nic.Link, opts *Options) (*Device, error) {
 	}
 	mrs := memreg.NewTable(opts.Limits)
 	d := &Device{name: name, link: link, mrs: mrs, eng: rc.NewEngine(mrs), events: make(chan AsyncEvent, asyncQueueLen),
-		maxQP: cmp.Or(opts.MaxQP, DefaultMaxQP), maxCQ: cmp.Or(opts.MaxCQ, DefaultMaxCQ), qps: map[uint32]*QP{}, cqs: map[*CQ]int{}}
+		maxQP: cmp.Or(opts.MaxQP, DefaultMaxQP), maxCQ: cmp.Or(opts.MaxCQ, DefaultMaxCQ), qps: map[uint32]*QP{}, cqs: map[*CQ]int{},
+		busyPoll: opts.BusyPoll > 0}
 	for _, a := range link.Addrs() {
 		d.gids = append(d.gids, GIDEntry{GID: GIDFromAddr(a), Type: GIDTypeRoCEv2, Addr: a})
 	}
@@ -611,6 +621,9 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 	c.SetErrorHook(func(ev cq.Event) {
 		d.raise(AsyncEvent{Type: EventCQErr, CQ: c, Reason: ev.Err.Error()})
 	})
+	if d.busyPoll {
+		c.SetPollHook(d.drv.PollInline)
+	}
 	d.cqs[c] = 0
 	return c, nil
 }

@@ -40,6 +40,18 @@ type Driver struct {
 	// epoch is when the driver started; now derives the time from it.
 	epoch time.Time
 
+	// Busy-poll mode only. own is held by whichever goroutine is inside
+	// the link's receive and the handling of what it returned (the
+	// receive goroutine, or a consumer in PollInline), so packets are
+	// handled one batch at a time, in the order the link returned them.
+	// rxBatch is the buffers they share under own. pollSeq counts
+	// PollInline calls: the receive goroutine backs off while it moves.
+	poll    tryRecver
+	own     sync.Mutex
+	rxBatch []nic.Packet
+	pollSeq atomic.Uint64
+	inline  atomic.Uint64 // packets PollInline handled
+
 	fatal     atomic.Pointer[error] // the Recv error that stopped the receive loop
 	txDropped atomic.Uint64
 	lastTxErr atomic.Pointer[error]
@@ -75,6 +87,9 @@ type DriverStats struct {
 	TxDropped uint64
 	// LastTxErr is the error of the latest refused packet, nil if none.
 	LastTxErr error
+	// Inline is the number of received packets handled on consumers'
+	// goroutines (PollInline) rather than the receive goroutine's.
+	Inline uint64
 }
 
 // NewDriver starts running e on link.
@@ -93,6 +108,13 @@ func NewDriverWith(e *Engine, link nic.Link, cfg DriverConfig) *Driver {
 // recvLoop and flush themselves).
 func newDriver(e *Engine, link nic.Link, cfg DriverConfig) *Driver {
 	d := &Driver{e: e, link: link, cfg: cfg, wake: make(chan struct{}, 1), done: make(chan struct{}), epoch: time.Now()}
+	if p, ok := link.(tryRecver); ok && cfg.BusyPoll > 0 {
+		d.poll = p
+	}
+	d.rxBatch = make([]nic.Packet, link.BatchSize())
+	for i := range d.rxBatch {
+		d.rxBatch[i].Buf = make([]byte, MaxPacket+64)
+	}
 	e.mu.Lock()
 	e.Wake = d.wakeLocked
 	e.Doorbell = d.doorbell
@@ -221,15 +243,12 @@ type eachRecver interface {
 
 func (d *Driver) recvLoop() {
 	defer d.wg.Done()
-	batch := make([]nic.Packet, d.link.BatchSize())
-	for i := range batch {
-		batch[i].Buf = make([]byte, MaxPacket+64)
+	batch := d.rxBatch
+	if d.poll != nil {
+		d.busyLoop()
+		return
 	}
-	poll, _ := d.link.(tryRecver)
-	if d.cfg.BusyPoll <= 0 {
-		poll = nil
-	}
-	if each, ok := d.link.(eachRecver); ok && poll == nil {
+	if each, ok := d.link.(eachRecver); ok {
 		err := each.RecvEach(batch, func(n int) { d.handle(batch[:n]) })
 		if err != nil && !errors.Is(err, net.ErrClosed) {
 			d.linkFailed(err)
@@ -237,14 +256,7 @@ func (d *Driver) recvLoop() {
 		return
 	}
 	for {
-		var n int
-		var err error
-		if poll != nil {
-			n, err = d.spin(poll, batch)
-		}
-		if n == 0 && err == nil {
-			n, err = d.link.Recv(batch)
-		}
+		n, err := d.link.Recv(batch)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				d.linkFailed(err)
@@ -255,20 +267,120 @@ func (d *Driver) recvLoop() {
 	}
 }
 
+// busyLoop is the receive loop of busy-poll mode: it polls the link for up
+// to BusyPoll, then sleeps in Recv. While consumers drive the receive path
+// themselves (PollInline) it stays out of their way: it sleeps, and takes
+// over again once no consumer has polled for a whole BusyPoll.
+func (d *Driver) busyLoop() {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	defer t.Stop()
+	seen := d.pollSeq.Load()
+	for {
+		if s := d.pollSeq.Load(); s != seen {
+			seen = d.backOff(t, s)
+			select {
+			case <-d.done:
+				return
+			default:
+			}
+		}
+		got, err := d.spin(seen)
+		if err == nil && !got && d.pollSeq.Load() == seen {
+			// Sleep in Recv, owning the receive path meanwhile: a
+			// consumer's PollInline finds it taken and its Poll falls
+			// back to what this goroutine delivers.
+			d.own.Lock()
+			var n int
+			n, err = d.link.Recv(d.rxBatch)
+			if err == nil {
+				d.handle(d.rxBatch[:n])
+			}
+			d.own.Unlock()
+		}
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				d.linkFailed(err)
+			}
+			return
+		}
+	}
+}
+
+// backOff sleeps in steps of BusyPoll until a whole step passes without a
+// PollInline (or the driver is closed), and returns the poll count then.
+// Packets that arrive after the last consumer stopped polling wait at most
+// about two steps.
+func (d *Driver) backOff(t *time.Timer, seen uint64) uint64 {
+	for {
+		t.Reset(d.cfg.BusyPoll)
+		select {
+		case <-d.done:
+			t.Stop()
+			return seen
+		case <-t.C:
+		}
+		s := d.pollSeq.Load()
+		if s == seen {
+			return s
+		}
+		seen = s
+	}
+}
+
 // spin polls the link for up to BusyPoll, yielding the processor between
-// tries so that the other goroutines of the device still run.
-func (d *Driver) spin(poll tryRecver, batch []nic.Packet) (int, error) {
+// tries so that the other goroutines of the device still run. It reports
+// whether it handled packets; it stops early when a consumer polls
+// (pollSeq moves away from seen).
+func (d *Driver) spin(seen uint64) (bool, error) {
 	t0 := time.Now()
 	for i := 0; ; i++ {
-		n, err := poll.TryRecv(batch)
-		if n > 0 || err != nil {
-			return n, err
+		if d.pollSeq.Load() != seen {
+			return false, nil
+		}
+		if d.own.TryLock() {
+			n, err := d.poll.TryRecv(d.rxBatch)
+			if n > 0 {
+				d.handle(d.rxBatch[:n])
+			}
+			d.own.Unlock()
+			if n > 0 || err != nil {
+				return n > 0, err
+			}
 		}
 		if i&15 == 15 && time.Since(t0) > d.cfg.BusyPoll {
-			return 0, nil
+			return false, nil
 		}
 		runtime.Gosched()
 	}
+}
+
+// PollInline runs the device's receive path once on the caller's
+// goroutine, in busy-poll mode (DriverConfig.BusyPoll with a link that
+// has TryRecv): one non-blocking batch from the link, handled as the
+// receive goroutine handles one, replies and ACKs sent before it returns.
+// A consumer spinning on an empty CQ calls it (cq.CQ.SetPollHook), so a
+// round trip needs no hand-off between goroutines; meanwhile the receive
+// goroutine sleeps. If another goroutine is inside the receive path,
+// PollInline does nothing. It reports whether it handled packets, and is
+// a no-op returning false outside busy-poll mode. The caller must hold no
+// lock that completion delivery takes.
+func (d *Driver) PollInline() bool {
+	if d.poll == nil {
+		return false
+	}
+	d.pollSeq.Add(1)
+	if !d.own.TryLock() {
+		return false
+	}
+	// A link error is left to the receive goroutine, which meets it too.
+	n, _ := d.poll.TryRecv(d.rxBatch)
+	if n > 0 {
+		d.handle(d.rxBatch[:n])
+		d.inline.Add(uint64(n))
+	}
+	d.own.Unlock()
+	return n > 0
 }
 
 // linkFailed handles a link that can no longer receive: nothing will ever
@@ -414,7 +526,7 @@ func (d *Driver) Err() error {
 
 // Stats returns the driver's counters.
 func (d *Driver) Stats() DriverStats {
-	s := DriverStats{TxDropped: d.txDropped.Load()}
+	s := DriverStats{TxDropped: d.txDropped.Load(), Inline: d.inline.Load()}
 	if p := d.lastTxErr.Load(); p != nil {
 		s.LastTxErr = *p
 	}

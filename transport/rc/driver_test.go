@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
@@ -370,5 +371,37 @@ func TestDoorbellSendsOnThePoster(t *testing.T) {
 	f.e.mu.Unlock()
 	if left != 0 || held != 0 {
 		t.Fatalf("%d doorbells, %d batches still counted", left, held)
+	}
+}
+
+// pollLink is a fakeLink whose TryRecv finds nothing.
+type pollLink struct {
+	fakeLink
+	tries int
+}
+
+func (l *pollLink) TryRecv([]nic.Packet) (int, error) { l.tries++; return 0, nil }
+
+// TestPollInline: outside busy-poll mode PollInline does nothing; in it,
+// it tries the link once, allocation-free, and not while another
+// goroutine owns the receive path.
+func TestPollInline(t *testing.T) {
+	f := newDriverFixture(t)
+	link := &pollLink{fakeLink: fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}}
+	if d := newDriver(f.e, link, DriverConfig{}); d.PollInline() || link.tries != 0 {
+		t.Fatalf("without BusyPoll: PollInline tried the link %d times", link.tries)
+	}
+	d := newDriver(f.e, link, DriverConfig{BusyPoll: time.Millisecond})
+	if d.PollInline() || link.tries != 1 {
+		t.Fatalf("busy-poll: %d tries, want 1", link.tries)
+	}
+	d.own.Lock()
+	seq := d.pollSeq.Load()
+	if d.PollInline() || link.tries != 1 || d.pollSeq.Load() != seq+1 {
+		t.Fatalf("receive path owned elsewhere: %d tries (want 1), poll count %d (want %d)", link.tries, d.pollSeq.Load(), seq+1)
+	}
+	d.own.Unlock()
+	if a := testing.AllocsPerRun(100, func() { d.PollInline() }); a != 0 {
+		t.Fatalf("%v allocations per PollInline", a)
 	}
 }
