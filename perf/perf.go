@@ -338,7 +338,7 @@ func (e *Endpoint) RunLat(ctx context.Context, c *Config, size int, r Info) (Lat
 		if err := e.qps[q].PostSend(&wrs[q]); err != nil {
 			return res, fmt.Errorf("post %s: %w", c.Test, err)
 		}
-		if err := e.await(ctx, wc); err != nil {
+		if err := e.await(ctx, wc, c.BusyPoll); err != nil {
 			return res, fmt.Errorf("after %d operations: %w", i, err)
 		}
 		t1 := clk.now()
@@ -388,10 +388,32 @@ func (l *latClock) progress(c *Config, t time.Duration, done, total int64) {
 // processor the device's receive goroutine needs to deliver the very
 // completion it waits for (a 50 us spin made every round trip last 50 us
 // on two cores), and a yielding one keeps the Go scheduler from polling
-// the network. Busy-polling belongs to the device (Config.BusyPoll).
-func (e *Endpoint) await(ctx context.Context, wc []verbs.WC) error {
+// the network.
+//
+// With busy-poll (busy > 0) it spins on Poll for up to busy before it
+// waits: the device is then in busy-poll mode, where each empty Poll runs
+// the device's receive path on this goroutine (verbs.Options.BusyPoll),
+// so the spin is the receive loop and the device's receive goroutine
+// sleeps meanwhile.
+func (e *Endpoint) await(ctx context.Context, wc []verbs.WC, busy time.Duration) error {
 	if e.cq.Poll(wc) == 1 {
 		return nil
+	}
+	if busy > 0 {
+		t0 := time.Now()
+		for i := 1; ; i++ {
+			if e.cq.Poll(wc) == 1 {
+				return nil
+			}
+			if i&255 == 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				if time.Since(t0) > busy {
+					break
+				}
+			}
+		}
 	}
 	_, err := e.cq.Wait(ctx, wc[:1])
 	return err
