@@ -207,3 +207,75 @@ func TestBusyPollRoundTripAllocs(t *testing.T) {
 		t.Fatal("no ACK was received on the polling goroutine")
 	}
 }
+
+// TestBusyPollWakesWaitersOnOtherCQs: while a consumer spins on an empty
+// CQ of a busy-polling device (its polls receiving the packets), a waiter
+// blocked on another CQ of the device gets each of its completions; after
+// the consumer stops polling the receive goroutine takes over, and the
+// waiter gets the next ones too.
+func TestBusyPollWakesWaitersOnOtherCQs(t *testing.T) {
+	const depth, each = 32, 200
+	qa, qb, ca, cb, b := busyPair(t, depth)
+	spin, _ := b.CreateCQ(4) // nothing ever completes here
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := 0; i < depth; i++ {
+		if err := qb.PostRecv(&RecvWR{ID: uint64(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// send sends messages from..from+each-1 one at a time; the waiter
+	// receives each before the next leaves.
+	send := func(from int) {
+		t.Helper()
+		wcs := make([]cq.WC, 1)
+		for i := from; i < from+each; i++ {
+			if err := qa.PostSend(&SendWR{ID: uint64(i), Opcode: WRSendWithImm, Flags: SendSignaled, Imm: uint32(i)}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cb.Wait(ctx, wcs); err != nil {
+				t.Fatalf("receive %d: %v", i, err)
+			}
+			if wcs[0].Status != 0 || wcs[0].ImmData != uint32(i) {
+				t.Fatalf("receive %d: status %v imm %d", i, wcs[0].Status, wcs[0].ImmData)
+			}
+			if err := qb.PostRecv(&RecvWR{ID: uint64(i)}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ca.Wait(ctx, wcs); err != nil || wcs[0].Status != 0 {
+				t.Fatalf("send %d: %v %v", i, err, wcs[0].Status)
+			}
+		}
+	}
+	stop := make(chan struct{})
+	spun := make(chan struct{})
+	go func() {
+		defer close(spun)
+		wcs := make([]cq.WC, 1)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if spin.Poll(wcs) != 0 {
+				t.Error("a completion on the CQ nothing completes on")
+			}
+		}
+	}()
+	time.Sleep(5 * time.Millisecond) // the receive goroutine backs off
+	before := b.drv.Stats().Inline
+	send(0)
+	close(stop)
+	<-spun
+	inline := b.drv.Stats().Inline - before
+	if inline == 0 {
+		t.Fatal("the spinning consumer received none of the packets")
+	}
+	after := b.drv.Stats().Inline
+	send(each)
+	if n := b.drv.Stats().Inline; n != after {
+		t.Fatalf("%d packets received inline with no consumer polling", n-after)
+	}
+	t.Logf("%d of %d packets received by the spinning consumer", inline, 2*each)
+}
