@@ -92,7 +92,9 @@ func (l *Link) OffloadStats() OffloadStats {
 // recvBig reads up to a batch of datagrams, each into its own 64 KiB
 // buffer, for drain to split.
 func (r *receiver) recvBig() error {
-	r.setupBig()
+	if !r.bigSet {
+		r.setupBig()
+	}
 	if err := r.wait(); err != nil {
 		return err
 	}
@@ -122,6 +124,7 @@ func (r *receiver) setupBig() {
 	}
 	r.want, r.n, r.errno = n, 0, 0
 	r.cur, r.off = 0, 0
+	r.bigSet = true
 }
 
 // groSize finds the UDP_GRO control message: the segment size of a

@@ -279,6 +279,36 @@ func TestTryRecv(t *testing.T) {
 			if got != 24 || b.Polled() != 24 || b.Stats().RxICRCBad != 0 {
 				t.Errorf("%v gro %v: polled %d (%d), stats %+v", check, gro, got, b.Polled(), b.Stats())
 			}
+			// Empty polls leave the GRO headers set up (a busy poll does
+			// not redo the batch's set-up each time), and a batch that
+			// arrives after them is still received whole.
+			for i := 0; i < 3; i++ {
+				if n, err := b.TryRecv(in); n != 0 || err != nil {
+					t.Fatalf("%v gro %v: TryRecv on a drained socket = %d, %v", check, gro, n, err)
+				}
+			}
+			if b.gro && !b.rx.bigSet {
+				t.Errorf("%v gro %v: an empty poll left the headers to be set up again", check, gro)
+			}
+			if _, err := a.Send(gsoBatch(b.LocalAddrPort(), a.LocalAddrPort())); err != nil {
+				t.Fatal(err)
+			}
+			got = 0
+			for tries := 0; got < 24 && tries < 1e6; tries++ {
+				n, err := b.TryRecv(in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range in[:n] {
+					if p.ICRC == nic.ICRCUnverified || p.N != 4128 && p.N != 1000 {
+						t.Fatalf("second batch: packet %+v", p)
+					}
+				}
+				got += n
+			}
+			if got != 24 || b.Polled() != 48 {
+				t.Errorf("%v gro %v: second batch: polled %d (%d in all)", check, gro, got, b.Polled())
+			}
 		}
 	}
 }

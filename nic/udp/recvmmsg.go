@@ -43,6 +43,10 @@ type receiver struct {
 	cur, off     int
 	seg, lastSeg int
 	segHdr       [rawHdrLen]byte
+	// bigSet: the headers are as setupBig left them. A read that found
+	// nothing (EAGAIN) does not touch them, so a busy poll of an empty
+	// socket skips setting up the whole batch again.
+	bigSet bool
 }
 
 func newReceiver(rc syscall.RawConn, batch, hdrLen int) *receiver {
@@ -96,6 +100,7 @@ func (r *receiver) setup(pkts []nic.Packet) {
 		r.hdrs[i].Len = 0
 	}
 	r.want, r.n, r.errno = n, 0, 0
+	r.bigSet = false
 }
 
 // wait runs read through the poller (blocking) or once (nonblock).
@@ -117,6 +122,7 @@ func (r *receiver) read(fd uintptr) bool {
 		return false
 	}
 	r.n, r.errno = int(n), errno
+	r.bigSet = false
 	return true
 }
 
