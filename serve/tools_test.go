@@ -146,7 +146,7 @@ func runPair(t *testing.T, s *Server, lib, p string, iters int, extra ...string)
 	// The server listens on TCP once its QPs exist (16 for ibv_srq_pingpong,
 	// which takes a while on a loaded machine); a probe connection would be
 	// taken for the client, so watch the socket table instead.
-	waitTCPListen(t, port)
+	waitTCPListen(t, srv, port)
 	cli := startPingpong(t, s, lib, p, append(args, "127.0.0.1")...)
 	return srv, cli
 }
@@ -433,8 +433,9 @@ func TestCProgramMWTwoQPs(t *testing.T) { runC(t, "mw1two.c") }
 func TestCProgramIOVA(t *testing.T) { runC(t, "iova.c") }
 
 // waitTCPListen waits until a socket listens on TCP port (decimal) in this
-// network namespace, as /proc/net/tcp and tcp6 show it, for up to a minute.
-func waitTCPListen(t *testing.T, port string) {
+// network namespace, as /proc/net/tcp and tcp6 show it: for up to a minute,
+// or until the server pp exits.
+func waitTCPListen(t *testing.T, pp *pingpong, port string) {
 	t.Helper()
 	n, err := strconv.Atoi(port)
 	if err != nil {
@@ -451,6 +452,13 @@ func waitTCPListen(t *testing.T, port string) {
 				}
 			}
 		}
+		select {
+		case err := <-pp.done:
+			pp.done <- err // for wait
+			time.Sleep(50 * time.Millisecond)
+			t.Fatalf("the server exited before it listened on TCP port %s: %v\n%s", port, err, pp.output())
+		default:
+		}
 	}
-	t.Fatalf("nothing listens on TCP port %s after a minute", port)
+	t.Fatalf("nothing listens on TCP port %s after a minute; the server printed:\n%s", port, pp.output())
 }
