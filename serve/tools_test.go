@@ -443,7 +443,9 @@ func waitTCPListen(t *testing.T, pp *pingpong, port string) {
 	}
 	want := fmt.Sprintf(":%04X ", n)
 	for start := time.Now(); time.Since(start) < time.Minute; time.Sleep(5 * time.Millisecond) {
-		for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		// thread-self: /proc/net is the main thread's namespace, which a
+		// test that entered another namespace on that thread may have left.
+		for _, f := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
 			b, _ := os.ReadFile(f)
 			for _, line := range strings.Split(string(b), "\n") {
 				// Fields: sl local_address rem_address st ...; st 0A is LISTEN.
