@@ -575,3 +575,80 @@ func copySelf(t *testing.T) string {
 	}
 	return bin
 }
+
+// A kernel before 6.6 refuses XDP_USE_SG in bind with EINVAL (the guest
+// kernels of Debian 12 do): the link binds without multi-buffer and works
+// at an MTU whose frames fit one UMEM frame; at a larger MTU Open says
+// what is missing and leaves nothing attached.
+func TestBindWithoutMultiBuffer(t *testing.T) {
+	old := xskBind
+	refused := 0
+	xskBind = func(fd int, sa unix.Sockaddr) error {
+		if x, ok := sa.(*unix.SockaddrXDP); ok && x.Flags&unix.XDP_USE_SG != 0 {
+			refused++
+			return unix.EINVAL
+		}
+		return old(fd, sa)
+	}
+	t.Cleanup(func() { xskBind = old })
+
+	v := netnstest.Pair(t, netnstest.VethConfig{MTU: 1500})
+	a := openIn(t, v.A, Config{Mode: ModeGeneric, ResolveWait: 2 * time.Second})
+	b := openIn(t, v.B, Config{Mode: ModeGeneric, ResolveWait: 2 * time.Second})
+	if refused == 0 || a.multiBuffer() || b.multiBuffer() {
+		t.Fatalf("%d binds refused; multi-buffer %v, %v", refused, a.multiBuffer(), b.multiBuffer())
+	}
+	transfer(t, a, b, v.B.Addr(), nic.ICRCVerified, a.MaxPacket())
+	transfer(t, b, a, v.A.Addr(), nic.ICRCVerified, b.MaxPacket())
+
+	big := netnstest.Pair(t, netnstest.VethConfig{MTU: 9000})
+	big.A.NS.Run(t, func() error {
+		l, err := Open(Config{Interface: big.A.Name, Mode: ModeGeneric})
+		if err == nil {
+			l.Close()
+			t.Fatal("Open at MTU 9000 without multi-buffer sockets succeeded")
+		}
+		if !strings.Contains(err.Error(), "MTU 9000") || !strings.Contains(err.Error(), "XDP_USE_SG") {
+			t.Errorf("Open = %v", err)
+		}
+		return nil
+	})
+	if xdpAttached(t, big.A) {
+		t.Error("XDP program left attached after a failed Open")
+	}
+}
+
+// A device with more RX queues than it uses (a multi-queue virtio-net NIC
+// in a guest with fewer vCPUs; here a veth set to one channel of four)
+// gets sockets on the queues in use only: the kernel refuses a bind
+// beyond them.
+func TestQueuesInUse(t *testing.T) {
+	if _, err := exec.LookPath("ethtool"); err != nil {
+		t.Skip("needs ethtool")
+	}
+	v := netnstest.Pair(t, netnstest.VethConfig{MTU: 1500, Queues: 4})
+	for _, e := range []*netnstest.End{v.A, v.B} {
+		if out, err := exec.Command("ip", "netns", "exec", e.NS.Name, "ethtool", "-L", e.Name, "rx", "1", "tx", "1").CombinedOutput(); err != nil {
+			t.Skipf("ethtool -L %s rx 1 tx 1: %v %s", e.Name, err, out)
+		}
+	}
+	v.A.NS.Run(t, func() error {
+		n, err := rxQueuesInUse(v.A.Name)
+		if err != nil || n != 1 {
+			t.Errorf("rxQueuesInUse = %d, %v; want 1", n, err)
+		}
+		return nil
+	})
+	for _, mode := range []Mode{ModeGeneric, ModeNative} {
+		t.Run(mode.String(), func(t *testing.T) {
+			a := openIn(t, v.A, Config{Mode: mode, ResolveWait: 2 * time.Second})
+			b := openIn(t, v.B, Config{Mode: mode, ResolveWait: 2 * time.Second})
+			if a.Queues() != 1 || b.Queues() != 1 {
+				t.Fatalf("sockets on %d and %d queues, want 1", a.Queues(), b.Queues())
+			}
+			transfer(t, a, b, v.B.Addr(), nic.ICRCVerified, 1500)
+			a.Close()
+			b.Close()
+		})
+	}
+}

@@ -39,6 +39,7 @@ type xsk struct {
 	fill, comp ring
 	rx, tx     ring
 	zeroCopy   bool
+	sg         bool // bound with XDP_USE_SG: a packet may span frames
 
 	// txFree holds the UMEM addresses of TX frames not in flight.
 	txFree []uint64
@@ -131,11 +132,23 @@ func newXSK(c xskConfig) (x *xsk, err error) {
 
 	// Multi-buffer (XDP_USE_SG) lets a frame larger than one UMEM frame
 	// (a 4096-byte RoCE MTU packet with its headers) span several
-	// descriptors chained with XDP_PKT_CONTD.
-	flags := uint16(unix.XDP_USE_NEED_WAKEUP | unix.XDP_USE_SG)
+	// descriptors chained with XDP_PKT_CONTD. Kernels before 6.6 know no
+	// XDP_USE_SG and refuse the bind with EINVAL: bind again without it
+	// (Open then checks that the MTU fits one frame).
+	x.sg = true
+	bind := func(mode uint16) error {
+		err := xskBind(fd, &unix.SockaddrXDP{Flags: unix.XDP_USE_NEED_WAKEUP | unix.XDP_USE_SG | mode, Ifindex: uint32(c.ifindex), QueueID: uint32(c.queue)})
+		if !errors.Is(err, unix.EINVAL) {
+			return err
+		}
+		if xskBind(fd, &unix.SockaddrXDP{Flags: unix.XDP_USE_NEED_WAKEUP | mode, Ifindex: uint32(c.ifindex), QueueID: uint32(c.queue)}) != nil {
+			return err
+		}
+		x.sg = false
+		return nil
+	}
 	if c.zeroCopy {
-		err = unix.Bind(fd, &unix.SockaddrXDP{Flags: flags | unix.XDP_ZEROCOPY, Ifindex: uint32(c.ifindex), QueueID: uint32(c.queue)})
-		if err == nil {
+		if err = bind(unix.XDP_ZEROCOPY); err == nil {
 			x.zeroCopy = true
 			return x, nil
 		}
@@ -143,9 +156,8 @@ func newXSK(c xskConfig) (x *xsk, err error) {
 	// Copy mode: veth and generic XDP support nothing else. A queue whose
 	// previous socket was just closed stays busy until the kernel's
 	// deferred release of its buffer pool has run: retry for a moment.
-	sa := &unix.SockaddrXDP{Flags: flags | unix.XDP_COPY, Ifindex: uint32(c.ifindex), QueueID: uint32(c.queue)}
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
-		err = unix.Bind(fd, sa)
+		err = bind(unix.XDP_COPY)
 		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
 			break
 		}
@@ -158,6 +170,10 @@ func newXSK(c xskConfig) (x *xsk, err error) {
 	}
 	return x, nil
 }
+
+// xskBind binds an AF_XDP socket (a variable so that tests can play an
+// older kernel).
+var xskBind = unix.Bind
 
 func (r *ring) mmap(fd int, pgoff int64, off unix.XDPRingOffset, n uint32, desc bool) error {
 	elem := uint64(8)
