@@ -161,6 +161,16 @@ type Link struct {
 	scratch  []byte   // scratch for the rare IPv4 header with options
 
 	txMu sync.Mutex
+	// txRetry kicks the TX ring again while the kernel has left frames
+	// on it. In copy mode a kick stops at a full device queue (virtio-net
+	// in a slow guest fills its 256 entries) and nothing in the kernel
+	// resumes when the queue drains: without a retry the frames, often
+	// the last of a burst, the one asking for an ACK, wait for the next
+	// send, which in a request/response protocol is the sender's
+	// retransmission after an ACK timeout. Armed and run under txMu.
+	txRetry      *time.Timer
+	txRetryDelay time.Duration
+	txRetries    atomic.Uint64
 	// statsMu keeps the sockets alive for SocketStats and QueuePackets.
 	statsMu sync.RWMutex
 
@@ -335,6 +345,9 @@ func Open(cfg Config) (l *Link, err error) {
 	if err := l.setupPoll(); err != nil {
 		return nil, fmt.Errorf("afxdp: %s: %w", l.ifname, err)
 	}
+	l.txRetry = time.AfterFunc(time.Hour, l.retryTx)
+	l.txRetry.Stop()
+	l.txRetryDelay = txRetryMin
 	l.neigh, err = newNeighbours(l.ifindex, l.ifname, cfg.ResolveWait)
 	if err != nil {
 		return nil, fmt.Errorf("afxdp: %s: %w", l.ifname, err)
@@ -459,6 +472,9 @@ func (l *Link) Close() error {
 	err := net.ErrClosed
 	l.closeOnce.Do(func() {
 		l.closed.Store(true)
+		if l.txRetry != nil {
+			l.txRetry.Stop()
+		}
 		if l.ep != nil {
 			l.ep.Close() // wakes a Recv parked on it
 		}
@@ -472,6 +488,43 @@ func (l *Link) Close() error {
 		err = nil
 	})
 	return err
+}
+
+// The TX retry starts soon after a kick that left frames and backs off,
+// doubling, while the kernel takes none (a device that is down).
+const (
+	txRetryMin = 50 * time.Microsecond
+	txRetryMax = 10 * time.Millisecond
+)
+
+// armTxRetry schedules a kick if the kernel left frames on x's TX ring.
+// Called with txMu held.
+func (l *Link) armTxRetry(x *xsk) {
+	if x.zeroCopy || !x.txPending() || l.closed.Load() {
+		return
+	}
+	l.txRetry.Reset(l.txRetryDelay)
+}
+
+// retryTx is the TX retry timer's function.
+func (l *Link) retryTx() {
+	l.txMu.Lock()
+	defer l.txMu.Unlock()
+	if l.closed.Load() || len(l.socks) == 0 {
+		return
+	}
+	x := l.socks[0]
+	l.txRetries.Add(1)
+	before := x.tx.loadCons()
+	if err := x.kick(); err != nil {
+		return // the device refuses: the next send reports it
+	}
+	if x.tx.loadCons() != before {
+		l.txRetryDelay = txRetryMin
+	} else {
+		l.txRetryDelay = min(2*l.txRetryDelay, txRetryMax)
+	}
+	l.armTxRetry(x)
 }
 
 // setupPoll makes the epoll instance over all sockets and gives it to the

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -650,5 +651,76 @@ func TestQueuesInUse(t *testing.T) {
 			a.Close()
 			b.Close()
 		})
+	}
+}
+
+// A kick that the kernel answers without taking the frames (a full
+// device queue: virtio-net in a slow guest) leaves them on the TX ring;
+// nothing in the kernel resumes copy-mode transmission when the queue
+// drains, so the link kicks again on its own and the packets arrive
+// without another Send.
+func TestTxRetryAfterFullQueue(t *testing.T) {
+	// Installed first, so that it is restored after the links closed.
+	old := xskSendto
+	var full atomic.Bool
+	xskSendto = func(fd int) unix.Errno {
+		if full.Load() {
+			return unix.EAGAIN // what the kernel answers at a full queue
+		}
+		return old(fd)
+	}
+	t.Cleanup(func() { xskSendto = old })
+	v := netnstest.Pair(t, netnstest.VethConfig{MTU: 1500})
+	a := openIn(t, v.A, Config{Mode: ModeGeneric, ResolveWait: 2 * time.Second})
+	b := openIn(t, v.B, Config{Mode: ModeGeneric, ResolveWait: 2 * time.Second})
+	if err := a.Resolve(v.B.Addr()); err != nil {
+		t.Fatal(err)
+	}
+
+	full.Store(true)
+	out := packets(3, 200)
+	for i := range out {
+		out[i].N = 200
+		fill(out[i].Buf, 200, uint32(i))
+		out[i].Remote = netip.AddrPortFrom(v.B.Addr(), nic.RoCEv2Port)
+	}
+	if n, err := a.Send(out); err != nil || n != len(out) {
+		t.Fatalf("Send = %d, %v", n, err)
+	}
+	// The queue stays full for a while: the retries back off and keep
+	// the frames.
+	patience := linktest.Patience(t)
+	for a.txRetries.Load() < 3 {
+		select {
+		case <-patience:
+			t.Fatalf("%d TX retries while the queue was full", a.txRetries.Load())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	full.Store(false)
+	in := packets(len(out), 1500)
+	got := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for got < len(out) {
+			n, err := b.Recv(in[got:])
+			if err != nil {
+				return
+			}
+			got += n
+		}
+	}()
+	select {
+	case <-done:
+	case <-linktest.Patience(t):
+		b.Close()
+		<-done
+		t.Fatalf("received %d of %d packets after the queue drained; %d retries", got, len(out), a.txRetries.Load())
+	}
+	for i := range in[:got] {
+		if string(in[i].Bytes()) != string(out[i].Bytes()) {
+			t.Errorf("packet %d differs", i)
+		}
 	}
 }

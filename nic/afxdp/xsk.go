@@ -269,7 +269,7 @@ func (x *xsk) kick() error {
 	prod := x.tx.loadProd()
 	for tries := 0; ; tries++ {
 		before := x.tx.loadCons()
-		_, _, errno := unix.Syscall6(unix.SYS_SENDTO, uintptr(x.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		errno := xskSendto(x.fd)
 		switch errno {
 		case 0, unix.EAGAIN, unix.EBUSY, unix.ENOBUFS:
 		default:
@@ -278,11 +278,23 @@ func (x *xsk) kick() error {
 		x.reclaim()
 		cons := x.tx.loadCons()
 		if cons == prod || x.zeroCopy || (cons == before && tries > 0) || tries >= 64 {
-			// Done, or the kernel is not taking more now: the frames
-			// stay queued for the next kick.
+			// Done, or the kernel is not taking more now (a full
+			// device queue): the frames stay queued for the next kick,
+			// which the link's TX retry timer makes if no send does.
 			return nil
 		}
 	}
+}
+
+// txPending reports whether the TX ring holds frames the kernel has not
+// taken.
+func (x *xsk) txPending() bool { return x.tx.loadCons() != x.tx.loadProd() }
+
+// xskSendto is the TX kick (a variable so that tests can play a device
+// whose queue is full).
+var xskSendto = func(fd int) unix.Errno {
+	_, _, errno := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+	return errno
 }
 
 // wakeRx tells the kernel the fill ring has frames again when it asked
