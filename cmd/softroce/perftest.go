@@ -12,6 +12,7 @@ import (
 
 	"github.com/softroce/softroce/conformance/perftest"
 	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/afxdp"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
 )
@@ -49,6 +50,7 @@ func runPerftest(args []string) int {
 	timeout := fs.Duration("timeout", 120*time.Second, "give up after this long, waiting for the peer included; 0: never (as perftest)")
 	fs.StringVar(&lf.bind, "bind", "", "local IP address to use (default: the one that routes to the server)")
 	fs.StringVar(&lf.backend, "backend", "udp", "packet backend: udp or afxdp")
+	xdpMode := fs.String("xdp-mode", "auto", "with --backend afxdp: auto (native, else generic), native or generic (skb)")
 	fs.IntVar(&lf.udpPort, "udp-port", 4791, "local UDP port")
 	peerPort := fs.Int("peer-udp-port", 4791, "the peer's UDP port (change only against another softroce on the same address)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
@@ -81,6 +83,10 @@ func runPerftest(args []string) int {
 	}
 	if len(rest) > 1 {
 		fs.Usage()
+		return 2
+	}
+	if lf.xdpMode, err = afxdp.ParseMode(*xdpMode); err != nil {
+		fmt.Fprintln(os.Stderr, "softroce perftest: --xdp-mode:", err)
 		return 2
 	}
 	switch strings.ToUpper(*connType) {

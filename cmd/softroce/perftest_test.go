@@ -86,6 +86,7 @@ func TestPerftestCommandUsage(t *testing.T) {
 		{"read", "-c", "UC"},
 		{"atomic", "-c", "uc"},
 		{"write", "-c", "XRC"},
+		{"write", "--backend", "afxdp", "--xdp-mode", "zerocopy"},
 	} {
 		var code int
 		perftestCapture(t, func() { code = runPerftest(args) })

@@ -60,15 +60,18 @@ type netLayout struct {
 	mtu    int
 	taps   []string
 	bridge string // empty: the host address goes on taps[0]
+	queues int    // > 1: multi-queue taps, for qemu's queues=
 }
 
-func singleLayout(mtu int) netLayout { return netLayout{mtu: mtu, taps: []string{TapName}} }
+func singleLayout(mtu, queues int) netLayout {
+	return netLayout{mtu: mtu, taps: []string{TapName}, queues: queues}
+}
 
 // BridgeName is the bridge joining the taps of a Pair in its namespace.
 const BridgeName = "br0"
 
-func pairLayout(mtu int) netLayout {
-	return netLayout{mtu: mtu, taps: []string{TapName, "tap1"}, bridge: BridgeName}
+func pairLayout(mtu, queues int) netLayout {
+	return netLayout{mtu: mtu, taps: []string{TapName, "tap1"}, bridge: BridgeName, queues: queues}
 }
 
 // createNetns creates the named namespace with lo up and the links of l
@@ -122,6 +125,11 @@ func setupLinks(l netLayout) error {
 			LinkAttrs: netlink.LinkAttrs{Name: name, MTU: l.mtu},
 			Mode:      netlink.TUNTAP_MODE_TAP,
 			Flags:     netlink.TUNTAP_NO_PI,
+		}
+		if l.queues > 1 {
+			// qemu's queues=N opens a persistent tap only if it was
+			// created multi-queue.
+			tap.Flags = netlink.TUNTAP_MULTI_QUEUE_DEFAULTS
 		}
 		if err := netlink.LinkAdd(tap); err != nil {
 			return fmt.Errorf("create %s: %w", name, err)

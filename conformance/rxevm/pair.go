@@ -46,7 +46,7 @@ func BootPair(ctx context.Context, img *Image, opts Options) (_ *Pair, err error
 	opts = opts.withDefaults()
 	sweepBeforeBoot(opts.logw())
 	name := newNetnsName()
-	l := pairLayout(opts.MTU)
+	l := pairLayout(opts.MTU, opts.NICQueues)
 	ns, err := createNetns(ctx, name, l)
 	if err != nil {
 		return nil, err

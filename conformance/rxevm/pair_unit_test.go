@@ -32,7 +32,7 @@ func TestPairGuestsDistinct(t *testing.T) {
 	var cmdlines, args [2]string
 	for i := range 2 {
 		vm := &VM{dir: "/x", opts: Options{MTU: 1500, CommandPort: 7000, MemoryMB: 384},
-			tap: pairLayout(1500).taps[i], guest: pairGuests[i], mac: pairMACs[i]}
+			tap: pairLayout(1500, 0).taps[i], guest: pairGuests[i], mac: pairMACs[i]}
 		c, err := vm.cmdline()
 		if err != nil {
 			t.Fatal(err)
@@ -72,7 +72,7 @@ func TestPairNetns(t *testing.T) {
 		t.Skip("needs iproute2's ip")
 	}
 	name := fmt.Sprintf("%s%d-pairtest", NetnsPrefix, os.Getpid())
-	ns, err := createNetns(context.Background(), name, pairLayout(1500))
+	ns, err := createNetns(context.Background(), name, pairLayout(1500, 4))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,10 +90,14 @@ func TestPairNetns(t *testing.T) {
 		if err != nil || len(addrs) != 1 || addrs[0].IPNet.String() != hostPrefix.String() {
 			return fmt.Errorf("%s addresses %v, %v; want %s", BridgeName, addrs, err, hostPrefix)
 		}
-		for _, tap := range pairLayout(1500).taps {
+		for _, tap := range pairLayout(1500, 4).taps {
 			l, err := netlink.LinkByName(tap)
 			if err != nil {
 				return err
+			}
+			// qemu's queues=4 attaches only to a multi-queue tap.
+			if tt, ok := l.(*netlink.Tuntap); !ok || tt.Flags&netlink.TUNTAP_MULTI_QUEUE == 0 {
+				return fmt.Errorf("%s: %T %+v is not a multi-queue tap", tap, l, l)
 			}
 			if l.Attrs().MasterIndex != br.Attrs().Index || l.Attrs().MTU != 1500 || l.Attrs().Flags&net.FlagUp == 0 {
 				return fmt.Errorf("%s: master %d (bridge %d), mtu %d, flags %v", tap, l.Attrs().MasterIndex, br.Attrs().Index, l.Attrs().MTU, l.Attrs().Flags)
@@ -106,5 +110,31 @@ func TestPairNetns(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// NICQueues gives the guest a multi-queue virtio-net NIC: qemu's tap
+// backend opens that many queues and the device gets mq and a vector
+// per queue and direction, plus config and control; without it neither.
+func TestNICQueuesArgs(t *testing.T) {
+	arg := func(a []string, flag string) string {
+		j := slices.Index(a, flag)
+		if j < 0 || j+1 == len(a) {
+			t.Fatalf("qemu args %v lack %s", a, flag)
+		}
+		return a[j+1]
+	}
+	mq := (&VM{opts: Options{MemoryMB: 384, NICQueues: 4}, tap: TapName}).qemuArgs("k", "i", "c")
+	if n, d := arg(mq, "-netdev"), arg(mq, "-device"); !strings.Contains(n, ",queues=4") || !strings.Contains(d, ",mq=on,vectors=10") {
+		t.Fatalf("NICQueues 4: -netdev %q -device %q, want queues=4 and mq=on,vectors=10", n, d)
+	}
+	for _, q := range []int{0, 1} {
+		one := (&VM{opts: Options{MemoryMB: 384, NICQueues: q}, tap: TapName}).qemuArgs("k", "i", "c")
+		if n, d := arg(one, "-netdev"), arg(one, "-device"); strings.Contains(n, "queues") || strings.Contains(d, "mq=") {
+			t.Fatalf("NICQueues %d: -netdev %q -device %q, want a single queue", q, n, d)
+		}
+	}
+	if single := singleLayout(1500, 0); single.queues != 0 {
+		t.Fatalf("singleLayout(1500, 0).queues = %d", single.queues)
 	}
 }

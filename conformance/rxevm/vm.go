@@ -70,6 +70,11 @@ type Options struct {
 	MTU int
 	// MemoryMB is the guest memory; 0 means 384.
 	MemoryMB int
+	// NICQueues is the number of queue pairs of the guest's virtio-net
+	// eth0 (and of its multi-queue tap); 0 or 1 means one. With one vCPU
+	// the guest uses one pair for traffic, and native XDP needs more:
+	// XDP_TX and AF_XDP transmit on queues of their own.
+	NICQueues int
 	// Files are added to the guest. An executable /etc/softroce/init.d/*
 	// among them runs at boot, after rxe0 exists.
 	Files []File
@@ -127,7 +132,7 @@ func Boot(ctx context.Context, img *Image, opts Options) (_ *VM, err error) {
 	logw := opts.logw()
 	sweepBeforeBoot(logw)
 	name := newNetnsName()
-	ns, err := createNetns(ctx, name, singleLayout(opts.MTU))
+	ns, err := createNetns(ctx, name, singleLayout(opts.MTU, opts.NICQueues))
 	if err != nil {
 		return nil, err
 	}
@@ -334,6 +339,13 @@ func (vm *VM) startQemu(kernel, initrd, cmdline string) error {
 
 func (vm *VM) qemuArgs(kernel, initrd, cmdline string) []string {
 	nic := "virtio-net-pci,netdev=n0,romfile="
+	netdev := "tap,id=n0,ifname=" + vm.tap + ",script=no,downscript=no"
+	if q := vm.opts.NICQueues; q > 1 {
+		// One MSI-X vector per queue, one per direction, plus config
+		// and control.
+		netdev += ",queues=" + strconv.Itoa(q)
+		nic += ",mq=on,vectors=" + strconv.Itoa(2*q+2)
+	}
 	if vm.mac != "" {
 		// Two guests on one bridge need distinct MACs; qemu gives
 		// every guest the same default one.
@@ -346,7 +358,7 @@ func (vm *VM) qemuArgs(kernel, initrd, cmdline string) []string {
 		"-m", strconv.Itoa(vm.opts.MemoryMB),
 		"-nodefaults", "-display", "none", "-no-reboot",
 		"-kernel", kernel, "-initrd", initrd, "-append", cmdline,
-		"-netdev", "tap,id=n0,ifname=" + vm.tap + ",script=no,downscript=no",
+		"-netdev", netdev,
 		"-device", nic,
 		"-serial", "file:" + vm.ConsoleLogPath(),
 		"-monitor", "none",

@@ -30,11 +30,13 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -159,6 +161,16 @@ type Link struct {
 	scratch  []byte   // scratch for the rare IPv4 header with options
 
 	txMu sync.Mutex
+	// txRetry kicks the TX ring again while the kernel has left frames
+	// on it. In copy mode a kick stops at a full device queue (virtio-net
+	// in a slow guest fills its 256 entries) and nothing in the kernel
+	// resumes when the queue drains: without a retry the frames, often
+	// the last of a burst, the one asking for an ACK, wait for the next
+	// send, which in a request/response protocol is the sender's
+	// retransmission after an ACK timeout. Armed and run under txMu.
+	txRetry      *time.Timer
+	txRetryDelay time.Duration
+	txRetries    atomic.Uint64
 	// statsMu keeps the sockets alive for SocketStats and QueuePackets.
 	statsMu sync.RWMutex
 
@@ -271,10 +283,13 @@ func Open(cfg Config) (l *Link, err error) {
 	if limit := 18*frameSize - 512; l.mtu+14 > limit {
 		return nil, fmt.Errorf("afxdp: MTU %d of %s is too large for AF_XDP multi-buffer frames", l.mtu, l.ifname)
 	}
-	queues := cfg.Queues
-	if queues == 0 {
-		queues = max(at.NumRxQueues, 1)
+	// The XSKMAP has a slot for every RX queue the device could use;
+	// sockets go on the queues in use (see below).
+	slots := cfg.Queues
+	if slots == 0 {
+		slots = max(at.NumRxQueues, 1)
 	}
+	queues := slots
 	if cfg.Frames == 0 {
 		// 16 MiB of UMEM per socket for a few queues, less per socket
 		// on a NIC with many queues: 64 MiB in all, 2 MiB at least.
@@ -292,12 +307,22 @@ func Open(cfg Config) (l *Link, err error) {
 	}
 	raiseMemlock()
 
-	l.prog, l.xsks, l.frags, err = loadProgram(l.port, queues, xdpPass, !cfg.noFrags)
+	l.prog, l.xsks, l.frags, err = loadProgram(l.port, slots, xdpPass, !cfg.noFrags)
 	if err != nil {
 		return nil, fmt.Errorf("afxdp: %s: %w", l.ifname, err)
 	}
 	if err := l.attach(); err != nil {
 		return nil, err
+	}
+	if cfg.Queues == 0 {
+		// A device may have more RX queues than it uses: a multi-queue
+		// virtio-net NIC in a guest with fewer vCPUs uses one pair per
+		// vCPU, and the kernel refuses a bind to a queue beyond those
+		// (EINVAL). Native XDP may add queues, so count after the
+		// attach.
+		if n, err := rxQueuesInUse(l.ifname); err == nil && n >= 1 && n < queues {
+			queues = n
+		}
 	}
 	for q := 0; q < queues; q++ {
 		x, err := newXSK(xskConfig{ifindex: l.ifindex, queue: q, frames: cfg.Frames, frameSize: frameSize,
@@ -310,9 +335,19 @@ func Open(cfg Config) (l *Link, err error) {
 			return nil, fmt.Errorf("afxdp: %s: insert queue %d socket into XSKMAP: %w", l.ifname, q, err)
 		}
 	}
+	// Without multi-buffer sockets the kernel drops every frame longer
+	// than one UMEM frame less the XDP headroom (256 bytes).
+	if !l.multiBuffer() {
+		if limit := frameSize - 256 - 14; l.mtu > limit {
+			return nil, fmt.Errorf("afxdp: MTU %d of %s needs multi-buffer AF_XDP sockets (XDP_USE_SG, Linux 6.6 and later), which this kernel refuses: lower the MTU to %d or less", l.mtu, l.ifname, limit)
+		}
+	}
 	if err := l.setupPoll(); err != nil {
 		return nil, fmt.Errorf("afxdp: %s: %w", l.ifname, err)
 	}
+	l.txRetry = time.AfterFunc(time.Hour, l.retryTx)
+	l.txRetry.Stop()
+	l.txRetryDelay = txRetryMin
 	l.neigh, err = newNeighbours(l.ifindex, l.ifname, cfg.ResolveWait)
 	if err != nil {
 		return nil, fmt.Errorf("afxdp: %s: %w", l.ifname, err)
@@ -437,6 +472,9 @@ func (l *Link) Close() error {
 	err := net.ErrClosed
 	l.closeOnce.Do(func() {
 		l.closed.Store(true)
+		if l.txRetry != nil {
+			l.txRetry.Stop()
+		}
 		if l.ep != nil {
 			l.ep.Close() // wakes a Recv parked on it
 		}
@@ -450,6 +488,43 @@ func (l *Link) Close() error {
 		err = nil
 	})
 	return err
+}
+
+// The TX retry starts soon after a kick that left frames and backs off,
+// doubling, while the kernel takes none (a device that is down).
+const (
+	txRetryMin = 50 * time.Microsecond
+	txRetryMax = 10 * time.Millisecond
+)
+
+// armTxRetry schedules a kick if the kernel left frames on x's TX ring.
+// Called with txMu held.
+func (l *Link) armTxRetry(x *xsk) {
+	if x.zeroCopy || !x.txPending() || l.closed.Load() {
+		return
+	}
+	l.txRetry.Reset(l.txRetryDelay)
+}
+
+// retryTx is the TX retry timer's function.
+func (l *Link) retryTx() {
+	l.txMu.Lock()
+	defer l.txMu.Unlock()
+	if l.closed.Load() || len(l.socks) == 0 {
+		return
+	}
+	x := l.socks[0]
+	l.txRetries.Add(1)
+	before := x.tx.loadCons()
+	if err := x.kick(); err != nil {
+		return // the device refuses: the next send reports it
+	}
+	if x.tx.loadCons() != before {
+		l.txRetryDelay = txRetryMin
+	} else {
+		l.txRetryDelay = min(2*l.txRetryDelay, txRetryMax)
+	}
+	l.armTxRetry(x)
 }
 
 // setupPoll makes the epoll instance over all sockets and gives it to the
@@ -484,6 +559,16 @@ func (l *Link) Mode() Mode { return l.mode }
 
 // ZeroCopy reports whether the sockets are bound in zero-copy mode.
 func (l *Link) ZeroCopy() bool { return len(l.socks) > 0 && l.socks[0].zeroCopy }
+
+// multiBuffer reports whether every socket was bound with XDP_USE_SG.
+func (l *Link) multiBuffer() bool {
+	for _, x := range l.socks {
+		if !x.sg {
+			return false
+		}
+	}
+	return true
+}
 
 // Frags reports whether the XDP program is frags-aware.
 func (l *Link) Frags() bool { return l.frags }
@@ -559,4 +644,35 @@ func (l *Link) Resolve(dst netip.Addr) error {
 	}
 	_, err := l.neigh.lookup(dst.Unmap())
 	return err
+}
+
+// rxQueuesInUse is the number of RX queues the device uses (ethtool's
+// channels: RX-only plus combined), from ETHTOOL_GCHANNELS. Drivers
+// without it return an error.
+func rxQueuesInUse(ifname string) (int, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	// struct ethtool_channels: cmd, then max_rx, max_tx, max_other,
+	// max_combined, rx_count, tx_count, other_count, combined_count.
+	ch := new([9]uint32)
+	ch[0] = unix.ETHTOOL_GCHANNELS
+	var ifr struct {
+		name [unix.IFNAMSIZ]byte
+		data unsafe.Pointer
+		_    [16]byte // the rest of struct ifreq's union
+	}
+	if len(ifname) >= unix.IFNAMSIZ {
+		return 0, unix.EINVAL
+	}
+	copy(ifr.name[:], ifname)
+	ifr.data = unsafe.Pointer(ch)
+	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
+	runtime.KeepAlive(ch)
+	if e != 0 {
+		return 0, e
+	}
+	return int(ch[5] + ch[8]), nil
 }

@@ -113,6 +113,7 @@ func (l *Link) SendRaw(pkts []nic.Packet) (int, error) {
 		return 0, net.ErrClosed
 	}
 	x := l.socks[0]
+	defer l.armTxRetry(x) // runs before the unlock
 	x.reclaim()
 	var (
 		lastDst netip.Addr

@@ -39,6 +39,7 @@ type xsk struct {
 	fill, comp ring
 	rx, tx     ring
 	zeroCopy   bool
+	sg         bool // bound with XDP_USE_SG: a packet may span frames
 
 	// txFree holds the UMEM addresses of TX frames not in flight.
 	txFree []uint64
@@ -131,11 +132,23 @@ func newXSK(c xskConfig) (x *xsk, err error) {
 
 	// Multi-buffer (XDP_USE_SG) lets a frame larger than one UMEM frame
 	// (a 4096-byte RoCE MTU packet with its headers) span several
-	// descriptors chained with XDP_PKT_CONTD.
-	flags := uint16(unix.XDP_USE_NEED_WAKEUP | unix.XDP_USE_SG)
+	// descriptors chained with XDP_PKT_CONTD. Kernels before 6.6 know no
+	// XDP_USE_SG and refuse the bind with EINVAL: bind again without it
+	// (Open then checks that the MTU fits one frame).
+	x.sg = true
+	bind := func(mode uint16) error {
+		err := xskBind(fd, &unix.SockaddrXDP{Flags: unix.XDP_USE_NEED_WAKEUP | unix.XDP_USE_SG | mode, Ifindex: uint32(c.ifindex), QueueID: uint32(c.queue)})
+		if !errors.Is(err, unix.EINVAL) {
+			return err
+		}
+		if xskBind(fd, &unix.SockaddrXDP{Flags: unix.XDP_USE_NEED_WAKEUP | mode, Ifindex: uint32(c.ifindex), QueueID: uint32(c.queue)}) != nil {
+			return err
+		}
+		x.sg = false
+		return nil
+	}
 	if c.zeroCopy {
-		err = unix.Bind(fd, &unix.SockaddrXDP{Flags: flags | unix.XDP_ZEROCOPY, Ifindex: uint32(c.ifindex), QueueID: uint32(c.queue)})
-		if err == nil {
+		if err = bind(unix.XDP_ZEROCOPY); err == nil {
 			x.zeroCopy = true
 			return x, nil
 		}
@@ -143,9 +156,8 @@ func newXSK(c xskConfig) (x *xsk, err error) {
 	// Copy mode: veth and generic XDP support nothing else. A queue whose
 	// previous socket was just closed stays busy until the kernel's
 	// deferred release of its buffer pool has run: retry for a moment.
-	sa := &unix.SockaddrXDP{Flags: flags | unix.XDP_COPY, Ifindex: uint32(c.ifindex), QueueID: uint32(c.queue)}
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
-		err = unix.Bind(fd, sa)
+		err = bind(unix.XDP_COPY)
 		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
 			break
 		}
@@ -158,6 +170,10 @@ func newXSK(c xskConfig) (x *xsk, err error) {
 	}
 	return x, nil
 }
+
+// xskBind binds an AF_XDP socket (a variable so that tests can play an
+// older kernel).
+var xskBind = unix.Bind
 
 func (r *ring) mmap(fd int, pgoff int64, off unix.XDPRingOffset, n uint32, desc bool) error {
 	elem := uint64(8)
@@ -253,7 +269,7 @@ func (x *xsk) kick() error {
 	prod := x.tx.loadProd()
 	for tries := 0; ; tries++ {
 		before := x.tx.loadCons()
-		_, _, errno := unix.Syscall6(unix.SYS_SENDTO, uintptr(x.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		errno := xskSendto(x.fd)
 		switch errno {
 		case 0, unix.EAGAIN, unix.EBUSY, unix.ENOBUFS:
 		default:
@@ -262,11 +278,23 @@ func (x *xsk) kick() error {
 		x.reclaim()
 		cons := x.tx.loadCons()
 		if cons == prod || x.zeroCopy || (cons == before && tries > 0) || tries >= 64 {
-			// Done, or the kernel is not taking more now: the frames
-			// stay queued for the next kick.
+			// Done, or the kernel is not taking more now (a full
+			// device queue): the frames stay queued for the next kick,
+			// which the link's TX retry timer makes if no send does.
 			return nil
 		}
 	}
+}
+
+// txPending reports whether the TX ring holds frames the kernel has not
+// taken.
+func (x *xsk) txPending() bool { return x.tx.loadCons() != x.tx.loadProd() }
+
+// xskSendto is the TX kick (a variable so that tests can play a device
+// whose queue is full).
+var xskSendto = func(fd int) unix.Errno {
+	_, _, errno := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+	return errno
 }
 
 // wakeRx tells the kernel the fill ring has frames again when it asked
