@@ -228,6 +228,10 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 		return c.allocMW(u32(r.body, 0), u32(r.body, 1))
 	case opDeallocMW:
 		return nil, nil, c.deallocMW(u32(r.body, 0))
+	case opResizeCQ:
+		return c.resizeCQ(u32(r.body, 0), u32(r.body, 1))
+	case opResizeSRQ:
+		return c.resizeSRQ(u32(r.body, 0), u32(r.body, 1), u32(r.body, 2), u32(r.body, 3))
 	}
 	if resp, rfds, err, ok := c.handleUD(r); ok {
 		return resp, rfds, err

@@ -48,7 +48,8 @@ const (
 	opDestroySRQ = 24
 	opLast       = opDestroySRQ
 	// rdma_cm: 40..69 (cmproto.go). Memory windows and IOVA
-	// registration: 80..89 (mw.go).
+	// registration: 80..89 (mw.go). Resizing CQs and SRQs: 90..99
+	// (resize.go).
 	opAllocMW   = 80
 	opDeallocMW = 81
 	opRegMRIOVA = 82
@@ -141,6 +142,8 @@ func parseRequest(b []byte) (request, error) {
 		want = sizeModifyQP
 	case opAllocMW:
 		want = sizeAllocMW
+	case opResizeCQ, opResizeSRQ:
+		want = resizeBodySize(r.op)
 	case opRegMR, opRegMRIOVA:
 		hdr := regMRHeader(r.op)
 		if len(r.body) < hdr {

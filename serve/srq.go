@@ -85,8 +85,8 @@ func (c *client) modifySRQ(h, mask, maxWR, limit uint32) error {
 	case mask&^(ibvSRQMaxWR|ibvSRQLimit) != 0:
 		return fmt.Errorf("%w: SRQ attribute mask 0x%x", syscall.EINVAL, mask)
 	case mask&ibvSRQMaxWR != 0 && maxWR != o.size:
-		// The ring both sides map has the size it was created with.
-		return fmt.Errorf("%w: resizing an SRQ", syscall.EOPNOTSUPP)
+		// This op sends no new ring back: RESIZE_SRQ (resize.go) does.
+		return fmt.Errorf("%w: resizing an SRQ takes RESIZE_SRQ", syscall.EOPNOTSUPP)
 	case mask&ibvSRQLimit != 0 && limit > o.size:
 		return fmt.Errorf("%w: srq_limit %d above max_wr %d", syscall.EINVAL, limit, o.size)
 	}

@@ -464,3 +464,8 @@ func waitTCPListen(t *testing.T, pp *pingpong, port string) {
 	}
 	t.Fatalf("nothing listens on TCP port %s after a minute; the server printed:\n%s", port, pp.output())
 }
+
+// ibv_resize_cq and ibv_modify_srq with IBV_SRQ_MAX_WR through the
+// library: queued completions and posted receives keep their order across
+// a resize, resizes run while a peer sends, and rxe's refusals hold.
+func TestCProgramResize(t *testing.T) { runC(t, "resize.c") }

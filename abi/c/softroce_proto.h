@@ -55,6 +55,9 @@ enum sr_op {
 	SR_OP_ALLOC_MW = 80,
 	SR_OP_DEALLOC_MW = 81,
 	SR_OP_REG_MR_IOVA = 82,
+	/* Resizing CQs and SRQs: 90..99 */
+	SR_OP_RESIZE_CQ = 90,
+	SR_OP_RESIZE_SRQ = 91,
 };
 
 struct sr_req {
@@ -170,6 +173,15 @@ struct sr_cq_resp {
 	uint64_t map_len;
 };
 
+/* RESIZE_CQ: req sr_resize_cq; resp sr_cq_resp + a new ring memfd. The
+ * daemon copies the completions the old ring holds into the new one at the
+ * same indices, with SR_CQ_CONS, SR_CQ_OVERRUN and SR_CQ_ARMED (the old
+ * ring's SR_CQ_ARMED is cleared), and writes only the new ring from then
+ * on. Refused (EINVAL) below the completions held. */
+struct sr_resize_cq {
+	uint32_t handle, cqe;
+};
+
 /* CREATE_QP: req sr_create_qp; resp sr_qp_resp + the rings memfd. */
 struct sr_create_qp {
 	uint32_t pd, send_cq, recv_cq, qp_type;
@@ -218,7 +230,10 @@ struct sr_create_ah {
  * then size x stride receive WQEs at rq_off, struct sr_recv_wqe each).
  * MODIFY_SRQ: req sr_modify_srq (mask: enum ibv_srq_attr_mask).
  * QUERY_SRQ: req sr_handle; resp sr_srq_attr. DESTROY_SRQ: sr_handle.
- * The limit event is IBV_EVENT_SRQ_LIMIT_REACHED with the SRQ's handle. */
+ * The limit event is IBV_EVENT_SRQ_LIMIT_REACHED with the SRQ's handle.
+ * RESIZE_SRQ: req sr_modify_srq with IBV_SRQ_MAX_WR in mask; resp
+ * sr_srq_resp + a new ring memfd holding the WQEs not yet taken at the
+ * same indices (MODIFY_SRQ refuses IBV_SRQ_MAX_WR: it sends no ring). */
 struct sr_create_srq {
 	uint32_t pd, max_wr, max_sge, srq_limit;
 };

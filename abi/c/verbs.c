@@ -1245,11 +1245,50 @@ EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
 	return 0;
 }
 
+/* The daemon sends a new ring holding the old one's completions at the
+ * same indices, so q->cons stays valid: the ring is swapped under q->lock,
+ * and a poll of the old ring meanwhile only reads completions the new one
+ * holds too. An arm made during the call is carried over; a program
+ * should still not poll or arm the CQ from another thread meanwhile
+ * (libibverbs promises nothing there either). */
 EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe)
 {
-	(void)cq;
-	(void)cqe;
-	return EOPNOTSUPP;
+	struct sr_cq *q = (struct sr_cq *)cq;
+	struct sr_resize_cq req = { .handle = q->h, .cqe = cqe > 0 ? cqe : 0 };
+	struct sr_cq_resp r;
+	uint8_t *old;
+	size_t oldlen;
+	uint32_t armed;
+	int fd = -1, e;
+	void *map;
+
+	if (cqe <= 0)
+		return EINVAL;
+	e = ctx_call(cq->context, SR_OP_RESIZE_CQ, &req, sizeof(req), &r, sizeof(r), &fd);
+	if (e)
+		return e;
+	map = mmap(NULL, r.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (map == MAP_FAILED)
+		return ENOMEM;
+	if (r.size == 0 || (r.size & (r.size - 1)) || r.map_len < SR_PAGE + (uint64_t)r.size * SR_CQE_SIZE) {
+		munmap(map, r.map_len);
+		return EPROTO;
+	}
+	pthread_spin_lock(&q->lock);
+	old = q->map;
+	oldlen = q->len;
+	armed = atomic_exchange(at32(old, SR_CQ_ARMED), 0);
+	if (armed)
+		atomic_store(at32(map, SR_CQ_ARMED), armed);
+	q->map = map;
+	q->len = r.map_len;
+	q->size = r.size;
+	atomic_store_explicit(at32(q->map, SR_CQ_CONS), q->cons, memory_order_release);
+	cq->cqe = r.size;
+	pthread_spin_unlock(&q->lock);
+	munmap(old, oldlen);
+	return 0;
 }
 
 static int sr_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)

@@ -276,12 +276,49 @@ EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_att
 	return &s->srq;
 }
 
+/* IBV_SRQ_MAX_WR: the daemon sends a new ring holding the WQEs it has not
+ * taken at the same indices (s->prod stays valid). Posts wait on s->lock
+ * for the call: one made to the old ring after the daemon copied it would
+ * be lost. */
 EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *a, int mask)
 {
+	struct sr_srq *s = (struct sr_srq *)srq;
 	struct sr_modify_srq m = { .handle = sr_srq_handle(srq), .mask = mask, .max_wr = a->max_wr,
 				   .srq_limit = a->srq_limit };
+	struct sr_srq_resp r;
+	uint8_t *old = NULL;
+	size_t oldlen = 0;
+	int fd = -1, e;
+	void *map;
 
-	return ctx_call(srq->context, SR_OP_MODIFY_SRQ, &m, sizeof(m), NULL, 0, NULL);
+	if (!(mask & IBV_SRQ_MAX_WR))
+		return ctx_call(srq->context, SR_OP_MODIFY_SRQ, &m, sizeof(m), NULL, 0, NULL);
+	pthread_spin_lock(&s->lock);
+	e = ctx_call(srq->context, SR_OP_RESIZE_SRQ, &m, sizeof(m), &r, sizeof(r), &fd);
+	if (!e) {
+		map = mmap(NULL, r.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		close(fd);
+		if (map == MAP_FAILED) {
+			e = ENOMEM;
+		} else if (r.size == 0 || (r.size & (r.size - 1)) || r.max_sge != s->max_sge ||
+			   r.stride < sizeof(struct sr_recv_wqe) + (uint64_t)r.max_sge * sizeof(struct sr_sge) ||
+			   r.rq_off < SR_PAGE || r.rq_off + (uint64_t)r.size * r.stride > r.map_len) {
+			munmap(map, r.map_len);
+			e = EPROTO;
+		} else {
+			old = s->map;
+			oldlen = s->len;
+			s->map = map;
+			s->len = r.map_len;
+			s->rq = (uint8_t *)map + r.rq_off;
+			s->size = r.size;
+			s->stride = r.stride;
+		}
+	}
+	pthread_spin_unlock(&s->lock);
+	if (old)
+		munmap(old, oldlen);
+	return e;
 }
 
 EXPORT int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *a)

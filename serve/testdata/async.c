@@ -33,8 +33,9 @@ int main(void)
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
 		die("modify to INIT failed");
 	/* Unsupported verbs fail cleanly. */
-	if (ibv_resize_cq(cq, 8) != EOPNOTSUPP)
-		die("CQ resized?");
+	union ibv_gid mgid = { .raw = { 0xff } };
+	if (ibv_attach_mcast(qp, &mgid, 0) != EOPNOTSUPP)
+		die("multicast attached?");
 	struct ibv_sge good = { (uintptr_t)buf + 100, 100, mr->lkey };
 	struct ibv_sge bad = { (uintptr_t)buf + 100, 100, mr->lkey ^ 0x100 };
 	struct ibv_recv_wr w1 = { .wr_id = 1, .sg_list = &good, .num_sge = 1 };
