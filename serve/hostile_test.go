@@ -13,6 +13,7 @@ type rawClient struct {
 	t      *testing.T
 	c      *net.UnixConn
 	events int // the async event pipe, after open
+	bell   int // the doorbell eventfd, after open
 }
 
 func dial(t *testing.T, s *Server) *rawClient {
@@ -65,9 +66,8 @@ func (r *rawClient) open() {
 	if e != 0 || len(fds) != 2 {
 		r.t.Fatalf("OPEN: %v, %d fds", e, len(fds))
 	}
-	unix.Close(fds[0])
-	r.events = fds[1]
-	r.t.Cleanup(func() { unix.Close(fds[1]) })
+	r.bell, r.events = fds[0], fds[1]
+	r.t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
 }
 
 // event reads one async event.
@@ -302,7 +302,8 @@ func FuzzParseRequest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if r.op == 0 || r.op > opLast && (r.op < opCMFirst || r.op > opCMKnownLast) && (r.op < opAllocMW || r.op > opRegMRIOVA) {
+		if r.op == 0 || r.op > opLast && (r.op < opCMFirst || r.op > opCMKnownLast) && (r.op < opAllocMW || r.op > opRegMRIOVA) &&
+			(r.op < opResizeCQ || r.op > opResizeSRQ) {
 			t.Fatalf("accepted op %d", r.op)
 		}
 		if r.op == opRegMR || r.op == opRegMRIOVA {
@@ -324,6 +325,7 @@ func FuzzHandle(f *testing.F) {
 	f.Add(append(u32s(opRegMR, 0), regMRBody(1, 0x1000, 10, extent{0x1000, 4096, 0})...))
 	f.Add(u32s(opAllocMW, 0, 1, 2))
 	f.Add(u32s(opDeallocMW, 0, 3, 0))
+	f.Add(u32s(opResizeCQ, 0, 2, 100))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c := newClient(s, nil)
 		c.dev = s.devs[0]
@@ -460,4 +462,165 @@ func TestSGEOutsideOwnMemory(t *testing.T) {
 	if s.Stats().BadWQEs != bad || load32(ring, offQPError) != 0 {
 		t.Error("a receive inside the client's MR was refused")
 	}
+}
+
+// resizeCQRing sends RESIZE_CQ and maps the new ring it answers with.
+func (r *rawClient) resizeCQRing(cq, cqe uint32) ([]byte, uint32) {
+	r.t.Helper()
+	e, b, fds := r.call(opResizeCQ, u32s(cq, cqe))
+	if e != 0 || len(fds) != 1 || len(b) != sizeCQ {
+		closeAll(fds)
+		r.t.Fatalf("RESIZE_CQ %d: %v, %d fds", cqe, e, len(fds))
+	}
+	size := le.Uint32(b[4:])
+	n := int(le.Uint64(b[8:]))
+	if le.Uint32(b) != cq || size < cqe || size&(size-1) != 0 || n < ctlPage+int(size)*cqeSize {
+		r.t.Fatalf("RESIZE_CQ %d: handle %d, %d slots, %d bytes", cqe, le.Uint32(b), size, n)
+	}
+	ring, err := unix.Mmap(fds[0], 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	closeAll(fds)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return ring, size
+}
+
+// RESIZE_CQ and RESIZE_SRQ take only the client's own objects and sane
+// sizes; a resized CQ ring holds what the old one held, at the same
+// indices, while the daemon keeps writing completions into it.
+func TestHostileResize(t *testing.T) {
+	s := startPipe(t)
+	a := dial(t, s)
+	a.open()
+	for range 20 { // a's handles are then none of h's
+		a.handle(opAllocPD, nil)
+	}
+	aPD := a.handle(opAllocPD, nil)
+	aCQ := a.handle(opCreateCQ, u32s(8, 0))
+	_, aSRQ, _ := a.srq(aPD, 4)
+	h := dial(t, s)
+	h.open()
+	pd := h.handle(opAllocPD, nil)
+	e, b, fds := h.call(opCreateCQ, u32s(16, 0))
+	if e != 0 || len(fds) != 1 {
+		t.Fatalf("CREATE_CQ: %v", e)
+	}
+	cq := le.Uint32(b)
+	cqRing, err := unix.Mmap(fds[0], 0, int(le.Uint64(b[8:])), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	closeAll(fds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srqRing, srq, _ := h.srq(pd, 4)
+	for _, c := range []struct {
+		name string
+		op   uint32
+		body []byte
+		want syscall.Errno
+	}{
+		{"RESIZE_CQ of another client's CQ", opResizeCQ, u32s(aCQ, 16), syscall.EINVAL},
+		{"RESIZE_CQ of no CQ", opResizeCQ, u32s(cq+1000, 16), syscall.EINVAL},
+		{"RESIZE_CQ to 0", opResizeCQ, u32s(cq, 0), syscall.EINVAL},
+		{"RESIZE_CQ over max_cqe", opResizeCQ, u32s(cq, maxCQSlots+1), syscall.EINVAL},
+		{"RESIZE_CQ to 2^32-1", opResizeCQ, u32s(cq, ^uint32(0)), syscall.EINVAL},
+		{"short RESIZE_CQ", opResizeCQ, u32s(cq), syscall.EINVAL},
+		{"long RESIZE_CQ", opResizeCQ, u32s(cq, 16, 0), syscall.EINVAL},
+		{"RESIZE_SRQ of another client's SRQ", opResizeSRQ, u32s(aSRQ, ibvSRQMaxWR, 8, 0), syscall.EINVAL},
+		{"RESIZE_SRQ without IBV_SRQ_MAX_WR", opResizeSRQ, u32s(srq, ibvSRQLimit, 8, 1), syscall.EINVAL},
+		{"RESIZE_SRQ unknown mask", opResizeSRQ, u32s(srq, ibvSRQMaxWR|4, 8, 0), syscall.EINVAL},
+		{"RESIZE_SRQ to 0", opResizeSRQ, u32s(srq, ibvSRQMaxWR, 0, 0), syscall.EINVAL},
+		{"RESIZE_SRQ to 2^32-1", opResizeSRQ, u32s(srq, ibvSRQMaxWR, ^uint32(0), 0), syscall.EINVAL},
+		{"RESIZE_SRQ limit over max_wr", opResizeSRQ, u32s(srq, ibvSRQMaxWR|ibvSRQLimit, 8, 9), syscall.EINVAL},
+		{"short RESIZE_SRQ", opResizeSRQ, u32s(srq, ibvSRQMaxWR, 8), syscall.EINVAL},
+		{"MODIFY_SRQ resize", opModifySRQ, u32s(srq, ibvSRQMaxWR, 8, 0), syscall.EOPNOTSUPP},
+	} {
+		if e, _, fds := h.call(c.op, c.body); e != c.want || len(fds) != 0 {
+			closeAll(fds)
+			t.Errorf("%s: %v, want %v", c.name, e, c.want)
+		}
+	}
+	// A consumer index the client ran past the producer's.
+	store32(cqRing, offCQCons, 1000)
+	if e, _, _ := h.call(opResizeCQ, u32s(cq, 32)); e != syscall.EINVAL {
+		t.Errorf("RESIZE_CQ with the consumer index past the producer's: %v, want EINVAL", e)
+	}
+	store32(cqRing, offCQCons, 0)
+	// The SRQ's producer index past its ring: SRQ_ERR, as for a post.
+	bad := s.Stats().BadWQEs
+	store32(srqRing, offRQProd, 100)
+	if e, _, fds := h.call(opResizeSRQ, u32s(srq, ibvSRQMaxWR, 16, 0)); e != 0 || len(fds) != 1 {
+		t.Errorf("RESIZE_SRQ after a bad producer index: %v", e)
+	} else {
+		closeAll(fds)
+	}
+	if s.Stats().BadWQEs == bad {
+		t.Error("the producer index past the SRQ ring was not counted")
+	}
+	if typ, hh := h.event(); typ != evSRQErr || hh != srq {
+		t.Errorf("async event %d for handle %d, want SRQ_ERR for SRQ %d", typ, hh, srq)
+	}
+	if e, b, _ := h.call(opQuerySRQ, u32s(srq, 0)); e != 0 || le.Uint32(b) != 16 {
+		t.Errorf("QUERY_SRQ after RESIZE_SRQ to 16: %v, max_wr %d", e, le.Uint32(b))
+	}
+
+	// Receives posted to a QP in ERR flush at once, from the poller,
+	// while this goroutine resizes their CQ: each resized ring holds the
+	// flushed completions in order, none lost, none twice.
+	e, b, fds = h.call(opCreateQP, u32s(pd, cq, cq, ibvQPTRC, 4, 4, 1, 1, 0, 0))
+	if e != 0 || len(fds) != 1 {
+		t.Fatalf("CREATE_QP: %v", e)
+	}
+	qp, rqOff := le.Uint32(b), int(le.Uint64(b[64:]))
+	rqStride := int(le.Uint32(b[40:]))
+	qpRing, err := unix.Mmap(fds[0], 0, int(le.Uint64(b[48:])), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	closeAll(fds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(qpRing)
+	toErr := append(u32s(qp, uint32(attrState)), (&qpAttrWire{state: 6}).encode(nil)...)
+	if e, _, _ := h.call(opModifyQP, toErr); e != 0 {
+		t.Fatalf("MODIFY_QP to ERR: %v", e)
+	}
+	size := uint32(16)
+	store32(cqRing, offCQArmed, 0)
+	var prod, cons uint32
+	for i := range 200 {
+		for load32(qpRing, offRQCons) != prod {
+			unix.Nanosleep(&unix.Timespec{Nsec: 1e5}, nil)
+		}
+		for range 4 {
+			w := qpRing[rqOff+int(prod%4)*rqStride:]
+			le.PutUint64(w, uint64(prod))
+			le.PutUint32(w[8:], 0)
+			prod++
+		}
+		store32(qpRing, offRQProd, prod)
+		ring(h.bell)
+		old := cqRing
+		store32(old, offCQArmed, armAny)
+		var want uint32 = 8 << (i % 3)
+		cqRing, size = h.resizeCQRing(cq, want)
+		if load32(old, offCQArmed) != 0 || load32(cqRing, offCQArmed) != armAny {
+			t.Fatalf("the arm did not move to the new ring")
+		}
+		store32(cqRing, offCQArmed, 0)
+		unix.Munmap(old)
+		for cons != prod {
+			if load32(cqRing, offCQProd) == cons {
+				unix.Nanosleep(&unix.Timespec{Nsec: 1e5}, nil)
+				continue
+			}
+			e := cqRing[ctlPage+int(cons&(size-1))*cqeSize:]
+			if id, st := le.Uint64(e), le.Uint32(e[8:]); id != uint64(cons) || st != 5 /* IBV_WC_WR_FLUSH_ERR */ {
+				t.Fatalf("completion %d: wr_id %d status %d", cons, id, st)
+			}
+			cons++
+			store32(cqRing, offCQCons, cons)
+		}
+	}
+	if load32(cqRing, offCQOverrun) != 0 {
+		t.Error("the resized rings overran")
+	}
+	unix.Munmap(cqRing)
 }

@@ -301,6 +301,7 @@ func FuzzHandleUD(f *testing.F) {
 	f.Add(u32s(opCreateSRQ, 0), u32s(1, 4, 1, 0))
 	f.Add(u32s(opModifySRQ, 0), u32s(3, ibvSRQLimit, 0, 1))
 	f.Add(u32s(opQuerySRQ, 0), u32s(3, 0))
+	f.Add(u32s(opResizeSRQ, 0), u32s(3, ibvSRQMaxWR|ibvSRQLimit, 16, 2))
 	f.Add(u32s(opDestroyAH, 0), u32s(3, 0))
 	f.Add(u32s(opCreateQP, 0), u32s(1, 2, 2, ibvQPTUD, 4, 4, 1, 1, 0, 0, 3, 0))
 	f.Fuzz(func(t *testing.T, hdr, body []byte) {
