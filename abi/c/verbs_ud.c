@@ -19,6 +19,8 @@ struct sr_srq {
 	uint8_t *map;
 	size_t len;
 	uint8_t *rq;
+	uint8_t *old_map; /* the ring before the last resize: a UD poster may still wait on it */
+	size_t old_len;
 	uint32_t size, stride, prod, max_sge;
 	_Atomic bool unreliable; /* a UD or UC QP uses it: posts wait for the daemon */
 	int bell;
@@ -279,7 +281,8 @@ EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_att
 /* IBV_SRQ_MAX_WR: the daemon sends a new ring holding the WQEs it has not
  * taken at the same indices (s->prod stays valid). Posts wait on s->lock
  * for the call: one made to the old ring after the daemon copied it would
- * be lost. */
+ * be lost. The old ring stays mapped until the next resize: a UD or UC
+ * poster that took it before the swap may still be waiting on it. */
 EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *a, int mask)
 {
 	struct sr_srq *s = (struct sr_srq *)srq;
@@ -314,6 +317,14 @@ EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *a, int mask)
 			s->size = r.size;
 			s->stride = r.stride;
 		}
+	}
+	if (old) {
+		uint8_t *gone = s->old_map;
+		size_t gonelen = s->old_len;
+		s->old_map = old;
+		s->old_len = oldlen;
+		old = gone;
+		oldlen = gonelen;
 	}
 	pthread_spin_unlock(&s->lock);
 	if (old)
@@ -352,6 +363,8 @@ EXPORT int ibv_destroy_srq(struct ibv_srq *srq)
 		}
 	pthread_mutex_unlock(&x->cqs_lock);
 	munmap(s->map, s->len);
+	if (s->old_map)
+		munmap(s->old_map, s->old_len);
 	free(s);
 	return 0;
 }
@@ -399,8 +412,9 @@ static int sr_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct 
 		}
 	}
 	uint32_t until = s->prod;
+	uint8_t *map = s->map;
 	pthread_spin_unlock(&s->lock);
 	if (posted && atomic_load_explicit(&s->unreliable, memory_order_relaxed))
-		sr_wait_taken(s->map, SR_SRQ_CONS, until);
+		sr_wait_taken(map, SR_SRQ_CONS, until);
 	return e;
 }
