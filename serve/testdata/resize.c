@@ -3,8 +3,9 @@
  * below the completions it holds; it resizes while a peer sends to it; an
  * SRQ grows with receives posted and then takes more than its old size,
  * refuses a size below its posted WQEs or its armed limit, and reports
- * its new max_wr. Prints "ok". */
+ * its new max_wr; an armed CQ stays armed across a resize. Prints "ok". */
 #include "pair.h"
+#include <poll.h>
 
 #define SLOT 64
 
@@ -230,6 +231,40 @@ int main(void)
 		recv_check(p.cqb, 2000 + i, seq + i);
 		poll1(p.cqa);
 	}
+	seq += 10;
+
+	/* An armed CQ keeps its arm across a resize: the completion after it
+	 * comes with an event. */
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(p.c);
+	struct ibv_cq *cqc = ch ? ibv_create_cq(p.c, 4, NULL, ch, 0) : NULL;
+	if (!cqc)
+		die("CQ with a channel: %s", strerror(errno));
+	ia = (struct ibv_qp_init_attr){ .send_cq = cqc, .recv_cq = cqc, .qp_type = IBV_QPT_RC,
+					.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp *qr = ibv_create_qp(p.pd, &ia);
+	ia.send_cq = ia.recv_cq = p.cqa;
+	struct ibv_qp *qu = ibv_create_qp(p.pd, &ia);
+	if (!qr || !qu)
+		die("channel QPs: %s", strerror(errno));
+	to_rts(qr, qu->qp_num, &gid);
+	to_rts(qu, qr->qp_num, &gid);
+	if (ibv_req_notify_cq(cqc, 0))
+		die("req_notify_cq");
+	resize(cqc, 64, 64);
+	post_recv(qr, 5000);
+	send_seq(qu, seq);
+	struct pollfd pf = { .fd = ch->fd, .events = POLLIN };
+	if (poll(&pf, 1, 30000) != 1) /* a hang turned into a failure, not a speed bound */
+		die("no completion event after resizing an armed CQ");
+	struct ibv_cq *evcq;
+	void *evctx;
+	if (ibv_get_cq_event(ch, &evcq, &evctx) || evcq != cqc)
+		die("get_cq_event");
+	ibv_ack_cq_events(cqc, 1);
+	recv_check(cqc, 5000, seq);
+	poll1(p.cqa);
+	if (ibv_destroy_qp(qr) || ibv_destroy_qp(qu) || ibv_destroy_cq(cqc) || ibv_destroy_comp_channel(ch))
+		die("channel teardown");
 	if (ibv_destroy_qp(qs) || ibv_destroy_qp(qt) || ibv_destroy_srq(srq))
 		die("teardown");
 	puts("ok");
