@@ -6,6 +6,7 @@
  * its new max_wr; an armed CQ stays armed across a resize. Prints "ok". */
 #include "pair.h"
 #include <poll.h>
+#include <sched.h>
 
 #define SLOT 64
 
@@ -232,6 +233,46 @@ int main(void)
 		poll1(p.cqa);
 	}
 	seq += 10;
+
+	/* An SRQ whose ring holds WQEs its full verbs SRQ has not taken: the
+	 * resize moves them too, in order. */
+	si = (struct ibv_srq_init_attr){ .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_srq *srq2 = ibv_create_srq(p.pd, &si);
+	ia = (struct ibv_qp_init_attr){ .send_cq = p.cqb, .recv_cq = p.cqb, .srq = srq2, .qp_type = IBV_QPT_RC,
+					.cap = { .max_send_wr = 16, .max_send_sge = 1 } };
+	struct ibv_qp *qs2 = srq2 ? ibv_create_qp(p.pd, &ia) : NULL;
+	ia.srq = NULL;
+	ia.send_cq = ia.recv_cq = p.cqa;
+	ia.cap.max_recv_wr = 1;
+	ia.cap.max_recv_sge = 1;
+	struct ibv_qp *qt2 = ibv_create_qp(p.pd, &ia);
+	if (!qs2 || !qt2)
+		die("second SRQ: %s", strerror(errno));
+	to_rts(qs2, qt2->qp_num, &gid);
+	to_rts(qt2, qs2->qp_num, &gid);
+	for (int i = 0; i < 8; i++) {
+		struct ibv_sge sg = { (uintptr_t)buf + 32768 + ((3000 + i) % 256) * SLOT, SLOT, mr->lkey };
+		struct ibv_recv_wr w = { .wr_id = 3000 + i, .sg_list = &sg, .num_sge = 1 }, *bad;
+		int e;
+		while ((e = ibv_post_srq_recv(srq2, &w, &bad)) == ENOMEM)
+			sched_yield(); /* the ring is full until the daemon takes its WQEs */
+		if (e)
+			die("post SRQ recv: %s", strerror(e));
+	}
+	sa = (struct ibv_srq_attr){ .max_wr = 16 };
+	if (ibv_modify_srq(srq2, &sa, IBV_SRQ_MAX_WR))
+		die("grow an SRQ with WQEs in its ring: %s", strerror(errno));
+	for (int i = 8; i < 16; i++)
+		post_srq(srq2, 3000 + i);
+	for (int i = 0; i < 16; i++)
+		send_seq(qt2, seq + i);
+	for (int i = 0; i < 16; i++) {
+		recv_check(p.cqb, 3000 + i, seq + i);
+		poll1(p.cqa);
+	}
+	if (ibv_destroy_qp(qs2) || ibv_destroy_qp(qt2) || ibv_destroy_srq(srq2))
+		die("second SRQ teardown");
+	seq += 16;
 
 	/* An armed CQ keeps its arm across a resize: the completion after it
 	 * comes with an event. */
