@@ -3,7 +3,8 @@
  * below the completions it holds; it resizes while a peer sends to it; an
  * SRQ grows with receives posted and then takes more than its old size,
  * refuses a size below its posted WQEs or its armed limit, and reports
- * its new max_wr; an armed CQ stays armed across a resize. Prints "ok". */
+ * its new max_wr; an armed CQ stays armed across a resize, an extended
+ * CQ resizes as a plain one. Prints "ok". */
 #include "pair.h"
 #include <poll.h>
 #include <sched.h>
@@ -306,6 +307,48 @@ int main(void)
 	poll1(p.cqa);
 	if (ibv_destroy_qp(qr) || ibv_destroy_qp(qu) || ibv_destroy_cq(cqc) || ibv_destroy_comp_channel(ch))
 		die("channel teardown");
+	seq++;
+
+	/* An extended CQ resized with completions queued: start_poll and
+	 * next_poll read them in order from the new ring. */
+	struct ibv_cq_init_attr_ex ca = { .cqe = 4, .wc_flags = IBV_WC_STANDARD_FLAGS };
+	struct ibv_cq_ex *cx = ibv_create_cq_ex(p.c, &ca);
+	if (!cx)
+		die("create_cq_ex: %s", strerror(errno));
+	ia = (struct ibv_qp_init_attr){ .send_cq = ibv_cq_ex_to_cq(cx), .recv_cq = ibv_cq_ex_to_cq(cx), .qp_type = IBV_QPT_RC,
+					.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 } };
+	qr = ibv_create_qp(p.pd, &ia);
+	ia.send_cq = ia.recv_cq = p.cqa;
+	qu = ibv_create_qp(p.pd, &ia);
+	if (!qr || !qu)
+		die("extended CQ QPs: %s", strerror(errno));
+	to_rts(qr, qu->qp_num, &gid);
+	to_rts(qu, qr->qp_num, &gid);
+	for (int i = 0; i < 3; i++)
+		post_recv(qr, 6000 + i);
+	for (int i = 0; i < 3; i++)
+		send_seq(qu, seq + i);
+	for (int i = 0; i < 3; i++)
+		poll1(p.cqa);
+	if (ibv_resize_cq(ibv_cq_ex_to_cq(cx), 2) != EINVAL)
+		die("extended CQ resized below its 3 completions");
+	resize(ibv_cq_ex_to_cq(cx), 16, 16);
+	struct ibv_poll_cq_attr pa = { 0 };
+	int e, got = 0;
+	while ((e = ibv_start_poll(cx, &pa)) == ENOENT)
+		;
+	if (e)
+		die("start_poll %d", e);
+	do {
+		if (cx->wr_id != (uint64_t)(6000 + got) || cx->status != IBV_WC_SUCCESS)
+			die("extended CQE %d: wr_id %llu status %d", got, (unsigned long long)cx->wr_id, cx->status);
+		got++;
+	} while (got < 3 && (e = ibv_next_poll(cx)) == 0);
+	ibv_end_poll(cx);
+	if (got != 3)
+		die("the resized extended CQ gave %d of 3 completions at once", got);
+	if (ibv_destroy_qp(qr) || ibv_destroy_qp(qu) || ibv_destroy_cq(ibv_cq_ex_to_cq(cx)))
+		die("extended CQ teardown");
 	if (ibv_destroy_qp(qs) || ibv_destroy_qp(qt) || ibv_destroy_srq(srq))
 		die("teardown");
 	puts("ok");
