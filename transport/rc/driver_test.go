@@ -383,7 +383,7 @@ type pollLink struct {
 func (l *pollLink) TryRecv([]nic.Packet) (int, error) { l.tries++; return 0, nil }
 
 // TestPollInline: outside busy-poll mode PollInline does nothing; in it,
-// it tries the link once, allocation-free, and not while another
+// it tries the link once, and not while another
 // goroutine owns the receive path.
 func TestPollInline(t *testing.T) {
 	f := newDriverFixture(t)
@@ -401,6 +401,13 @@ func TestPollInline(t *testing.T) {
 		t.Fatalf("receive path owned elsewhere: %d tries (want 1), poll count %d (want %d)", link.tries, d.pollSeq.Load(), seq+1)
 	}
 	d.own.Unlock()
+}
+
+// TestPollInlineNoAlloc: an inline poll that finds nothing allocates nothing.
+func TestPollInlineNoAlloc(t *testing.T) {
+	f := newDriverFixture(t)
+	link := &pollLink{fakeLink: fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}}
+	d := newDriver(f.e, link, DriverConfig{BusyPoll: time.Millisecond})
 	if a := testing.AllocsPerRun(100, func() { d.PollInline() }); a != 0 {
 		t.Fatalf("%v allocations per PollInline", a)
 	}

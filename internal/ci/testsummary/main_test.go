@@ -318,7 +318,15 @@ func TestAllocationTestPattern(t *testing.T) {
 		t.Fatal(".ci/run has no allocation test step")
 	}
 	pat := regexp.MustCompile(string(m[1]))
-	var allocTests []string
+	// Two passes: helpers (test-file functions that are not tests) that call
+	// AllocsPerRun, per package directory; then the tests, which measure
+	// allocations when they call AllocsPerRun or such a helper.
+	type fileFuncs struct {
+		dir   string
+		path  string
+		funcs []*ast.FuncDecl
+	}
+	var files []fileFuncs
 	err = filepath.WalkDir("../../..", func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -333,19 +341,52 @@ func TestAllocationTestPattern(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		ff := fileFuncs{dir: filepath.Dir(path), path: path}
 		for _, decl := range f.Decls {
-			fn, ok := decl.(*ast.FuncDecl)
-			if !ok || fn.Recv != nil || !strings.HasPrefix(fn.Name.Name, "Test") || fn.Body == nil {
+			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil && fn.Body != nil {
+				ff.funcs = append(ff.funcs, fn)
+			}
+		}
+		files = append(files, ff)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	callsAllocs := func(body ast.Node, helpers map[string]bool) bool {
+		found := false
+		ast.Inspect(body, func(n ast.Node) bool {
+			switch x := n.(type) {
+			case *ast.SelectorExpr:
+				found = found || x.Sel.Name == "AllocsPerRun"
+			case *ast.CallExpr:
+				if id, ok := x.Fun.(*ast.Ident); ok && helpers[id.Name] {
+					found = true
+				}
+			}
+			return true
+		})
+		return found
+	}
+	helpers := map[string]map[string]bool{} // directory -> helper names
+	for _, ff := range files {
+		for _, fn := range ff.funcs {
+			if !strings.HasPrefix(fn.Name.Name, "Test") && callsAllocs(fn.Body, nil) {
+				if helpers[ff.dir] == nil {
+					helpers[ff.dir] = map[string]bool{}
+				}
+				helpers[ff.dir][fn.Name.Name] = true
+			}
+		}
+	}
+	var allocTests []string
+	for _, ff := range files {
+		for _, fn := range ff.funcs {
+			if !strings.HasPrefix(fn.Name.Name, "Test") {
 				continue
 			}
-			allocs := false
-			ast.Inspect(fn.Body, func(n ast.Node) bool {
-				if s, ok := n.(*ast.SelectorExpr); ok && s.Sel.Name == "AllocsPerRun" {
-					allocs = true
-				}
-				return true
-			})
-			name := fn.Name.Name
+			allocs := callsAllocs(fn.Body, helpers[ff.dir])
+			path, name := ff.path, fn.Name.Name
 			switch {
 			case allocs && !pat.MatchString(name):
 				t.Errorf("%s: %s measures allocations but does not match .ci/run's -run %q: rename it", path, name, pat)
@@ -355,10 +396,6 @@ func TestAllocationTestPattern(t *testing.T) {
 				allocTests = append(allocTests, path+": "+name)
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	if len(allocTests) < 5 {
 		t.Errorf("only %d allocation tests found: %v", len(allocTests), allocTests)
