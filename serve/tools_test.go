@@ -280,7 +280,7 @@ func testPerftest(t *testing.T, tool_, size, n string) {
 	port := fmt.Sprint(freeTCPPort(t))
 	args := []string{"-x", "0", "-s", size, "-n", n, "-p", port}
 	srv := startPingpong(t, s1, lib, p, args...)
-	time.Sleep(time.Second) // the server listens once its QP exists
+	waitTCPListen(t, srv, port)
 	cli := startPingpong(t, s2, lib, p, append(args, "127.0.0.1")...)
 	cli.wait(t, tool_+" client")
 	srv.wait(t, tool_+" server")
@@ -322,7 +322,7 @@ func TestUnprivilegedGroupMembers(t *testing.T) {
 	member := &syscall.Credential{Uid: 65534, Gid: uint32(gid)}
 	tcp := fmt.Sprint(freeTCPPort(t))
 	srv := startPingpongAs(t, s, lib, member, p, "-g", "0", "-p", tcp, "-n", "200")
-	time.Sleep(200 * time.Millisecond)
+	waitTCPListen(t, srv, tcp)
 	cli := startPingpongAs(t, s, lib, member, p, "-g", "0", "-p", tcp, "-n", "200", "127.0.0.1")
 	cli.wait(t, "ibv_rc_pingpong client as nobody")
 	srv.wait(t, "ibv_rc_pingpong server as nobody")
@@ -407,7 +407,7 @@ func TestTwoDevicesIPv6(t *testing.T) {
 	tcp := fmt.Sprint(freeTCPPort(t))
 	args := []string{"-d", "softroce1", "-g", "0", "-p", tcp, "-n", "500"}
 	srv := startPingpong(t, s, lib, p, args...)
-	time.Sleep(200 * time.Millisecond)
+	waitTCPListen(t, srv, tcp)
 	cli := startPingpong(t, s, lib, p, append(args, "localhost")...)
 	cli.wait(t, "client")
 	srv.wait(t, "server")

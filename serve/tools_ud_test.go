@@ -86,9 +86,10 @@ func TestTwoDaemonsUDUC(t *testing.T) {
 			}
 			x, y := freeUDPPort(t), freeUDPPort(t)
 			s1, s2 := startPorts(t, x, y), startPorts(t, y, x)
-			args := append([]string{"-p", fmt.Sprint(freeTCPPort(t))}, c.args...)
+			tcp := fmt.Sprint(freeTCPPort(t))
+			args := append([]string{"-p", tcp}, c.args...)
 			srv := startPingpong(t, s1, lib, p, args...)
-			time.Sleep(time.Second) // the server listens once its QP exists
+			waitTCPListen(t, srv, tcp)
 			cli := startPingpong(t, s2, lib, p, append(args, "127.0.0.1")...)
 			cli.wait(t, c.tool+" client")
 			srv.wait(t, c.tool+" server")
