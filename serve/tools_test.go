@@ -282,6 +282,11 @@ func testPerftest(t *testing.T, tool_, size, n string) {
 	srv := startPingpong(t, s1, lib, p, args...)
 	waitTCPListen(t, srv, port)
 	cli := startPingpong(t, s2, lib, p, append(args, "127.0.0.1")...)
+	defer func() {
+		if t.Failed() { // the client's error is often the server's doing
+			t.Logf("%s server:\n%s", tool_, srv.output())
+		}
+	}()
 	cli.wait(t, tool_+" client")
 	srv.wait(t, tool_+" server")
 	if !strings.Contains(cli.output(), " "+size+" ") || !strings.Contains(cli.output(), "#bytes") {
