@@ -162,6 +162,11 @@ func (q *qpObj) drain() bool {
 			}
 		}
 		q.sqCons++
+		// Published per WQE, not after the loop: an earlier WQE's
+		// completion may reach the client's CQ ring (written on the
+		// transport's goroutine) while this loop runs, and a client that
+		// posts again on it must find the slots already free.
+		store32(b, offSQCons, q.sqCons)
 		work = true
 	}
 	store32(b, offSQCons, q.sqCons)
