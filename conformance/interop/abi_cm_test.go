@@ -41,7 +41,8 @@ func hostUntil(ctx context.Context, t *testing.T, env []string, ok, notYet strin
 // softroce's librdmacm.so.1 and libibverbs.so.1, against the same tool on
 // the rxe guest: host client then host server. A run whose client was
 // answered REJ 8 because the server did not listen (yet, or again:
-// perftest connects twice) is tried again, up to five times.
+// perftest connects twice) is tried again, up to six times, the guest
+// given longer to start each time.
 func cmBothRoles(t *testing.T, tool, guestServer, guestClient string, hostServer, hostClient []string, ok, notYet string) {
 	cmBothRolesAs(t, asRoot, tool, guestServer, guestClient, hostServer, hostClient, ok, notYet)
 }
@@ -67,10 +68,12 @@ func cmBothRolesAs(t *testing.T, h abiHost, tool, guestServer, guestClient strin
 			if err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(2 * time.Second) // the guest's tool starts (slowly, under TCG)
+			// The guest's tool starts slowly under TCG, more slowly on a
+			// loaded host: each attempt gives it longer.
+			time.Sleep(time.Duration(2+2*attempt) * time.Second)
 			p, a := h.argv(host, append(hostClient, vm.GuestAddr().String()))
 			out, err := hostUntil(ctx, t, env, ok, notYet, p, a...)
-			if !strings.Contains(out, ok) && strings.Contains(out, "REJECTED") && attempt < 4 {
+			if !strings.Contains(out, ok) && strings.Contains(out, "REJECTED") && attempt < 5 {
 				t.Logf("attempt %d: rejected, again:\n%s", attempt, out)
 				proc.Kill()
 				cancel()
@@ -102,13 +105,13 @@ func cmBothRolesAs(t *testing.T, h abiHost, tool, guestServer, guestClient strin
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(time.Second) // the host server listens
+			time.Sleep(time.Duration(1+attempt) * time.Second) // the host server listens
 			gout, gerr := vm.Run(ctx, "timeout 120 "+guestClient+" "+vm.HostAddr().String())
 			said := gout // a failed guest command's output is in its error
 			if gerr != nil {
 				said += gerr.Error()
 			}
-			if !strings.Contains(said, ok) && strings.Contains(said, "REJECTED") && attempt < 4 {
+			if !strings.Contains(said, ok) && strings.Contains(said, "REJECTED") && attempt < 5 {
 				t.Logf("attempt %d: rejected, again:\n%s", attempt, said)
 				cmd.Process.Kill()
 				cmd.Wait()
