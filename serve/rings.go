@@ -190,21 +190,7 @@ func (q *qpObj) toErr() {
 
 // translate checks an SGE against the client's own MRs and returns it with
 // the daemon's address of the same bytes.
-func (q *qpObj) translate(s *verbs.SGE) bool {
-	if s.Length == 0 {
-		return true
-	}
-	m := q.c.mrByKey[s.LKey]
-	if m == nil || m.pd != q.pd {
-		return false
-	}
-	end := s.Addr + uint64(s.Length)
-	if end < s.Addr || s.Addr < m.addr || end > m.addr+m.length {
-		return false
-	}
-	s.Addr = s.Addr - m.addr + m.daddr
-	return true
-}
+func (q *qpObj) translate(s *verbs.SGE) bool { return q.c.translateFor(q.pd, s) }
 
 func (q *qpObj) buildRecv(w []byte) bool {
 	n := int(le.Uint32(w[8:]))
