@@ -11,7 +11,7 @@ import (
 
 	"github.com/softroce/softroce/bth/mad"
 	"github.com/softroce/softroce/cm"
-	"github.com/softroce/softroce/conformance/rping"
+	"github.com/softroce/softroce/tools/rping"
 	"github.com/softroce/softroce/verbs"
 )
 
