@@ -689,10 +689,10 @@ var catalogueNotCovered = map[string]string{
 	"GU-17": "verbs-level: unit tests of package verbs",
 	"GU-18": "verbs-level: unit tests of packages cq and verbs",
 	"GU-19": "needs a local error (bad lkey) the harness does not post",
-	"TI-01": "the interop tests (`conformance/interop`, `conformance/perftest`) run the tools",
+	"TI-01": "the interop tests (`e2e/interop`, `tools/perftest`) run the tools",
 	"TI-02": "as TI-01",
 	"TI-03": "as TI-01",
-	"TI-04": "the interop tests and `conformance/rcpingpong`",
+	"TI-04": "the interop tests and `tools/pingpong`",
 	"TI-06": "not scripted yet",
 	"TI-07": "not scripted yet",
 }
