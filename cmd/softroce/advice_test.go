@@ -73,6 +73,7 @@ var adviceSources = map[string][]string{
 	"../../tools/pingpong/pingpong.go": {"pingpong"},
 	"../../tools/pingpong/exchange.go": {"pingpong"},
 	"../../tools/pingpong/dest.go":     {"pingpong"},
+	"../../perf/link.go":               {"bw", "lat"},
 	"../../perf/local.go":              {"bw", "lat"},
 	"../../perf/oob.go":                {"bw", "lat"},
 	"../../perf/perf.go":               {"bw", "lat"},
