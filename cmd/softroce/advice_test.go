@@ -50,34 +50,35 @@ func commandFlags(t *testing.T, cmd string) map[string]bool {
 
 // adviceSources says which commands print each source's messages.
 var adviceSources = map[string][]string{
-	"bw.go":                                  {"bw", "lat"},
-	"latraw.go":                              {"lat"},
-	"link.go":                                {"bw", "lat", "pingpong", "perftest", "serve"},
-	"perftest.go":                            {"perftest"},
-	"pingpong.go":                            {"pingpong"},
-	"rping.go":                               {"rping"},
-	"../../conformance/rping/flags.go":       {"rping"},
-	"../../conformance/rping/rping.go":       {"rping"},
-	"demo.go":                                {"demo"},
-	"inspect.go":                             {"inspect", "demo"},
-	"conformance.go":                         {"conformance"},
-	"replay.go":                              nil, // conformance replay has its own flag set; replay_test.go tests its refusals
-	"conformance_remote.go":                  nil, // conformance remote has its own flag set; conformance_remote_test.go tests its refusals
-	"main.go":                                nil,
-	"serve.go":                               {"serve"}, // abi's and status's messages name no flag
-	"run.go":                                 {"run"},
-	"../../conformance/perftest/proto.go":    {"perftest"},
-	"../../conformance/perftest/run.go":      {"perftest"},
-	"../../conformance/perftest/traffic.go":  {"perftest"},
-	"../../conformance/perftest/rdmacm.go":   {"perftest"},
-	"../../conformance/pingpong/pingpong.go": {"pingpong"},
-	"../../conformance/pingpong/exchange.go": {"pingpong"},
-	"../../conformance/pingpong/dest.go":     {"pingpong"},
-	"../../perf/local.go":                    {"bw", "lat"},
-	"../../perf/oob.go":                      {"bw", "lat"},
-	"../../perf/perf.go":                     {"bw", "lat"},
-	"../../perf/report.go":                   {"bw", "lat"},
-	"../../perf/rawudp.go":                   {"lat"},
+	"bw.go":                            {"bw", "lat"},
+	"latraw.go":                        {"lat"},
+	"link.go":                          {"bw", "lat", "pingpong", "perftest", "serve"},
+	"perftest.go":                      {"perftest"},
+	"pingpong.go":                      {"pingpong"},
+	"rping.go":                         {"rping"},
+	"../../tools/rping/flags.go":       {"rping"},
+	"../../tools/rping/rping.go":       {"rping"},
+	"demo.go":                          {"demo"},
+	"inspect.go":                       {"inspect", "demo"},
+	"conformance.go":                   {"conformance"},
+	"replay.go":                        nil, // conformance replay has its own flag set; replay_test.go tests its refusals
+	"conformance_remote.go":            nil, // conformance remote has its own flag set; conformance_remote_test.go tests its refusals
+	"main.go":                          nil,
+	"serve.go":                         {"serve"}, // abi's and status's messages name no flag
+	"run.go":                           {"run"},
+	"../../tools/perftest/proto.go":    {"perftest"},
+	"../../tools/perftest/run.go":      {"perftest"},
+	"../../tools/perftest/traffic.go":  {"perftest"},
+	"../../tools/perftest/rdmacm.go":   {"perftest"},
+	"../../tools/pingpong/pingpong.go": {"pingpong"},
+	"../../tools/pingpong/exchange.go": {"pingpong"},
+	"../../tools/pingpong/dest.go":     {"pingpong"},
+	"../../perf/link.go":               {"bw", "lat"},
+	"../../perf/local.go":              {"bw", "lat"},
+	"../../perf/oob.go":                {"bw", "lat"},
+	"../../perf/perf.go":               {"bw", "lat"},
+	"../../perf/report.go":             {"bw", "lat"},
+	"../../perf/rawudp.go":             {"lat"},
 }
 
 // errorMessages returns the string literals of the error messages in a Go

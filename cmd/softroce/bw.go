@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -19,8 +18,6 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/softroce/softroce/nic"
-	"github.com/softroce/softroce/nic/afxdp"
-	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/perf"
 )
 
@@ -153,7 +150,7 @@ func runPerf(kind string, args []string) int {
 			return fail("--bind %s: not an IP address", f.bind)
 		}
 		bind = bind.Unmap()
-		if err := checkLocal(bind); err != nil {
+		if err := perf.CheckLocal(bind); err != nil {
 			return fail("--bind %s: %v", f.bind, err)
 		}
 	}
@@ -187,12 +184,7 @@ func runPerf(kind string, args []string) int {
 	default:
 		return fail("--backend %q: want udp, afxdp or pipe", f.backend)
 	}
-	open := func(local netip.Addr) (nic.Link, uint16, error) {
-		if bind.IsValid() {
-			local = bind
-		}
-		return openData(f.backend, local, f.udpPort)
-	}
+	open := perf.Opener(f.backend, bind, f.udpPort)
 	if f.server {
 		if peer != "" {
 			return fail("--server takes no peer address")
@@ -235,7 +227,7 @@ func runPerf(kind string, args []string) int {
 	if peer == "" {
 		return fail("give the server's address (or --server on the other side, or --backend pipe)")
 	}
-	pa, err := parsePeer(peer, f.port)
+	pa, err := perf.ParsePeer(peer, f.port)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -247,97 +239,6 @@ func runPerf(kind string, args []string) int {
 		return 1
 	}
 	return pr.finish(rep)
-}
-
-// parsePeer reads "10.1.1.2", "10.1.1.2:18515", "[fd00::2]:18515" or a
-// host name.
-func parsePeer(s string, port int) (netip.AddrPort, error) {
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap, nil
-	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		return netip.AddrPortFrom(a, uint16(port)), nil
-	}
-	addrs, err := net.LookupHost(s)
-	if err != nil || len(addrs) == 0 {
-		return netip.AddrPort{}, fmt.Errorf("peer %q: not an address, and it does not resolve: %v", s, err)
-	}
-	a, err := netip.ParseAddr(addrs[0])
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("peer %q: %v", s, err)
-	}
-	return netip.AddrPortFrom(a.Unmap(), uint16(port)), nil
-}
-
-// checkLocal tells whether addr belongs to this host, by binding it.
-func checkLocal(addr netip.Addr) error {
-	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, 0)))
-	if err != nil {
-		if errors.Is(err, syscall.EADDRNOTAVAIL) {
-			return errors.New("no local interface has this address")
-		}
-		return err
-	}
-	return c.Close()
-}
-
-// ifaceOf finds the interface whose network holds addr (127.0.0.2 is on
-// lo although lo's address is 127.0.0.1).
-func ifaceOf(addr netip.Addr) (*net.Interface, error) {
-	if ifi, err := udp.InterfaceOf(addr); err == nil {
-		return ifi, nil
-	}
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return nil, err
-	}
-	for i := range ifs {
-		as, _ := ifs[i].Addrs()
-		for _, a := range as {
-			if pn, ok := a.(*net.IPNet); ok && pn.Contains(net.IP(addr.AsSlice())) {
-				return &ifs[i], nil
-			}
-		}
-	}
-	return nil, errors.New("no local interface has this address")
-}
-
-// openData opens the data link of the chosen backend.
-func openData(backend string, local netip.Addr, port int) (nic.Link, uint16, error) {
-	if err := checkLocal(local); err != nil {
-		return nil, 0, fmt.Errorf("%v: %w", local, err)
-	}
-	ifi, err := ifaceOf(local)
-	if err != nil {
-		return nil, 0, fmt.Errorf("%v: %w", local, err)
-	}
-	switch backend {
-	case "afxdp":
-		l, err := afxdp.Open(afxdp.Config{Interface: ifi.Name, Addr: local, Port: port, Queues: rxQueues(ifi.Name)})
-		if err != nil {
-			return nil, 0, fmt.Errorf("AF_XDP on %s: %w", ifi.Name, err)
-		}
-		return l, uint16(port), nil
-	default:
-		l, err := udp.Open(udp.Config{Addr: local, Port: port, MTU: ifi.MTU, SocketBuffer: udpSocketBuffer})
-		if err != nil {
-			if errors.Is(err, syscall.EADDRINUSE) {
-				return nil, 0, fmt.Errorf("UDP port %d on %v is in use (another softroce, or a kernel RoCE device?): pick another with --udp-port", port, local)
-			}
-			return nil, 0, err
-		}
-		return l, l.LocalAddrPort().Port(), nil
-	}
-}
-
-// rxQueues counts the interface's active receive queues in sysfs (0 when
-// unknown: the backend decides). The netlink attribute a backend may read
-// instead is the number allocated, which on a veth made by `ip link add`
-// is the CPU count even though one queue is active, and binding an AF_XDP
-// socket to an inactive queue fails.
-func rxQueues(ifname string) int {
-	m, _ := filepath.Glob("/sys/class/net/" + ifname + "/queues/rx-*")
-	return len(m)
 }
 
 // printer writes rows as they come, and the progress bar.
@@ -445,9 +346,3 @@ func (p *printer) finish(rep *perf.Report) int {
 	}
 	return 0
 }
-
-// udpSocketBuffer is the socket buffer asked for (the kernel caps it at
-// net.core.rmem_max / wmem_max). A bandwidth run keeps tx-depth messages
-// in flight; with the 208 KiB default the receiver's socket overflows and
-// every drop costs a go-back-N retransmission.
-const udpSocketBuffer = 4 << 20

@@ -47,7 +47,7 @@ func runRawUDP(ctx context.Context, f *perfFlags, c perf.Config, bind netip.Addr
 	if peer == "" {
 		return fail("give the server's address (or --server on the other side)")
 	}
-	pa, err := parsePeer(peer, f.udpPort)
+	pa, err := perf.ParsePeer(peer, f.udpPort)
 	if err != nil {
 		return fail("%v", err)
 	}

@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softroce/softroce/conformance/perftest"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/afxdp"
 	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/tools/perftest"
 	"github.com/softroce/softroce/verbs"
 )
 

@@ -6,7 +6,7 @@ import (
 )
 
 // TestPerftestCommandBadCombinations: perftest's own refusals. (-R and
-// -c UD themselves run in conformance/perftest's loopback tests, on an
+// -c UD themselves run in tools/perftest's loopback tests, on an
 // in-memory link: both reach their peer on UDP port 4791 only, which two
 // commands on one host cannot share.)
 func TestPerftestCommandBadCombinations(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/softroce/softroce/conformance/pingpong"
+	"github.com/softroce/softroce/tools/pingpong"
 	"github.com/softroce/softroce/verbs"
 )
 

@@ -7,8 +7,8 @@ import (
 	"os"
 	"os/signal"
 
-	"github.com/softroce/softroce/conformance/rping"
 	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/tools/rping"
 	"github.com/softroce/softroce/verbs"
 )
 

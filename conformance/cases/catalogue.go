@@ -10,6 +10,14 @@ import (
 	"github.com/softroce/softroce/bth"
 )
 
+// The catalogue itself: All lists every case in report order, catalogueRefs
+// ties each case to its entries in docs/conformance-catalogue.md section A,
+// catalogueNotCovered gives section A.5's reasons. The helpers here serve
+// every file of the catalogue; basicCases, below, are the first responder
+// cases (PSN checks, duplicates, RNR, access, lengths, the ICRC: sections
+// A.1, A.2 and A.3) and the requester's retransmission and go-back-N (A.1
+// RS-07, RS-11; A.2 LU-02, LU-03).
+
 // Time windows. Both targets answer within milliseconds (rxe runs in the
 // kernel of a TCG guest); a window is how long the peer listens for an
 // answer that must come, or for silence that must hold.
@@ -681,10 +689,10 @@ var catalogueNotCovered = map[string]string{
 	"GU-17": "verbs-level: unit tests of package verbs",
 	"GU-18": "verbs-level: unit tests of packages cq and verbs",
 	"GU-19": "needs a local error (bad lkey) the harness does not post",
-	"TI-01": "the interop tests (`conformance/interop`, `conformance/perftest`) run the tools",
+	"TI-01": "the interop tests (`e2e/interop`, `tools/perftest`) run the tools",
 	"TI-02": "as TI-01",
 	"TI-03": "as TI-01",
-	"TI-04": "the interop tests and `conformance/rcpingpong`",
+	"TI-04": "the interop tests and `tools/pingpong`",
 	"TI-06": "not scripted yet",
 	"TI-07": "not scripted yet",
 }

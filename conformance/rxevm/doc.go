@@ -29,4 +29,12 @@
 // Host requirements: root, qemu-system-x86_64, apt-get (with a current
 // package index), dpkg-deb, depmod and modprobe, iproute2's ip, and xz for
 // the faster PVH boot (Debian: qemu-system-x86 kmod iproute2 xz-utils).
+//
+// The package lives in conformance/ because it is the conformance harness's
+// peer: package cases boots it for `softroce conformance rxe` (RxeTarget),
+// the verbs agent of package agent runs in it for the harness, and the
+// commands record and recordcm capture rxe's traffic through it. The
+// whole-system tests of e2e/interop boot the same guest as their test bed
+// and import it from here; were it under e2e/, `softroce conformance` would
+// import from the test tree.
 package rxevm

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/conformance/perftest"
 	"github.com/softroce/softroce/internal/traffic"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/perf"
+	"github.com/softroce/softroce/tools/perftest"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -35,7 +35,7 @@ func watch(t *testing.T, f func()) []traffic.Result {
 }
 
 // TestBothFrontEndsMeasureHere: `softroce bw` (perf) and `softroce
-// perftest` (conformance/perftest) print figures that are exactly the
+// perftest` (tools/perftest) print figures that are exactly the
 // engine's, run for run: a front end with a loop or arithmetic of its own
 // fails this.
 func TestBothFrontEndsMeasureHere(t *testing.T) {

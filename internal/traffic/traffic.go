@@ -2,7 +2,7 @@
 // posts work requests, polls their completions and turns the run into
 // figures (bytes, messages/s, packets/s, peak and average bandwidth,
 // retransmissions). `softroce bw` (package perf) and `softroce perftest`
-// (package conformance/perftest) each keep their own out-of-band protocol
+// (package tools/perftest) each keep their own out-of-band protocol
 // and output, and both measure through Send and Receive here, so every
 // bandwidth figure the project prints comes from this code.
 package traffic

@@ -7,6 +7,9 @@ import (
 	"github.com/softroce/softroce/bth"
 )
 
+// docs/conformance-catalogue.md sections A.1 (RS-03, RS-04, RS-16, RS-22)
+// and A.3 (GU-24).
+
 // Cases on message assembly, ACK generation and response checking.
 var assemblyCases = []*Case{
 	{

@@ -8,6 +8,9 @@ import (
 	"github.com/softroce/softroce/bth"
 )
 
+// docs/conformance-catalogue.md sections A.1, A.3 and A.4 (responder checks)
+// and A.1 (requester retries: RS-12, RS-13, RS-19, RS-20).
+
 // More responder cases from the catalogue (docs/conformance-catalogue.md
 // A.1, A.3), inserted before the requester cases.
 var moreResponder = []*Case{

@@ -6,8 +6,8 @@ import (
 	"io"
 	"net/netip"
 
-	"github.com/softroce/softroce/conformance/perftest"
 	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/tools/perftest"
 	"github.com/softroce/softroce/verbs"
 )
 

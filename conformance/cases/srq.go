@@ -9,6 +9,9 @@ import (
 	"github.com/softroce/softroce/bth"
 )
 
+// docs/conformance-catalogue.md has no entries for shared receive queues:
+// IBTA vol. 1 §10.2.9 (SRQs) and §11.6.3 (asynchronous events).
+
 // Shared receive queues: the limit event and the last-WQE event.
 var srqCases = []*Case{
 	{

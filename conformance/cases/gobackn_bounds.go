@@ -6,6 +6,8 @@ import (
 	"github.com/softroce/softroce/bth"
 )
 
+// docs/conformance-catalogue.md sections A.2 (LU-02, LU-03) and A.3 (GU-07).
+
 // Go-back-N overlap and boundary cases.
 var overlapCases = []*Case{
 	{

@@ -8,6 +8,10 @@ import (
 	"github.com/softroce/softroce/bth"
 )
 
+// docs/conformance-catalogue.md has no entries for UC and UD: IBTA vol. 1
+// §9.8 (unreliable services), §10.2.4 (Q_Keys) and annex A17 (RoCEv2, the
+// GRH).
+
 // Unreliable services: UC's gap rule, UD's Q_Key, length and GRH rules.
 // Neither answers: the peer judges by the target's receive completions
 // and memory, and asserts the target sends nothing at all.

@@ -7,6 +7,9 @@ import (
 	"github.com/softroce/softroce/bth"
 )
 
+// docs/conformance-catalogue.md sections A.3 (access rights: GU-12), A.1 and
+// A.2 (READ recovery: RS-11, LU-11, LU-12).
+
 // Access-right cases for READ and atomics, and requester READ recovery.
 var accessCases = []*Case{
 	{

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/conformance/pingpong"
+	"github.com/softroce/softroce/tools/pingpong"
 )
 
 // TestSRQPingpongAgainstRxe runs ibv_srq_pingpong on the rxe guest

@@ -6,6 +6,9 @@ import (
 	"github.com/softroce/softroce/bth"
 )
 
+// docs/conformance-catalogue.md sections A.1 (RS-15, RS-17) and A.3 (GU-05,
+// GU-14).
+
 // Requester cases about NAK classes and acknowledgements that match no
 // outstanding request.
 var requesterNAKCases = []*Case{

@@ -7,6 +7,10 @@ import (
 	"github.com/softroce/softroce/bth"
 )
 
+// docs/conformance-catalogue.md has no entry for a SEND with invalidate naming
+// an ordinary MR: IBTA vol. 1 §9.4.1.1 (SEND with invalidate) and §10.6
+// (memory protection).
+
 // Remote invalidation.
 var invalidateCases = []*Case{
 	{

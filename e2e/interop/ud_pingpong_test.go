@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/softroce/softroce/conformance/pingpong"
+	"github.com/softroce/softroce/tools/pingpong"
 	"github.com/softroce/softroce/transport/ud"
 )
 

@@ -7,6 +7,8 @@ import (
 	"github.com/softroce/softroce/bth"
 )
 
+// docs/conformance-catalogue.md section A.3, GU-20 to GU-23.
+
 // Memory windows: access through a window's R_Key, invalidation, and the
 // rules of binding. MR 1 is the region the windows are bound over; the
 // window covers [mwOff, mwOff+mwLen) of it, with distinct bytes on both

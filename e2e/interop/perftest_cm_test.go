@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/conformance/perftest"
+	"github.com/softroce/softroce/tools/perftest"
 	"github.com/softroce/softroce/verbs"
 )
 

@@ -6,6 +6,8 @@ import (
 	"github.com/softroce/softroce/bth"
 )
 
+// docs/conformance-catalogue.md section A.3, GU-09.
+
 // More responder access checks.
 var moreAccessCases = []*Case{
 	{

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/conformance/perftest"
 	"github.com/softroce/softroce/conformance/rxevm"
 	"github.com/softroce/softroce/nic/afxdp"
 	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/tools/perftest"
 	"github.com/softroce/softroce/verbs"
 )
 

@@ -2,6 +2,12 @@
 // qemu VM: the standard tools (ibv_rc_pingpong, perftest) and the verbs
 // agent on the guest talk to softroce on the host. The tests run when
 // SOFTROCE_RXE=1 and the process is root; .ci/run sets both.
+//
+// It sits in e2e/ beside the other whole-system tests (network namespaces,
+// soak): it runs the whole project against rxe, softroce's tool front ends
+// (tools/) and the distribution's unmodified programs through softroce's
+// libraries alike. The VM is package conformance/rxevm, shared with the
+// conformance harness.
 package interop
 
 import (

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/softroce/softroce/conformance/pingpong"
+	"github.com/softroce/softroce/tools/pingpong"
 )
 
 // TestUCPingpongAgainstRxe runs ibv_uc_pingpong on the rxe guest against

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/conformance/pingpong"
 	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/tools/pingpong"
 	"github.com/softroce/softroce/verbs"
 )
 

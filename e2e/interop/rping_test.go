@@ -11,7 +11,7 @@ import (
 
 	"github.com/softroce/softroce/bth/mad"
 	"github.com/softroce/softroce/cm"
-	"github.com/softroce/softroce/conformance/rping"
+	"github.com/softroce/softroce/tools/rping"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -39,7 +39,7 @@ func rpingLines(prefix string, count, size int) string {
 }
 
 // TestRpingAgainstRxe runs rdmacm-utils' rping in the rxe guest against
-// softroce rping (package conformance/rping, on one host device's CM) in
+// softroce rping (package tools/rping, on one host device's CM) in
 // both roles, with several sizes and counts. Both sides print every
 // ping's data (-v), which must be rping's pattern, and both exit 0. The
 // two roles of each case run at once, on two ports.

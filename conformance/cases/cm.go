@@ -12,6 +12,9 @@ import (
 	"github.com/softroce/softroce/bth/mad"
 )
 
+// docs/conformance-catalogue.md has no entries for the connection manager:
+// IBTA vol. 1 chapter 12 (communication management).
+
 // Connection management: CM MADs in UD SENDs between the peer's QP1 and
 // the target's (Q_Key 0x80010000), the target's side driven through
 // rdma_cm where a case needs a listener or an active connect (CMTarget).
