@@ -516,3 +516,42 @@ func TestContiguousExtentsOneMapping(t *testing.T) {
 		}
 	}
 }
+
+// An accept that fails for want of descriptors does not end Serve: the
+// daemon waits, accepts again and serves the connection once descriptors
+// are free (issue 19, defect 5: Serve used to return EMFILE).
+func TestAcceptOutOfDescriptorsRetries(t *testing.T) {
+	s := startPipe(t) // Serve must return nil when the test ends
+	var filler []int
+	defer func() { closeAll(filler) }()
+	for {
+		fd, err := unix.Dup(0)
+		if err != nil {
+			break
+		}
+		filler = append(filler, fd)
+	}
+	if len(filler) == 0 {
+		t.Fatal("no descriptor to fill the table with")
+	}
+	unix.Close(filler[len(filler)-1]) // the client's socket
+	filler = filler[:len(filler)-1]
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: s.Socket(), Net: "unixpacket"})
+	if err != nil {
+		t.Fatalf("dial with the table full: %v", err)
+	}
+	defer c.Close()
+	for deadline := time.Now().Add(10 * time.Second); s.Stats().AcceptErrors == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the daemon's accept never failed with the descriptor table full")
+		}
+	}
+	closeAll(filler)
+	filler = nil
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	r := &rawClient{t: t, c: c}
+	r.open()
+	if e, _, _ := r.call(opQueryDevice, nil); e != 0 {
+		t.Fatalf("QUERY_DEVICE after the descriptors came back: %v", e)
+	}
+}
