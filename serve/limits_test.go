@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"os"
 	"os/user"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -555,3 +557,47 @@ func TestAcceptOutOfDescriptorsRetries(t *testing.T) {
 		t.Fatalf("QUERY_DEVICE after the descriptors came back: %v", e)
 	}
 }
+
+// A request over a limit gets the limit's errno; the daemon logs the
+// limit once per client, naming the flag that raises it, and counts every
+// refusal by the limit's name in Stats, whose JSON is snake_case.
+func TestRefusalLoggedAndCounted(t *testing.T) {
+	a, b := pipe.New(pipe.Config{})
+	b.Close()
+	d, err := verbs.Open(a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged strings.Builder
+	var mu sync.Mutex
+	lg := log.New(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return logged.Write(p) }), "", 0)
+	s := serveOn(t, []*verbs.Device{d}, Config{Socket: t.TempDir() + "/s.sock", Log: lg, Limits: Limits{ChannelsPerConn: 1}})
+	c := dial(t, s)
+	c.open()
+	c.handle(opCreateChannel, nil)
+	for range 3 {
+		if e, _, fds := c.call(opCreateChannel, nil); e != syscall.ENOMEM {
+			closeAll(fds)
+			t.Fatalf("a channel over --max-channels-per-conn 1: %v, want ENOMEM", e)
+		}
+	}
+	if n := s.Stats().Refusals[limChannels]; n != 3 {
+		t.Errorf("refusals of %s: %d, want 3", limChannels, n)
+	}
+	mu.Lock()
+	lines := logged.String()
+	mu.Unlock()
+	if n := strings.Count(lines, "--max-channels-per-conn"); n != 1 {
+		t.Errorf("the limit is logged %d times, want once:\n%s", n, lines)
+	}
+	js := string(s.statusJSON(maxMsg, nil))
+	for _, want := range []string{`"refusals":{"max-channels-per-conn":3}`, `"bad_requests":`, `"queue_full":`, `"accept_errors":`} {
+		if !strings.Contains(js, want) {
+			t.Errorf("status JSON has no %s: %s", want, js)
+		}
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
