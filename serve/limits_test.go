@@ -601,3 +601,38 @@ func TestRefusalLoggedAndCounted(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// What a connection was charged goes back when it closes: its user holds
+// nothing once its last connection is gone.
+func TestChargesReturnOnClose(t *testing.T) {
+	s := startPipe(t)
+	c := dial(t, s)
+	c.open()
+	pd := c.handle(opAllocPD, nil)
+	c.regMem(pd, 3*pageSize)
+	ch := c.handle(opCreateChannel, nil)
+	cq := c.handle(opCreateCQ, u32s(16, ch))
+	c.qp(pd, cq)
+	c.handle(opCreateSRQ, u32s(pd, 16, 1, 0))
+	g := s.led
+	g.mu.Lock()
+	u := *g.user(os.Getuid())
+	g.mu.Unlock()
+	if u.conns != 1 || u.fds != fdsPerConn+1 || u.maps != 4 { // the MR, the CQ, QP and SRQ rings
+		t.Errorf("charged %+v, want 1 connection, %d descriptors, 4 mappings", u, fdsPerConn+1)
+	}
+	c.c.Close()
+	for s.Stats().Clients != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	g.mu.Lock()
+	users, fds, maps := len(g.users), g.fds, g.maps
+	g.mu.Unlock()
+	d := s.devs[0]
+	d.mu.Lock()
+	slots, reserved := len(d.userSlots), d.reserved
+	d.mu.Unlock()
+	if users != 0 || fds != 0 || maps != 0 || slots != 0 || reserved != 0 {
+		t.Errorf("after the client left: %d users, %d descriptors, %d mappings, %d users' queue slots (%d reserved)", users, fds, maps, slots, reserved)
+	}
+}
