@@ -60,7 +60,7 @@ type client struct {
 	cqSlots int // slots of all its CQ rings
 	maps    int // mappings charged for its MRs (rings are charged one each)
 
-	refused map[string]bool // limits already logged for this client
+	refused map[string]bool // limits already logged for this client (under s.led.mu)
 
 	cm    *cmChan // an rdma_cm event channel (serve/cm.go), or nil
 	pages pageMap // its MRs' pages mapped at its own addresses (serve/mem.go)
@@ -325,7 +325,7 @@ func (c *client) queryDevice() []byte {
 	maxCQ := min(a.MaxCQ, l.CQsPerConn, l.MappingsPerUser)
 	maxCQE := min(a.MaxCQE, maxCQSlots, floorPow2(l.CQSlotsPerConn))
 	maxMR := min(a.MaxMR, l.MRsPerConn, l.MappingsPerUser)
-	maxSRQ := min(verbs.MaxSRQ, maxClientSRQ, share, l.MappingsPerUser)
+	maxSRQ := min(verbs.MaxSRQ, l.SRQsPerConn, share, l.MappingsPerUser)
 	srqWR := min(verbs.MaxSRQWR, maxRingWR, floorPow2(share))
 	out := le.AppendUint64(nil, a.MaxMRSize)
 	out = le.AppendUint64(out, c.dev.guid)

@@ -49,6 +49,13 @@ type Limits struct {
 	// CQSlotsPerConn: slots of all CQ rings of one connection, 64 bytes
 	// each of the daemon's memory (max-cq-slots-per-conn).
 	CQSlotsPerConn int
+	// SRQsPerConn, AHsPerConn, MWsPerConn: more objects of one connection
+	// (max-srqs-per-conn, max-ahs-per-conn, max-mws-per-conn).
+	SRQsPerConn int
+	AHsPerConn  int
+	MWsPerConn  int
+	// CMIDsPerConn: rdma_cm ids of one event channel (max-cm-ids-per-conn).
+	CMIDsPerConn int
 }
 
 // fdsPerConn is what the daemon keeps open for a connection: its socket,
@@ -68,6 +75,10 @@ const (
 	limMRs             = "max-mrs-per-conn"
 	limChannels        = "max-channels-per-conn"
 	limCQSlots         = "max-cq-slots-per-conn"
+	limSRQs            = "max-srqs-per-conn"
+	limAHs             = "max-ahs-per-conn"
+	limMWs             = "max-mws-per-conn"
+	limCMIDs           = "max-cm-ids-per-conn"
 )
 
 // DefaultLimits are the limits a zero Limits field takes. Mappings is half
@@ -94,6 +105,10 @@ func DefaultLimits() Limits {
 		MRsPerConn:        1 << 14,
 		ChannelsPerConn:   256,
 		CQSlotsPerConn:    1 << 20,
+		SRQsPerConn:       1024,
+		AHsPerConn:        1 << 14,
+		MWsPerConn:        1 << 14,
+		CMIDsPerConn:      1024,
 	}
 }
 
@@ -105,6 +120,7 @@ func (l Limits) withDefaults() Limits {
 		{&l.ConnsPerUser, &d.ConnsPerUser}, {&l.FDsPerUser, &d.FDsPerUser}, {&l.FDReserve, &d.FDReserve},
 		{&l.QueueSlotsPerUser, &d.QueueSlotsPerUser}, {&l.QPsPerConn, &d.QPsPerConn}, {&l.CQsPerConn, &d.CQsPerConn},
 		{&l.MRsPerConn, &d.MRsPerConn}, {&l.ChannelsPerConn, &d.ChannelsPerConn}, {&l.CQSlotsPerConn, &d.CQSlotsPerConn},
+		{&l.SRQsPerConn, &d.SRQsPerConn}, {&l.AHsPerConn, &d.AHsPerConn}, {&l.MWsPerConn, &d.MWsPerConn}, {&l.CMIDsPerConn, &d.CMIDsPerConn},
 	} {
 		if *p.v <= 0 {
 			*p.v = *p.def
@@ -286,11 +302,14 @@ func (g *ledger) usedMaps() int {
 // limited logs a refusal once per client and limit and returns it as the
 // error the request fails with.
 func (c *client) limited(r *refusal) error {
+	g := c.s.led
+	g.mu.Lock() // rdma_cm's listeners make ids on their own goroutines
 	if c.refused == nil {
 		c.refused = map[string]bool{}
 	}
-	first := !c.refused[r.name] // requests of a connection run one at a time
+	first := !c.refused[r.name]
 	c.refused[r.name] = true
+	g.mu.Unlock()
 	if first {
 		c.s.log.Printf("client pid %d (uid %d) refused: %v", c.pid, c.uid, r)
 	}

@@ -38,8 +38,8 @@ func (c *client) createSRQ(pdH, maxWR, maxSGE, limit uint32) ([]byte, []int, err
 		return nil, nil, fmt.Errorf("%w: no PD %d", syscall.EINVAL, pdH)
 	case maxWR == 0 || maxWR > verbs.MaxSRQWR || maxWR > maxRingWR || maxSGE > verbs.MaxSRQSGE || limit > maxWR:
 		return nil, nil, fmt.Errorf("%w: SRQ max_wr %d, max_sge %d, limit %d", syscall.EINVAL, maxWR, maxSGE, limit)
-	case len(c.srqs) >= maxClientSRQ:
-		return nil, nil, syscall.ENOMEM
+	case len(c.srqs) >= c.lim().SRQsPerConn:
+		return nil, nil, c.limited(c.s.led.count(syscall.ENOMEM, limSRQs, c.lim().SRQsPerConn))
 	}
 	maxSGE = max(maxSGE, 1)
 	size := ceilPow2(maxWR)

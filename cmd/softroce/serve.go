@@ -130,6 +130,10 @@ func limitFlags(fs *flag.FlagSet) *serve.Limits {
 		{&l.MRsPerConn, "max-mrs-per-conn", fmt.Sprintf("MRs of one connection; over it ENOMEM (default %d)", d.MRsPerConn)},
 		{&l.ChannelsPerConn, "max-channels-per-conn", fmt.Sprintf("completion channels of one connection; over it ENOMEM (default %d)", d.ChannelsPerConn)},
 		{&l.CQSlotsPerConn, "max-cq-slots-per-conn", fmt.Sprintf("slots of all CQs of one connection, 64 bytes each of the daemon's memory; over it ENOMEM (default %d)", d.CQSlotsPerConn)},
+		{&l.SRQsPerConn, "max-srqs-per-conn", fmt.Sprintf("SRQs of one connection; over it ENOMEM (default %d)", d.SRQsPerConn)},
+		{&l.AHsPerConn, "max-ahs-per-conn", fmt.Sprintf("address handles of one connection; over it ENOMEM (default %d)", d.AHsPerConn)},
+		{&l.MWsPerConn, "max-mws-per-conn", fmt.Sprintf("memory windows of one connection; over it ENOMEM (default %d)", d.MWsPerConn)},
+		{&l.CMIDsPerConn, "max-cm-ids-per-conn", fmt.Sprintf("rdma_cm ids of one event channel; over it ENOMEM (default %d)", d.CMIDsPerConn)},
 	} {
 		fs.IntVar(f.v, f.name, 0, f.help)
 	}
