@@ -473,16 +473,16 @@ func (c *client) createCQ(cqe, ch uint32) ([]byte, []int, error) {
 		}
 	}
 	size := ceilPow2(cqe)
-	if c.cqSlots+int(size) > c.lim().CQSlotsPerConn {
-		return nil, nil, c.limited(c.s.led.count(syscall.ENOMEM, limCQSlots, c.lim().CQSlotsPerConn))
+	if err := c.chargeCQSlots(int(size)); err != nil {
+		return nil, nil, err
 	}
 	m, err := c.newRing("softroce-cq", ctlPage+int(size)*cqeSize)
 	if err != nil {
+		c.chargeCQSlots(-int(size))
 		return nil, nil, err
 	}
 	h := c.handleID()
 	c.cqs[h] = &cqObj{handle: h, mem: m, size: size, ch: co}
-	c.cqSlots += int(size)
 	if co != nil {
 		co.nCQ++
 	}
@@ -506,7 +506,7 @@ func (c *client) destroyCQ(h uint32) error {
 		o.ch.nCQ--
 	}
 	c.freeRing(o.mem)
-	c.cqSlots -= int(o.size)
+	c.chargeCQSlots(-int(o.size))
 	delete(c.cqs, h)
 	return nil
 }

@@ -49,6 +49,9 @@ type Limits struct {
 	// CQSlotsPerConn: slots of all CQ rings of one connection, 64 bytes
 	// each of the daemon's memory (max-cq-slots-per-conn).
 	CQSlotsPerConn int
+	// CQSlotsPerUser: the same for all of one user's connections
+	// (max-cq-slots-per-user).
+	CQSlotsPerUser int
 	// SRQsPerConn, AHsPerConn, MWsPerConn: more objects of one connection
 	// (max-srqs-per-conn, max-ahs-per-conn, max-mws-per-conn).
 	SRQsPerConn int
@@ -75,6 +78,7 @@ const (
 	limMRs             = "max-mrs-per-conn"
 	limChannels        = "max-channels-per-conn"
 	limCQSlots         = "max-cq-slots-per-conn"
+	limCQSlotsPerUser  = "max-cq-slots-per-user"
 	limSRQs            = "max-srqs-per-conn"
 	limAHs             = "max-ahs-per-conn"
 	limMWs             = "max-mws-per-conn"
@@ -105,6 +109,7 @@ func DefaultLimits() Limits {
 		MRsPerConn:        1 << 14,
 		ChannelsPerConn:   256,
 		CQSlotsPerConn:    1 << 20,
+		CQSlotsPerUser:    1 << 22,
 		SRQsPerConn:       1024,
 		AHsPerConn:        1 << 14,
 		MWsPerConn:        1 << 14,
@@ -120,6 +125,7 @@ func (l Limits) withDefaults() Limits {
 		{&l.ConnsPerUser, &d.ConnsPerUser}, {&l.FDsPerUser, &d.FDsPerUser}, {&l.FDReserve, &d.FDReserve},
 		{&l.QueueSlotsPerUser, &d.QueueSlotsPerUser}, {&l.QPsPerConn, &d.QPsPerConn}, {&l.CQsPerConn, &d.CQsPerConn},
 		{&l.MRsPerConn, &d.MRsPerConn}, {&l.ChannelsPerConn, &d.ChannelsPerConn}, {&l.CQSlotsPerConn, &d.CQSlotsPerConn},
+		{&l.CQSlotsPerUser, &d.CQSlotsPerUser},
 		{&l.SRQsPerConn, &d.SRQsPerConn}, {&l.AHsPerConn, &d.AHsPerConn}, {&l.MWsPerConn, &d.MWsPerConn}, {&l.CMIDsPerConn, &d.CMIDsPerConn},
 	} {
 		if *p.v <= 0 {
@@ -139,7 +145,7 @@ func (l Limits) withDefaults() Limits {
 
 // usage is what one user's connections hold.
 type usage struct {
-	conns, fds, maps int
+	conns, fds, maps, cqSlots int
 }
 
 // ledger charges what clients make the daemon hold against Limits. Its
@@ -244,6 +250,31 @@ func (g *ledger) chargeFDs(uid, n int) *refusal {
 	}
 	u.fds += n
 	g.fds += n
+	return nil
+}
+
+// chargeCQSlots charges n more CQ slots of the client and its user
+// (negative n releases them).
+func (c *client) chargeCQSlots(n int) error {
+	g := c.s.led
+	g.mu.Lock()
+	u := g.user(c.uid)
+	var r *refusal
+	switch {
+	case n <= 0:
+	case c.cqSlots+n > g.lim.CQSlotsPerConn:
+		r = g.refused(syscall.ENOMEM, limCQSlots, g.lim.CQSlotsPerConn)
+	case u.cqSlots+n > g.lim.CQSlotsPerUser:
+		r = g.refused(syscall.ENOMEM, limCQSlotsPerUser, g.lim.CQSlotsPerUser)
+	}
+	if r == nil {
+		c.cqSlots += n
+		u.cqSlots += n
+	}
+	g.mu.Unlock()
+	if r != nil {
+		return c.limited(r)
+	}
 	return nil
 }
 

@@ -636,3 +636,37 @@ func TestChargesReturnOnClose(t *testing.T) {
 		t.Errorf("after the client left: %d users, %d descriptors, %d mappings, %d users' queue slots (%d reserved)", users, fds, maps, slots, reserved)
 	}
 }
+
+// A user's CQ slots are bounded over all its connections, and a resize
+// counts too.
+func TestCQSlotsPerUser(t *testing.T) {
+	a, b := pipe.New(pipe.Config{})
+	b.Close()
+	d, err := verbs.Open(a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := serveOn(t, []*verbs.Device{d}, Config{Socket: t.TempDir() + "/s.sock", Limits: Limits{CQSlotsPerUser: 3 * maxCQSlots}})
+	c1, c2 := dial(t, s), dial(t, s)
+	c1.open()
+	c2.open()
+	c1.handle(opCreateCQ, u32s(maxCQSlots, 0))
+	c1.handle(opCreateCQ, u32s(maxCQSlots, 0))
+	small := c2.handle(opCreateCQ, u32s(maxCQSlots/2, 0))
+	if e, _, fds := c2.call(opCreateCQ, u32s(maxCQSlots, 0)); e != syscall.ENOMEM {
+		closeAll(fds)
+		t.Errorf("a CQ over --max-cq-slots-per-user on the user's other connection: %v, want ENOMEM", e)
+	}
+	if e, _, fds := c2.call(opResizeCQ, u32s(small, maxCQSlots)); e != 0 {
+		t.Errorf("resize within the share: %v", e)
+	} else {
+		closeAll(fds)
+	}
+	if e, _, fds := c2.call(opCreateCQ, u32s(1, 0)); e != syscall.ENOMEM {
+		closeAll(fds)
+		t.Errorf("a CQ after the resize took the rest of the share: %v, want ENOMEM", e)
+	}
+	if n := s.Stats().Refusals[limCQSlotsPerUser]; n != 2 {
+		t.Errorf("refusals of %s: %d, want 2", limCQSlotsPerUser, n)
+	}
+}

@@ -43,11 +43,13 @@ func (c *client) resizeCQ(h, cqe uint32) ([]byte, []int, error) {
 		return nil, nil, fmt.Errorf("%w: cqe %d", syscall.EINVAL, cqe)
 	}
 	size := ceilPow2(cqe)
-	if c.cqSlots-int(o.size)+int(size) > c.lim().CQSlotsPerConn {
-		return nil, nil, c.limited(c.s.led.count(syscall.ENOMEM, limCQSlots, c.lim().CQSlotsPerConn))
+	grow := max(int(size)-int(o.size), 0) // taken now; a shrink gives back at the end
+	if err := c.chargeCQSlots(grow); err != nil {
+		return nil, nil, err
 	}
 	m, err := c.newRing("softroce-cq", ctlPage+int(size)*cqeSize)
 	if err != nil {
+		c.chargeCQSlots(-grow)
 		return nil, nil, err
 	}
 	d := c.dev
@@ -58,6 +60,7 @@ func (c *client) resizeCQ(h, cqe uint32) ([]byte, []int, error) {
 	if held > o.size || held > cqe {
 		d.rmu.Unlock()
 		c.freeRing(m)
+		c.chargeCQSlots(-grow)
 		if held > o.size {
 			return nil, nil, fmt.Errorf("%w: CQ %d consumer index out of range", syscall.EINVAL, h)
 		}
@@ -83,7 +86,7 @@ func (c *client) resizeCQ(h, cqe uint32) ([]byte, []int, error) {
 	o.mem, o.size = m, size
 	d.rmu.Unlock()
 	c.freeRing(prev)
-	c.cqSlots += int(size) - int(oldSize)
+	c.chargeCQSlots(int(size) - int(oldSize) - grow)
 	fd := m.fd
 	m.fd = -1 // sent, then closed by run
 	out := le.AppendUint32(nil, h)

@@ -130,6 +130,7 @@ func limitFlags(fs *flag.FlagSet) *serve.Limits {
 		{&l.MRsPerConn, "max-mrs-per-conn", fmt.Sprintf("MRs of one connection; over it ENOMEM (default %d)", d.MRsPerConn)},
 		{&l.ChannelsPerConn, "max-channels-per-conn", fmt.Sprintf("completion channels of one connection; over it ENOMEM (default %d)", d.ChannelsPerConn)},
 		{&l.CQSlotsPerConn, "max-cq-slots-per-conn", fmt.Sprintf("slots of all CQs of one connection, 64 bytes each of the daemon's memory; over it ENOMEM (default %d)", d.CQSlotsPerConn)},
+		{&l.CQSlotsPerUser, "max-cq-slots-per-user", fmt.Sprintf("slots of all CQs of one user's connections; over it ENOMEM (default %d)", d.CQSlotsPerUser)},
 		{&l.SRQsPerConn, "max-srqs-per-conn", fmt.Sprintf("SRQs of one connection; over it ENOMEM (default %d)", d.SRQsPerConn)},
 		{&l.AHsPerConn, "max-ahs-per-conn", fmt.Sprintf("address handles of one connection; over it ENOMEM (default %d)", d.AHsPerConn)},
 		{&l.MWsPerConn, "max-mws-per-conn", fmt.Sprintf("memory windows of one connection; over it ENOMEM (default %d)", d.MWsPerConn)},
