@@ -670,3 +670,40 @@ func TestCQSlotsPerUser(t *testing.T) {
 		t.Errorf("refusals of %s: %d, want 2", limCQSlotsPerUser, n)
 	}
 }
+
+// QUERY_DEVICE reports what the limits let a client reach, and a QP of
+// the reported max_qp_wr is created.
+func TestQueryDeviceReportsLimits(t *testing.T) {
+	a, b := pipe.New(pipe.Config{})
+	b.Close()
+	d, err := verbs.Open(a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := serveOn(t, []*verbs.Device{d}, Config{Socket: t.TempDir() + "/s.sock",
+		Limits: Limits{QueueSlotsPerUser: 1000, QPsPerConn: 7, MRsPerConn: 9, CQSlotsPerConn: 5000}})
+	c := dial(t, s)
+	c.open()
+	e, attr, _ := c.call(opQueryDevice, nil)
+	if e != 0 {
+		t.Fatal(e)
+	}
+	field := func(i int) uint32 { return le.Uint32(attr[16+4*i:]) }
+	for _, f := range []struct {
+		name string
+		i    int
+		want uint32
+	}{{"max_qp", 3, 7}, {"max_qp_wr", 4, 256}, {"max_cqe", 7, 4096}, {"max_mr", 8, 9}, {"max_srq_wr", 13, 512}} {
+		if got := field(f.i); got != f.want {
+			t.Errorf("%s %d, want %d", f.name, got, f.want)
+		}
+	}
+	pd := c.handle(opAllocPD, nil)
+	cq := c.handle(opCreateCQ, u32s(field(7), 0))
+	wr := field(4)
+	if e, _, fds := c.call(opCreateQP, u32s(pd, cq, cq, 2, wr, wr, 1, 1, 0, 0)); e != 0 {
+		t.Errorf("a QP of max_qp_wr %d: %v", wr, e)
+	} else {
+		closeAll(fds)
+	}
+}
