@@ -58,7 +58,6 @@ type client struct {
 	mws     map[uint32]*mwObj  // mw.go
 
 	cqSlots int // slots of all its CQ rings
-	maps    int // mappings charged for its MRs (rings are charged one each)
 
 	refused map[string]bool // limits already logged for this client (under s.led.mu)
 

@@ -388,7 +388,6 @@ func (c *client) chargeMaps(n int) error {
 	if r := c.s.led.chargeMaps(c.uid, n); r != nil {
 		return c.limited(r)
 	}
-	c.maps += n
 	return nil
 }
 
