@@ -14,18 +14,10 @@ import (
 
 const (
 	attrState = qpstate.AttrState
-	// Per-connection limits: a client cannot make the daemon allocate
-	// without bound (rings are daemon memory).
-	maxClientQP = 4096
-	maxClientCQ = 4096
-	maxClientCh = 256
-	maxClientMR = 1 << 14
-	maxRingWR   = verbs.MaxQPWR
-	maxCQSlots  = 1 << 16
-	// maxClientCQSlots bounds the CQ ring memory one client makes the
-	// daemon allocate (64 bytes a slot: 64 MiB). QP rings are bounded by
-	// the device's completion budget (goCQDepth).
-	maxClientCQSlots = 1 << 20
+	// What one connection may make the daemon allocate is in Limits
+	// (limits.go); these are the device's own bounds.
+	maxRingWR  = verbs.MaxQPWR
+	maxCQSlots = 1 << 16
 )
 
 type mrObj struct {
@@ -51,6 +43,7 @@ type client struct {
 	bell int // the doorbell eventfd (its copy sent to the client)
 	evW  int // the write end of the async event pipe (non-blocking)
 	pid  int // the peer process (SO_PEERCRED), 0 when unknown
+	uid  int // the peer's user (SO_PEERCRED): what Limits charge per user
 	next uint32
 
 	// Guarded by dev.mu once dev is set (the poller reads mrByKey).
@@ -66,6 +59,8 @@ type client struct {
 
 	cqSlots int // slots of all its CQ rings
 
+	refused map[string]bool // limits already logged for this client (under s.led.mu)
+
 	cm    *cmChan // an rdma_cm event channel (serve/cm.go), or nil
 	pages pageMap // its MRs' pages mapped at its own addresses (serve/mem.go)
 
@@ -74,17 +69,17 @@ type client struct {
 }
 
 func newClient(s *Server, conn *net.UnixConn) *client {
-	pid := 0
+	pid, uid := 0, 0
 	if conn != nil {
 		if rc, err := conn.SyscallConn(); err == nil {
 			rc.Control(func(fd uintptr) {
 				if u, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-					pid = int(u.Pid)
+					pid, uid = int(u.Pid), int(u.Uid)
 				}
 			})
 		}
 	}
-	return &client{s: s, conn: conn, bell: -1, evW: -1, pid: pid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
+	return &client{s: s, conn: conn, bell: -1, evW: -1, pid: pid, uid: uid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
 		cqs: map[uint32]*cqObj{}, qps: map[uint32]*qpObj{}, chans: map[uint32]*chanObj{},
 		ahs: map[uint32]*ahObj{}, srqs: map[uint32]*srqObj{}, mws: map[uint32]*mwObj{}}
 }
@@ -313,15 +308,43 @@ func (c *client) raise(typ, handle uint32) {
 	unix.Write(c.evW, b[:])
 }
 
+// queryDevice reports the device's limits as this client can reach them:
+// as a NIC's, they are capacities (not what is free now), bounded by the
+// daemon's Limits for the client's user and connection, so that one QP,
+// CQ or SRQ of the reported size fits a user who holds nothing yet.
 func (c *client) queryDevice() []byte {
 	a := c.dev.v.QueryDevice()
+	l := c.lim()
+	share := l.QueueSlotsPerUser
+	// A QP of max_qp_wr sends and receives takes twice its rounded size.
+	qpWR := min(a.MaxQPWR, maxRingWR, floorPow2(share/2))
+	// Each QP, CQ, SRQ and MR is a mapping at least; a QP takes two
+	// slots at least.
+	maxQP := min(a.MaxQP, l.QPsPerConn, share/2, l.MappingsPerUser)
+	maxCQ := min(a.MaxCQ, l.CQsPerConn, l.MappingsPerUser)
+	maxCQE := min(a.MaxCQE, maxCQSlots, floorPow2(l.CQSlotsPerConn))
+	maxMR := min(a.MaxMR, l.MRsPerConn, l.MappingsPerUser)
+	maxSRQ := min(verbs.MaxSRQ, l.SRQsPerConn, share, l.MappingsPerUser)
+	srqWR := min(verbs.MaxSRQWR, maxRingWR, floorPow2(share))
 	out := le.AppendUint64(nil, a.MaxMRSize)
 	out = le.AppendUint64(out, c.dev.guid)
-	for _, v := range []int{int(a.VendorID), 1, 0, a.MaxQP, a.MaxQPWR, a.MaxSGE, a.MaxCQ, min(a.MaxCQE, maxCQSlots), a.MaxMR, a.MaxPD,
-		a.MaxQPRDAtom, a.MaxQPInitRDAtom, verbs.MaxSRQ, min(verbs.MaxSRQWR, maxRingWR), verbs.MaxSRQSGE, a.MaxMW, int(a.DeviceCapFlags & (verbs.DeviceMemWindow | verbs.DeviceMemWindowType2B)), 1 /* IBV_ATOMIC_HCA */, a.PhysPortCnt, 0} {
+	for _, v := range []int{int(a.VendorID), 1, 0, maxQP, qpWR, a.MaxSGE, maxCQ, maxCQE, maxMR, a.MaxPD,
+		a.MaxQPRDAtom, a.MaxQPInitRDAtom, maxSRQ, srqWR, verbs.MaxSRQSGE, a.MaxMW, int(a.DeviceCapFlags & (verbs.DeviceMemWindow | verbs.DeviceMemWindowType2B)), 1 /* IBV_ATOMIC_HCA */, a.PhysPortCnt, 0} {
 		out = le.AppendUint32(out, uint32(v))
 	}
 	return out
+}
+
+// floorPow2 is the largest power of two not above n (0 for n < 1).
+func floorPow2(n int) int {
+	p := 1
+	for p*2 <= n {
+		p *= 2
+	}
+	if n < 1 {
+		return 0
+	}
+	return p
 }
 
 func (c *client) queryPort(port uint32) ([]byte, []int, error) {
@@ -388,13 +411,13 @@ func (c *client) regMR(r *regMR, fds []int) ([]byte, []int, error) {
 	if acc&^known != 0 {
 		return nil, nil, fmt.Errorf("%w: access flags 0x%x", syscall.EOPNOTSUPP, r.access)
 	}
-	if len(c.mrs) >= maxClientMR {
-		return nil, nil, syscall.ENOMEM
+	if len(c.mrs) >= c.lim().MRsPerConn {
+		return nil, nil, c.limited(c.s.led.count(syscall.ENOMEM, limMRs, c.lim().MRsPerConn))
 	}
 	if c.pages == nil {
 		c.pages = pageMap{}
 	}
-	m, err := mapClientMem(r, fds, c.pages)
+	m, err := mapClientMem(r, fds, c.pages, c.chargeMaps)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -404,7 +427,7 @@ func (c *client) regMR(r *regMR, fds []int) ([]byte, []int, error) {
 	buf := m.buf(r)
 	mr, err := p.pd.RegMRIOVA(buf, r.iova, acc)
 	if err != nil {
-		m.unmap()
+		c.chargeMaps(-m.unmap())
 		return nil, nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
 	}
 	h := c.handleID()
@@ -428,7 +451,7 @@ func (c *client) deregMR(h uint32) error {
 	if err := c.dev.v.DeregMR(o.mr); err != nil {
 		return err
 	}
-	o.mem.unmap()
+	c.chargeMaps(-o.mem.unmap())
 	delete(c.mrByKey, o.mr.LKey())
 	delete(c.mrs, h)
 	c.pds[o.pd].uses--
@@ -439,8 +462,8 @@ func (c *client) createCQ(cqe, ch uint32) ([]byte, []int, error) {
 	if cqe == 0 || cqe > maxCQSlots {
 		return nil, nil, fmt.Errorf("%w: cqe %d", syscall.EINVAL, cqe)
 	}
-	if len(c.cqs) >= maxClientCQ {
-		return nil, nil, syscall.ENOMEM
+	if len(c.cqs) >= c.lim().CQsPerConn {
+		return nil, nil, c.limited(c.s.led.count(syscall.ENOMEM, limCQs, c.lim().CQsPerConn))
 	}
 	var co *chanObj
 	if ch != 0 {
@@ -449,16 +472,16 @@ func (c *client) createCQ(cqe, ch uint32) ([]byte, []int, error) {
 		}
 	}
 	size := ceilPow2(cqe)
-	if c.cqSlots+int(size) > maxClientCQSlots {
-		return nil, nil, fmt.Errorf("%w: the client's CQs hold %d slots already", syscall.ENOMEM, c.cqSlots)
+	if err := c.chargeCQSlots(int(size)); err != nil {
+		return nil, nil, err
 	}
-	m, err := newShm("softroce-cq", ctlPage+int(size)*cqeSize)
+	m, err := c.newRing("softroce-cq", ctlPage+int(size)*cqeSize)
 	if err != nil {
+		c.chargeCQSlots(-int(size))
 		return nil, nil, err
 	}
 	h := c.handleID()
 	c.cqs[h] = &cqObj{handle: h, mem: m, size: size, ch: co}
-	c.cqSlots += int(size)
 	if co != nil {
 		co.nCQ++
 	}
@@ -481,8 +504,8 @@ func (c *client) destroyCQ(h uint32) error {
 	if o.ch != nil {
 		o.ch.nCQ--
 	}
-	o.mem.free()
-	c.cqSlots -= int(o.size)
+	c.freeRing(o.mem)
+	c.chargeCQSlots(-int(o.size))
 	delete(c.cqs, h)
 	return nil
 }
@@ -506,8 +529,8 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 		return nil, nil, srqErr
 	case msw > maxRingWR || mrw > maxRingWR || mss > verbs.MaxSGE || mrs > verbs.MaxSGE || mil > verbs.MaxInline:
 		return nil, nil, fmt.Errorf("%w: QP capacities", syscall.EINVAL)
-	case len(c.qps) >= maxClientQP:
-		return nil, nil, syscall.ENOMEM
+	case len(c.qps) >= c.lim().QPsPerConn:
+		return nil, nil, c.limited(c.s.led.count(syscall.ENOMEM, limQPs, c.lim().QPsPerConn))
 	}
 	msw, mrw, mss, mrs = max(msw, 1), max(mrw, 1), max(mss, 1), max(mrs, 1)
 	if srq != nil {
@@ -515,15 +538,15 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 	}
 	sqSize, rqSize := ceilPow2(msw), ceilPow2(mrw)
 	d := c.dev
-	if d.reserved+int(sqSize+rqSize) > goCQDepth {
-		return nil, nil, fmt.Errorf("%w: the device's completion capacity is used up", syscall.ENOMEM)
+	if err := c.reserveSlots(int(sqSize + rqSize)); err != nil {
+		return nil, nil, err
 	}
 	sqStride := uint32(sizeSendWQE + (max(int(mss)*sizeSGE, int(mil))+15)&^15)
 	rqStride := uint32(sizeRecvWQE + int(mrs)*sizeSGE)
 	sqOff := ctlPage
 	rqOff := sqOff + int(sqSize*sqStride+pageSize-1)&^(pageSize-1)
 	total := rqOff + int(rqSize*rqStride+pageSize-1)&^(pageSize-1)
-	m, err := newShm("softroce-qp", total)
+	m, err := c.newRing("softroce-qp", total)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -534,7 +557,7 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 	qp, err := p.pd.CreateQP(verbs.QPInitAttr{Type: vt, SRQ: vsrq, SendCQ: d.sendCQ, RecvCQ: d.recvCQ, SQSigAll: sigAll != 0,
 		Cap: verbs.QPCap{MaxSendWR: int(sqSize), MaxRecvWR: int(rqSize), MaxSendSGE: int(mss), MaxRecvSGE: int(mrs), MaxInlineData: int(mil)}})
 	if err != nil {
-		m.free()
+		c.freeRing(m)
 		return nil, nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
 	}
 	if c.s.cfg.RemotePort != 0 {
@@ -554,7 +577,7 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 	d.rmu.Lock()
 	d.byQPN[q.qpn] = q
 	d.rmu.Unlock()
-	d.reserved += int(sqSize + rqSize)
+	c.takeSlots(int(sqSize + rqSize))
 	p.uses++
 	scq.nQP++
 	rcq.nQP++
@@ -648,8 +671,8 @@ func (c *client) destroyQP(h uint32) error {
 	d.rmu.Lock() // route no longer reaches q nor its CQs
 	delete(d.byQPN, q.qpn)
 	d.rmu.Unlock()
-	d.reserved -= int(q.sqSize + q.rqSize)
-	q.mem.free()
+	c.takeSlots(-int(q.sqSize + q.rqSize))
+	c.freeRing(q.mem)
 	delete(c.qps, h)
 	c.pds[q.pd].uses--
 	q.sendCQ.nQP--
@@ -661,16 +684,21 @@ func (c *client) destroyQP(h uint32) error {
 }
 
 func (c *client) createChannel() ([]byte, []int, error) {
-	if len(c.chans) >= maxClientCh {
-		return nil, nil, syscall.ENOMEM
+	if len(c.chans) >= c.lim().ChannelsPerConn {
+		return nil, nil, c.limited(c.s.led.count(syscall.ENOMEM, limChannels, c.lim().ChannelsPerConn))
+	}
+	if r := c.s.led.chargeFDs(c.uid, 1); r != nil { // its pipe's write end
+		return nil, nil, c.limited(r)
 	}
 	var p [2]int
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		c.s.led.chargeFDs(c.uid, -1)
 		return nil, nil, err
 	}
 	if err := unix.SetNonblock(p[1], true); err != nil {
 		unix.Close(p[0])
 		unix.Close(p[1])
+		c.s.led.chargeFDs(c.uid, -1)
 		return nil, nil, err
 	}
 	h := c.handleID()
@@ -687,6 +715,7 @@ func (c *client) destroyChannel(h uint32) error {
 		return fmt.Errorf("%w: channel %d in use", syscall.EBUSY, h)
 	}
 	unix.Close(o.w)
+	c.s.led.chargeFDs(c.uid, -1)
 	delete(c.chans, h)
 	return nil
 }

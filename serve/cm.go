@@ -25,8 +25,7 @@ import (
 // only a QP of the same process (SO_PEERCRED) on the id's device.
 
 const (
-	maxClientCMIDs = 1024
-	maxCMEvents    = 4096
+	maxCMEvents = 4096
 	// disconnectWait bounds the DREQ a destroyed or dead client's
 	// connection sends (the CM's own retries end earlier).
 	disconnectWait = time.Minute
@@ -224,8 +223,8 @@ func devIndex(d *device) uint32 {
 }
 
 func (ch *cmChan) newID(ps cm.PortSpace, ud bool) (*cmID, error) {
-	if len(ch.ids) >= maxClientCMIDs {
-		return nil, fmt.Errorf("%w: %d cm_ids", syscall.ENOMEM, len(ch.ids))
+	if l := ch.c.lim().CMIDsPerConn; len(ch.ids) >= l {
+		return nil, ch.c.limited(ch.c.s.led.count(syscall.ENOMEM, limCMIDs, l))
 	}
 	ch.next++
 	if ch.next == 0 {

@@ -47,12 +47,13 @@ type device struct {
 	name  string
 	guid  uint64
 
-	mu       sync.Mutex
-	qps      []*qpObj
-	byQPN    map[uint32]*qpObj      // written under mu and rmu
-	reserved int                    // send+recv capacity the QPs and SRQs claim of goCQDepth
-	srqs     []*srqObj              // srq.go
-	bySRQ    map[*verbs.SRQ]*srqObj // srq.go: for the limit event
+	mu        sync.Mutex
+	qps       []*qpObj
+	byQPN     map[uint32]*qpObj      // written under mu and rmu
+	reserved  int                    // send+recv capacity the QPs and SRQs claim of goCQDepth
+	userSlots map[int]int            // reserved by uid: Limits.QueueSlotsPerUser
+	srqs      []*srqObj              // srq.go
+	bySRQ     map[*verbs.SRQ]*srqObj // srq.go: for the limit event
 
 	rmu sync.Mutex
 	// overruns are QPs whose client CQ ring was full when route wrote a
@@ -83,7 +84,7 @@ type overrun struct {
 }
 
 func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
-	d := &device{s: s, index: i, v: v, name: v.Name(), byQPN: map[uint32]*qpObj{}, bySRQ: map[*verbs.SRQ]*srqObj{},
+	d := &device{s: s, index: i, v: v, name: v.Name(), byQPN: map[uint32]*qpObj{}, bySRQ: map[*verbs.SRQ]*srqObj{}, userSlots: map[int]int{},
 		quit: make(chan struct{})}
 	if g := v.GIDTable(); len(g) > 0 {
 		// An EUI-64-like GUID from the first address: stable per address.

@@ -212,8 +212,8 @@ func TestHostileClient(t *testing.T) {
 		}
 		made = append(made, le.Uint32(b))
 	}
-	if len(made) != maxClientCQSlots/maxCQSlots {
-		t.Errorf("%d CQs of %d slots created, want %d", len(made), maxCQSlots, maxClientCQSlots/maxCQSlots)
+	if want := DefaultLimits().CQSlotsPerConn / maxCQSlots; len(made) != want {
+		t.Errorf("%d CQs of %d slots created, want %d", len(made), maxCQSlots, want)
 	}
 	for _, cq := range made {
 		if e, _, _ := h.call(opDestroyCQ, u32s(cq, 0)); e != 0 {

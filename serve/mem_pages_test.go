@@ -29,7 +29,7 @@ func TestSharedPageMRsKeepClientAddress(t *testing.T) {
 	reg := func(addr, length uint64, off uint64) *clientMem {
 		t.Helper()
 		r := regMR{addr: addr, length: length, extents: []extent{{va: addr &^ (pageSize - 1), len: pageSize, off: off}}}
-		m, err := mapClientMem(&r, []int{fd}, pages)
+		m, err := mapClientMem(&r, []int{fd}, pages, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,10 +16,6 @@ import (
 // which names the window by its R_Key. Invalidation (LOCAL_INV,
 // SEND_WITH_INV) needs nothing here: the WQE carries the key.
 
-// maxClientMW bounds the windows one client holds (verbs' max_mw bounds
-// the device).
-const maxClientMW = 1 << 14
-
 type mwObj struct {
 	handle uint32
 	pd     uint32
@@ -33,8 +29,8 @@ func (c *client) allocMW(pdH, typ uint32) ([]byte, []int, error) {
 		return nil, nil, fmt.Errorf("%w: no PD %d", syscall.EINVAL, pdH)
 	case typ != uint32(verbs.MWType1) && typ != uint32(verbs.MWType2):
 		return nil, nil, fmt.Errorf("%w: window type %d", syscall.EINVAL, typ)
-	case len(c.mws) >= maxClientMW:
-		return nil, nil, syscall.ENOMEM
+	case len(c.mws) >= c.lim().MWsPerConn: // verbs' max_mw bounds the device
+		return nil, nil, c.limited(c.s.led.count(syscall.ENOMEM, limMWs, c.lim().MWsPerConn))
 	}
 	mw, err := p.pd.AllocMW(verbs.MWType(typ))
 	if err != nil {

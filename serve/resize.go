@@ -43,11 +43,13 @@ func (c *client) resizeCQ(h, cqe uint32) ([]byte, []int, error) {
 		return nil, nil, fmt.Errorf("%w: cqe %d", syscall.EINVAL, cqe)
 	}
 	size := ceilPow2(cqe)
-	if c.cqSlots-int(o.size)+int(size) > maxClientCQSlots {
-		return nil, nil, fmt.Errorf("%w: the client's CQs hold %d slots already", syscall.ENOMEM, c.cqSlots)
+	grow := max(int(size)-int(o.size), 0) // taken now; a shrink gives back at the end
+	if err := c.chargeCQSlots(grow); err != nil {
+		return nil, nil, err
 	}
-	m, err := newShm("softroce-cq", ctlPage+int(size)*cqeSize)
+	m, err := c.newRing("softroce-cq", ctlPage+int(size)*cqeSize)
 	if err != nil {
+		c.chargeCQSlots(-grow)
 		return nil, nil, err
 	}
 	d := c.dev
@@ -57,7 +59,8 @@ func (c *client) resizeCQ(h, cqe uint32) ([]byte, []int, error) {
 	held := o.prod - cons
 	if held > o.size || held > cqe {
 		d.rmu.Unlock()
-		m.free()
+		c.freeRing(m)
+		c.chargeCQSlots(-grow)
 		if held > o.size {
 			return nil, nil, fmt.Errorf("%w: CQ %d consumer index out of range", syscall.EINVAL, h)
 		}
@@ -82,8 +85,8 @@ func (c *client) resizeCQ(h, cqe uint32) ([]byte, []int, error) {
 	oldSize := o.size
 	o.mem, o.size = m, size
 	d.rmu.Unlock()
-	prev.free()
-	c.cqSlots += int(size) - int(oldSize)
+	c.freeRing(prev)
+	c.chargeCQSlots(int(size) - int(oldSize) - grow)
 	fd := m.fd
 	m.fd = -1 // sent, then closed by run
 	out := le.AppendUint32(nil, h)
@@ -109,9 +112,10 @@ func (c *client) resizeSRQ(h, mask, maxWR, limit uint32) ([]byte, []int, error) 
 		return nil, nil, fmt.Errorf("%w: srq_limit %d above max_wr %d", syscall.EINVAL, limit, maxWR)
 	}
 	size := ceilPow2(maxWR)
-	d := c.dev
-	if d.reserved-int(o.size)+int(size) > goCQDepth {
-		return nil, nil, fmt.Errorf("%w: the device's completion capacity is used up", syscall.ENOMEM)
+	if int(size) > int(o.size) {
+		if err := c.reserveSlots(int(size) - int(o.size)); err != nil {
+			return nil, nil, err
+		}
 	}
 	// What the ring holds moves into the verbs SRQ first, as far as it
 	// fits: the verbs SRQ then counts the posted WQEs the resize checks.
@@ -122,7 +126,7 @@ func (c *client) resizeSRQ(h, mask, maxWR, limit uint32) ([]byte, []int, error) 
 		return nil, nil, fmt.Errorf("%w: SRQ %d holds %d WQEs not taken, more than max_wr %d", syscall.EINVAL, h, prod-o.cons, maxWR)
 	}
 	total := ctlPage + int(size*o.stride+pageSize-1)&^(pageSize-1)
-	m, err := newShm("softroce-srq", total)
+	m, err := c.newRing("softroce-srq", total)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -131,7 +135,7 @@ func (c *client) resizeSRQ(h, mask, maxWR, limit uint32) ([]byte, []int, error) 
 		vm |= verbs.SRQLimit
 	}
 	if err := o.srq.Modify(verbs.SRQAttr{MaxWR: int(size), Limit: int(limit)}, vm); err != nil {
-		m.free()
+		c.freeRing(m)
 		return nil, nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
 	}
 	for i := o.cons; i != prod; i++ {
@@ -141,8 +145,8 @@ func (c *client) resizeSRQ(h, mask, maxWR, limit uint32) ([]byte, []int, error) 
 	store32(m.b, offRQProd, prod)
 	store32(m.b, offSleeping, load32(b, offSleeping))
 	store32(m.b, offQPError, load32(b, offQPError))
-	d.reserved += int(size) - int(o.size)
-	o.mem.free()
+	c.takeSlots(int(size) - int(o.size))
+	c.freeRing(o.mem)
 	o.mem, o.size = m, size
 	fd := m.fd
 	m.fd = -1

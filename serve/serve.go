@@ -42,6 +42,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/softroce/softroce/verbs"
 )
@@ -58,8 +59,12 @@ type Config struct {
 	// listen on a port other than 4791, as a daemon started with
 	// --udp-port and its peers do).
 	RemotePort uint16
-	// Log receives a line per closed device context; nil discards.
+	// Log receives a line per closed device context and per refusal by
+	// a limit; nil discards.
 	Log *log.Logger
+	// Limits bound what clients can make the daemon hold (zero fields:
+	// DefaultLimits).
+	Limits Limits
 }
 
 // DefaultSocket is where the daemon listens and clients look by default:
@@ -80,13 +85,19 @@ func DefaultSocket() string {
 
 // Stats count what the daemon saw.
 type Stats struct {
-	Clients     int    // connections open now
-	Accepted    uint64 // connections ever accepted
-	BadRequests uint64 // malformed or refused requests
-	BadWQEs     uint64 // WQEs that moved their QP to ERR
-	Overruns    uint64 // CQEs dropped on a full client CQ ring
-	Backstops   uint64 // poller sleeps that ended on the backstop timer
-	QueueFull   uint64 // WQEs verbs refused as over the QP's capacity (retried)
+	Clients     int    `json:"clients"`      // connections open now
+	Accepted    uint64 `json:"accepted"`     // connections ever accepted
+	BadRequests uint64 `json:"bad_requests"` // malformed or refused requests
+	BadWQEs     uint64 `json:"bad_wqes"`     // WQEs that moved their QP to ERR
+	Overruns    uint64 `json:"overruns"`     // CQEs dropped on a full client CQ ring
+	Backstops   uint64 `json:"backstops"`    // poller sleeps that ended on the backstop timer
+	QueueFull   uint64 `json:"queue_full"`   // WQEs verbs refused as over the QP's capacity (retried)
+	// AcceptErrors counts accepts that failed (descriptors or memory
+	// short): the daemon waits and accepts again.
+	AcceptErrors uint64 `json:"accept_errors"`
+	// Refusals counts the requests and connections refused by each limit,
+	// by its name (the flag of softroce serve that raises it).
+	Refusals map[string]uint64 `json:"refusals,omitempty"`
 }
 
 // Server is a running daemon.
@@ -101,7 +112,10 @@ type Server struct {
 	closed  bool
 	wg      sync.WaitGroup
 
-	accepted, badReq, badWQE, overruns, backstops, queueFull atomic.Uint64
+	led      *ledger
+	refusing chan struct{} // refused connections waiting for their request
+
+	accepted, badReq, badWQE, overruns, backstops, queueFull, acceptErrs atomic.Uint64
 }
 
 // New makes a server for devs; it takes them over (Close closes them).
@@ -112,7 +126,7 @@ func New(devs []*verbs.Device, cfg Config) (*Server, error) {
 	if cfg.Socket == "" {
 		cfg.Socket = DefaultSocket()
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, clients: map[*client]struct{}{}}
+	s := &Server{cfg: cfg, log: cfg.Log, clients: map[*client]struct{}{}, led: newLedger(cfg.Limits), refusing: make(chan struct{}, 16)}
 	if s.log == nil {
 		s.log = log.New(io.Discard, "", 0)
 	}
@@ -173,26 +187,44 @@ func (s *Server) Listen() error {
 func (s *Server) Socket() string { return s.cfg.Socket }
 
 // Serve accepts clients until Close. Listen must have succeeded.
+// A failed accept (descriptors or memory short) never ends it: it is
+// logged (at most every few seconds) and tried again after a pause.
 func (s *Server) Serve() error {
+	var pause time.Duration
+	var lastLog time.Time
 	for {
 		conn, err := s.ln.AcceptUnix()
 		if err != nil {
 			s.mu.Lock()
 			closed := s.closed
 			s.mu.Unlock()
-			if closed {
+			if closed || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			return err
+			s.acceptErrs.Add(1)
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			if time.Since(lastLog) > 10*time.Second {
+				lastLog = time.Now()
+				s.log.Printf("accept: %v (%d so far); accepting again in %v", err, s.acceptErrs.Load(), pause)
+			}
+			time.Sleep(pause)
+			continue
 		}
+		pause = 0
 		c := newClient(s, conn)
+		if r := s.led.admit(c.uid); r != nil {
+			s.limitedConn(c.uid, c.pid, r)
+			s.refuse(conn, r.errno)
+			continue
+		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
+			s.led.leave(c.uid)
 			conn.Close()
 			return nil
 		}
@@ -206,11 +238,32 @@ func (s *Server) Serve() error {
 			s.mu.Lock()
 			delete(s.clients, c)
 			s.mu.Unlock()
+			s.led.leave(c.uid)
 			if c.dev != nil {
 				s.log.Printf("client pid %d closed its %s context; its resources are freed", c.pid, c.dev.name)
 			}
 		}()
 	}
+}
+
+// refuse answers a connection's first request with e and closes it. The
+// answer is queued at once; the connection stays open a moment for the
+// request (so that the client reads the answer rather than a closed
+// socket), for a bounded number of connections at a time.
+func (s *Server) refuse(conn *net.UnixConn, e syscall.Errno) {
+	conn.Write(le.AppendUint32(le.AppendUint32(nil, uint32(e)), 0))
+	select {
+	case s.refusing <- struct{}{}:
+	default:
+		conn.Close()
+		return
+	}
+	go func() {
+		defer func() { <-s.refusing }()
+		conn.SetReadDeadline(time.Now().Add(time.Second))
+		conn.Read(make([]byte, maxMsg+1))
+		conn.Close()
+	}()
 }
 
 // Close stops accepting, disconnects every client (cleaning up after each
@@ -241,7 +294,8 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	n := len(s.clients)
 	s.mu.Unlock()
-	return Stats{Clients: n, Accepted: s.accepted.Load(), BadRequests: s.badReq.Load(), BadWQEs: s.badWQE.Load(), Overruns: s.overruns.Load(), Backstops: s.backstops.Load(), QueueFull: s.queueFull.Load()}
+	return Stats{Clients: n, Accepted: s.accepted.Load(), BadRequests: s.badReq.Load(), BadWQEs: s.badWQE.Load(), Overruns: s.overruns.Load(),
+		Backstops: s.backstops.Load(), QueueFull: s.queueFull.Load(), AcceptErrors: s.acceptErrs.Load(), Refusals: s.led.refusalCounts()}
 }
 
 // QPs is how many client QPs exist on all devices.

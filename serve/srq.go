@@ -38,23 +38,23 @@ func (c *client) createSRQ(pdH, maxWR, maxSGE, limit uint32) ([]byte, []int, err
 		return nil, nil, fmt.Errorf("%w: no PD %d", syscall.EINVAL, pdH)
 	case maxWR == 0 || maxWR > verbs.MaxSRQWR || maxWR > maxRingWR || maxSGE > verbs.MaxSRQSGE || limit > maxWR:
 		return nil, nil, fmt.Errorf("%w: SRQ max_wr %d, max_sge %d, limit %d", syscall.EINVAL, maxWR, maxSGE, limit)
-	case len(c.srqs) >= maxClientSRQ:
-		return nil, nil, syscall.ENOMEM
+	case len(c.srqs) >= c.lim().SRQsPerConn:
+		return nil, nil, c.limited(c.s.led.count(syscall.ENOMEM, limSRQs, c.lim().SRQsPerConn))
 	}
 	maxSGE = max(maxSGE, 1)
 	size := ceilPow2(maxWR)
-	if d.reserved+int(size) > goCQDepth {
-		return nil, nil, fmt.Errorf("%w: the device's completion capacity is used up", syscall.ENOMEM)
+	if err := c.reserveSlots(int(size)); err != nil {
+		return nil, nil, err
 	}
 	stride := uint32(sizeRecvWQE + int(maxSGE)*sizeSGE)
 	total := ctlPage + int(size*stride+pageSize-1)&^(pageSize-1)
-	m, err := newShm("softroce-srq", total)
+	m, err := c.newRing("softroce-srq", total)
 	if err != nil {
 		return nil, nil, err
 	}
 	s, err := p.pd.CreateSRQ(verbs.SRQInitAttr{MaxWR: int(size), MaxSGE: int(maxSGE), Limit: int(limit)})
 	if err != nil {
-		m.free()
+		c.freeRing(m)
 		return nil, nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
 	}
 	h := c.handleID()
@@ -64,7 +64,7 @@ func (c *client) createSRQ(pdH, maxWR, maxSGE, limit uint32) ([]byte, []int, err
 	c.srqs[h] = o
 	d.srqs = append(d.srqs, o)
 	d.bySRQ[s] = o
-	d.reserved += int(size)
+	c.takeSlots(int(size))
 	p.uses++
 	fd := m.fd
 	m.fd = -1
@@ -130,8 +130,8 @@ func (c *client) destroySRQ(h uint32) error {
 		}
 	}
 	delete(d.bySRQ, o.srq)
-	d.reserved -= int(o.size)
-	o.mem.free()
+	c.takeSlots(-int(o.size))
+	c.freeRing(o.mem)
 	delete(c.srqs, h)
 	c.pds[o.pd].uses--
 	return nil

@@ -25,8 +25,6 @@ const (
 	evQPLastWQE   = 16 // IBV_EVENT_QP_LAST_WQE_REACHED
 	ibvSRQMaxWR   = 1  // enum ibv_srq_attr_mask
 	ibvSRQLimit   = 2
-	maxClientAH   = 1 << 14
-	maxClientSRQ  = 1024
 )
 
 // udBodySize is the exact body length of the ops of this file and srq.go.
@@ -99,8 +97,8 @@ func (c *client) createAH(b []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: port %d", syscall.EINVAL, port)
 	case sgid > 255 || hop > 255 || tc > 255 || sl > 15 || fl > 0xfffff:
 		return nil, fmt.Errorf("%w: AH attribute out of range", syscall.EINVAL)
-	case len(c.ahs) >= maxClientAH:
-		return nil, syscall.ENOMEM
+	case len(c.ahs) >= c.lim().AHsPerConn:
+		return nil, c.limited(c.s.led.count(syscall.ENOMEM, limAHs, c.lim().AHsPerConn))
 	}
 	var a verbs.AHAttr
 	copy(a.DGID[:], b[32:48])

@@ -8,6 +8,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"sort"
 	"strings"
 	"syscall"
 
@@ -41,6 +42,7 @@ func runServe(args []string) int {
 	port := fs.Int("udp-port", 0, "UDP port to listen on (default 4791)")
 	peerPort := fs.Int("peer-udp-port", 0, "UDP port the peers listen on (default: --udp-port; change only against another softroce on the same address)")
 	quiet := fs.Bool("q", false, "print nothing but errors")
+	lim := limitFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--socket PATH] [--group NAME]\n\n"+
 			"Owns one softroce device per address and serves the programs that 'softroce run' starts.\n\n")
@@ -76,7 +78,7 @@ func runServe(args []string) int {
 	if !*quiet {
 		lg = log.New(os.Stderr, "softroce serve: ", 0)
 	}
-	s, err := serve.New(devs, serve.Config{Socket: *sock, Group: *group, Log: lg, RemotePort: uint16(cmp.Or(*peerPort, *port))})
+	s, err := serve.New(devs, serve.Config{Socket: *sock, Group: *group, Log: lg, RemotePort: uint16(cmp.Or(*peerPort, *port)), Limits: *lim})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
 		return 1
@@ -105,6 +107,38 @@ func runServe(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// limitFlags defines the flags of serve.Limits; each help text states the
+// default, which a zero value (or the flag's absence) keeps.
+func limitFlags(fs *flag.FlagSet) *serve.Limits {
+	var l serve.Limits
+	d := serve.DefaultLimits()
+	for _, f := range []struct {
+		v    *int
+		name string
+		help string
+	}{
+		{&l.ConnsPerUser, "max-conns-per-user", fmt.Sprintf("connections one user (uid) may hold open; over it a connection gets EMFILE (default %d)", d.ConnsPerUser)},
+		{&l.FDsPerUser, "max-fds-per-user", fmt.Sprintf("descriptors the daemon keeps for one user: 3 a connection, 1 a completion channel; over it EMFILE (default %d)", d.FDsPerUser)},
+		{&l.FDReserve, "fd-reserve", fmt.Sprintf("descriptors kept for the daemon itself: clients together get RLIMIT_NOFILE less this, then ENFILE (default %d)", d.FDReserve)},
+		{&l.Mappings, "max-mappings", fmt.Sprintf("memory mappings (MR extents, rings) the daemon makes for all clients; over it ENOMEM (default half of vm.max_map_count: %d here)", d.Mappings)},
+		{&l.MappingsPerUser, "max-mappings-per-user", fmt.Sprintf("memory mappings for one user; over it ENOMEM (default a quarter of --max-mappings: %d here)", d.Mappings/4)},
+		{&l.QueueSlotsPerUser, "max-queue-slots-per-user", fmt.Sprintf("send and receive queue slots (WRs rounded up to a power of two) of one user's QPs and SRQs on a device; over it ENOMEM (default %d, a quarter of the device's 131072)", d.QueueSlotsPerUser)},
+		{&l.QPsPerConn, "max-qps-per-conn", fmt.Sprintf("QPs of one connection (ibv_context); over it ENOMEM (default %d)", d.QPsPerConn)},
+		{&l.CQsPerConn, "max-cqs-per-conn", fmt.Sprintf("CQs of one connection; over it ENOMEM (default %d)", d.CQsPerConn)},
+		{&l.MRsPerConn, "max-mrs-per-conn", fmt.Sprintf("MRs of one connection; over it ENOMEM (default %d)", d.MRsPerConn)},
+		{&l.ChannelsPerConn, "max-channels-per-conn", fmt.Sprintf("completion channels of one connection; over it ENOMEM (default %d)", d.ChannelsPerConn)},
+		{&l.CQSlotsPerConn, "max-cq-slots-per-conn", fmt.Sprintf("slots of all CQs of one connection, 64 bytes each of the daemon's memory; over it ENOMEM (default %d)", d.CQSlotsPerConn)},
+		{&l.CQSlotsPerUser, "max-cq-slots-per-user", fmt.Sprintf("slots of all CQs of one user's connections; over it ENOMEM (default %d)", d.CQSlotsPerUser)},
+		{&l.SRQsPerConn, "max-srqs-per-conn", fmt.Sprintf("SRQs of one connection; over it ENOMEM (default %d)", d.SRQsPerConn)},
+		{&l.AHsPerConn, "max-ahs-per-conn", fmt.Sprintf("address handles of one connection; over it ENOMEM (default %d)", d.AHsPerConn)},
+		{&l.MWsPerConn, "max-mws-per-conn", fmt.Sprintf("memory windows of one connection; over it ENOMEM (default %d)", d.MWsPerConn)},
+		{&l.CMIDsPerConn, "max-cm-ids-per-conn", fmt.Sprintf("rdma_cm ids of one event channel; over it ENOMEM (default %d)", d.CMIDsPerConn)},
+	} {
+		fs.IntVar(f.v, f.name, 0, f.help)
+	}
+	return &l
 }
 
 func runABI(args []string) int {
@@ -160,6 +194,21 @@ func runStatus(args []string) int {
 	}
 	fmt.Printf("clients %d (accepted %d)  bad requests %d  bad WQEs %d  CQ overruns %d\n",
 		st.Stats.Clients, st.Stats.Accepted, st.Stats.BadRequests, st.Stats.BadWQEs, st.Stats.Overruns)
+	if st.Stats.AcceptErrors > 0 {
+		fmt.Printf("failed accepts %d (retried)\n", st.Stats.AcceptErrors)
+	}
+	if len(st.Stats.Refusals) > 0 {
+		names := make([]string, 0, len(st.Stats.Refusals))
+		for n := range st.Stats.Refusals {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		fmt.Print("refused by limit:")
+		for _, n := range names {
+			fmt.Printf("  --%s %d", n, st.Stats.Refusals[n])
+		}
+		fmt.Println()
+	}
 	for _, c := range st.Clients {
 		fmt.Printf("  pid %d  %s  pds %d mrs %d cqs %d qps %d", c.PID, c.Device, c.PDs, c.MRs, c.CQs, len(c.QPs))
 		if c.SRQs+c.AHs > 0 {
