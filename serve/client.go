@@ -189,6 +189,9 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 		closeAll(fds)
 		return nil, nil, fmt.Errorf("%w: op %d before OPEN", syscall.EBADF, r.op)
 	}
+	if r.op == opRegMR || r.op == opRegMRIOVA {
+		return c.regMRRequest(r, fds)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	switch r.op {
@@ -202,10 +205,6 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 		return c.allocPD()
 	case opDeallocPD:
 		return nil, nil, c.deallocPD(u32(r.body, 0))
-	case opRegMR, opRegMRIOVA:
-		rq := decodeRegMR(r.op, r.body, c.ext[:0])
-		defer closeAll(fds)
-		return c.regMR(&rq, fds)
 	case opDeregMR:
 		return nil, nil, c.deregMR(u32(r.body, 0))
 	case opCreateCQ:
@@ -377,26 +376,48 @@ func (c *client) deallocPD(h uint32) error {
 	return nil
 }
 
-func (c *client) regMR(r *regMR, fds []int) ([]byte, []int, error) {
-	p := c.pds[r.pd]
-	if p == nil {
-		return nil, nil, fmt.Errorf("%w: no PD %d", syscall.EINVAL, r.pd)
-	}
+// regMRRequest runs a REG_MR. The client's descriptors are checked,
+// mapped and closed before the device lock is taken: closing a descriptor
+// can block (a socket with SO_LINGER passed as a memfd blocks close for
+// its linger time), and only this client's goroutine may wait for that.
+// c.pages is this client's alone and only its goroutine (requests and
+// cleanup) touches it, so the mapping needs no lock either.
+func (c *client) regMRRequest(r request, fds []int) ([]byte, []int, error) {
+	rq := decodeRegMR(r.op, r.body, c.ext[:0])
 	const known = memreg.AccessLocalWrite | memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic | memreg.AccessMWBind
 	// Optional-range flags (relaxed ordering, ...) are hints; others are refused.
-	acc := memreg.Access(r.access) &^ (0xfff00000)
+	acc := memreg.Access(rq.access) &^ (0xfff00000)
 	if acc&^known != 0 {
-		return nil, nil, fmt.Errorf("%w: access flags 0x%x", syscall.EOPNOTSUPP, r.access)
-	}
-	if len(c.mrs) >= maxClientMR {
-		return nil, nil, syscall.ENOMEM
+		closeAll(fds)
+		return nil, nil, fmt.Errorf("%w: access flags 0x%x", syscall.EOPNOTSUPP, rq.access)
 	}
 	if c.pages == nil {
 		c.pages = pageMap{}
 	}
-	m, err := mapClientMem(r, fds, c.pages)
+	m, err := mapClientMem(&rq, fds, c.pages)
+	closeAll(fds) // the mappings keep the memory; no lock is held here
 	if err != nil {
 		return nil, nil, err
+	}
+	d := c.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	resp, err := c.regMR(&rq, acc, m)
+	if err != nil {
+		m.unmap()
+	}
+	return resp, nil, err
+}
+
+// regMR registers the mapped range m; the caller holds dev.mu and unmaps
+// m when it fails.
+func (c *client) regMR(r *regMR, acc memreg.Access, m *clientMem) ([]byte, error) {
+	p := c.pds[r.pd]
+	if p == nil {
+		return nil, fmt.Errorf("%w: no PD %d", syscall.EINVAL, r.pd)
+	}
+	if len(c.mrs) >= maxClientMR {
+		return nil, syscall.ENOMEM
 	}
 	// The region's VA is the client's (its address or the IOVA it asked
 	// for) wherever the daemon mapped the bytes: peers, SGEs and window
@@ -404,8 +425,7 @@ func (c *client) regMR(r *regMR, fds []int) ([]byte, []int, error) {
 	buf := m.buf(r)
 	mr, err := p.pd.RegMRIOVA(buf, r.iova, acc)
 	if err != nil {
-		m.unmap()
-		return nil, nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
+		return nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
 	}
 	h := c.handleID()
 	o := &mrObj{handle: h, pd: r.pd, mr: mr, addr: r.iova, length: r.length, daddr: mr.Addr(), mem: m}
@@ -416,7 +436,7 @@ func (c *client) regMR(r *regMR, fds []int) ([]byte, []int, error) {
 	out = le.AppendUint32(out, mr.LKey())
 	out = le.AppendUint32(out, mr.RKey())
 	out = le.AppendUint32(out, 0)
-	return out, nil, nil
+	return out, nil
 }
 
 func (c *client) deregMR(h uint32) error {
