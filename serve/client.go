@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"crypto/rand"
 	"fmt"
 	"net"
 	"syscall"
@@ -51,6 +52,11 @@ type client struct {
 	bell int // the doorbell eventfd (its copy sent to the client)
 	evW  int // the write end of the async event pipe (non-blocking)
 	pid  int // the peer process (SO_PEERCRED), 0 when unknown
+	// uid and gid are the peer's (SO_PEERCRED), -1 when unknown. Unlike
+	// the pid, which another process may get once this one exits, they
+	// say whose the connection is: ownership checks use them.
+	uid  int
+	gid  int
 	next uint32
 
 	// Guarded by dev.mu once dev is set (the poller reads mrByKey).
@@ -74,17 +80,17 @@ type client struct {
 }
 
 func newClient(s *Server, conn *net.UnixConn) *client {
-	pid := 0
+	pid, uid, gid := 0, -1, -1
 	if conn != nil {
 		if rc, err := conn.SyscallConn(); err == nil {
 			rc.Control(func(fd uintptr) {
 				if u, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-					pid = int(u.Pid)
+					pid, uid, gid = int(u.Pid), int(u.Uid), int(u.Gid)
 				}
 			})
 		}
 	}
-	return &client{s: s, conn: conn, bell: -1, evW: -1, pid: pid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
+	return &client{s: s, conn: conn, bell: -1, evW: -1, pid: pid, uid: uid, gid: gid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
 		cqs: map[uint32]*cqObj{}, qps: map[uint32]*qpObj{}, chans: map[uint32]*chanObj{},
 		ahs: map[uint32]*ahObj{}, srqs: map[uint32]*srqObj{}, mws: map[uint32]*mwObj{}}
 }
@@ -560,8 +566,14 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 	if c.s.cfg.RemotePort != 0 {
 		qp.SetRemotePort(c.s.cfg.RemotePort)
 	}
+	token, err := newQPToken()
+	if err != nil {
+		qp.Destroy()
+		m.free()
+		return nil, nil, err
+	}
 	h := c.handleID()
-	q := &qpObj{handle: h, c: c, pd: pdH, qp: qp, qpn: qp.Num(), mem: m, sqSize: sqSize, rqSize: rqSize, sqStride: sqStride, rqStride: rqStride,
+	q := &qpObj{handle: h, c: c, pd: pdH, qp: qp, qpn: qp.Num(), token: token, mem: m, sqSize: sqSize, rqSize: rqSize, sqStride: sqStride, rqStride: rqStride,
 		sqOff: sqOff, rqOff: rqOff, maxSendSGE: int(mss), maxRecvSGE: int(mrs), maxInline: int(mil), sendCQ: scq, recvCQ: rcq,
 		sgl: make([]verbs.SGE, mss), rsgl: make([]verbs.SGE, mrs), inline: make([]byte, mil), typ: vt, srq: srq}
 	if srq != nil {
@@ -587,7 +599,19 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 	out = le.AppendUint64(out, uint64(total))
 	out = le.AppendUint64(out, uint64(sqOff))
 	out = le.AppendUint64(out, uint64(rqOff))
+	out = le.AppendUint64(out, token)
 	return out, []int{fd}, nil
+}
+
+// newQPToken is a QP's token: what ATTACH_QP must show besides the
+// owner's uid. QP numbers are small and STATUS used to show them; the
+// token is random and only CREATE_QP's answer carries it.
+func newQPToken() (uint64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("QP token: %w", err)
+	}
+	return le.Uint64(b[:]), nil
 }
 
 func (c *client) modifyQP(h, mask uint32, a qpAttrWire) error {
