@@ -80,13 +80,13 @@ func DefaultSocket() string {
 
 // Stats count what the daemon saw.
 type Stats struct {
-	Clients     int    // connections open now
-	Accepted    uint64 // connections ever accepted
-	BadRequests uint64 // malformed or refused requests
-	BadWQEs     uint64 // WQEs that moved their QP to ERR
-	Overruns    uint64 // CQEs dropped on a full client CQ ring
-	Backstops   uint64 // poller sleeps that ended on the backstop timer
-	QueueFull   uint64 // WQEs verbs refused as over the QP's capacity (retried)
+	Clients     int    `json:"clients"`      // connections open now
+	Accepted    uint64 `json:"accepted"`     // connections ever accepted
+	BadRequests uint64 `json:"bad_requests"` // malformed or refused requests
+	BadWQEs     uint64 `json:"bad_wqes"`     // WQEs that moved their QP to ERR
+	Overruns    uint64 `json:"overruns"`     // CQEs dropped on a full client CQ ring
+	Backstops   uint64 `json:"backstops"`    // poller sleeps that ended on the backstop timer
+	QueueFull   uint64 `json:"queue_full"`   // WQEs verbs refused as over the QP's capacity (retried)
 }
 
 // Server is a running daemon.
