@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -212,8 +213,9 @@ func piped(t *testing.T, cmd *exec.Cmd) (io.WriteCloser, <-chan string) {
 
 // A client whose REG_MR descriptor blocks in close (a lingering socket
 // passed as a memfd) stalls only itself: another user's process is
-// answered while the daemon's close of that descriptor is still pending,
-// which is before the hostile REG_MR is answered.
+// answered, and another user's ibv_rc_pingpong pair runs 5000
+// iterations, while the daemon's close of that descriptor is still
+// pending, which is before the hostile REG_MR is answered.
 func TestBlockingCloseStallsOnlyItsClient(t *testing.T) {
 	s, u1001, u1002 := otherUsers(t)
 	sock := "SOFTROCE_SOCKET=" + s.Socket()
@@ -252,6 +254,23 @@ func TestBlockingCloseStallsOnlyItsClient(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("another user's QUERY_DEVICE was not answered in 20 s while a hostile REG_MR descriptor was being closed")
 	}
+	// Unmodified programs of that user run a whole exchange meanwhile.
+	t.Run("ibv_rc_pingpong", func(t *testing.T) {
+		p, lib := tool(t, "ibv_rc_pingpong")
+		for d := lib; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+			os.Chmod(d, 0o755)
+		}
+		port := fmt.Sprint(freeTCPPort(t))
+		args := []string{"-g", "0", "-p", port, "-n", "5000"}
+		srv := startPingpongAs(t, s, lib, u1001, p, args...)
+		waitTCPListen(t, srv, port)
+		cli := startPingpongAs(t, s, lib, u1001, p, append(args, "127.0.0.1")...)
+		cli.wait(t, "ibv_rc_pingpong client")
+		srv.wait(t, "ibv_rc_pingpong server")
+		if o := cli.output(); !strings.Contains(o, "5000 iters in") {
+			t.Errorf("no result:\n%s", o)
+		}
+	})
 	fmt.Fprintln(hin, "drain")
 	l := expectLine(t, hout, "", 90*time.Second)
 	if want := fmt.Sprintf("late %d", int(syscall.EINVAL)); l != want {
