@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"crypto/rand"
 	"fmt"
 	"net"
 	"syscall"
@@ -43,7 +44,11 @@ type client struct {
 	bell int // the doorbell eventfd (its copy sent to the client)
 	evW  int // the write end of the async event pipe (non-blocking)
 	pid  int // the peer process (SO_PEERCRED), 0 when unknown
-	uid  int // the peer's user (SO_PEERCRED): what Limits charge per user
+	// uid and gid are the peer's (SO_PEERCRED), -1 when unknown. Unlike
+	// the pid, which another process may get once this one exits, they
+	// say whose the connection is: ownership checks use them.
+	uid  int
+	gid  int
 	next uint32
 
 	// Guarded by dev.mu once dev is set (the poller reads mrByKey).
@@ -69,17 +74,17 @@ type client struct {
 }
 
 func newClient(s *Server, conn *net.UnixConn) *client {
-	pid, uid := 0, 0
+	pid, uid, gid := 0, -1, -1
 	if conn != nil {
 		if rc, err := conn.SyscallConn(); err == nil {
 			rc.Control(func(fd uintptr) {
 				if u, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-					pid, uid = int(u.Pid), int(u.Uid)
+					pid, uid, gid = int(u.Pid), int(u.Uid), int(u.Gid)
 				}
 			})
 		}
 	}
-	return &client{s: s, conn: conn, bell: -1, evW: -1, pid: pid, uid: uid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
+	return &client{s: s, conn: conn, bell: -1, evW: -1, pid: pid, uid: uid, gid: gid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
 		cqs: map[uint32]*cqObj{}, qps: map[uint32]*qpObj{}, chans: map[uint32]*chanObj{},
 		ahs: map[uint32]*ahObj{}, srqs: map[uint32]*srqObj{}, mws: map[uint32]*mwObj{}}
 }
@@ -184,6 +189,9 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 		closeAll(fds)
 		return nil, nil, fmt.Errorf("%w: op %d before OPEN", syscall.EBADF, r.op)
 	}
+	if r.op == opRegMR || r.op == opRegMRIOVA {
+		return c.regMRRequest(r, fds)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	switch r.op {
@@ -197,10 +205,6 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 		return c.allocPD()
 	case opDeallocPD:
 		return nil, nil, c.deallocPD(u32(r.body, 0))
-	case opRegMR, opRegMRIOVA:
-		rq := decodeRegMR(r.op, r.body, c.ext[:0])
-		defer closeAll(fds)
-		return c.regMR(&rq, fds)
 	case opDeregMR:
 		return nil, nil, c.deregMR(u32(r.body, 0))
 	case opCreateCQ:
@@ -400,26 +404,50 @@ func (c *client) deallocPD(h uint32) error {
 	return nil
 }
 
-func (c *client) regMR(r *regMR, fds []int) ([]byte, []int, error) {
-	p := c.pds[r.pd]
-	if p == nil {
-		return nil, nil, fmt.Errorf("%w: no PD %d", syscall.EINVAL, r.pd)
-	}
+// regMRRequest runs a REG_MR. The client's descriptors are checked,
+// mapped and closed before the device lock is taken: closing a descriptor
+// can block (a socket with SO_LINGER passed as a memfd blocks close for
+// its linger time), and only this client's goroutine may wait for that.
+// c.pages is this client's alone and only its goroutine (requests and
+// cleanup) touches it, so the mapping needs no lock either.
+func (c *client) regMRRequest(r request, fds []int) ([]byte, []int, error) {
+	rq := decodeRegMR(r.op, r.body, c.ext[:0])
 	const known = memreg.AccessLocalWrite | memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic | memreg.AccessMWBind
 	// Optional-range flags (relaxed ordering, ...) are hints; others are refused.
-	acc := memreg.Access(r.access) &^ (0xfff00000)
+	acc := memreg.Access(rq.access) &^ (0xfff00000)
 	if acc&^known != 0 {
-		return nil, nil, fmt.Errorf("%w: access flags 0x%x", syscall.EOPNOTSUPP, r.access)
+		closeAll(fds)
+		return nil, nil, fmt.Errorf("%w: access flags 0x%x", syscall.EOPNOTSUPP, rq.access)
 	}
+	// Only this goroutine changes c.mrs: counted here, before any mapping.
 	if len(c.mrs) >= c.lim().MRsPerConn {
+		closeAll(fds)
 		return nil, nil, c.limited(c.s.led.count(syscall.ENOMEM, limMRs, c.lim().MRsPerConn))
 	}
 	if c.pages == nil {
 		c.pages = pageMap{}
 	}
-	m, err := mapClientMem(r, fds, c.pages, c.chargeMaps)
+	m, err := mapClientMem(&rq, fds, c.pages, c.chargeMaps) // the ledger has its own lock
+	closeAll(fds)                                           // the mappings keep the memory; no lock is held here
 	if err != nil {
 		return nil, nil, err
+	}
+	d := c.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	resp, err := c.regMR(&rq, acc, m)
+	if err != nil {
+		c.chargeMaps(-m.unmap())
+	}
+	return resp, nil, err
+}
+
+// regMR registers the mapped range m; the caller holds dev.mu and unmaps
+// m when it fails.
+func (c *client) regMR(r *regMR, acc memreg.Access, m *clientMem) ([]byte, error) {
+	p := c.pds[r.pd]
+	if p == nil {
+		return nil, fmt.Errorf("%w: no PD %d", syscall.EINVAL, r.pd)
 	}
 	// The region's VA is the client's (its address or the IOVA it asked
 	// for) wherever the daemon mapped the bytes: peers, SGEs and window
@@ -427,8 +455,7 @@ func (c *client) regMR(r *regMR, fds []int) ([]byte, []int, error) {
 	buf := m.buf(r)
 	mr, err := p.pd.RegMRIOVA(buf, r.iova, acc)
 	if err != nil {
-		c.chargeMaps(-m.unmap())
-		return nil, nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
+		return nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
 	}
 	h := c.handleID()
 	o := &mrObj{handle: h, pd: r.pd, mr: mr, addr: r.iova, length: r.length, daddr: mr.Addr(), mem: m}
@@ -439,7 +466,7 @@ func (c *client) regMR(r *regMR, fds []int) ([]byte, []int, error) {
 	out = le.AppendUint32(out, mr.LKey())
 	out = le.AppendUint32(out, mr.RKey())
 	out = le.AppendUint32(out, 0)
-	return out, nil, nil
+	return out, nil
 }
 
 func (c *client) deregMR(h uint32) error {
@@ -563,8 +590,14 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 	if c.s.cfg.RemotePort != 0 {
 		qp.SetRemotePort(c.s.cfg.RemotePort)
 	}
+	token, err := newQPToken()
+	if err != nil {
+		qp.Destroy()
+		m.free()
+		return nil, nil, err
+	}
 	h := c.handleID()
-	q := &qpObj{handle: h, c: c, pd: pdH, qp: qp, qpn: qp.Num(), mem: m, sqSize: sqSize, rqSize: rqSize, sqStride: sqStride, rqStride: rqStride,
+	q := &qpObj{handle: h, c: c, pd: pdH, qp: qp, qpn: qp.Num(), token: token, mem: m, sqSize: sqSize, rqSize: rqSize, sqStride: sqStride, rqStride: rqStride,
 		sqOff: sqOff, rqOff: rqOff, maxSendSGE: int(mss), maxRecvSGE: int(mrs), maxInline: int(mil), sendCQ: scq, recvCQ: rcq,
 		sgl: make([]verbs.SGE, mss), rsgl: make([]verbs.SGE, mrs), inline: make([]byte, mil), typ: vt, srq: srq}
 	if srq != nil {
@@ -590,7 +623,19 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 	out = le.AppendUint64(out, uint64(total))
 	out = le.AppendUint64(out, uint64(sqOff))
 	out = le.AppendUint64(out, uint64(rqOff))
+	out = le.AppendUint64(out, token)
 	return out, []int{fd}, nil
+}
+
+// newQPToken is a QP's token: what ATTACH_QP must show besides the
+// owner's uid. QP numbers are small and STATUS used to show them; the
+// token is random and only CREATE_QP's answer carries it.
+func newQPToken() (uint64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("QP token: %w", err)
+	}
+	return le.Uint64(b[:]), nil
 }
 
 func (c *client) modifyQP(h, mask uint32, a qpAttrWire) error {

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -21,8 +22,11 @@ import (
 // client connection that began with CM_OPEN; its cm_ids live here and
 // their connections are made by the device's cm.CM (the IB CM over QP1).
 // The QPs are the process's own, created through libibverbs on another
-// connection of the same process: a cm_id takes one by its QP number, and
-// only a QP of the same process (SO_PEERCRED) on the id's device.
+// connection of the same process: a cm_id takes one by its QP number and
+// the QP's token (which only CREATE_QP's answer carries), and only a QP of
+// the same uid (SO_PEERCRED) on the id's device. A pid would not do: a
+// connection keeps its pid after its process exits, and another user's
+// program may get that pid.
 
 const (
 	maxCMEvents = 4096
@@ -496,8 +500,8 @@ func (ch *cmChan) attachQP(id *cmID, q *cmReq) error {
 	d.mu.Lock()
 	qo := d.byQPN[q.qpn]
 	d.mu.Unlock()
-	if qo == nil || qo.c.pid == 0 || qo.c.pid != ch.c.pid {
-		return fmt.Errorf("%w: no QP %d of this process on %s", syscall.EINVAL, q.qpn, d.name)
+	if !ch.c.owns(qo, q.qpToken) {
+		return fmt.Errorf("%w: no QP %d of this process on %s (or not its token)", syscall.EINVAL, q.qpn, d.name)
 	}
 	qp := qo.qp
 	if qp.State() == verbs.StateReset {
@@ -525,6 +529,18 @@ func (ch *cmChan) attachQP(id *cmID, q *cmReq) error {
 	id.qp = qo
 	ch.mu.Unlock()
 	return nil
+}
+
+// owns says whether qo is the client's to take: the same known uid and the
+// QP's token.
+func (c *client) owns(qo *qpObj, token uint64) bool {
+	if qo == nil || c.uid < 0 || qo.c.uid != c.uid {
+		return false
+	}
+	var a, b [8]byte
+	le.PutUint64(a[:], qo.token)
+	le.PutUint64(b[:], token)
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
 }
 
 func connParam(q *cmReq) *cm.ConnParam {
@@ -638,6 +654,9 @@ func (ch *cmChan) accept(id *cmID, q *cmReq) error {
 		return fmt.Errorf("%w: cm_id %d already accepting", syscall.EISCONN, id.h)
 	}
 	if r.UD() {
+		// The QPN only goes into the SIDR_REP: it tells the peer where to
+		// send, which any UD sender may do with the well-known rdma_cm
+		// Q_Key anyway, so it needs no ownership check.
 		qpn := q.qpn
 		if id.qp != nil {
 			qpn = id.qp.qpn

@@ -33,7 +33,7 @@ const (
 	cmPrivate    = 256
 	sizeSockaddr = 24
 	sizeCMParam  = 8
-	sizeCMReq    = 40 + 2*sizeSockaddr + cmPrivate
+	sizeCMReq    = 40 + 2*sizeSockaddr + cmPrivate + 8 // + qp_token
 	sizeCMResp   = 8 + 2*sizeSockaddr
 	sizeCMEvent  = 32 + 2*sizeSockaddr + sizeCMParam + cmPrivate
 	cmNoDev      = 0xffffffff
@@ -63,6 +63,7 @@ type cmParam struct {
 // cmReq is a decoded struct sr_cm_req.
 type cmReq struct {
 	id, ps, qpType, qpn, timeoutMS, qkey uint32
+	qpToken                              uint64 // ATTACH_QP: the token CREATE_QP gave the QP
 	param                                cmParam
 	priv                                 []byte
 	src, dst                             netip.AddrPort
@@ -118,6 +119,7 @@ func decodeCMReq(b []byte) (cmReq, error) {
 		return r, err
 	}
 	r.priv = b[40+2*sizeSockaddr : 40+2*sizeSockaddr+int(n)]
+	r.qpToken = le.Uint64(b[40+2*sizeSockaddr+cmPrivate:])
 	return r, nil
 }
 

@@ -20,7 +20,7 @@ func TestCMProtoMatchesHeader(t *testing.T) {
 		"offsetof(struct sr_sockaddr, addr)": 8, "offsetof(struct sr_cm_req, param)": 24,
 		"offsetof(struct sr_cm_req, private_len)": 32, "offsetof(struct sr_cm_req, src)": 40,
 		"offsetof(struct sr_cm_req, dst)": 40 + sizeSockaddr, "offsetof(struct sr_cm_req, private_data)": 40 + 2*sizeSockaddr,
-		"offsetof(struct sr_cm_req, qpn)": 12, "offsetof(struct sr_cm_event, src)": 32,
+		"offsetof(struct sr_cm_req, qpn)": 12, "offsetof(struct sr_cm_req, qp_token)": 40 + 2*sizeSockaddr + cmPrivate, "offsetof(struct sr_cm_event, src)": 32,
 		"offsetof(struct sr_cm_event, param)": 32 + 2*sizeSockaddr, "offsetof(struct sr_cm_event, private_data)": 32 + 2*sizeSockaddr + sizeCMParam,
 	}
 	matchHeader(t, "softroce_cm.h", want)

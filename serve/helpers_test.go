@@ -30,6 +30,12 @@ func freeUDPPort(t testing.TB) int {
 // which every QP also sends to) on a socket in a temporary directory.
 func startUDP(t testing.TB) *Server {
 	t.Helper()
+	return startUDPOn(t, Config{Socket: filepath.Join(t.TempDir(), "s.sock")})
+}
+
+// startUDPOn is startUDP with c (its RemotePort is set to the device's).
+func startUDPOn(t testing.TB, c Config) *Server {
+	t.Helper()
 	port := freeUDPPort(t)
 	l, err := udp.Open(udp.Config{Addr: netip.MustParseAddr("127.0.0.1"), Port: port})
 	if err != nil {
@@ -39,7 +45,8 @@ func startUDP(t testing.TB) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return start(t, d, uint16(port))
+	c.RemotePort = uint16(port)
+	return serveOn(t, []*verbs.Device{d}, c)
 }
 
 // startPipe runs a daemon on one end of an in-memory link.

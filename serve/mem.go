@@ -114,7 +114,8 @@ type mapCall struct {
 // mapClientMem checks the extents and fds of a REG_MR and maps them.
 // charge (nil: none) is asked for the mappings it is about to make; its
 // error refuses the request. It never keeps the fds: the caller closes
-// them.
+// them, holding no lock (see regMRRequest). It runs without the device
+// lock: pages is the client's.
 func mapClientMem(r *regMR, fds []int, pages pageMap, charge func(n int) error) (*clientMem, error) {
 	if r.length == 0 || r.addr+r.length < r.addr {
 		return nil, fmt.Errorf("%w: MR range 0x%x+%d", syscall.EINVAL, r.addr, r.length)
@@ -140,7 +141,10 @@ func mapClientMem(r *regMR, fds []int, pages pageMap, charge func(n int) error) 
 		if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
 			return nil, fmt.Errorf("%w: extent %d is not a memfd sealed against shrinking", syscall.EINVAL, i)
 		}
-		if err := unix.Fstat(fds[i], &st[i]); err != nil || uint64(st[i].Size) < e.off+e.len {
+		if err := unix.Fstat(fds[i], &st[i]); err != nil || st[i].Mode&unix.S_IFMT != unix.S_IFREG {
+			return nil, fmt.Errorf("%w: extent %d is not a memfd", syscall.EINVAL, i)
+		}
+		if uint64(st[i].Size) < e.off+e.len {
 			return nil, fmt.Errorf("%w: extent %d's memfd is smaller than off+len", syscall.EINVAL, i)
 		}
 		at += e.len

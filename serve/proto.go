@@ -12,7 +12,7 @@ import (
 // and never a panic.
 
 const (
-	protoVersion = 1
+	protoVersion = 2 // 2: CREATE_QP answers a QP token, ATTACH_QP carries it
 	maxMsg       = 4096
 	maxExtents   = 64
 	nameLen      = 64
@@ -76,7 +76,7 @@ const (
 	sizeCQ        = 16
 	sizeCreateQP  = 48 // with the appended srq field; sizeCreateQP1 without
 	sizeCreateQP1 = 40
-	sizeQP        = 72
+	sizeQP        = 80
 	sizeQPAttr    = 128
 	sizeModifyQP  = 8 + sizeQPAttr
 	sizeSendWQE   = 80

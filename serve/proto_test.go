@@ -26,7 +26,7 @@ func TestProtoMatchesHeader(t *testing.T) {
 		"sizeof(struct sr_create_cq)": sizeCreateCQ, "sizeof(struct sr_cq_resp)": sizeCQ, "sizeof(struct sr_create_qp)": sizeCreateQP,
 		"sizeof(struct sr_qp_resp)": sizeQP, "sizeof(struct sr_qp_attr)": sizeQPAttr, "sizeof(struct sr_modify_qp)": sizeModifyQP,
 		"sizeof(struct sr_send_wqe)": sizeSendWQE, "sizeof(struct sr_sge)": sizeSGE, "sizeof(struct sr_recv_wqe)": sizeRecvWQE,
-		"offsetof(struct sr_reg_mr, nextent)": 24, "offsetof(struct sr_qp_resp, map_len)": 48, "offsetof(struct sr_qp_attr, dgid)": 88,
+		"offsetof(struct sr_reg_mr, nextent)": 24, "offsetof(struct sr_qp_resp, map_len)": 48, "offsetof(struct sr_qp_resp, token)": 72, "offsetof(struct sr_qp_attr, dgid)": 88,
 		"offsetof(struct sr_qp_attr, max_send_wr)": 104, "offsetof(struct sr_send_wqe, num_sge)": 20,
 		"offsetof(struct sr_send_wqe, remote_addr)": 32, "offsetof(struct sr_send_wqe, invalidate_rkey)": 56,
 		"offsetof(struct sr_cq_resp, map_len)": 8,

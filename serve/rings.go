@@ -87,6 +87,7 @@ type qpObj struct {
 	pd     uint32
 	qp     *verbs.QP
 	qpn    uint32
+	token  uint64 // ATTACH_QP's proof of ownership (newQPToken)
 	mem    *shm
 
 	sqSize, rqSize     uint32

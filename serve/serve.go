@@ -275,10 +275,16 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	conns := make([]net.Conn, 0, len(s.clients))
 	for c := range s.clients {
-		c.conn.Close()
+		conns = append(conns, c.conn)
 	}
 	s.mu.Unlock()
+	// Outside s.mu: a connection's close drops the descriptors still queued
+	// on it unread, and the last close of one can block (SO_LINGER).
+	for _, c := range conns {
+		c.Close()
+	}
 	if s.ln != nil {
 		s.ln.Close()
 	}

@@ -9,10 +9,14 @@ import (
 )
 
 // Status is what `softroce status` shows: devices, clients and their QPs.
+// A caller other than root sees only its own uid's clients; the others
+// are only counted (OtherClients), since their pids and QP numbers are
+// theirs.
 type Status struct {
-	Devices []DeviceStatus `json:"devices"`
-	Clients []ClientStatus `json:"clients"`
-	Stats   Stats          `json:"stats"`
+	Devices      []DeviceStatus `json:"devices"`
+	Clients      []ClientStatus `json:"clients"`
+	OtherClients int            `json:"other_clients,omitempty"`
+	Stats        Stats          `json:"stats"`
 }
 
 // DeviceStatus is one device.
@@ -26,6 +30,7 @@ type DeviceStatus struct {
 
 // ClientStatus is one connection (one ibv_context of one process).
 type ClientStatus struct {
+	UID    int            `json:"uid"` // -1: unknown
 	PID    int            `json:"pid"`
 	Device string         `json:"device,omitempty"`
 	PDs    int            `json:"pds"`
@@ -42,11 +47,13 @@ type QPStatusLine struct {
 	State string `json:"state"`
 }
 
-// Status returns a snapshot of the daemon.
+// Status returns a snapshot of the daemon, every client included.
 func (s *Server) Status() Status { return s.status(nil) }
 
-// status leaves out the connection that asks.
+// status leaves out the connection that asks. Unless self is nil (the
+// daemon's own caller) or root's, only clients of self's uid are listed.
 func (s *Server) status(self *client) Status {
+	all := self == nil || self.uid == 0
 	st := Status{Stats: s.Stats()}
 	if self != nil {
 		st.Stats.Clients-- // not the connection that asks
@@ -70,14 +77,18 @@ func (s *Server) status(self *client) Status {
 	s.mu.Lock()
 	cs := make([]cd, 0, len(s.clients))
 	for c := range s.clients {
-		if c != self {
+		switch {
+		case c == self:
+		case all || self.uid >= 0 && c.uid == self.uid:
 			cs = append(cs, cd{c, c.dev})
+		default:
+			st.OtherClients++
 		}
 	}
 	s.mu.Unlock()
 	for _, x := range cs {
 		c := x.c
-		cl := ClientStatus{PID: c.pid}
+		cl := ClientStatus{UID: c.uid, PID: c.pid}
 		if d := x.d; d != nil {
 			d.mu.Lock()
 			cl.Device, cl.PDs, cl.MRs, cl.CQs = d.name, len(c.pds), len(c.mrs), len(c.cqs)

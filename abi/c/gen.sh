@@ -84,5 +84,8 @@ END {
 		prev = v
 	}
 	if (priv != "") printf "%s {\n\tglobal:\n%s};\n", priv, names[priv] > map
+	# The private export of softroce for its librdmacm (softroce_proto.h),
+	# in a node of its own: the table of the distribution stays as it is.
+	printf "\nSOFTROCE_PRIVATE_1 {\n\tglobal:\n\t\tsoftroce_qp_token;\n};\n" > map
 	exit bad
 }' "$exports"

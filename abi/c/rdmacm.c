@@ -34,7 +34,7 @@
 #define EXPORT __attribute__((visibility("default")))
 
 _Static_assert(sizeof(struct sr_sockaddr) == 24, "sockaddr");
-_Static_assert(sizeof(struct sr_cm_req) == 344, "cm req");
+_Static_assert(sizeof(struct sr_cm_req) == 352, "cm req");
 _Static_assert(sizeof(struct sr_cm_resp) == 56, "cm resp");
 _Static_assert(sizeof(struct sr_cm_event) == 344, "cm event");
 
@@ -676,9 +676,16 @@ static void sync_state(struct ibv_qp *qp)
 		ibv_query_qp(qp, &a, IBV_QP_STATE, &ia);
 }
 
+/* Weak: loaded with another libibverbs, attach fails with EINVAL (the
+ * daemon's QPs are only softroce's libibverbs') instead of the library
+ * failing to load. */
+extern int softroce_qp_token(struct ibv_qp *qp, uint64_t *token) __attribute__((weak));
+
 static int attach(struct rdma_cm_id *id, struct ibv_qp *qp)
 {
 	struct sr_cm_req q = { .qpn = qp->qp_num };
+	if (!softroce_qp_token || softroce_qp_token(qp, &q.qp_token))
+		return fail(EINVAL);
 	if (id_call(id, SR_OP_CM_ATTACH_QP, &q))
 		return -1;
 	sync_state(qp);

@@ -31,7 +31,7 @@ enum sr_cm_op {
 	SR_OP_CM_REJECT = 49, /* id, private data */
 	SR_OP_CM_DISCONNECT = 50, /* id; event DISCONNECTED */
 	SR_OP_CM_GET_EVENT = 51, /* resp sr_cm_event, or EAGAIN */
-	SR_OP_CM_ATTACH_QP = 52, /* id, qpn: the daemon moves the QP to INIT (UD: RTS) */
+	SR_OP_CM_ATTACH_QP = 52, /* id, qpn, qp_token: the daemon moves the QP to INIT (UD: RTS) */
 	SR_OP_CM_DETACH_QP = 53, /* id */
 	SR_OP_CM_QUERY = 54, /* id; resp dev, src, dst */
 };
@@ -66,6 +66,9 @@ struct sr_cm_req {
 	uint32_t reserved;
 	struct sr_sockaddr src, dst;
 	uint8_t private_data[SR_CM_PRIVATE];
+	/* ATTACH_QP: the QP's token from CREATE_QP (sr_qp_resp.token); the
+	 * daemon gives a QP only to its owner's uid showing it. */
+	uint64_t qp_token;
 };
 
 struct sr_cm_resp {

@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-#define SR_PROTO_VERSION 1
+#define SR_PROTO_VERSION 2 /* 2: sr_qp_resp.token, sr_cm_req.qp_token */
 #define SR_MAX_MSG 4096 /* largest request or response */
 #define SR_MAX_EXTENTS 64 /* memfd pieces of one MR */
 #define SR_NAME_LEN 64
@@ -196,7 +196,16 @@ struct sr_qp_resp {
 	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
 	uint32_t sq_size, rq_size, sq_stride, rq_stride, reserved;
 	uint64_t map_len, sq_off, rq_off;
+	/* Random: what ATTACH_QP (softroce_cm.h) must show to take the QP.
+	 * librdmacm gets it from softroce_qp_token(). */
+	uint64_t token;
 };
+
+/* softroce_qp_token is libibverbs' private export (version node
+ * SOFTROCE_PRIVATE_1, outside the distribution's table) through which
+ * softroce's librdmacm reads a QP's token: 0, or -1 with errno EINVAL. */
+struct ibv_qp;
+int softroce_qp_token(struct ibv_qp *qp, uint64_t *token);
 
 /* MODIFY_QP: req sr_modify_qp. QUERY_QP: resp sr_qp_attr. Field meanings
  * as struct ibv_qp_attr; path_mtu is enum ibv_mtu; mask is

@@ -239,6 +239,7 @@ struct sr_qp {
 	};
 	bool ex; /* made by ibv_create_qp_ex with send ops */
 	uint32_t h;
+	uint64_t token; /* sr_qp_resp.token */
 	uint8_t *map;
 	size_t len;
 	uint32_t sq_size, rq_size, sq_stride, rq_stride;
@@ -1555,6 +1556,7 @@ static struct sr_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
 	pthread_mutex_init(&q->qp.mutex, NULL);
 	pthread_cond_init(&q->qp.cond, NULL);
 	q->h = r.handle;
+	q->token = r.token;
 	q->map = map;
 	q->len = r.map_len;
 	q->sq_size = r.sq_size;
@@ -1839,6 +1841,18 @@ EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 	pthread_mutex_unlock(&x->cqs_lock);
 	munmap(q->map, q->len);
 	free(q);
+	return 0;
+}
+
+/* librdmacm's way to a QP's token (softroce_proto.h): every ibv_qp this
+ * library hands out is an sr_qp. */
+EXPORT int softroce_qp_token(struct ibv_qp *qp, uint64_t *token)
+{
+	if (!qp || !token) {
+		errno = EINVAL;
+		return -1;
+	}
+	*token = ((struct sr_qp *)qp)->token;
 	return 0;
 }
 

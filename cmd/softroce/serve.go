@@ -210,7 +210,7 @@ func runStatus(args []string) int {
 		fmt.Println()
 	}
 	for _, c := range st.Clients {
-		fmt.Printf("  pid %d  %s  pds %d mrs %d cqs %d qps %d", c.PID, c.Device, c.PDs, c.MRs, c.CQs, len(c.QPs))
+		fmt.Printf("  uid %d pid %d  %s  pds %d mrs %d cqs %d qps %d", c.UID, c.PID, c.Device, c.PDs, c.MRs, c.CQs, len(c.QPs))
 		if c.SRQs+c.AHs > 0 {
 			fmt.Printf(" srqs %d ahs %d", c.SRQs, c.AHs)
 		}
@@ -218,6 +218,9 @@ func runStatus(args []string) int {
 		for _, q := range c.QPs {
 			fmt.Printf("    qp 0x%06x %s\n", q.QPN, q.State)
 		}
+	}
+	if st.OtherClients > 0 {
+		fmt.Printf("  and %d clients of other users (only root sees them)\n", st.OtherClients)
 	}
 	return 0
 }
