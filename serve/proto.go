@@ -12,7 +12,7 @@ import (
 // and never a panic.
 
 const (
-	protoVersion = 1
+	protoVersion = 2 // 2: HELLO's answer carries the daemon's network namespace
 	maxMsg       = 4096
 	maxExtents   = 64
 	nameLen      = 64
@@ -61,6 +61,7 @@ const (
 	sizeResp      = 8
 	sizeHandle    = 8
 	sizeHello     = 8
+	sizeHelloResp = 24
 	sizeDevEntry  = nameLen + 8
 	sizeDevAttr   = 96
 	sizePortAttr  = 32
