@@ -131,14 +131,24 @@ func checkDaemon(c *net.UnixConn, path string) error {
 		return fmt.Errorf("the daemon on %s: credentials: %w", path, err)
 	}
 	me := os.Geteuid()
-	want, named, err := DaemonUID()
-	if err != nil {
-		return err
-	}
-	if uid != me && uid != 0 && (!named || uid != want) {
+	if uid != me && uid != 0 {
+		want, named, err := DaemonUID()
+		if err != nil {
+			return &RefusedError{Path: path, UID: uid, Reason: fmt.Sprintf(
+				"it runs as uid %d and %v; set %s=%d if you trust that user's daemon", uid, err, DaemonUIDEnv, uid)}
+		}
+		if named && uid == want {
+			return helloCheck(c, path, uid)
+		}
 		return &RefusedError{Path: path, UID: uid, Reason: fmt.Sprintf(
-			"it runs as uid %d, not as you (uid %d) or root; if you trust that user's daemon, set %s=%d", uid, me, DaemonUIDEnv, uid)}
+			"it runs as uid %d, not as you (uid %d) or root; set %s=%d if you trust that user's daemon", uid, me, DaemonUIDEnv, uid)}
 	}
+	return helloCheck(c, path, uid)
+}
+
+// helloCheck says HELLO and checks the daemon serves the caller's network
+// namespace.
+func helloCheck(c *net.UnixConn, path string, uid int) error {
 	req := le.AppendUint32(le.AppendUint32(nil, opHello), 0)
 	req = le.AppendUint32(le.AppendUint32(req, protoVersion), 0)
 	if _, err := c.Write(req); err != nil {

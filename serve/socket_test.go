@@ -2,6 +2,7 @@ package serve
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -395,4 +396,30 @@ func TestSocketPerNetNS(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The Go dialer (softroce status, softroce run) refuses a daemon of
+// another network namespace too, and accepts one of its own.
+func TestSocketDialNetNS(t *testing.T) {
+	netnstest.Require(t)
+	s := startUDP(t)
+	c, err := Dial(s.Socket())
+	if err != nil {
+		t.Fatalf("Dial from the daemon's namespace: %v", err)
+	}
+	c.Close()
+	other := netnstest.NewNSTagged(t, "socket")
+	var refused *RefusedError
+	other.Run(t, func() error {
+		c, err := Dial(s.Socket())
+		if err == nil {
+			c.Close()
+			return fmt.Errorf("Dial from %s accepted the daemon of another namespace", other.Name)
+		}
+		if !errors.As(err, &refused) || refused.NetNS == (NetNS{}) {
+			return fmt.Errorf("Dial from %s: %v, want a refusal naming the daemon's namespace", other.Name, err)
+		}
+		return nil
+	})
+	t.Logf("%v", refused)
 }
