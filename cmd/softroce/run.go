@@ -27,7 +27,7 @@ func runRun(args []string) int {
 	addr := fs.String("addr", "", "address of the private daemon started when none is running")
 	backend := fs.String("backend", "udp", "backend of the private daemon")
 	port := fs.Int("udp-port", 0, "UDP port of the private daemon (default 4791)")
-	daemonUID := fs.String("daemon-uid", "", "also accept a daemon run by this uid or user (a shared --group daemon): sets "+serve.DaemonUIDEnv+" for the program too")
+	daemonUID := fs.String("daemon-uid", "", "use the daemon of this uid or user (a shared --group daemon): look on its default socket and accept it; sets "+serve.DaemonUIDEnv+" for the program too")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce run [--socket PATH] [--daemon-uid UID] [--addr IP] -- PROGRAM ARGS...\n\n"+
 			"Runs PROGRAM with softroce's libibverbs.so.1 (built on first use) and SOFTROCE_SOCKET set.\n"+

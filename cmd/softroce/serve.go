@@ -40,7 +40,7 @@ func runServe(args []string) int {
 		"for root, $TMPDIR/softroce-<UID>/softroce-net<INODE>.sock for others, INODE that of /proc/self/ns/net);\n"+
 		"its directory must be the daemon's user's and writable by nobody else")
 	group := fs.String("group", "", "let this group use the daemon (socket mode 0770); default: only the daemon's user (0700).\n"+
-		"Members of the group whose uid is not the daemon's set "+serve.DaemonUIDEnv+"=<the daemon's uid> (root's daemon needs no setting)")
+		"Members of the group find and accept it with "+serve.DaemonUIDEnv+"=<the daemon's uid> (softroce run --daemon-uid UID)")
 	port := fs.Int("udp-port", 0, "UDP port to listen on (default 4791)")
 	peerPort := fs.Int("peer-udp-port", 0, "UDP port the peers listen on (default: --udp-port; change only against another softroce on the same address)")
 	quiet := fs.Bool("q", false, "print nothing but errors")
