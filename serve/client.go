@@ -249,6 +249,7 @@ func (c *client) handleID() uint32 {
 func (c *client) hello() []byte {
 	out := le.AppendUint32(nil, protoVersion)
 	out = le.AppendUint32(out, uint32(len(c.s.devs)))
+	out = le.AppendUint64(le.AppendUint64(out, c.s.netns.Dev), c.s.netns.Ino)
 	for _, d := range c.s.devs {
 		var name [nameLen]byte
 		copy(name[:nameLen-1], d.name)

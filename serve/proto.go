@@ -12,7 +12,7 @@ import (
 // and never a panic.
 
 const (
-	protoVersion = 2 // 2: CREATE_QP answers a QP token, ATTACH_QP carries it
+	protoVersion = 2 // 2: CREATE_QP answers a QP token, ATTACH_QP carries it; HELLO's answer carries the network namespace
 	maxMsg       = 4096
 	maxExtents   = 64
 	nameLen      = 64
@@ -61,6 +61,7 @@ const (
 	sizeResp      = 8
 	sizeHandle    = 8
 	sizeHello     = 8
+	sizeHelloResp = 24
 	sizeDevEntry  = nameLen + 8
 	sizeDevAttr   = 96
 	sizePortAttr  = 32

@@ -20,7 +20,7 @@ func TestProtoMatchesHeader(t *testing.T) {
 		"SR_OP_DESTROY_CHANNEL": opDestroyChannel, "SR_OP_HELLO": opHello, "SR_OP_REG_MR": opRegMR, "SR_OP_CREATE_QP": opCreateQP,
 		"SR_OP_MODIFY_QP":       opModifyQP,
 		"sizeof(struct sr_req)": sizeReq, "sizeof(struct sr_resp)": sizeResp, "sizeof(struct sr_handle)": sizeHandle,
-		"sizeof(struct sr_hello_req)": sizeHello, "sizeof(struct sr_dev_entry)": sizeDevEntry, "sizeof(struct sr_dev_attr)": sizeDevAttr,
+		"sizeof(struct sr_hello_req)": sizeHello, "sizeof(struct sr_hello_resp)": sizeHelloResp, "sizeof(struct sr_dev_entry)": sizeDevEntry, "sizeof(struct sr_dev_attr)": sizeDevAttr,
 		"sizeof(struct sr_port_attr)": sizePortAttr, "sizeof(struct sr_gid_req)": sizeGIDReq, "sizeof(struct sr_gid)": sizeGID,
 		"sizeof(struct sr_reg_mr)": sizeRegMR, "sizeof(struct sr_extent)": sizeExtent, "sizeof(struct sr_mr_resp)": sizeMR,
 		"sizeof(struct sr_create_cq)": sizeCreateCQ, "sizeof(struct sr_cq_resp)": sizeCQ, "sizeof(struct sr_create_qp)": sizeCreateQP,

@@ -49,7 +49,9 @@ import (
 
 // Config configures a Server.
 type Config struct {
-	// Socket is the Unix socket path (DefaultSocket when empty).
+	// Socket is the Unix socket path; when empty, $SOFTROCE_SOCKET, else
+	// SocketFor(the daemon's uid). Its directory must be the daemon's
+	// user's and writable by no one else (Listen checks).
 	Socket string
 	// Group, when set, is the group that may use the daemon: the socket
 	// becomes mode 0770 owned by that group. Otherwise it is 0700: only
@@ -65,22 +67,6 @@ type Config struct {
 	// Limits bound what clients can make the daemon hold (zero fields:
 	// DefaultLimits).
 	Limits Limits
-}
-
-// DefaultSocket is where the daemon listens and clients look by default:
-// $SOFTROCE_SOCKET if set, else /run/softroce/softroce.sock for root,
-// else $XDG_RUNTIME_DIR/softroce.sock, else /tmp/softroce-UID/softroce.sock.
-func DefaultSocket() string {
-	if p := os.Getenv("SOFTROCE_SOCKET"); p != "" {
-		return p
-	}
-	if os.Geteuid() == 0 {
-		return "/run/softroce/softroce.sock"
-	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "softroce.sock")
-	}
-	return filepath.Join(os.TempDir(), "softroce-"+strconv.Itoa(os.Getuid()), "softroce.sock")
 }
 
 // Stats count what the daemon saw.
@@ -106,6 +92,9 @@ type Server struct {
 	devs []*device
 	ln   *net.UnixListener
 	log  *log.Logger
+	// netns is the network namespace the daemon serves, which HELLO
+	// reports so that a client of another namespace refuses it.
+	netns NetNS
 
 	mu      sync.Mutex
 	clients map[*client]struct{}
@@ -124,7 +113,11 @@ func New(devs []*verbs.Device, cfg Config) (*Server, error) {
 		return nil, errors.New("serve: no device")
 	}
 	if cfg.Socket == "" {
-		cfg.Socket = DefaultSocket()
+		cfg.Socket = os.Getenv("SOFTROCE_SOCKET")
+	}
+	if cfg.Socket == "" {
+		// The daemon's own socket, whatever SOFTROCE_DAEMON_UID says.
+		cfg.Socket = SocketFor(os.Geteuid())
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, clients: map[*client]struct{}{}, led: newLedger(cfg.Limits), refusing: make(chan struct{}, 16)}
 	if s.log == nil {
@@ -147,13 +140,14 @@ func New(devs []*verbs.Device, cfg Config) (*Server, error) {
 // file (nobody answers on it) is replaced; a live one is an error.
 func (s *Server) Listen() error {
 	p := s.cfg.Socket
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return fmt.Errorf("serve: socket directory: %w", err)
+	if err := socketDir(filepath.Dir(p), s.cfg.Group != ""); err != nil {
+		return err
 	}
 	if c, err := net.Dial("unixpacket", p); err == nil {
 		c.Close()
-		return fmt.Errorf("serve: a daemon already listens on %s", p)
+		return fmt.Errorf("serve: a daemon already listens on %s; to run a second one, give it another socket (--socket PATH) and point programs at it with SOFTROCE_SOCKET=PATH or softroce run --socket PATH", p)
 	}
+	s.netns = s.devNetNS()
 	os.Remove(p)
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: p, Net: "unixpacket"})
 	if err != nil {

@@ -3,8 +3,6 @@ package serve
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
-	"net"
 	"sort"
 )
 
@@ -121,9 +119,9 @@ func (s *Server) statusJSON(n int, self *client) []byte {
 // QueryStatus asks the daemon on socket for its Status.
 func QueryStatus(socket string) (Status, error) {
 	var st Status
-	c, err := net.Dial("unixpacket", socket)
+	c, err := Dial(socket)
 	if err != nil {
-		return st, fmt.Errorf("no daemon on %s: %w", socket, err)
+		return st, err
 	}
 	defer c.Close()
 	if _, err := c.Write(le.AppendUint32(le.AppendUint32(nil, opStatus), 0)); err != nil {

@@ -30,6 +30,7 @@
 
 #include "softroce_proto.h"
 #include "softroce_cm.h"
+#include "softroce_sock.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -40,38 +41,10 @@ _Static_assert(sizeof(struct sr_cm_event) == 344, "cm event");
 
 /* ---- the daemon ---- */
 
-static void socket_path(char *buf, size_t n)
-{
-	const char *p = getenv("SOFTROCE_SOCKET");
-	if (p && *p)
-		snprintf(buf, n, "%s", p);
-	else if (geteuid() == 0)
-		snprintf(buf, n, "/run/softroce/softroce.sock");
-	else if ((p = getenv("XDG_RUNTIME_DIR")) && *p)
-		snprintf(buf, n, "%s/softroce.sock", p);
-	else {
-		const char *t = getenv("TMPDIR");
-		snprintf(buf, n, "%s/softroce-%u/softroce.sock", t && *t ? t : "/tmp", (unsigned)getuid());
-	}
-}
-
+/* The path and the checks of the daemon: softroce_sock.h. */
 static int sr_connect(void)
 {
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	int fd;
-
-	socket_path(a.sun_path, sizeof(a.sun_path));
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -1;
-	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
-		if (getenv("SOFTROCE_DEBUG"))
-			fprintf(stderr, "softroce: no daemon on %s: %s\n", a.sun_path, strerror(errno));
-		close(fd);
-		errno = ENODEV;
-		return -1;
-	}
-	return fd;
+	return sr_dial(NULL, 0, NULL);
 }
 
 /* One request, one response of at most rlen bytes (and one fd if asked).

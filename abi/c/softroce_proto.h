@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-#define SR_PROTO_VERSION 2 /* 2: sr_qp_resp.token, sr_cm_req.qp_token */
+#define SR_PROTO_VERSION 2 /* 2: sr_qp_resp.token, sr_cm_req.qp_token, sr_hello_resp carries the network namespace */
 #define SR_MAX_MSG 4096 /* largest request or response */
 #define SR_MAX_EXTENTS 64 /* memfd pieces of one MR */
 #define SR_NAME_LEN 64
@@ -78,6 +78,10 @@ struct sr_hello_req {
 struct sr_hello_resp {
 	uint32_t version;
 	uint32_t ndev;
+	/* The daemon's network namespace (st_dev and st_ino of its
+	 * /proc/PID/ns/net; 0 when unknown): a client of another namespace
+	 * refuses the daemon. */
+	uint64_t net_dev, net_ino;
 };
 struct sr_dev_entry {
 	char name[SR_NAME_LEN];

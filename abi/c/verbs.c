@@ -39,6 +39,7 @@
 #define SR_YIELD_AFTER 64
 
 #include "softroce_proto.h"
+#include "softroce_sock.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -51,37 +52,10 @@ _Static_assert(sizeof(struct sr_dev_attr) == 96, "dev attr");
 
 /* ---- the socket ---- */
 
-static void socket_path(char *buf, size_t n)
-{
-	const char *p = getenv("SOFTROCE_SOCKET");
-	if (p && *p) {
-		snprintf(buf, n, "%s", p);
-	} else if (geteuid() == 0) {
-		snprintf(buf, n, "/run/softroce/softroce.sock");
-	} else if ((p = getenv("XDG_RUNTIME_DIR")) && *p) {
-		snprintf(buf, n, "%s/softroce.sock", p);
-	} else {
-		const char *t = getenv("TMPDIR");
-		snprintf(buf, n, "%s/softroce-%u/softroce.sock", t && *t ? t : "/tmp", (unsigned)getuid());
-	}
-}
-
+/* The path and the checks of the daemon: softroce_sock.h. */
 static int sr_connect(void)
 {
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	int fd;
-
-	socket_path(a.sun_path, sizeof(a.sun_path));
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -1;
-	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
-		if (getenv("SOFTROCE_DEBUG"))
-			fprintf(stderr, "softroce: no daemon on %s: %s\n", a.sun_path, strerror(errno));
-		close(fd);
-		return -1;
-	}
-	return fd;
+	return sr_dial(NULL, 0, NULL);
 }
 
 /*
@@ -290,44 +264,40 @@ static int ndevs;
 
 EXPORT struct ibv_device **ibv_get_device_list(int *num)
 {
-	struct sr_hello_req hr = { .version = SR_PROTO_VERSION };
 	char buf[SR_MAX_MSG];
 	struct sr_hello_resp h;
 	struct ibv_device **list;
 	size_t got = 0;
-	int sock, e, i, n;
+	int sock, i, n;
 
 	if (num)
 		*num = 0;
 	pthread_mutex_lock(&devs_lock);
 	if (!devs) {
-		sock = sr_connect();
+		sock = sr_dial(buf, sizeof(buf), &got);
 		if (sock >= 0) {
-			e = sr_call_v(sock, SR_OP_HELLO, &hr, sizeof(hr), NULL, 0, buf, sizeof(h), true, &got, NULL, 0);
 			close(sock);
-			if (!e) {
-				memcpy(&h, buf, sizeof(h));
-				n = h.ndev;
-				if (n > (int)((got - sizeof(h)) / sizeof(struct sr_dev_entry)))
-					n = (got - sizeof(h)) / sizeof(struct sr_dev_entry);
-				devs = calloc(n > 0 ? n : 1, sizeof(*devs));
-				for (i = 0; devs && i < n; i++) {
-					struct sr_dev_entry de;
-					memcpy(&de, buf + sizeof(h) + i * sizeof(de), sizeof(de));
-					de.name[SR_NAME_LEN - 1] = 0;
-					struct ibv_device *d = &devs[i].dev;
-					d->node_type = IBV_NODE_CA;
-					d->transport_type = IBV_TRANSPORT_IB;
-					snprintf(d->name, sizeof(d->name), "%s", de.name);
-					snprintf(d->dev_name, sizeof(d->dev_name), "uverbs%d", i);
-					snprintf(d->dev_path, sizeof(d->dev_path), "/sys/class/infiniband_verbs/uverbs%d", i);
-					snprintf(d->ibdev_path, sizeof(d->ibdev_path), "/sys/class/infiniband/%s", de.name);
-					devs[i].index = i;
-					devs[i].guid = de.guid;
-				}
-				if (devs)
-					ndevs = n;
+			memcpy(&h, buf, sizeof(h));
+			n = h.ndev;
+			if (n > (int)((got - sizeof(h)) / sizeof(struct sr_dev_entry)))
+				n = (got - sizeof(h)) / sizeof(struct sr_dev_entry);
+			devs = calloc(n > 0 ? n : 1, sizeof(*devs));
+			for (i = 0; devs && i < n; i++) {
+				struct sr_dev_entry de;
+				memcpy(&de, buf + sizeof(h) + i * sizeof(de), sizeof(de));
+				de.name[SR_NAME_LEN - 1] = 0;
+				struct ibv_device *d = &devs[i].dev;
+				d->node_type = IBV_NODE_CA;
+				d->transport_type = IBV_TRANSPORT_IB;
+				snprintf(d->name, sizeof(d->name), "%s", de.name);
+				snprintf(d->dev_name, sizeof(d->dev_name), "uverbs%d", i);
+				snprintf(d->dev_path, sizeof(d->dev_path), "/sys/class/infiniband_verbs/uverbs%d", i);
+				snprintf(d->ibdev_path, sizeof(d->ibdev_path), "/sys/class/infiniband/%s", de.name);
+				devs[i].index = i;
+				devs[i].guid = de.guid;
 			}
+			if (devs)
+				ndevs = n;
 		}
 	}
 	list = calloc(ndevs + 1, sizeof(*list));

@@ -1,9 +1,9 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -27,10 +27,12 @@ func runRun(args []string) int {
 	addr := fs.String("addr", "", "address of the private daemon started when none is running")
 	backend := fs.String("backend", "udp", "backend of the private daemon")
 	port := fs.Int("udp-port", 0, "UDP port of the private daemon (default 4791)")
+	daemonUID := fs.String("daemon-uid", "", "use the daemon of this uid or user (a shared --group daemon): look on its default socket and accept it; sets "+serve.DaemonUIDEnv+" for the program too")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce run [--socket PATH] [--addr IP] -- PROGRAM ARGS...\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce run [--socket PATH] [--daemon-uid UID] [--addr IP] -- PROGRAM ARGS...\n\n"+
 			"Runs PROGRAM with softroce's libibverbs.so.1 (built on first use) and SOFTROCE_SOCKET set.\n"+
-			"When no daemon answers on the socket, a private one is started for the program and stopped after it.\n\n")
+			"The daemon must run as you or root (or as --daemon-uid) and serve this network namespace.\n"+
+			"When no such daemon answers on the socket, a private one is started for the program and stopped after it.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -40,6 +42,14 @@ func runRun(args []string) int {
 	if len(prog) == 0 {
 		fs.Usage()
 		return 2
+	}
+	if *daemonUID != "" {
+		// The program's libraries read it too.
+		os.Setenv(serve.DaemonUIDEnv, *daemonUID)
+		if _, _, err := serve.DaemonUID(); err != nil {
+			fmt.Fprintf(os.Stderr, "softroce run: --daemon-uid: %v\n", err)
+			return 2
+		}
 	}
 	lib, err := abi.Build(abi.DefaultDir())
 	if err != nil {
@@ -51,9 +61,13 @@ func runRun(args []string) int {
 		path = serve.DefaultSocket()
 	}
 	var daemon *exec.Cmd
-	if c, err := net.Dial("unixpacket", path); err == nil {
+	if c, err := serve.Dial(path); err == nil {
 		c.Close()
 	} else {
+		var refused *serve.RefusedError
+		if errors.As(err, &refused) {
+			fmt.Fprintf(os.Stderr, "softroce run: %v; starting a private daemon instead\n", err)
+		}
 		// A private daemon, on a private socket, for this program only.
 		dir, err := os.MkdirTemp("", "softroce-run-")
 		if err != nil {
@@ -135,7 +149,8 @@ func prefixed(s string) string {
 	return ":" + s
 }
 
-// waitSocket waits until the daemon answers on path, or exits.
+// waitSocket waits until the daemon answers on path and passes the
+// checks every client makes, or exits.
 func waitSocket(path string, d *exec.Cmd) bool {
 	exited := make(chan struct{})
 	go func() {
@@ -145,7 +160,7 @@ func waitSocket(path string, d *exec.Cmd) bool {
 		close(exited)
 	}()
 	for range 200 {
-		if c, err := net.Dial("unixpacket", path); err == nil {
+		if c, err := serve.Dial(path); err == nil {
 			c.Close()
 			return true
 		}

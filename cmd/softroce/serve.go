@@ -37,15 +37,20 @@ func runServe(args []string) int {
 	fs.Var(&addrs, "bind", "the same as --addr")
 	backend := fs.String("backend", "udp", "udp (portable, unprivileged) or afxdp (root)")
 	xdpMode := fs.String("xdp-mode", "auto", "with --backend afxdp: auto (native, else generic), native or generic (skb)")
-	sock := fs.String("socket", "", "Unix socket path (default $SOFTROCE_SOCKET, /run/softroce/softroce.sock for root, $XDG_RUNTIME_DIR/softroce.sock)")
-	group := fs.String("group", "", "let this group use the daemon (socket mode 0770); default: only the daemon's user (0700)")
+	sock := fs.String("socket", "", "Unix socket path (default $SOFTROCE_SOCKET, else per network namespace: /run/softroce/softroce-net<INODE>.sock\n"+
+		"for root, $TMPDIR/softroce-<UID>/softroce-net<INODE>.sock for others, INODE that of /proc/self/ns/net);\n"+
+		"its directory must be the daemon's user's and writable by nobody else")
+	group := fs.String("group", "", "let this group use the daemon (socket mode 0770); default: only the daemon's user (0700).\n"+
+		"Members of the group find and accept it with "+serve.DaemonUIDEnv+"=<the daemon's uid> (softroce run --daemon-uid UID)")
 	port := fs.Int("udp-port", 0, "UDP port to listen on (default 4791)")
 	peerPort := fs.Int("peer-udp-port", 0, "UDP port the peers listen on (default: --udp-port; change only against another softroce on the same address)")
 	quiet := fs.Bool("q", false, "print nothing but errors")
 	lim := limitFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--socket PATH] [--group NAME]\n\n"+
-			"Owns one softroce device per address and serves the programs that 'softroce run' starts.\n\n")
+			"Owns one softroce device per address and serves the programs that 'softroce run' starts.\n"+
+			"Programs use a daemon only if it runs as their user or root (or as "+serve.DaemonUIDEnv+" says) and serves\n"+
+			"their network namespace: run one daemon per namespace; a second one in a namespace needs --socket.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -62,8 +62,13 @@ func TestServeAFXDPWithCapabilities(t *testing.T) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { cmd.Process.Kill() })
+	// The daemon is nobody's and serves namespace A: ask from there, as
+	// a client that accepts nobody's daemon.
+	t.Setenv(serve.DaemonUIDEnv, "65534")
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		st, err := serve.QueryStatus(sock)
+		var st serve.Status
+		var err error
+		v.A.NS.Do(func() error { st, err = serve.QueryStatus(sock); return nil })
 		if err == nil {
 			if len(st.Devices) != 1 || len(st.Devices[0].Addrs) == 0 || st.Devices[0].Addrs[0] != v.A.Addr().String() {
 				t.Fatalf("devices %+v, want one on %v", st.Devices, v.A.Addr())

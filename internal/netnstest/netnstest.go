@@ -75,9 +75,19 @@ func sweep() {
 // NewNS makes an empty namespace with lo up, removed at cleanup.
 func NewNS(t testing.TB) *NS {
 	t.Helper()
+	return NewNSTagged(t, "")
+}
+
+// NewNSTagged is NewNS with tag appended to the namespace's name, so that
+// `ip netns list` tells whose namespaces are whose.
+func NewNSTagged(t testing.TB, tag string) *NS {
+	t.Helper()
 	Require(t)
 	sweepOnce.Do(sweep)
 	name := fmt.Sprintf("srt-%d-%d", os.Getpid(), counter.Add(1))
+	if tag != "" {
+		name += "-" + tag // sweep reads the leading srt-PID-N only
+	}
 	h, err := inNewThread(func() (netns.NsHandle, error) { return netns.NewNamed(name) })
 	if err != nil {
 		t.Fatalf("netnstest: create namespace %s: %v", name, err)

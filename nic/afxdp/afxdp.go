@@ -466,6 +466,19 @@ func (l *Link) teardown() {
 	}
 }
 
+// ControlSocket runs f with the descriptor of the link's first AF_XDP
+// socket, for what needs a socket of the link (the daemon asks it for its
+// network namespace). Like SocketStats it holds statsMu, so Close waits.
+func (l *Link) ControlSocket(f func(fd uintptr)) error {
+	l.statsMu.RLock()
+	defer l.statsMu.RUnlock()
+	if l.closed.Load() || len(l.socks) == 0 {
+		return net.ErrClosed
+	}
+	f(uintptr(l.socks[0].fd))
+	return nil
+}
+
 // Close implements nic.Link: it unblocks Recv, detaches the XDP program
 // and closes the sockets.
 func (l *Link) Close() error {

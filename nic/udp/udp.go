@@ -437,6 +437,16 @@ func InterfaceOf(addr netip.Addr) (*net.Interface, error) {
 // LocalAddrPort is the bound address and port.
 func (l *Link) LocalAddrPort() netip.AddrPort { return l.local }
 
+// ControlSocket runs f with the UDP socket's descriptor, for what needs
+// the socket itself (the daemon asks it for its network namespace).
+func (l *Link) ControlSocket(f func(fd uintptr)) error {
+	rc, err := l.conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Control(f)
+}
+
 // MaxPacket is the largest RoCE packet (BTH through ICRC) the link sends.
 func (l *Link) MaxPacket() int { return l.mtu - nic.Overhead(l.v6) }
 
