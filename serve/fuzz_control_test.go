@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"syscall"
 	"testing"
@@ -302,6 +303,12 @@ func FuzzControl(f *testing.F) {
 	checkServed(f, s) // the daemon's own descriptors exist before counting
 	waitIdle(f, s)
 	f.Fuzz(func(t *testing.T, b []byte) {
+		// A daemon that hangs shows where: every goroutine's stack.
+		watchdog := time.AfterFunc(90*time.Second, func() {
+			debug.SetTraceback("all")
+			panic(fmt.Sprintf("FuzzControl: one input ran for 90 s: %q", b))
+		})
+		defer watchdog.Stop()
 		before := countFDs(t)
 		runControl(t, s, decodeControl(b))
 		waitIdle(t, s)
