@@ -337,13 +337,13 @@ func honestPair(t *testing.T, d *daemonProc, pp, lib string, cred *syscall.Crede
 	port := strconv.Itoa(freeTCPPort(t))
 	args := []string{"-g", "0", "-p", port, "-n", "500", "-s", "4096", "--chk"}
 	env := append(os.Environ(), "SOFTROCE_SOCKET="+d.sock, "LD_LIBRARY_PATH="+lib)
-	run := func(args ...string) (*exec.Cmd, *bytes.Buffer, error) {
+	run := func(args ...string) (*exec.Cmd, *lockedBuf, error) {
 		c := exec.Command(pp, args...)
 		c.Env = env
 		c.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-		var out bytes.Buffer
-		c.Stdout, c.Stderr = &out, &out
-		return c, &out, c.Start()
+		out := &lockedBuf{}
+		c.Stdout, c.Stderr = out, out
+		return c, out, c.Start()
 	}
 	srv, so, err := run(args...)
 	if err != nil {
@@ -365,7 +365,7 @@ func honestPair(t *testing.T, d *daemonProc, pp, lib string, cred *syscall.Crede
 	for _, w := range []struct {
 		name string
 		done chan error
-		out  *bytes.Buffer
+		out  *lockedBuf
 	}{{"client", cliDone, co}, {"server", srvDone, so}} {
 		select {
 		case err := <-w.done:
@@ -388,15 +388,9 @@ func honestPair(t *testing.T, d *daemonProc, pp, lib string, cred *syscall.Crede
 // without a testing.T: the lanes run in goroutines).
 func waitListen(port string, done chan error) error {
 	n, _ := strconv.Atoi(port)
-	want := fmt.Sprintf(":%04X ", n)
 	for start := time.Now(); time.Since(start) < time.Minute; time.Sleep(5 * time.Millisecond) {
-		for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-			b, _ := os.ReadFile(f)
-			for _, line := range strings.Split(string(b), "\n") {
-				if fs := strings.Fields(line); len(fs) > 3 && strings.HasSuffix(fs[1]+" ", want) && fs[3] == "0A" {
-					return nil
-				}
-			}
+		if tcpListening(n) {
+			return nil
 		}
 		select {
 		case err := <-done:
@@ -823,4 +817,22 @@ func attackAttach(sock string) {
 			fmt.Printf("%d status reads, %d attaches tried in the last, %v\n", n, tried, err)
 		}
 	}
+}
+
+// lockedBuf is a program's output, read while the program may still write.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

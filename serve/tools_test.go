@@ -446,18 +446,9 @@ func waitTCPListen(t *testing.T, pp *pingpong, port string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf(":%04X ", n)
 	for start := time.Now(); time.Since(start) < time.Minute; time.Sleep(5 * time.Millisecond) {
-		// thread-self: /proc/net is the main thread's namespace, which a
-		// test that entered another namespace on that thread may have left.
-		for _, f := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
-			b, _ := os.ReadFile(f)
-			for _, line := range strings.Split(string(b), "\n") {
-				// Fields: sl local_address rem_address st ...; st 0A is LISTEN.
-				if fs := strings.Fields(line); len(fs) > 3 && strings.HasSuffix(fs[1]+" ", want) && fs[3] == "0A" {
-					return
-				}
-			}
+		if tcpListening(n) {
+			return
 		}
 		select {
 		case err := <-pp.done:
@@ -468,6 +459,24 @@ func waitTCPListen(t *testing.T, pp *pingpong, port string) {
 		}
 	}
 	t.Fatalf("nothing listens on TCP port %s after a minute; the server printed:\n%s", port, pp.output())
+}
+
+// tcpListening says whether a socket listens on TCP port in this thread's
+// network namespace.
+func tcpListening(port int) bool {
+	want := fmt.Sprintf(":%04X ", port)
+	// thread-self: /proc/net is the main thread's namespace, which a
+	// test that entered another namespace on that thread may have left.
+	for _, f := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
+		b, _ := os.ReadFile(f)
+		for _, line := range strings.Split(string(b), "\n") {
+			// Fields: sl local_address rem_address st ...; st 0A is LISTEN.
+			if fs := strings.Fields(line); len(fs) > 3 && strings.HasSuffix(fs[1]+" ", want) && fs[3] == "0A" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // ibv_resize_cq and ibv_modify_srq with IBV_SRQ_MAX_WR through the
