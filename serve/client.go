@@ -74,7 +74,14 @@ type client struct {
 }
 
 func newClient(s *Server, conn *net.UnixConn) *client {
-	pid, uid, gid := 0, -1, -1
+	pid, uid, gid := peerCred(conn)
+	return newClientOf(s, conn, pid, uid, gid)
+}
+
+// peerCred is the connecting process's pid, uid and gid (SO_PEERCRED);
+// the ids are -1 when unknown.
+func peerCred(conn *net.UnixConn) (pid, uid, gid int) {
+	pid, uid, gid = 0, -1, -1
 	if conn != nil {
 		if rc, err := conn.SyscallConn(); err == nil {
 			rc.Control(func(fd uintptr) {
@@ -84,6 +91,10 @@ func newClient(s *Server, conn *net.UnixConn) *client {
 			})
 		}
 	}
+	return pid, uid, gid
+}
+
+func newClientOf(s *Server, conn *net.UnixConn, pid, uid, gid int) *client {
 	return &client{s: s, conn: conn, bell: -1, evW: -1, pid: pid, uid: uid, gid: gid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
 		cqs: map[uint32]*cqObj{}, qps: map[uint32]*qpObj{}, chans: map[uint32]*chanObj{},
 		ahs: map[uint32]*ahObj{}, srqs: map[uint32]*srqObj{}, mws: map[uint32]*mwObj{}}

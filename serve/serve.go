@@ -209,12 +209,16 @@ func (s *Server) Serve() error {
 			continue
 		}
 		pause = 0
-		c := newClient(s, conn)
-		if r := s.led.admit(c.uid); r != nil {
-			s.limitedConn(c.uid, c.pid, r)
+		// Admission comes before any allocation for the client: a user over
+		// its limit may connect as fast as it likes, and each refusal must
+		// cost the daemon little.
+		pid, uid, gid := peerCred(conn)
+		if r := s.led.admit(uid); r != nil {
+			s.limitedConn(uid, pid, r)
 			s.refuse(conn, r.errno)
 			continue
 		}
+		c := newClientOf(s, conn, pid, uid, gid)
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -249,7 +253,9 @@ func (s *Server) refuse(conn *net.UnixConn, e syscall.Errno) {
 	select {
 	case s.refusing <- struct{}{}:
 	default:
-		conn.Close()
+		// Not on the accept loop: closing drops the messages queued unread,
+		// and the last close of a descriptor in one can block (SO_LINGER).
+		go conn.Close()
 		return
 	}
 	go func() {
