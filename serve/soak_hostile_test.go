@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -192,22 +191,13 @@ func TestHostileSoak(t *testing.T) {
 type daemonProc struct {
 	cmd  *exec.Cmd
 	sock string
-	mu   sync.Mutex
-	out  bytes.Buffer
+	out  lockedBuf
 	done chan struct{}
 }
 
-func (d *daemonProc) Write(b []byte) (int, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.out.Write(b)
-}
+func (d *daemonProc) Write(b []byte) (int, error) { return d.out.Write(b) }
 
-func (d *daemonProc) output() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.out.String()
-}
+func (d *daemonProc) output() string { return d.out.String() }
 
 func (d *daemonProc) alive() bool {
 	select {
@@ -411,27 +401,15 @@ func waitListen(port string, done chan error) error {
 type soakChild struct {
 	name string
 	cmd  *exec.Cmd
-	out  *bytes.Buffer
-	mu   *sync.Mutex
+	out  lockedBuf
 	done chan struct{}
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(b)
 }
 
 func startSoakChild(t *testing.T, attack string, cred *syscall.Credential, sock string) *soakChild {
 	t.Helper()
-	k := &soakChild{name: attack, out: &bytes.Buffer{}, mu: &sync.Mutex{}, done: make(chan struct{})}
+	k := &soakChild{name: attack, done: make(chan struct{})}
 	k.cmd = childCmd(t, "soak-hostile", cred, "SOFTROCE_SOAK_SOCKET="+sock, "SOFTROCE_SOAK_ATTACK="+attack)
-	k.cmd.Stdout = lockedWriter{k.mu, k.out}
+	k.cmd.Stdout = &k.out
 	k.cmd.Stderr = k.cmd.Stdout
 	if err := k.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -447,9 +425,7 @@ func (k *soakChild) stop(t *testing.T) {
 	t.Helper()
 	k.cmd.Process.Kill()
 	<-k.done
-	k.mu.Lock()
 	out := k.out.String()
-	k.mu.Unlock()
 	if strings.Contains(out, "HIJACKED") {
 		t.Errorf("attack %s took over another client's QP:\n%s", k.name, out)
 	}
