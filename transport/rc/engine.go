@@ -183,7 +183,7 @@ func (e *Engine) DestroyQP(qp *QP) error {
 	qp.destroyed = true
 	qp.state = qpstate.Reset
 	qp.stopSending(true)
-	qp.resp.backlog, qp.resp.backlogLen = nil, nil
+	qp.svc.destroy(qp)
 	for i := 0; i < len(e.pending); i++ {
 		if e.pending[i] == qp {
 			e.pending = append(e.pending[:i], e.pending[i+1:]...)
@@ -334,12 +334,9 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 		}
 		qp.svc.receive(qp, pk, p)
 	}
-	// Coalesced ACKs: one ACK per QP per batch, for the newest PSN that
-	// asked for one (the MSN covers everything before it).
+	// Answers coalesced over the batch (RC's ACKs) leave now.
 	for _, qp := range e.pending {
-		if qp.ackPending {
-			qp.sendAck()
-		}
+		qp.svc.batchDone(qp)
 	}
 }
 
@@ -351,18 +348,13 @@ func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
 	defer e.mu.Unlock()
 	e.now = now
 	for qp := range e.timed {
-		qp.checkTimers()
+		qp.svc.timers(qp)
 	}
 	budget := e.MaxBatch
 	i := 0
 	for ; i < len(e.pending) && len(e.tx) < budget; i++ {
 		qp := e.pending[i]
-		if qp.ackPending {
-			qp.sendAck()
-		}
-		respDone := qp.resp.transmit(qp, budget)
-		done := qp.svc.request(qp, budget) && respDone
-		if done {
+		if qp.svc.progress(qp, budget) {
 			qp.txPending = false
 		} else {
 			// Budget ran out: keep it pending for the next call.

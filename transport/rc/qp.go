@@ -310,11 +310,8 @@ func (qp *QP) lastWQE() {
 // it built that Progress has not handed out yet are taken back (if purge;
 // responderToError keeps them).
 func (qp *QP) stopSending(purge bool) {
-	qp.resp.jobs = qp.resp.jobs[:0]
-	qp.releaseBacklog()
-	qp.ackPending = false
+	qp.svc.stop(qp)
 	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
-	qp.retrying = false
 	qp.updateTimerSet()
 	if purge {
 		qp.e.purge(qp)

@@ -27,9 +27,21 @@ type service interface {
 	// receive handles one received packet for qp (its transport already
 	// checked).
 	receive(qp *QP, pk *nic.Packet, p *bth.Packet)
-	// request is the requester: it builds packets from the send queue up
-	// to budget and reports whether it has nothing more to send now.
-	request(qp *QP, budget int) bool
+	// progress builds what qp has to send (a coalesced ACK, responses,
+	// then requests from the send queue) up to budget packets in the
+	// transmit batch, and reports whether it has nothing more to send now.
+	progress(qp *QP, budget int) bool
+	// batchDone ends a batch of received packets for qp: an answer
+	// coalesced over the batch leaves now.
+	batchDone(qp *QP)
+	// timers runs qp's expired timers (qp is in the engine's timer set).
+	timers(qp *QP)
+	// stop drops the responder's queued answers and the requester's
+	// retry state, as qp stops sending (ERR, RESET, destroy); the engine
+	// disarms the timers and takes back built packets itself.
+	stop(qp *QP)
+	// destroy releases what the service holds for a destroyed qp.
+	destroy(qp *QP)
 	// enterRTR arms the responder's sequencing as the QP enters RTR.
 	enterRTR(qp *QP)
 	// purgeOnError reports whether a QP that fails takes back the packets

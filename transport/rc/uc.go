@@ -35,8 +35,14 @@ func (ucService) enterRTR(qp *QP) { qp.ucRecv.Reset(qp.path.RQPSN) }
 // leave, as rxe sends UC packets as it builds them.
 func (ucService) purgeOnError() bool { return false }
 
-// request is RC's segmentation, with the UC rules marked "UC:" in it.
-func (ucService) request(qp *QP, budget int) bool { return qp.transmit(budget) }
+// progress is RC's requester, with the UC rules marked "UC:" in it. A UC
+// responder answers nothing, and without ACKs the requester arms no
+// timer.
+func (ucService) progress(qp *QP, budget int) bool { return qp.transmit(budget) }
+func (ucService) batchDone(*QP)                    {}
+func (ucService) timers(*QP)                       {}
+func (ucService) stop(*QP)                         {}
+func (ucService) destroy(*QP)                      {}
 
 func (ucService) receive(qp *QP, pk *nic.Packet, p *bth.Packet) {
 	qp.receiveConnected(pk, p, func(qp *QP, _ *nic.Packet, p *bth.Packet) { qp.respondUC(p) })

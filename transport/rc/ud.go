@@ -41,9 +41,15 @@ func (udService) checkPost(qp *QP, swr *wr.SendWR) error {
 	return nil
 }
 
-func (udService) enterRTR(*QP)                    {}
-func (udService) purgeOnError() bool              { return true }
-func (udService) request(qp *QP, budget int) bool { return qp.transmitUD(budget) }
+func (udService) enterRTR(*QP)                     {}
+func (udService) purgeOnError() bool               { return true }
+func (udService) progress(qp *QP, budget int) bool { return qp.transmitUD(budget) }
+
+// UD answers nothing and arms no timer.
+func (udService) batchDone(*QP) {}
+func (udService) timers(*QP)    {}
+func (udService) stop(*QP)      {}
+func (udService) destroy(*QP)   {}
 
 // receive takes a datagram from any sender: no source filter.
 func (udService) receive(qp *QP, pk *nic.Packet, p *bth.Packet) { qp.receiveUD(pk, p) }
