@@ -78,6 +78,9 @@ type Engine struct {
 	srqNext uint32 // number of the last SRQ created
 
 	ud udEngine // UD's scratch state (ud.go)
+	// rx is the packet Receive is handling, a field rather than a local
+	// because the services it goes to are called through an interface.
+	rx bth.Packet
 }
 
 // EngineStats count what the engine dropped and why.
@@ -106,9 +109,8 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) { return e.createQP(cfg, 0)
 
 // createQP makes a QP numbered num, or with a random number if num is 0.
 func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
-	switch cfg.Type {
-	case qpstate.RC, qpstate.UC, qpstate.UD:
-	default:
+	svc := serviceOf(cfg.Type)
+	if svc == nil {
 		return nil, fmt.Errorf("rc: QP type %v is not implemented", cfg.Type)
 	}
 	if cfg.SRQ != nil {
@@ -142,7 +144,7 @@ func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
 			num = 0
 		}
 	}
-	qp := &QP{e: e, num: num, cfg: cfg, state: qpstate.Reset}
+	qp := &QP{e: e, svc: svc, num: num, cfg: cfg, state: qpstate.Reset}
 	qp.sq = make([]sendWQE, cfg.MaxSendWR)
 	for i := range qp.sq {
 		qp.sq[i].sgl = make([]wr.SGE, 0, cfg.MaxSendSGE)
@@ -152,9 +154,7 @@ func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
 	} else {
 		qp.rq = newRecvRing(cfg.MaxRecvWR, cfg.MaxRecvSGE)
 	}
-	if cfg.Type == qpstate.UD {
-		qp.ud.ah = make([]wr.AH, cfg.MaxSendWR)
-	}
+	svc.init(qp)
 	qp.setPathLocked(Path{PMTU: 1024})
 	e.qps[num] = qp
 	return qp, nil
@@ -183,7 +183,7 @@ func (e *Engine) DestroyQP(qp *QP) error {
 	qp.destroyed = true
 	qp.state = qpstate.Reset
 	qp.stopSending(true)
-	qp.resp.backlog, qp.resp.backlogLen = nil, nil
+	qp.svc.destroy(qp)
 	for i := 0; i < len(e.pending); i++ {
 		if e.pending[i] == qp {
 			e.pending = append(e.pending[:i], e.pending[i+1:]...)
@@ -292,9 +292,6 @@ func (e *Engine) purge(qp *QP) {
 	e.tx, e.txQP = e.tx[:k], e.txQP[:k]
 }
 
-// transportOf maps a QP's service to the opcode transport it accepts.
-var transportOf = [...]bth.Transport{qpstate.RC: bth.TransportRC, qpstate.UC: bth.TransportUC, qpstate.UD: bth.TransportUD}
-
 // srcPort is the UDP source port for a QP: fixed per QP so a flow stays on
 // one ECMP path, in the range rxe uses (0xC000 | 14-bit hash of the QPN).
 func srcPort(qpn uint32) uint16 {
@@ -307,14 +304,14 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.now = now
-	var p bth.Packet
+	p := &e.rx
 	for i := range pkts {
 		pk := &pkts[i]
 		e.stats.RxPackets++
 		if e.onPacket != nil {
 			e.onPacket('R', pk)
 		}
-		if err := bth.Parse(&p, pk.Bytes()); err != nil {
+		if err := bth.Parse(p, pk.Bytes()); err != nil {
 			e.stats.RxMalformed++
 			continue
 		}
@@ -331,51 +328,15 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 		}
 		// A packet of another service than the QP's is silently dropped
 		// (IBTA §9.6.1.5.1: the opcode must match the QP's transport).
-		if p.Info.Transport != transportOf[qp.cfg.Type] {
+		if p.Info.Transport != qp.svc.transport() {
 			e.stats.RxBadHeader++
 			continue
 		}
-		if qp.cfg.Type == qpstate.UD {
-			qp.receiveUD(pk, &p) // any sender: no source filter
-			continue
-		}
-		if qp.path.Remote.IsValid() && pk.Remote.Addr() != qp.path.Remote.Addr() {
-			e.stats.RxWrongSource++
-			continue
-		}
-		qp.stats.RxPackets++
-		if p.Info.Request {
-			if qp.state != qpstate.RTR && qp.state != qpstate.RTS && qp.state != qpstate.SQD {
-				e.stats.RxUnknownQP++
-				continue
-			}
-			qp.noteCommEst()
-			if qp.isUC() {
-				qp.respondUC(&p)
-				continue
-			}
-			if len(qp.resp.jobs) > 0 {
-				if !qp.deferPacket(pk.Bytes()) {
-					qp.stats.Dropped++
-				}
-				continue
-			}
-			qp.respond(&p)
-		} else {
-			if qp.state != qpstate.RTS && qp.state != qpstate.SQD {
-				e.stats.RxUnknownQP++
-				continue
-			}
-			qp.noteCommEst()
-			qp.complete(&p)
-		}
+		qp.svc.receive(qp, pk, p)
 	}
-	// Coalesced ACKs: one ACK per QP per batch, for the newest PSN that
-	// asked for one (the MSN covers everything before it).
+	// Answers coalesced over the batch (RC's ACKs) leave now.
 	for _, qp := range e.pending {
-		if qp.ackPending {
-			qp.sendAck()
-		}
+		qp.svc.batchDone(qp)
 	}
 }
 
@@ -387,18 +348,13 @@ func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
 	defer e.mu.Unlock()
 	e.now = now
 	for qp := range e.timed {
-		qp.checkTimers()
+		qp.svc.timers(qp)
 	}
 	budget := e.MaxBatch
 	i := 0
 	for ; i < len(e.pending) && len(e.tx) < budget; i++ {
 		qp := e.pending[i]
-		if qp.ackPending {
-			qp.sendAck()
-		}
-		respDone := qp.resp.transmit(qp, budget)
-		done := qp.transmit(budget) && respDone
-		if done {
+		if qp.svc.progress(qp, budget) {
 			qp.txPending = false
 		} else {
 			// Budget ran out: keep it pending for the next call.

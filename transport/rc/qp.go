@@ -116,6 +116,7 @@ type recvWQE struct {
 // QP is one RC queue pair's transport state.
 type QP struct {
 	e     *Engine
+	svc   service // the QP's transport service (service.go)
 	num   uint32
 	cfg   QPConfig
 	path  Path
@@ -272,7 +273,7 @@ func (qp *QP) setStateLocked(s qpstate.State) {
 			qp.commEst = false
 			qp.resp.ePSN = qp.path.RQPSN & bth.PSNMask
 			qp.resp.msn = 0
-			qp.ucRecv.Reset(qp.path.RQPSN) // UC
+			qp.svc.enterRTR(qp)
 		}
 	case qpstate.RTS:
 		if prev == qpstate.RTR {
@@ -309,11 +310,8 @@ func (qp *QP) lastWQE() {
 // it built that Progress has not handed out yet are taken back (if purge;
 // responderToError keeps them).
 func (qp *QP) stopSending(purge bool) {
-	qp.resp.jobs = qp.resp.jobs[:0]
-	qp.releaseBacklog()
-	qp.ackPending = false
+	qp.svc.stop(qp)
 	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
-	qp.retrying = false
 	qp.updateTimerSet()
 	if purge {
 		qp.e.purge(qp)
@@ -386,10 +384,8 @@ func (qp *QP) toError(reason string) {
 		return
 	}
 	qp.state = qpstate.Err
-	// UC: every packet a UC QP has built belongs to a work request that
-	// has completed, or is its own failing one: they still leave, as rxe
-	// sends UC packets as it builds them.
-	qp.stopSending(!qp.isUC())
+	// UC keeps what it built (ucService.purgeOnError).
+	qp.stopSending(qp.svc.purgeOnError())
 	qp.flush()
 	if qp.e.OnAsyncError != nil {
 		qp.e.OnAsyncError(qp.num, reason)
@@ -476,20 +472,17 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 	if !swr.Opcode.Known() {
 		return false, fmt.Errorf("rc: opcode %v is not supported on an RC QP", swr.Opcode)
 	}
-	if qp.isUC() {
-		if err := uc.CheckPost(swr.Opcode); err != nil { // UC: no READ, atomics or invalidate
-			return false, err
-		}
+	// The service checks the slot's copy: the caller's WR, passed on
+	// through an interface, would escape to the heap.
+	w := &qp.sq[qp.sqTail]
+	w.wr = *swr
+	if err := qp.svc.checkPost(qp, &w.wr); err != nil {
+		w.wr = wr.SendWR{}
+		return false, err
 	}
 	length := 0
 	for _, s := range swr.SGL {
 		length += int(s.Length)
-	}
-	if qp.cfg.Type == qpstate.UD {
-		if err := qp.checkSendUD(swr); err != nil {
-			return false, err
-		}
-		qp.ud.ah[qp.sqTail] = *swr.AH
 	}
 	switch {
 	case swr.Opcode.IsAtomic():
@@ -504,8 +497,6 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 	case length > 1<<31:
 		return false, fmt.Errorf("rc: message of %d bytes exceeds the 2 GiB RC limit", length)
 	}
-	w := &qp.sq[qp.sqTail]
-	w.wr = *swr
 	w.sgl = append(w.sgl[:0], swr.SGL...)
 	w.wr.SGL = nil
 	w.isInline = false

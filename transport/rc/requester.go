@@ -24,9 +24,6 @@ func npackets(n, pmtu int) int {
 // send queue until the budget, the PSN window or max_rd_atomic stops it.
 // It reports whether it has nothing more to send right now.
 func (qp *QP) transmit(budget int) bool {
-	if qp.cfg.Type == qpstate.UD {
-		return qp.transmitUD(budget)
-	}
 	e := qp.e
 	if qp.state != qpstate.RTS || !qp.rnrDeadline.IsZero() {
 		return true

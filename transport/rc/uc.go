@@ -3,8 +3,10 @@ package rc
 import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/uc"
+	"github.com/softroce/softroce/wr"
 )
 
 // The Unreliable Connection service runs on the same engine as RC: the
@@ -14,6 +16,37 @@ import (
 // responder places packets with RC's execution code, sequenced by
 // transport/uc's Receiver, and answers nothing. This file holds what
 // differs; the hooks in the RC files are marked "UC:".
+
+// ucService is the Unreliable Connection service.
+type ucService struct{}
+
+func init() { register(qpstate.UC, ucService{}) }
+
+func (ucService) transport() bth.Transport { return bth.TransportUC }
+func (ucService) init(*QP)                 {}
+
+// checkPost refuses what UC does not carry: READ, atomics, invalidate.
+func (ucService) checkPost(_ *QP, swr *wr.SendWR) error { return uc.CheckPost(swr.Opcode) }
+
+func (ucService) enterRTR(qp *QP) { qp.ucRecv.Reset(qp.path.RQPSN) }
+
+// purgeOnError is false: every packet a UC QP has built belongs to a work
+// request that has completed, or is its own failing one: they still
+// leave, as rxe sends UC packets as it builds them.
+func (ucService) purgeOnError() bool { return false }
+
+// progress is RC's requester, with the UC rules marked "UC:" in it. A UC
+// responder answers nothing, and without ACKs the requester arms no
+// timer.
+func (ucService) progress(qp *QP, budget int) bool { return qp.transmit(budget) }
+func (ucService) batchDone(*QP)                    {}
+func (ucService) timers(*QP)                       {}
+func (ucService) stop(*QP)                         {}
+func (ucService) destroy(*QP)                      {}
+
+func (ucService) receive(qp *QP, pk *nic.Packet, p *bth.Packet) {
+	qp.receiveConnected(pk, p, func(qp *QP, _ *nic.Packet, p *bth.Packet) { qp.respondUC(p) })
+}
 
 // isUC reports whether the QP is of the Unreliable Connection service.
 func (qp *QP) isUC() bool { return qp.cfg.Type == qpstate.UC }

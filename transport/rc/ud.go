@@ -21,6 +21,39 @@ import (
 // UD receive is checked against the QP's Q_Key, lands behind a 40-byte
 // GRH and completes at once. The wire rules themselves are package ud's.
 
+// udService is the Unreliable Datagram service.
+type udService struct{}
+
+func init() { register(qpstate.UD, udService{}) }
+
+func (udService) transport() bth.Transport { return bth.TransportUD }
+
+// init makes room for an address vector per send-queue slot, so that
+// posting does not allocate.
+func (udService) init(qp *QP) { qp.ud.ah = make([]wr.AH, qp.cfg.MaxSendWR) }
+
+// checkPost checks the work request and copies its address vector.
+func (udService) checkPost(qp *QP, swr *wr.SendWR) error {
+	if err := qp.checkSendUD(swr); err != nil {
+		return err
+	}
+	qp.ud.ah[qp.sqTail] = *swr.AH
+	return nil
+}
+
+func (udService) enterRTR(*QP)                     {}
+func (udService) purgeOnError() bool               { return true }
+func (udService) progress(qp *QP, budget int) bool { return qp.transmitUD(budget) }
+
+// UD answers nothing and arms no timer.
+func (udService) batchDone(*QP) {}
+func (udService) timers(*QP)    {}
+func (udService) stop(*QP)      {}
+func (udService) destroy(*QP)   {}
+
+// receive takes a datagram from any sender: no source filter.
+func (udService) receive(qp *QP, pk *nic.Packet, p *bth.Packet) { qp.receiveUD(pk, p) }
+
 // udEngine is the engine's UD scratch state.
 type udEngine struct {
 	grh [ud.GRHLen]byte
