@@ -82,7 +82,7 @@ func serveAFXDP(t *testing.T, bin, mode string) (sock string, env []string, star
 		}
 	})
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := serve.QueryStatus(sock); err == nil {
+		if _, err := queryStatusIn(sock); err == nil {
 			break
 		}
 		select {
@@ -150,7 +150,7 @@ func testABIAFXDP(t *testing.T, h abiHost, bin, mode, want string) {
 		t.Logf("%s", strings.TrimSpace(string(out)))
 	}
 	w := watchClientList(func() []serve.ClientStatus {
-		st, err := serve.QueryStatus(sock)
+		st, err := queryStatusIn(sock)
 		if err != nil {
 			return nil
 		}
@@ -183,10 +183,19 @@ func testABIAFXDP(t *testing.T, h abiHost, bin, mode, want string) {
 	}
 	w.check(t)
 	after := tapCounters(t, "tx_packets", "tx_dropped", "rx_packets")
-	st, err := serve.QueryStatus(sock)
+	st, err := queryStatusIn(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("tap %s: %d packets to the guest, %d dropped by the tap, %d from the guest; daemon: %+v",
 		rxevm.TapName, after[0]-before[0], after[1]-before[1], after[2]-before[2], st.Devices)
+}
+
+// queryStatusIn asks the daemon for its status from the VM's namespace,
+// which the daemon serves: clients refuse a daemon of another namespace.
+func queryStatusIn(sock string) (serve.Status, error) {
+	var st serve.Status
+	var err error
+	vm.Do(func() error { st, err = serve.QueryStatus(sock); return nil })
+	return st, err
 }

@@ -33,7 +33,7 @@ func TestABIIOVAAgainstRxe(t *testing.T) {
 		filepath.Join("testdata", "iova_peer.c"), "-libverbs").CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
-	cmd := exec.Command(bin)
+	cmd := vm.HostCommand(ctx, bin) // in the namespace the daemon serves
 	cmd.Env = env
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()

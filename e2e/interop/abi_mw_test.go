@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"regexp"
 	"testing"
 	"time"
@@ -24,7 +23,8 @@ func hostAgent(t *testing.T, ctx context.Context, env []string) *agent.Client {
 	if err != nil {
 		t.Skipf("cannot build the agent on the host: %v", err)
 	}
-	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--gid-index", "0")
+	// In the namespace the daemon serves; so is the connection to it.
+	cmd := vm.HostCommand(ctx, bin, "--listen", "127.0.0.1:0", "--gid-index", "0")
 	cmd.Env = env
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -45,7 +45,11 @@ func hostAgent(t *testing.T, ctx context.Context, env []string) *agent.Client {
 	}
 	go io.Copy(io.Discard, r)
 	var d net.Dialer
-	c, err := agent.Dial(ctx, d.DialContext, addr[1], token[1])
+	dial := func(ctx context.Context, network, address string) (c net.Conn, err error) {
+		vm.Do(func() error { c, err = d.DialContext(ctx, network, address); return nil })
+		return c, err
+	}
+	c, err := agent.Dial(ctx, dial, addr[1], token[1])
 	if err != nil {
 		t.Fatal(err)
 	}
