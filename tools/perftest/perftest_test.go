@@ -157,9 +157,9 @@ func TestLoopback(t *testing.T) {
 		{Send, 0, 5000, 1024, 1200, 1}, // more messages than receives posted at once
 		{Send, 0, 2048, 1024, 700, 2},
 	}
-	for i, tc := range cases {
+	for _, tc := range cases {
 		t.Run(fmt.Sprintf("%v/%d/size%d/mtu%d/q%d", tc.test, tc.atomic, tc.size, tc.mtu, tc.qps), func(t *testing.T) {
-			base := Config{Test: tc.test, Atomic: tc.atomic, Port: 47970 + i, Size: tc.size, MTU: tc.mtu, Iters: tc.iters,
+			base := Config{Test: tc.test, Atomic: tc.atomic, Port: freeTCPPort(t), Size: tc.size, MTU: tc.mtu, Iters: tc.iters,
 				QPs: tc.qps, Timeout: 20 * time.Second}
 			sres, cres, _, cout := runPair(t, devs, base, overUDP(47921))
 			if sres.MTU != tc.mtu || cres.MTU != tc.mtu {
@@ -192,7 +192,7 @@ func TestLoopback(t *testing.T) {
 // TestMTUNegotiation: each side adopts the smaller of the two MTUs.
 func TestMTUNegotiation(t *testing.T) {
 	devs := loopbackDevs(t, 47941)
-	sres, cres, _, _ := runPair(t, devs, Config{Test: Write, Port: 47945, Size: 4096, Iters: 20, Timeout: 20 * time.Second},
+	sres, cres, _, _ := runPair(t, devs, Config{Test: Write, Port: freeTCPPort(t), Size: 4096, Iters: 20, Timeout: 20 * time.Second},
 		func(side int, c *Config) {
 			overUDP(47941)(side, c)
 			c.MTU = []int{4096, 512}[side]
@@ -297,13 +297,13 @@ func TestPeerMisbehaves(t *testing.T) {
 // its own target area and prints the sum of both reports.
 func TestLoopbackDuplex(t *testing.T) {
 	devs := loopbackDevs(t, 48111)
-	for i, tc := range []struct {
+	for _, tc := range []struct {
 		test        Test
 		size, iters int
 		qps         int
 	}{{Write, 4096, 200, 1}, {Write, 100, 300, 2}, {Read, 65536, 40, 1}, {Atomic, 8, 300, 2}} {
 		t.Run(fmt.Sprintf("%v/size%d/q%d", tc.test, tc.size, tc.qps), func(t *testing.T) {
-			sres, cres, _, _ := runPair(t, devs, Config{Test: tc.test, Port: 48115 + i, Size: tc.size, Iters: tc.iters, QPs: tc.qps,
+			sres, cres, _, _ := runPair(t, devs, Config{Test: tc.test, Port: freeTCPPort(t), Size: tc.size, Iters: tc.iters, QPs: tc.qps,
 				MTU: 1024, Duplex: true, Timeout: 20 * time.Second}, overUDP(48111))
 			res := [2]*Result{sres, cres}
 			total := uint64(tc.iters * tc.qps)
@@ -322,4 +322,16 @@ func TestLoopbackDuplex(t *testing.T) {
 			}
 		})
 	}
+}
+
+// freeTCPPort is a TCP port the kernel had free on 127.0.0.1 a moment
+// ago: a fixed port in the ephemeral range may be any connection's.
+func freeTCPPort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }

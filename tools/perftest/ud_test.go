@@ -40,7 +40,7 @@ func udPair(t *testing.T, pc pipe.Config) [2]*verbs.Device {
 // handles from the peer's GID, receives with room for the GRH.
 func TestLoopbackUD(t *testing.T) {
 	devs := udPair(t, pipe.Config{Block: true})
-	for i, tc := range []struct {
+	for _, tc := range []struct {
 		size, mtu, iters, qps int
 	}{
 		{1024, 1024, 500, 1},
@@ -50,7 +50,7 @@ func TestLoopbackUD(t *testing.T) {
 		{0, 2048, 100, 1}, // no -s: the MTU
 	} {
 		t.Run(fmt.Sprintf("size%d/mtu%d/q%d", tc.size, tc.mtu, tc.qps), func(t *testing.T) {
-			base := Config{Test: Send, Conn: verbs.QPTypeUD, Port: 48231 + i, Size: tc.size, MTU: tc.mtu, Iters: tc.iters,
+			base := Config{Test: Send, Conn: verbs.QPTypeUD, Port: freeTCPPort(t), Size: tc.size, MTU: tc.mtu, Iters: tc.iters,
 				QPs: tc.qps, Timeout: 20 * time.Second}
 			sres, cres, sout, _ := runPair(t, devs, base, func(side int, c *Config) {
 				if side == 1 {
@@ -85,9 +85,10 @@ func TestUDSizeAboveMTU(t *testing.T) {
 	devs := udPair(t, pipe.Config{Block: true})
 	var outs [2]bytes.Buffer
 	errs := make(chan error, 2)
+	port := freeTCPPort(t)
 	for side := range 2 {
 		go func() {
-			c := Config{Test: Send, Conn: verbs.QPTypeUD, Port: 48241, Size: 2048, MTU: 1024, Iters: 10, Timeout: 3 * time.Second}
+			c := Config{Test: Send, Conn: verbs.QPTypeUD, Port: port, Size: 2048, MTU: 1024, Iters: 10, Timeout: 3 * time.Second}
 			if side == 1 {
 				c.Server = "127.0.0.1"
 			}
@@ -107,7 +108,7 @@ func TestUDSizeAboveMTU(t *testing.T) {
 func TestUDLossReported(t *testing.T) {
 	// A 16-packet queue that drops when full loses most of a burst.
 	devs := udPair(t, pipe.Config{Depth: 16})
-	base := Config{Test: Send, Conn: verbs.QPTypeUD, Port: 48251, Size: 1024, MTU: 1024, Iters: 2000, TxDepth: 512,
+	base := Config{Test: Send, Conn: verbs.QPTypeUD, Port: freeTCPPort(t), Size: 1024, MTU: 1024, Iters: 2000, TxDepth: 512,
 		RecvIdle: 300 * time.Millisecond, Timeout: 20 * time.Second}
 	sres, cres, sout, _ := runPair(t, devs, base, func(side int, c *Config) {
 		if side == 1 {
