@@ -180,6 +180,12 @@ func TestHostileClient(t *testing.T) {
 	pr := make([]int, 2)
 	unix.Pipe(pr)
 	defer unix.Close(pr[0])
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(sp[0])
+	defer unix.Close(sp[1])
 	defer unix.Close(pr[1])
 	addr := uint64(0x7e0000000000)
 	for _, c := range []struct {
@@ -188,6 +194,7 @@ func TestHostileClient(t *testing.T) {
 		fds  []int
 	}{
 		{"a pipe", regMRBody(pd, addr, 100, extent{addr, 4096, 0}), []int{pr[0]}},
+		{"a socket", regMRBody(pd, addr, 100, extent{addr, 4096, 0}), []int{sp[0]}},
 		{"unsealed memfd", regMRBody(pd, addr, 100, extent{addr, 4096, 0}), []int{memfd(t, 4096, false)}},
 		{"memfd too small", regMRBody(pd, addr, 8192, extent{addr, 8192, 0}), []int{memfd(t, 4096, true)}},
 		{"gap in extents", regMRBody(pd, addr, 8192, extent{addr, 4096, 0}, extent{addr + 8192, 4096, 0}), []int{memfd(t, 8192, true), memfd(t, 8192, true)}},
