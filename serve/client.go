@@ -609,9 +609,9 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 		return nil, nil, err
 	}
 	h := c.handleID()
-	q := &qpObj{handle: h, c: c, pd: pdH, qp: qp, qpn: qp.Num(), token: token, mem: m, sqSize: sqSize, rqSize: rqSize, sqStride: sqStride, rqStride: rqStride,
-		sqOff: sqOff, rqOff: rqOff, maxSendSGE: int(mss), maxRecvSGE: int(mrs), maxInline: int(mil), sendCQ: scq, recvCQ: rcq,
-		sgl: make([]verbs.SGE, mss), rsgl: make([]verbs.SGE, mrs), inline: make([]byte, mil), typ: vt, srq: srq}
+	q := &qpObj{handle: h, c: c, pd: pdH, qp: qp, qpn: qp.Num(), token: token, mem: m, maxInline: int(mil), sendCQ: scq, recvCQ: rcq,
+		sgl: make([]verbs.SGE, mss), recv: recvWQE{sgl: make([]verbs.SGE, mrs)}, inline: make([]byte, mil), typ: vt, srq: srq}
+	q.initRings(sqSize, sqStride, sqOff, rqSize, rqStride, rqOff)
 	if srq != nil {
 		srq.nQP++
 	}
@@ -728,7 +728,7 @@ func (c *client) destroyQP(h uint32) error {
 	d.rmu.Lock() // route no longer reaches q nor its CQs
 	delete(d.byQPN, q.qpn)
 	d.rmu.Unlock()
-	c.takeSlots(-int(q.sqSize + q.rqSize))
+	c.takeSlots(-int(q.sq.size + q.rq.size))
 	c.freeRing(q.mem)
 	delete(c.qps, h)
 	c.pds[q.pd].uses--
