@@ -2,6 +2,7 @@ package serve
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/bits"
 
 	"golang.org/x/sys/unix"
@@ -148,7 +149,7 @@ func (q *qpObj) drain() bool {
 func (q *qpObj) fail(r *wqeRing, why string) {
 	q.toErr()
 	q.c.raise(evQPFatal, q.handle)
-	q.c.s.log.Printf("client pid %d QP %d: %s: %s; the QP goes to ERR", q.c.pid, q.qpn, r.name, why)
+	q.c.logRefusal(fmt.Sprintf("QP %d %s: %s; the QP goes to ERR", q.qpn, r.name, why))
 }
 
 func (q *qpObj) toErr() {

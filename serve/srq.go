@@ -157,7 +157,7 @@ func (o *srqObj) fail(_ *wqeRing, why string) {
 		o.errored = true
 		o.c.raise(evSRQErr, o.handle)
 	}
-	_ = why
+	o.c.logRefusal(fmt.Sprintf("SRQ %d: %s; the WQE is dropped", o.srq.Num(), why))
 }
 
 // translateFor checks an SGE against the client's MRs of PD pd and
