@@ -156,6 +156,8 @@ func (q *qpObj) toErr() {
 	q.qp.Modify(&verbs.QPAttr{State: verbs.StateErr}, attrState)
 }
 
+// buildSend reads a send WQE into q.swr (a BIND_MW one into q.bindMW and
+// q.bindInfo too); a WQE the daemon refuses returns why.
 func (q *qpObj) buildSend(w []byte) string {
 	op := le.Uint32(w[8:])
 	flags := verbs.SendFlags(le.Uint32(w[12:]))

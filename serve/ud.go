@@ -127,7 +127,8 @@ func (c *client) destroyAH(h uint32) error {
 }
 
 // buildUD fills a UD send's destination from the WQE's appended fields:
-// the AH must be one of the client's own, of the QP's PD.
+// the AH must be one of the client's own, of the QP's PD, else it returns
+// why the WQE is refused.
 func (q *qpObj) buildUD(w []byte) string {
 	s := &q.swr
 	if q.typ != verbs.QPTypeUD {
