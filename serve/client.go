@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -65,6 +66,7 @@ type client struct {
 	cqSlots int // slots of all its CQ rings
 
 	refused map[string]bool // limits already logged for this client (under s.led.mu)
+	rlog    refusalLog      // refused requests and WQEs logged (refusals.go)
 
 	cm    *cmChan // an rdma_cm event channel (serve/cm.go), or nil
 	pages pageMap // its MRs' pages mapped at its own addresses (serve/mem.go)
@@ -102,6 +104,7 @@ func newClientOf(s *Server, conn *net.UnixConn, pid, uid, gid int) *client {
 
 // run serves requests until the connection closes, then frees everything.
 func (c *client) run() {
+	defer c.refusalsNotLogged()
 	defer c.cleanup()
 	buf := make([]byte, maxMsg+1)
 	oob := make([]byte, unix.CmsgSpace(4*maxExtents))
@@ -114,6 +117,7 @@ func (c *client) run() {
 		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
 			closeAll(fds)
 			c.s.badReq.Add(1)
+			c.refusedRequest("a message over "+strconv.Itoa(maxMsg)+" bytes", syscall.EMSGSIZE)
 			if c.reply(syscall.EMSGSIZE, nil, nil) != nil {
 				return
 			}
@@ -122,6 +126,7 @@ func (c *client) run() {
 		resp, rfds, err := c.handle(buf[:n], fds)
 		if err != nil {
 			c.s.badReq.Add(1)
+			c.refusedRequest(requestName(buf[:n]), err)
 		}
 		werr := c.reply(errno(err), resp, rfds)
 		for _, fd := range rfds {
@@ -609,9 +614,9 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 		return nil, nil, err
 	}
 	h := c.handleID()
-	q := &qpObj{handle: h, c: c, pd: pdH, qp: qp, qpn: qp.Num(), token: token, mem: m, sqSize: sqSize, rqSize: rqSize, sqStride: sqStride, rqStride: rqStride,
-		sqOff: sqOff, rqOff: rqOff, maxSendSGE: int(mss), maxRecvSGE: int(mrs), maxInline: int(mil), sendCQ: scq, recvCQ: rcq,
-		sgl: make([]verbs.SGE, mss), rsgl: make([]verbs.SGE, mrs), inline: make([]byte, mil), typ: vt, srq: srq}
+	q := &qpObj{handle: h, c: c, pd: pdH, qp: qp, qpn: qp.Num(), token: token, mem: m, maxInline: int(mil), sendCQ: scq, recvCQ: rcq,
+		sgl: make([]verbs.SGE, mss), recv: recvWQE{sgl: make([]verbs.SGE, mrs)}, inline: make([]byte, mil), typ: vt, srq: srq}
+	q.initRings(sqSize, sqStride, sqOff, rqSize, rqStride, rqOff)
 	if srq != nil {
 		srq.nQP++
 	}
@@ -728,7 +733,7 @@ func (c *client) destroyQP(h uint32) error {
 	d.rmu.Lock() // route no longer reaches q nor its CQs
 	delete(d.byQPN, q.qpn)
 	d.rmu.Unlock()
-	c.takeSlots(-int(q.sqSize + q.rqSize))
+	c.takeSlots(-int(q.sq.size + q.rq.size))
 	c.freeRing(q.mem)
 	delete(c.qps, h)
 	c.pds[q.pd].uses--

@@ -247,13 +247,12 @@ func (d *device) pass() bool {
 // taken; d.mu is held.
 func (d *device) posted() bool {
 	for _, q := range d.qps {
-		b := q.mem.b
-		if load32(b, offSQProd) != q.sqCons || load32(b, offRQProd) != q.rqCons {
+		if q.sq.pending(q.mem.b) || q.rq.pending(q.mem.b) {
 			return true
 		}
 	}
 	for _, o := range d.srqs {
-		if load32(o.mem.b, offRQProd) != o.cons {
+		if o.rq.pending(o.mem.b) {
 			return true
 		}
 	}
@@ -269,7 +268,7 @@ func (d *device) drainAll() {
 		}
 	}
 	for _, o := range d.srqs {
-		if o.drain() {
+		if o.rq.drain(o.mem.b) {
 			work = true
 		}
 	}

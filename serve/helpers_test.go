@@ -1,10 +1,13 @@
 package serve
 
 import (
+	"log"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"unsafe"
 
@@ -52,13 +55,28 @@ func startUDPOn(t testing.TB, c Config) *Server {
 // startPipe runs a daemon on one end of an in-memory link.
 func startPipe(t testing.TB) *Server {
 	t.Helper()
+	return startPipeOn(t, Config{Socket: filepath.Join(t.TempDir(), "s.sock")})
+}
+
+// startPipeOn is startPipe with c.
+func startPipeOn(t testing.TB, c Config) *Server {
+	t.Helper()
 	a, b := pipe.New(pipe.Config{})
 	b.Close()
 	d, err := verbs.Open(a, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return start(t, d, 0)
+	return serveOn(t, []*verbs.Device{d}, c)
+}
+
+// keptLog is a logger for a daemon whose log a test reads: logged
+// returns what it wrote so far.
+func keptLog() (l *log.Logger, logged func() string) {
+	var buf strings.Builder
+	var mu sync.Mutex
+	l = log.New(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) }), "", 0)
+	return l, func() string { mu.Lock(); defer mu.Unlock(); return buf.String() }
 }
 
 // start runs a daemon with device d, its QPs sending to UDP port (0:

@@ -4,13 +4,11 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"log"
 	"net"
 	"os"
 	"os/user"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -562,16 +560,8 @@ func TestAcceptOutOfDescriptorsRetries(t *testing.T) {
 // limit once per client, naming the flag that raises it, and counts every
 // refusal by the limit's name in Stats, whose JSON is snake_case.
 func TestRefusalLoggedAndCounted(t *testing.T) {
-	a, b := pipe.New(pipe.Config{})
-	b.Close()
-	d, err := verbs.Open(a, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logged strings.Builder
-	var mu sync.Mutex
-	lg := log.New(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return logged.Write(p) }), "", 0)
-	s := serveOn(t, []*verbs.Device{d}, Config{Socket: t.TempDir() + "/s.sock", Log: lg, Limits: Limits{ChannelsPerConn: 1}})
+	lg, logged := keptLog()
+	s := startPipeOn(t, Config{Socket: t.TempDir() + "/s.sock", Log: lg, Limits: Limits{ChannelsPerConn: 1}})
 	c := dial(t, s)
 	c.open()
 	c.handle(opCreateChannel, nil)
@@ -584,9 +574,7 @@ func TestRefusalLoggedAndCounted(t *testing.T) {
 	if n := s.Stats().Refusals[limChannels]; n != 3 {
 		t.Errorf("refusals of %s: %d, want 3", limChannels, n)
 	}
-	mu.Lock()
-	lines := logged.String()
-	mu.Unlock()
+	lines := logged()
 	if n := strings.Count(lines, "--max-channels-per-conn"); n != 1 {
 		t.Errorf("the limit is logged %d times, want once:\n%s", n, lines)
 	}

@@ -73,44 +73,39 @@ const (
 // its own window, as a BIND_MW work request does for type 2. What the
 // binding rules refuse (range outside the region, rights, PDs) completes
 // with MW_BIND_ERR and moves the QP to ERR, as on rxe.
-func (q *qpObj) buildBind(w []byte) bool {
+func (q *qpObj) buildBind(w []byte) string {
 	s := &q.swr
 	lkey := le.Uint32(w[offWQEBindLKey:])
 	b := wr.MWBind{MWKey: s.InvRKey, RKey: s.RKey, MRKey: lkey, Addr: s.RemoteAddr, Length: s.CompareAdd, Access: uint32(s.Swap)}
 	if s.Swap > 0xffffffff {
-		q.bad("BIND_MW access flags out of range")
-		return false
+		return "BIND_MW access flags out of range"
 	}
 	var mr *mrObj
 	if lkey != 0 {
 		if mr = q.c.mrByKey[lkey]; mr == nil {
-			q.bad("BIND_MW names a region the client does not own")
-			return false
+			return "BIND_MW names a region the client does not own"
 		}
 	}
 	h := le.Uint32(w[offWQEBindMW:])
 	if h == 0 { // a work request: type 2
 		s.Bind = b
-		return true
+		return ""
 	}
 	o := q.c.mws[h]
 	switch {
 	case o == nil:
-		q.bad("ibv_bind_mw names a window the client does not own")
-		return false
+		return "ibv_bind_mw names a window the client does not own"
 	case o.mw.Type() != verbs.MWType1:
-		q.bad("ibv_bind_mw on a type 2 window")
-		return false
+		return "ibv_bind_mw on a type 2 window"
 	case b.RKey>>8 != o.mw.RKey()>>8:
-		q.bad("ibv_bind_mw key with another window's index")
-		return false
+		return "ibv_bind_mw key with another window's index"
 	}
 	q.bindMW = o
 	q.bindInfo = verbs.MWBindInfo{Addr: b.Addr, Length: b.Length, Access: memreg.Access(b.Access)}
 	if mr != nil {
 		q.bindInfo.MR = mr.mr
 	}
-	return true
+	return ""
 }
 
 // post hands the WQE buildSend read to verbs.

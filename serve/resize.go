@@ -112,20 +112,20 @@ func (c *client) resizeSRQ(h, mask, maxWR, limit uint32) ([]byte, []int, error) 
 		return nil, nil, fmt.Errorf("%w: srq_limit %d above max_wr %d", syscall.EINVAL, limit, maxWR)
 	}
 	size := ceilPow2(maxWR)
-	if int(size) > int(o.size) {
-		if err := c.reserveSlots(int(size) - int(o.size)); err != nil {
+	if int(size) > int(o.rq.size) {
+		if err := c.reserveSlots(int(size) - int(o.rq.size)); err != nil {
 			return nil, nil, err
 		}
 	}
 	// What the ring holds moves into the verbs SRQ first, as far as it
 	// fits: the verbs SRQ then counts the posted WQEs the resize checks.
-	o.drain()
-	b := o.mem.b
-	prod := load32(b, offRQProd)
-	if prod-o.cons > size {
-		return nil, nil, fmt.Errorf("%w: SRQ %d holds %d WQEs not taken, more than max_wr %d", syscall.EINVAL, h, prod-o.cons, maxWR)
+	r, b := &o.rq, o.mem.b
+	r.drain(b)
+	prod := load32(b, r.prodAt)
+	if prod-r.cons > size {
+		return nil, nil, fmt.Errorf("%w: SRQ %d holds %d WQEs not taken, more than max_wr %d", syscall.EINVAL, h, prod-r.cons, maxWR)
 	}
-	total := ctlPage + int(size*o.stride+pageSize-1)&^(pageSize-1)
+	total := ctlPage + int(size*r.stride+pageSize-1)&^(pageSize-1)
 	m, err := c.newRing("softroce-srq", total)
 	if err != nil {
 		return nil, nil, err
@@ -138,20 +138,20 @@ func (c *client) resizeSRQ(h, mask, maxWR, limit uint32) ([]byte, []int, error) 
 		c.freeRing(m)
 		return nil, nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
 	}
-	for i := o.cons; i != prod; i++ {
-		copy(m.b[ctlPage+int(i&(size-1))*int(o.stride):][:o.stride], b[ctlPage+int(i&(o.size-1))*int(o.stride):][:o.stride])
+	for i := r.cons; i != prod; i++ {
+		copy(m.b[r.off+int(i&(size-1))*int(r.stride):][:r.stride], b[r.off+int(i&(r.size-1))*int(r.stride):][:r.stride])
 	}
-	store32(m.b, offRQCons, o.cons)
-	store32(m.b, offRQProd, prod)
+	store32(m.b, r.consAt, r.cons)
+	store32(m.b, r.prodAt, prod)
 	store32(m.b, offSleeping, load32(b, offSleeping))
 	store32(m.b, offQPError, load32(b, offQPError))
-	c.takeSlots(int(size) - int(o.size))
+	c.takeSlots(int(size) - int(r.size))
 	c.freeRing(o.mem)
-	o.mem, o.size = m, size
+	o.mem, r.size = m, size
 	fd := m.fd
 	m.fd = -1
 	out := make([]byte, 0, sizeSRQResp)
-	for _, v := range []uint32{h, o.srq.Num(), size, uint32(o.maxSGE), size, o.stride} {
+	for _, v := range []uint32{h, o.srq.Num(), size, uint32(len(o.recv.sgl)), size, r.stride} {
 		out = le.AppendUint32(out, v)
 	}
 	out = le.AppendUint64(out, uint64(total))

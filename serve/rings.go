@@ -2,6 +2,7 @@ package serve
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/bits"
 
 	"golang.org/x/sys/unix"
@@ -90,24 +91,18 @@ type qpObj struct {
 	token  uint64 // ATTACH_QP's proof of ownership (newQPToken)
 	mem    *shm
 
-	sqSize, rqSize     uint32
-	sqStride, rqStride uint32
-	sqOff, rqOff       int
-	sqCons, rqCons     uint32 // the daemon's own copies
-	maxSendSGE         int
-	maxRecvSGE         int
-	maxInline          int
-	state              uint32 // as the client last set it
-	sendCQ, recvCQ     *cqObj
-	typ                verbs.QPType // ud.go
-	srq                *srqObj      // srq.go: receives come from it
-	errQueued          bool         // under device.rmu: an overrun awaits the poller
+	sq, rq         wqeRing
+	maxInline      int
+	state          uint32 // as the client last set it
+	sendCQ, recvCQ *cqObj
+	typ            verbs.QPType // ud.go
+	srq            *srqObj      // srq.go: receives come from it
+	errQueued      bool         // under device.rmu: an overrun awaits the poller
 
 	// Reused for every WQE: the data path allocates nothing.
 	swr    verbs.SendWR
 	sgl    []verbs.SGE
-	rwr    verbs.RecvWR
-	rsgl   []verbs.SGE
+	recv   recvWQE
 	inline []byte
 
 	bindMW   *mwObj // the type 1 window of an ibv_bind_mw WQE (mw.go)
@@ -121,106 +116,55 @@ func ceilPow2(n uint32) uint32 {
 	return 1 << (32 - bits.LeadingZeros32(n-1))
 }
 
-// drain moves the WQEs the client posted since the last pass into verbs.
-func (q *qpObj) drain() bool {
-	b := q.mem.b
-	work := false
-	prod := load32(b, offRQProd)
-	if n := prod - q.rqCons; n > q.rqSize {
-		q.bad("receive ring producer index out of range")
-		q.rqCons = prod
-		store32(b, offRQCons, q.rqCons)
-	}
-	for q.rqCons != prod {
-		slot := b[q.rqOff+int(q.rqCons&(q.rqSize-1))*int(q.rqStride):][:q.rqStride]
-		if q.buildRecv(slot) {
-			if err := q.qp.PostRecv(&q.rwr); err != nil {
-				if isQueueFull(err) {
-					q.c.s.queueFull.Add(1)
-					break
-				}
-				q.bad("post recv: " + err.Error())
-			}
-		}
-		q.rqCons++
-		work = true
-	}
-	store32(b, offRQCons, q.rqCons)
-	prod = load32(b, offSQProd)
-	if n := prod - q.sqCons; n > q.sqSize {
-		q.bad("send ring producer index out of range")
-		q.sqCons = prod
-	}
-	for q.sqCons != prod {
-		slot := b[q.sqOff+int(q.sqCons&(q.sqSize-1))*int(q.sqStride):][:q.sqStride]
-		if q.buildSend(slot) {
-			if err := q.post(); err != nil {
-				if isQueueFull(err) {
-					q.c.s.queueFull.Add(1)
-					break
-				}
-				q.bad("post send: " + err.Error())
-			}
-		}
-		q.sqCons++
-		// Published per WQE, not after the loop: an earlier WQE's
-		// completion may reach the client's CQ ring (written on the
-		// transport's goroutine) while this loop runs, and a client that
-		// posts again on it must find the slots already free.
-		store32(b, offSQCons, q.sqCons)
-		work = true
-	}
-	store32(b, offSQCons, q.sqCons)
-	return work
+// qpSend and qpRecv are a QP as the kind of its send and of its receive
+// ring.
+type (
+	qpSend qpObj
+	qpRecv qpObj
+)
+
+func (k *qpSend) build(w []byte) string       { return (*qpObj)(k).buildSend(w) }
+func (k *qpSend) post() error                 { return (*qpObj)(k).post() }
+func (k *qpSend) fail(r *wqeRing, why string) { (*qpObj)(k).fail(r, why) }
+func (k *qpRecv) build(w []byte) string       { return k.recv.read(k.c, k.pd, w) }
+func (k *qpRecv) post() error                 { return k.qp.PostRecv(&k.recv.wr) }
+func (k *qpRecv) fail(r *wqeRing, why string) { (*qpObj)(k).fail(r, why) }
+
+// initRings lays out the QP's rings in its memfd.
+func (q *qpObj) initRings(sqSize, sqStride uint32, sqOff int, rqSize, rqStride uint32, rqOff int) {
+	q.sq = wqeRing{kind: (*qpSend)(q), c: q.c, name: "send ring", off: sqOff, size: sqSize, stride: sqStride, prodAt: offSQProd, consAt: offSQCons}
+	q.rq = wqeRing{kind: (*qpRecv)(q), c: q.c, name: "receive ring", off: rqOff, size: rqSize, stride: rqStride, prodAt: offRQProd, consAt: offRQCons}
 }
 
-// bad moves the QP to ERR for a WQE or index the daemon refused. The
+// drain moves the WQEs the client posted since the last pass into verbs:
+// receives first, so that a send answered at once finds them.
+func (q *qpObj) drain() bool {
+	work := q.rq.drain(q.mem.b)
+	return q.sq.drain(q.mem.b) || work
+}
+
+// fail moves the QP to ERR for a WQE or index the daemon refused. The
 // WQE is dropped; every other outstanding one completes with
 // WR_FLUSH_ERR, as on a RNIC whose QP hit a local error.
-func (q *qpObj) bad(why string) {
-	q.c.s.badWQE.Add(1)
-	store32(q.mem.b, offQPError, 1)
+func (q *qpObj) fail(r *wqeRing, why string) {
 	q.toErr()
 	q.c.raise(evQPFatal, q.handle)
-	q.c.s.log.Printf("client pid %d QP %d: %s; the QP goes to ERR", q.c.pid, q.qpn, why)
+	q.c.logRefusal(fmt.Sprintf("QP %d %s: %s; the QP goes to ERR", q.qpn, r.name, why))
 }
 
 func (q *qpObj) toErr() {
 	q.qp.Modify(&verbs.QPAttr{State: verbs.StateErr}, attrState)
 }
 
-// translate checks an SGE against the client's own MRs and returns it with
-// the daemon's address of the same bytes.
-func (q *qpObj) translate(s *verbs.SGE) bool { return q.c.translateFor(q.pd, s) }
-
-func (q *qpObj) buildRecv(w []byte) bool {
-	n := int(le.Uint32(w[8:]))
-	if n > q.maxRecvSGE {
-		q.bad("receive WQE with too many SGEs")
-		return false
-	}
-	q.rwr.ID = le.Uint64(w)
-	q.rwr.SGL = q.rsgl[:n]
-	for i := range n {
-		e := w[sizeRecvWQE+i*sizeSGE:]
-		s := &q.rwr.SGL[i]
-		*s = verbs.SGE{Addr: le.Uint64(e), Length: le.Uint32(e[8:]), LKey: le.Uint32(e[12:])}
-		if !q.translate(s) {
-			q.bad("receive SGE outside the client's MRs")
-			return false
-		}
-	}
-	return true
-}
-
-func (q *qpObj) buildSend(w []byte) bool {
+// buildSend reads a send WQE into q.swr (a BIND_MW one into q.bindMW and
+// q.bindInfo too); a WQE the daemon refuses returns why.
+func (q *qpObj) buildSend(w []byte) string {
 	op := le.Uint32(w[8:])
 	flags := verbs.SendFlags(le.Uint32(w[12:]))
-	n := int(le.Uint32(w[20:]))
-	inl := int(le.Uint32(w[24:]))
+	n := le.Uint32(w[20:])
+	inl := le.Uint32(w[24:])
 	if op > 15 || !wr.Opcode(op).Known() {
-		q.bad("unknown send opcode")
-		return false
+		return "unknown send opcode"
 	}
 	s := &q.swr
 	s.ID = le.Uint64(w)
@@ -238,32 +182,128 @@ func (q *qpObj) buildSend(w []byte) bool {
 	if s.Opcode == wr.BindMW {
 		return q.buildBind(w) // mw.go
 	}
-	if !q.buildUD(w) {
-		return false
+	if why := q.buildUD(w); why != "" {
+		return why
 	}
 	if flags&verbs.SendInline != 0 {
-		if inl > q.maxInline || sizeSendWQE+inl > len(w) {
-			q.bad("inline data over max_inline_data")
-			return false
+		if inl > uint32(q.maxInline) || sizeSendWQE+int(inl) > len(w) {
+			return "inline data over max_inline_data"
 		}
-		s.InlineData = q.inline[:copy(q.inline, w[sizeSendWQE:sizeSendWQE+inl])]
-		return true
+		s.InlineData = q.inline[:copy(q.inline, w[sizeSendWQE:sizeSendWQE+int(inl)])]
+		return ""
 	}
-	if n > q.maxSendSGE {
-		q.bad("send WQE with too many SGEs")
-		return false
-	}
-	s.SGL = q.sgl[:n]
-	for i := range n {
-		e := w[sizeSendWQE+i*sizeSGE:]
-		g := &s.SGL[i]
-		*g = verbs.SGE{Addr: le.Uint64(e), Length: le.Uint32(e[8:]), LKey: le.Uint32(e[12:])}
-		if !q.translate(g) {
-			q.bad("send SGE outside the client's MRs")
-			return false
-		}
-	}
-	return true
+	var why string
+	s.SGL, why = q.c.readSGEs(q.pd, w[sizeSendWQE:], n, q.sgl)
+	return why
 }
 
 func binaryBE(b []byte) uint32 { return binary.BigEndian.Uint32(b) }
+
+// wqeRing is the daemon's side of a ring of WQEs that a client writes in
+// shared memory with no system call: a QP's send or receive ring, or an
+// SRQ's. The client fills slots, then stores its producer index; the daemon
+// takes the slots in order and publishes its consumer index. Everything in
+// the ring is the client's to change at any time: a producer index more
+// than the ring's size ahead, or a WQE its kind refuses, is counted, sets
+// the ring's error flag and goes to its owner (the QP to ERR, the SRQ to
+// SRQ_ERR); a slot is read only within its stride, each field once.
+type wqeRing struct {
+	kind   wqeKind
+	c      *client
+	name   string // the ring in the log: "send ring", "receive ring", "SRQ"
+	off    int    // slot 0's offset in the memfd
+	size   uint32 // slots, a power of two
+	stride uint32
+	cons   uint32 // the daemon's own copy: the shared one is never read back
+	// The indices' offsets in the control page.
+	prodAt, consAt int
+}
+
+// wqeKind is what one kind of ring does with its WQEs. It reads each into
+// one work request it reuses: draining allocates nothing.
+type wqeKind interface {
+	// build reads slot w (stride bytes) into the work request; a WQE the
+	// daemon refuses returns why.
+	build(w []byte) string
+	// post hands the work request build read to verbs.
+	post() error
+	// fail answers a refused WQE or index of ring r, once r counted it and
+	// set the error flag.
+	fail(r *wqeRing, why string)
+}
+
+// pending reports whether the client posted WQEs the daemon has not taken.
+func (r *wqeRing) pending(b []byte) bool { return load32(b, r.prodAt) != r.cons }
+
+// drain moves the WQEs the client posted since the last pass into verbs,
+// b being the memfd holding the ring. A full verbs queue leaves the rest
+// for the next pass.
+func (r *wqeRing) drain(b []byte) bool {
+	prod := load32(b, r.prodAt)
+	if prod-r.cons > r.size {
+		r.refuse(b, "producer index out of range")
+		r.cons = prod
+		store32(b, r.consAt, r.cons)
+		return true
+	}
+	work := false
+	for r.cons != prod {
+		w := b[r.off+int(r.cons&(r.size-1))*int(r.stride):][:r.stride]
+		if why := r.kind.build(w); why != "" {
+			r.refuse(b, why)
+		} else if err := r.kind.post(); err != nil {
+			if isQueueFull(err) {
+				r.c.s.queueFull.Add(1)
+				break
+			}
+			r.refuse(b, "post: "+err.Error())
+		}
+		r.cons++
+		// Published per WQE, not after the loop: an earlier WQE's
+		// completion may reach the client's CQ ring (written on the
+		// transport's goroutine) while this loop runs, and a client that
+		// posts again on it must find the slots already free.
+		store32(b, r.consAt, r.cons)
+		work = true
+	}
+	return work
+}
+
+// refuse drops a WQE or index the daemon refused: counted, the error flag
+// the library reads set, and the owner told.
+func (r *wqeRing) refuse(b []byte, why string) {
+	r.c.s.badWQE.Add(1)
+	store32(b, offQPError, 1)
+	r.kind.fail(r, why)
+}
+
+// readSGEs reads n SGEs at w into sgl, each checked against the client's
+// MRs of PD pd and given the daemon's address of the same bytes. More than
+// sgl holds, or than the slot holds, is refused.
+func (c *client) readSGEs(pd uint32, w []byte, n uint32, sgl []verbs.SGE) ([]verbs.SGE, string) {
+	if n > uint32(len(sgl)) || int(n)*sizeSGE > len(w) {
+		return nil, "WQE with too many SGEs"
+	}
+	sgl = sgl[:n]
+	for i := range sgl {
+		e := w[i*sizeSGE:]
+		s := &sgl[i]
+		*s = verbs.SGE{Addr: le.Uint64(e), Length: le.Uint32(e[8:]), LKey: le.Uint32(e[12:])}
+		if !c.translateFor(pd, s) {
+			return nil, "SGE outside the client's MRs"
+		}
+	}
+	return sgl, ""
+}
+
+// recvWQE is the reused work request of a receive ring, a QP's or an SRQ's.
+type recvWQE struct {
+	wr  verbs.RecvWR
+	sgl []verbs.SGE // max_sge of them
+}
+
+func (r *recvWQE) read(c *client, pd uint32, w []byte) (why string) {
+	r.wr.ID = le.Uint64(w)
+	r.wr.SGL, why = c.readSGEs(pd, w[sizeRecvWQE:], le.Uint32(w[8:]), r.sgl)
+	return why
+}

@@ -17,15 +17,11 @@ type srqObj struct {
 	pd      uint32
 	srq     *verbs.SRQ
 	mem     *shm
-	size    uint32 // ring slots, a power of two
-	stride  uint32
-	cons    uint32 // the daemon's own copy
-	maxSGE  int
+	rq      wqeRing
 	nQP     int
 	errored bool // its SRQ_ERR event was raised
 
-	rwr  verbs.RecvWR // reused: the data path allocates nothing
-	rsgl []verbs.SGE
+	recv recvWQE // reused: the data path allocates nothing
 }
 
 const evSRQErr = 14 // IBV_EVENT_SRQ_ERR
@@ -58,8 +54,8 @@ func (c *client) createSRQ(pdH, maxWR, maxSGE, limit uint32) ([]byte, []int, err
 		return nil, nil, fmt.Errorf("%w: %v", syscall.EINVAL, err)
 	}
 	h := c.handleID()
-	o := &srqObj{handle: h, c: c, pd: pdH, srq: s, mem: m, size: size, stride: stride, maxSGE: int(maxSGE),
-		rsgl: make([]verbs.SGE, maxSGE)}
+	o := &srqObj{handle: h, c: c, pd: pdH, srq: s, mem: m, recv: recvWQE{sgl: make([]verbs.SGE, maxSGE)}}
+	o.rq = wqeRing{kind: o, c: c, name: "SRQ", off: ctlPage, size: size, stride: stride, prodAt: offRQProd, consAt: offRQCons}
 	store32(m.b, offSleeping, 1) // born while the poller may sleep: ring
 	c.srqs[h] = o
 	d.srqs = append(d.srqs, o)
@@ -84,11 +80,11 @@ func (c *client) modifySRQ(h, mask, maxWR, limit uint32) error {
 		return fmt.Errorf("%w: no SRQ %d", syscall.EINVAL, h)
 	case mask&^(ibvSRQMaxWR|ibvSRQLimit) != 0:
 		return fmt.Errorf("%w: SRQ attribute mask 0x%x", syscall.EINVAL, mask)
-	case mask&ibvSRQMaxWR != 0 && maxWR != o.size:
+	case mask&ibvSRQMaxWR != 0 && maxWR != o.rq.size:
 		// This op sends no new ring back: RESIZE_SRQ (resize.go) does.
 		return fmt.Errorf("%w: resizing an SRQ takes RESIZE_SRQ", syscall.EOPNOTSUPP)
-	case mask&ibvSRQLimit != 0 && limit > o.size:
-		return fmt.Errorf("%w: srq_limit %d above max_wr %d", syscall.EINVAL, limit, o.size)
+	case mask&ibvSRQLimit != 0 && limit > o.rq.size:
+		return fmt.Errorf("%w: srq_limit %d above max_wr %d", syscall.EINVAL, limit, o.rq.size)
 	}
 	if mask&ibvSRQLimit != 0 {
 		if err := o.srq.Modify(verbs.SRQAttr{Limit: int(limit)}, verbs.SRQLimit); err != nil {
@@ -105,7 +101,7 @@ func (c *client) querySRQ(h uint32) ([]byte, error) {
 	}
 	a := o.srq.Query()
 	out := make([]byte, 0, sizeSRQAttr)
-	for _, v := range []uint32{o.size, uint32(a.MaxSGE), uint32(a.Limit), 0} {
+	for _, v := range []uint32{o.rq.size, uint32(a.MaxSGE), uint32(a.Limit), 0} {
 		out = le.AppendUint32(out, v)
 	}
 	return out, nil
@@ -130,7 +126,7 @@ func (c *client) destroySRQ(h uint32) error {
 		}
 	}
 	delete(d.bySRQ, o.srq)
-	c.takeSlots(-int(o.size))
+	c.takeSlots(-int(o.rq.size))
 	c.freeRing(o.mem)
 	delete(c.srqs, h)
 	c.pds[o.pd].uses--
@@ -149,66 +145,19 @@ func (c *client) srqFor(h, pd uint32) (*srqObj, error) {
 	return o, nil
 }
 
-// drain moves the receive WQEs the client posted since the last pass into
-// the verbs SRQ; d.mu is held.
-func (o *srqObj) drain() bool {
-	b := o.mem.b
-	work := false
-	prod := load32(b, offRQProd)
-	if n := prod - o.cons; n > o.size {
-		o.bad("SRQ producer index out of range")
-		o.cons = prod
-		store32(b, offRQCons, o.cons)
-		return true
-	}
-	for o.cons != prod {
-		slot := b[ctlPage+int(o.cons&(o.size-1))*int(o.stride):][:o.stride]
-		if o.build(slot) {
-			if err := o.srq.PostRecv(&o.rwr); err != nil {
-				if isQueueFull(err) {
-					o.c.s.queueFull.Add(1)
-					break
-				}
-				o.bad("post SRQ recv: " + err.Error())
-			}
-		}
-		o.cons++
-		work = true
-	}
-	store32(b, offRQCons, o.cons)
-	return work
-}
+// build, post and fail make the SRQ the kind of its ring (wqeRing),
+// drained into the verbs SRQ with d.mu held.
+func (o *srqObj) build(w []byte) string { return o.recv.read(o.c, o.pd, w) }
+func (o *srqObj) post() error           { return o.srq.PostRecv(&o.recv.wr) }
 
-func (o *srqObj) build(w []byte) bool {
-	n := int(le.Uint32(w[8:]))
-	if n > o.maxSGE {
-		o.bad("SRQ WQE with too many SGEs")
-		return false
-	}
-	o.rwr.ID = le.Uint64(w)
-	o.rwr.SGL = o.rsgl[:n]
-	for i := range n {
-		e := w[sizeRecvWQE+i*sizeSGE:]
-		s := &o.rwr.SGL[i]
-		*s = verbs.SGE{Addr: le.Uint64(e), Length: le.Uint32(e[8:]), LKey: le.Uint32(e[12:])}
-		if !o.c.translateFor(o.pd, s) {
-			o.bad("SRQ SGE outside the client's MRs")
-			return false
-		}
-	}
-	return true
-}
-
-// bad drops a WQE the daemon refused: the SRQ's error flag is set and
-// SRQ_ERR raised once. The QPs on it keep their state.
-func (o *srqObj) bad(why string) {
-	o.c.s.badWQE.Add(1)
-	store32(o.mem.b, offQPError, 1)
+// fail raises SRQ_ERR once for a WQE or index the daemon refused. The QPs
+// on the SRQ keep their state.
+func (o *srqObj) fail(_ *wqeRing, why string) {
 	if !o.errored {
 		o.errored = true
 		o.c.raise(evSRQErr, o.handle)
 	}
-	_ = why
+	o.c.logRefusal(fmt.Sprintf("SRQ %d: %s; the WQE is dropped", o.srq.Num(), why))
 }
 
 // translateFor checks an SGE against the client's MRs of PD pd and

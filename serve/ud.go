@@ -127,22 +127,22 @@ func (c *client) destroyAH(h uint32) error {
 }
 
 // buildUD fills a UD send's destination from the WQE's appended fields:
-// the AH must be one of the client's own, of the QP's PD.
-func (q *qpObj) buildUD(w []byte) bool {
+// the AH must be one of the client's own, of the QP's PD, else it returns
+// why the WQE is refused.
+func (q *qpObj) buildUD(w []byte) string {
 	s := &q.swr
 	if q.typ != verbs.QPTypeUD {
 		s.AH, s.RemoteQPN, s.RemoteQKey = nil, 0, 0
-		return true
+		return ""
 	}
 	o := q.c.ahs[le.Uint32(w[offWQEAH:])]
 	if o == nil || o.pd != q.pd {
-		q.bad("UD send with an address handle that is not the client's, of the QP's PD")
-		return false
+		return "UD send with an address handle that is not the client's, of the QP's PD"
 	}
 	s.AH = o.ah.AV()
 	s.RemoteQPN = le.Uint32(w[offWQERemQPN:]) & 0xffffff
 	s.RemoteQKey = le.Uint32(w[offWQERemQKey:])
-	return true
+	return ""
 }
 
 // cleanupUD frees the client's SRQs and AHs once its QPs are gone.
