@@ -200,3 +200,7 @@ func TestCMMigrateToken(t *testing.T) {
 		t.Errorf("the moved event: %v, id %d type %d; want id %d ADDR_RESOLVED", e, le.Uint32(ev), le.Uint32(ev[4:]), nid)
 	}
 }
+
+// rdma_getaddrinfo from the hints' addresses alone, as librdmacm's
+// (testdata/cm_getaddrinfo.c).
+func TestCProgramCMGetaddrinfo(t *testing.T) { runCM(t, "cm_getaddrinfo.c") }

@@ -998,6 +998,15 @@ EXPORT uint16_t rdma_get_dst_port(struct rdma_cm_id *id)
 
 /* ---- rdma_getaddrinfo: the system resolver, in rdma_addrinfo's shape ---- */
 
+static int copy_addr(struct sockaddr **to, socklen_t *tolen, const struct sockaddr *a, socklen_t len)
+{
+	if (!(*to = malloc(len)))
+		return -1;
+	memcpy(*to, a, len);
+	*tolen = len;
+	return 0;
+}
+
 EXPORT int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_addrinfo *hints,
 			    struct rdma_addrinfo **res)
 {
@@ -1005,8 +1014,26 @@ EXPORT int rdma_getaddrinfo(const char *node, const char *service, const struct 
 	struct rdma_addrinfo *head = NULL, **tail = &head;
 	int e;
 
-	if (!res || (!node && !service))
+	if (!res || (!node && !service && !hints))
 		return fail(EINVAL);
+	if (!node && !service) {
+		/* As librdmacm: the hints' addresses (libfabric passes its
+		 * endpoints' addresses so) */
+		struct rdma_addrinfo *r = calloc(1, sizeof(*r));
+		if (!r)
+			return fail(ENOMEM);
+		r->ai_flags = hints->ai_flags;
+		r->ai_family = hints->ai_family;
+		r->ai_qp_type = hints->ai_qp_type;
+		r->ai_port_space = hints->ai_port_space;
+		if ((hints->ai_dst_len && copy_addr(&r->ai_dst_addr, &r->ai_dst_len, hints->ai_dst_addr, hints->ai_dst_len)) ||
+		    (hints->ai_src_len && copy_addr(&r->ai_src_addr, &r->ai_src_len, hints->ai_src_addr, hints->ai_src_len))) {
+			rdma_freeaddrinfo(r);
+			return fail(ENOMEM);
+		}
+		*res = r;
+		return 0;
+	}
 	if (hints) {
 		h.ai_flags = (hints->ai_flags & RAI_PASSIVE ? AI_PASSIVE : 0) |
 			     (hints->ai_flags & RAI_NUMERICHOST ? AI_NUMERICHOST : 0);
@@ -1043,6 +1070,12 @@ EXPORT int rdma_getaddrinfo(const char *node, const char *service, const struct 
 		} else {
 			r->ai_dst_addr = sa;
 			r->ai_dst_len = a->ai_addrlen;
+			/* a source given in the hints is kept, as librdmacm's */
+			if (hints && hints->ai_src_len &&
+			    copy_addr(&r->ai_src_addr, &r->ai_src_len, hints->ai_src_addr, hints->ai_src_len)) {
+				rdma_freeaddrinfo(r);
+				break;
+			}
 		}
 		*tail = r;
 		tail = &r->ai_next;
