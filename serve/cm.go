@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -103,31 +104,38 @@ func (d *device) addr() netip.Addr {
 	return netip.Addr{}
 }
 
-// cmChan is an event channel: its ids and queued events.
+// cmChan is an event channel: its ids and queued events. The program's
+// end of its event socket (the channel's fd) gets one byte per queued
+// event; the daemon keeps a descriptor of that end too (drain), to take
+// back the bytes of events that rdma_migrate_id moves to another channel.
 type cmChan struct {
 	c      *client
-	notify int // the write end of the event pipe
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	notify int    // the daemon's end of the event socket
+	drain  int    // the program's end, as the daemon holds it
+	token  uint64 // names the channel to rdma_migrate_id (CM_OPEN's answer)
 
 	mu      sync.Mutex
 	ids     map[uint32]*cmID
 	next    uint32
 	events  []cmEvent
 	dropped int
+	closed  bool
 }
 
-// cmID is one rdma_cm_id.
+// cmID is one rdma_cm_id. Its fields are guarded by the mutex of the
+// channel it is on (lock), which rdma_migrate_id changes; h is its handle
+// on that channel.
 type cmID struct {
+	ch        atomic.Pointer[cmChan]
 	h         uint32
 	ps        cm.PortSpace
 	ud        bool
-	dev       *device // nil: bound to every device (wildcard)
+	dev       *device // nil: bound to every device (wildcard or loopback)
 	src, dst  netip.AddrPort
 	bound     bool
 	resolved  bool
 	routed    bool
+	loopback  bool // the address resolved to a loopback or wildcard destination
 	listening []*cm.Listener
 	req       *cm.ConnRequest
 	conn      *cm.Conn
@@ -135,6 +143,37 @@ type cmID struct {
 	busy      bool // a connect or accept is under way
 	ctx       context.Context
 	cancel    context.CancelFunc
+	wg        sync.WaitGroup // its goroutines: listeners, connect, accept, disconnect
+}
+
+// lock locks the channel the id is on now and returns it.
+func (id *cmID) lock() *cmChan {
+	for {
+		ch := id.ch.Load()
+		ch.mu.Lock()
+		if id.ch.Load() == ch {
+			return ch
+		}
+		ch.mu.Unlock()
+	}
+}
+
+// post queues an event of the id on the channel it is on now, with its
+// handle there.
+func (id *cmID) post(e cmEvent) {
+	ch := id.lock()
+	defer ch.mu.Unlock()
+	if ch.ids[id.h] != id {
+		return // destroyed meanwhile
+	}
+	e.id = id.h
+	ch.postLocked(e)
+}
+
+// cmChans are the open event channels by token, for rdma_migrate_id.
+var cmChans struct {
+	mu sync.Mutex
+	m  map[uint64]*cmChan
 }
 
 // Port spaces (enum rdma_port_space).
@@ -148,15 +187,40 @@ func (c *client) cmOpen() ([]byte, []int, error) {
 	if c.cm != nil || c.dev != nil {
 		return nil, nil, fmt.Errorf("%w: connection already in use", syscall.EBUSY)
 	}
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+	// A socket pair rather than a pipe: the daemon takes bytes back from
+	// the program's end with MSG_DONTWAIT, whatever O_NONBLOCK the program
+	// set on it (a flag of the descriptor both share).
+	p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
 		return nil, nil, err
 	}
+	give, err := unix.Dup(p[0])
+	if err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return nil, nil, err
+	}
+	unix.CloseOnExec(give)
 	unix.SetNonblock(p[1], true)
-	ch := &cmChan{c: c, notify: p[1], ids: map[uint32]*cmID{}}
-	ch.ctx, ch.cancel = context.WithCancel(context.Background())
+	unix.Shutdown(p[1], unix.SHUT_RD)
+	ch := &cmChan{c: c, notify: p[1], drain: p[0], ids: map[uint32]*cmID{}}
+	cmChans.mu.Lock()
+	if cmChans.m == nil {
+		cmChans.m = map[uint64]*cmChan{}
+	}
+	for ch.token == 0 || cmChans.m[ch.token] != nil {
+		if ch.token, err = newQPToken(); err != nil { // random, as a QP's token
+			cmChans.mu.Unlock()
+			unix.Close(give)
+			unix.Close(p[0])
+			unix.Close(p[1])
+			return nil, nil, err
+		}
+	}
+	cmChans.m[ch.token] = ch
+	cmChans.mu.Unlock()
 	c.cm = ch
-	return cmResp(0, cmNoDev, netip.AddrPort{}, netip.AddrPort{}), []int{p[0]}, nil
+	return cmOpenResp(ch.token), []int{give}, nil
 }
 
 // handleCM runs one CM request.
@@ -207,14 +271,16 @@ func (c *client) handleCM(r request) ([]byte, []int, error) {
 	case opCMAttachQP:
 		return nil, nil, ch.attachQP(id, &q)
 	case opCMDetachQP:
-		ch.mu.Lock()
+		x := id.lock()
 		id.qp = nil
-		ch.mu.Unlock()
+		x.mu.Unlock()
 		return nil, nil, nil
 	case opCMQuery:
-		ch.mu.Lock()
-		defer ch.mu.Unlock()
+		x := id.lock()
+		defer x.mu.Unlock()
 		return cmResp(id.h, devIndex(id.dev), id.src, id.dst), nil, nil
+	case opCMMigrateID:
+		return ch.migrate(id, q.qpToken)
 	}
 	return nil, nil, fmt.Errorf("%w: op %d", errMsg, r.op)
 }
@@ -226,16 +292,28 @@ func devIndex(d *device) uint32 {
 	return uint32(d.index)
 }
 
+// alloc returns a handle no id of the channel has.
+func (ch *cmChan) alloc() uint32 {
+	for {
+		ch.next++
+		if ch.next != 0 && ch.ids[ch.next] == nil {
+			return ch.next
+		}
+	}
+}
+
 func (ch *cmChan) newID(ps cm.PortSpace, ud bool) (*cmID, error) {
 	if l := ch.c.lim().CMIDsPerConn; len(ch.ids) >= l {
 		return nil, ch.c.limited(ch.c.s.led.count(syscall.ENOMEM, limCMIDs, l))
 	}
-	ch.next++
-	if ch.next == 0 {
-		ch.next = 1
+	if ch.closed {
+		return nil, fmt.Errorf("%w: event channel closed", syscall.EBADF)
 	}
-	id := &cmID{h: ch.next, ps: ps, ud: ud}
-	id.ctx, id.cancel = context.WithCancel(ch.ctx)
+	id := &cmID{h: ch.alloc(), ps: ps, ud: ud}
+	id.ch.Store(ch)
+	// Not the channel's context: rdma_migrate_id may move the id to a
+	// channel that outlives this one.
+	id.ctx, id.cancel = context.WithCancel(context.Background())
 	ch.ids[id.h] = id
 	return id, nil
 }
@@ -263,12 +341,11 @@ func (ch *cmChan) createID(q *cmReq) ([]byte, []int, error) {
 	return cmResp(id.h, cmNoDev, netip.AddrPort{}, netip.AddrPort{}), nil, nil
 }
 
-// post queues an event and makes the channel's fd readable.
-func (ch *cmChan) post(e cmEvent) {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	if ch.ids[e.id] == nil && e.typ != cmEvConnectRequest {
-		return // destroyed meanwhile
+// postLocked queues an event and makes the channel's fd readable; ch.mu
+// is held.
+func (ch *cmChan) postLocked(e cmEvent) {
+	if ch.closed {
+		return
 	}
 	if len(ch.events) >= maxCMEvents {
 		ch.dropped++
@@ -291,6 +368,87 @@ func (ch *cmChan) getEvent() ([]byte, []int, error) {
 	return e.encode(), nil, nil
 }
 
+// migrate moves id from ch to the channel whose token the program showed,
+// as the kernel's ucma_migrate_id moves a context between files: the id
+// gets a handle there, and its events not yet taken move along in their
+// order (a listener's CONNECT_REQUESTs with the ids they carry). Events
+// already taken stay the program's on the old channel (librdmacm waits for
+// their ack). The fd of the old channel loses one byte per moved event, so
+// it polls readable only for what it still has.
+func (ch *cmChan) migrate(id *cmID, token uint64) ([]byte, []int, error) {
+	cmChans.mu.Lock()
+	to := cmChans.m[token]
+	cmChans.mu.Unlock()
+	// Only a channel of this daemon and of the same user: the token is
+	// the program's secret, the uid a second fence.
+	if to == nil || token == 0 || to.c.s != ch.c.s || to.c.uid != ch.c.uid || ch.c.uid < 0 {
+		return nil, nil, fmt.Errorf("%w: no event channel of this user with that token", syscall.EINVAL)
+	}
+	if to == ch {
+		ch.mu.Lock()
+		defer ch.mu.Unlock()
+		return cmResp(id.h, devIndex(id.dev), id.src, id.dst), nil, nil
+	}
+	a, b := ch, to
+	if a.token > b.token {
+		a, b = b, a
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ch.ids[id.h] != id {
+		return nil, nil, fmt.Errorf("%w: cm_id %d is gone", syscall.EINVAL, id.h)
+	}
+	if to.closed {
+		return nil, nil, fmt.Errorf("%w: the new event channel is closed", syscall.EINVAL)
+	}
+	var moved, kept []cmEvent
+	ids := []*cmID{id}
+	for _, e := range ch.events {
+		switch {
+		case e.typ == cmEvConnectRequest && e.listen == id.h:
+			if child := ch.ids[e.id]; child != nil {
+				ids = append(ids, child)
+			}
+			moved = append(moved, e)
+		case e.typ != cmEvConnectRequest && e.id == id.h:
+			moved = append(moved, e)
+		default:
+			kept = append(kept, e)
+		}
+	}
+	if l := to.c.lim().CMIDsPerConn; len(to.ids)+len(ids) > l {
+		return nil, nil, to.c.limited(to.c.s.led.count(syscall.ENOMEM, limCMIDs, l))
+	}
+	if len(to.events)+len(moved) > maxCMEvents {
+		return nil, nil, fmt.Errorf("%w: the new event channel's queue is full", syscall.ENOMEM)
+	}
+	handles := map[uint32]uint32{}
+	for _, x := range ids {
+		old := x.h
+		delete(ch.ids, old)
+		x.h = to.alloc()
+		to.ids[x.h] = x
+		x.ch.Store(to)
+		handles[old] = x.h
+	}
+	ch.events = kept
+	for _, e := range moved {
+		if e.typ == cmEvConnectRequest {
+			e.listen = id.h
+		}
+		if h, ok := handles[e.id]; ok {
+			e.id = h
+		}
+		to.events = append(to.events, e)
+		unix.Write(to.notify, []byte{1})
+		var b [1]byte
+		unix.Recvfrom(ch.drain, b[:], unix.MSG_DONTWAIT)
+	}
+	return cmResp(id.h, devIndex(id.dev), id.src, id.dst), nil, nil
+}
+
 // devFor finds the device that owns a (the address's own device), or for
 // a remote address the first device of its family.
 func (s *Server) devFor(a netip.Addr, remote bool) *device {
@@ -310,11 +468,41 @@ func (s *Server) devFor(a netip.Addr, remote bool) *device {
 	return nil
 }
 
+// anyAddr says whether binding to a is binding to no device: the wildcard,
+// or a loopback address no device owns. The kernel's rdma_cm treats a
+// loopback address as the wildcard (cma_any_addr): rdma_bind_addr takes
+// no device (id->verbs stays NULL) and rdma_listen listens on every
+// device. A device of softroce may own a loopback address (a daemon on
+// 127.0.0.1): then it is that device's address like any other.
+func (s *Server) anyAddr(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.IsUnspecified() || a.IsLoopback() && s.devFor(a, false) == nil
+}
+
+// loopbackDev is the device a loopback or wildcard destination resolves
+// to, as the kernel's cma_bind_loopback picks it: the first device with an
+// active port, whatever its address family. Every softroce device's port
+// is active, so that is the first device.
+func (s *Server) loopbackDev() *device {
+	if len(s.devs) == 0 {
+		return nil
+	}
+	return s.devs[0]
+}
+
+// loopbackOf is the loopback address of a's family (cma_set_loopback).
+func loopbackOf(a netip.Addr) netip.Addr {
+	if a.Is4() {
+		return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	return netip.IPv6Loopback()
+}
+
 func ephemeral() uint16 { return uint16(32768 + rand.IntN(28232)) }
 
 func (ch *cmChan) bind(id *cmID, q *cmReq) ([]byte, []int, error) {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
+	x := id.lock()
+	defer x.mu.Unlock()
 	if id.bound || id.resolved {
 		return nil, nil, fmt.Errorf("%w: cm_id %d already bound", syscall.EINVAL, id.h)
 	}
@@ -323,7 +511,7 @@ func (ch *cmChan) bind(id *cmID, q *cmReq) ([]byte, []int, error) {
 	}
 	a := q.src.Addr()
 	var d *device
-	if !a.IsUnspecified() {
+	if !ch.c.s.anyAddr(a) {
 		if d = ch.c.s.devFor(a, false); d == nil {
 			return nil, nil, fmt.Errorf("%w: %v is no device's address", syscall.EADDRNOTAVAIL, a)
 		}
@@ -340,72 +528,99 @@ func (ch *cmChan) resolveAddr(id *cmID, q *cmReq) ([]byte, []int, error) {
 	if !q.hasDst {
 		return nil, nil, fmt.Errorf("%w: no destination", syscall.EINVAL)
 	}
-	ch.mu.Lock()
+	s := ch.c.s
+	x := id.lock()
 	if id.listening != nil || id.req != nil || id.conn != nil {
-		ch.mu.Unlock()
+		x.mu.Unlock()
 		return nil, nil, fmt.Errorf("%w: cm_id %d is listening or connected", syscall.EINVAL, id.h)
 	}
 	if q.hasSrc && !id.bound {
 		a := q.src.Addr()
 		var d *device
-		if !a.IsUnspecified() {
-			if d = ch.c.s.devFor(a, false); d == nil {
-				ch.mu.Unlock()
+		if !s.anyAddr(a) {
+			if d = s.devFor(a, false); d == nil {
+				x.mu.Unlock()
 				return nil, nil, fmt.Errorf("%w: %v is no device's address", syscall.EADDRNOTAVAIL, a)
 			}
 		}
 		id.dev, id.src, id.bound = d, q.src, true
 	}
 	dst := q.dst.Addr()
-	if dst.IsUnspecified() || dst.IsLoopback() && id.dev == nil {
-		// The kernel resolves those to a local device too.
-		if len(ch.c.s.devs) > 0 && id.dev == nil {
-			id.dev = ch.c.s.devs[0]
-		}
-		if dst.IsUnspecified() && id.dev != nil {
-			dst = id.dev.addr()
-		}
+	ev := cmEvent{typ: cmEvAddrResolved}
+	port := id.src.Port()
+	if port == 0 {
+		port = ephemeral()
 	}
-	if id.dev == nil {
-		id.dev = ch.c.s.devFor(dst, true)
-	}
-	ev := cmEvent{id: id.h, typ: cmEvAddrResolved}
-	if id.dev == nil || id.dev.addr().Is4() != dst.Is4() {
-		ev.typ, ev.status = cmEvAddrError, -int32(syscall.EHOSTUNREACH)
-	} else {
-		port := id.src.Port()
-		if port == 0 {
-			port = ephemeral()
+	switch {
+	case s.anyAddr(dst):
+		// cma_resolve_loopback: an id on no device takes the first one
+		// (cma_bind_loopback) and its source becomes the loopback
+		// address; the destination stays as given, and its GID is the
+		// source's.
+		// An id bound to a device's address keeps it (and its route,
+		// the kernel having its network interface then).
+		if id.dev == nil {
+			if id.dev = s.loopbackDev(); id.dev == nil {
+				x.mu.Unlock()
+				return nil, nil, fmt.Errorf("%w: no device", syscall.ENODEV)
+			}
+			fam := dst
+			if id.src.Addr().IsValid() {
+				fam = id.src.Addr()
+			}
+			id.src = netip.AddrPortFrom(loopbackOf(fam), port)
+			id.loopback = true
+		} else {
+			id.src = netip.AddrPortFrom(id.dev.addr(), port)
 		}
-		id.src = netip.AddrPortFrom(id.dev.addr(), port)
 		id.dst = netip.AddrPortFrom(dst, q.dst.Port())
 		id.resolved = true
 		ev.dev, ev.src, ev.dst = uint32(id.dev.index), id.src, id.dst
+	default:
+		if id.dev == nil {
+			id.dev = s.devFor(dst, true)
+		}
+		if id.dev == nil || id.dev.addr().Is4() != dst.Is4() {
+			ev.typ, ev.status = cmEvAddrError, -int32(syscall.EHOSTUNREACH)
+		} else {
+			id.src = netip.AddrPortFrom(id.dev.addr(), port)
+			id.dst = netip.AddrPortFrom(dst, q.dst.Port())
+			id.resolved = true
+			ev.dev, ev.src, ev.dst = uint32(id.dev.index), id.src, id.dst
+		}
 	}
 	resp := cmResp(id.h, devIndex(id.dev), id.src, id.dst)
-	ch.mu.Unlock()
-	ch.post(ev)
+	x.mu.Unlock()
+	id.post(ev)
 	return resp, nil, nil
 }
 
 func (ch *cmChan) resolveRoute(id *cmID) error {
-	ch.mu.Lock()
-	ok := id.resolved
-	ev := cmEvent{id: id.h, typ: cmEvRouteResolved, dev: devIndex(id.dev), src: id.src, dst: id.dst}
-	if ok {
+	x := id.lock()
+	ok, loop := id.resolved, id.loopback
+	ev := cmEvent{typ: cmEvRouteResolved, dev: devIndex(id.dev), src: id.src, dst: id.dst}
+	if ok && !loop {
 		id.routed = true
 	}
-	ch.mu.Unlock()
+	x.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: cm_id %d: resolve the address first", syscall.EINVAL, id.h)
 	}
-	ch.post(ev)
+	if loop {
+		// As the kernel on a RoCE port (rxe's too): a loopback or
+		// wildcard destination leaves the id bound to no network
+		// interface, and cma_resolve_iboe_route needs one
+		// (cma_iboe_set_path_rec_l2_fields), so rdma_resolve_route fails
+		// at once with ENODEV.
+		return fmt.Errorf("%w: cm_id %d: a loopback destination has no RoCE route", syscall.ENODEV, id.h)
+	}
+	id.post(ev)
 	return nil
 }
 
 func (ch *cmChan) listen(id *cmID) error {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
+	x := id.lock()
+	defer x.mu.Unlock()
 	if !id.bound {
 		return fmt.Errorf("%w: cm_id %d: bind before listen", syscall.EINVAL, id.h)
 	}
@@ -417,10 +632,11 @@ func (ch *cmChan) listen(id *cmID) error {
 		devs = []*device{id.dev}
 	}
 	var ls []*cm.Listener
+	var on []*device
 	var openErr error
 	for _, d := range devs {
-		if d.addr().IsValid() && id.src.Addr().IsUnspecified() && d.addr().Is4() != id.src.Addr().Is4() && id.src.Addr().Is4() {
-			continue // an IPv4 wildcard listens on the IPv4 devices
+		if d.addr().IsValid() && id.dev == nil && d.addr().Is4() != id.src.Addr().Is4() && id.src.Addr().Is4() {
+			continue // an IPv4 wildcard (or loopback) listens on the IPv4 devices
 		}
 		c, err := d.cmOpen()
 		if err != nil {
@@ -434,9 +650,7 @@ func (ch *cmChan) listen(id *cmID) error {
 			}
 			return fmt.Errorf("%w: port %d: %v", syscall.EADDRINUSE, id.src.Port(), err)
 		}
-		ls = append(ls, l)
-		ch.wg.Add(1)
-		go ch.accepting(id, d, l)
+		ls, on = append(ls, l), append(on, d)
 	}
 	if len(ls) == 0 {
 		if openErr != nil {
@@ -444,20 +658,24 @@ func (ch *cmChan) listen(id *cmID) error {
 		}
 		return fmt.Errorf("%w: no device to listen on", syscall.ENODEV)
 	}
+	for i, l := range ls {
+		id.wg.Add(1)
+		go id.accepting(on[i], l)
+	}
 	id.listening = ls
 	return nil
 }
 
 // accepting turns a listener's requests into CONNECT_REQUEST events, each
-// with a new cm_id.
-func (ch *cmChan) accepting(id *cmID, d *device, l *cm.Listener) {
-	defer ch.wg.Done()
+// with a new cm_id on the channel the listener is on.
+func (id *cmID) accepting(d *device, l *cm.Listener) {
+	defer id.wg.Done()
 	for {
 		r, err := l.Next(id.ctx)
 		if err != nil {
 			return
 		}
-		ch.mu.Lock()
+		ch := id.lock()
 		if ch.ids[id.h] != id {
 			ch.mu.Unlock()
 			r.Reject(nil)
@@ -472,12 +690,12 @@ func (ch *cmChan) accepting(id *cmID, d *device, l *cm.Listener) {
 		child.dev, child.req, child.bound, child.resolved, child.routed = d, r, true, true, true
 		child.src = netip.AddrPortFrom(d.addr(), id.src.Port())
 		child.dst = netip.AddrPortFrom(r.Remote.Unmap(), r.RemotePort)
-		ch.mu.Unlock()
 		p := r.Param
-		ch.post(cmEvent{id: child.h, typ: cmEvConnectRequest, listen: id.h, dev: uint32(d.index), qpn: r.RemoteQPN,
+		ch.postLocked(cmEvent{id: child.h, typ: cmEvConnectRequest, listen: id.h, dev: uint32(d.index), qpn: r.RemoteQPN,
 			src: child.src, dst: child.dst, priv: r.PrivateData,
 			param: cmParam{respRes: p.ResponderResources, initDepth: p.InitiatorDepth, flowControl: b2u(p.FlowControl),
 				retry: p.RetryCount, rnrRetry: p.RNRRetryCount, valid: 1}})
+		ch.mu.Unlock()
 	}
 }
 
@@ -489,13 +707,21 @@ func b2u(b bool) uint8 {
 }
 
 // attachQP gives the id the process's QP qpn, moved to INIT (a UD QP on
-// to RTS with rdma_cm's Q_Key), as rdma_create_qp does.
+// to RTS with rdma_cm's Q_Key), as rdma_create_qp does. An id keeps the
+// QP it has: a second one is refused with EINVAL, as librdmacm's
+// rdma_create_qp refuses it (id->qp set). In the kernel the ucma holds no
+// QP at all (the QP is the library's, the CM only learns its number at
+// connect or accept), so this is where that rule is kept; otherwise a
+// program could re-point a connecting or connected id at another QP.
 func (ch *cmChan) attachQP(id *cmID, q *cmReq) error {
-	ch.mu.Lock()
-	d := id.dev
-	ch.mu.Unlock()
+	x := id.lock()
+	d, has := id.dev, id.qp != nil
+	x.mu.Unlock()
 	if d == nil {
 		return fmt.Errorf("%w: cm_id %d has no device yet", syscall.EINVAL, id.h)
+	}
+	if has {
+		return fmt.Errorf("%w: cm_id %d already has a QP", syscall.EINVAL, id.h)
 	}
 	d.mu.Lock()
 	qo := d.byQPN[q.qpn]
@@ -503,31 +729,52 @@ func (ch *cmChan) attachQP(id *cmID, q *cmReq) error {
 	if !ch.c.owns(qo, q.qpToken) {
 		return fmt.Errorf("%w: no QP %d of this process on %s (or not its token)", syscall.EINVAL, q.qpn, d.name)
 	}
+	// Claimed before the QP is moved, so two ATTACH_QPs at once cannot
+	// both succeed.
+	x = id.lock()
+	if id.qp != nil {
+		x.mu.Unlock()
+		return fmt.Errorf("%w: cm_id %d already has a QP", syscall.EINVAL, id.h)
+	}
+	id.qp = qo
+	x.mu.Unlock()
+	if err := initQP(qo, id.ud); err != nil {
+		x = id.lock()
+		if id.qp == qo {
+			id.qp = nil
+		}
+		x.mu.Unlock()
+		return fmt.Errorf("%w: QP %d: %v", syscall.EINVAL, q.qpn, err)
+	}
+	return nil
+}
+
+// initQP moves a QP in RESET to INIT (a UD one on to RTS with rdma_cm's
+// Q_Key).
+func initQP(qo *qpObj, ud bool) error {
 	qp := qo.qp
-	if qp.State() == verbs.StateReset {
-		a := verbs.QPAttr{State: verbs.StateInit, Port: 1, PKeyIndex: 0,
-			AccessFlags: uint32(verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead)}
-		mask := qpstate.AttrState | qpstate.AttrPort | qpstate.AttrPKeyIndex | qpstate.AttrAccessFlags
-		if id.ud {
-			a.AccessFlags, a.QKey = 0, cm.UDPQKey
-			mask = qpstate.AttrState | qpstate.AttrPort | qpstate.AttrPKeyIndex | qpstate.AttrQKey
+	if qp.State() != verbs.StateReset {
+		return nil
+	}
+	a := verbs.QPAttr{State: verbs.StateInit, Port: 1, PKeyIndex: 0,
+		AccessFlags: uint32(verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead)}
+	mask := qpstate.AttrState | qpstate.AttrPort | qpstate.AttrPKeyIndex | qpstate.AttrAccessFlags
+	if ud {
+		a.AccessFlags, a.QKey = 0, cm.UDPQKey
+		mask = qpstate.AttrState | qpstate.AttrPort | qpstate.AttrPKeyIndex | qpstate.AttrQKey
+	}
+	if err := qp.Modify(&a, mask); err != nil {
+		return fmt.Errorf("to INIT: %v", err)
+	}
+	if ud {
+		if err := qp.Modify(&verbs.QPAttr{State: verbs.StateRTR}, qpstate.AttrState); err != nil {
+			return fmt.Errorf("to RTR: %v", err)
 		}
-		if err := qp.Modify(&a, mask); err != nil {
-			return fmt.Errorf("%w: QP %d to INIT: %v", syscall.EINVAL, q.qpn, err)
-		}
-		if id.ud {
-			if err := qp.Modify(&verbs.QPAttr{State: verbs.StateRTR}, qpstate.AttrState); err != nil {
-				return fmt.Errorf("%w: QP %d to RTR: %v", syscall.EINVAL, q.qpn, err)
-			}
-			if err := qp.Modify(&verbs.QPAttr{State: verbs.StateRTS, SQPSN: rand.Uint32() & 0xffffff},
-				qpstate.AttrState|qpstate.AttrSQPSN); err != nil {
-				return fmt.Errorf("%w: QP %d to RTS: %v", syscall.EINVAL, q.qpn, err)
-			}
+		if err := qp.Modify(&verbs.QPAttr{State: verbs.StateRTS, SQPSN: rand.Uint32() & 0xffffff},
+			qpstate.AttrState|qpstate.AttrSQPSN); err != nil {
+			return fmt.Errorf("to RTS: %v", err)
 		}
 	}
-	ch.mu.Lock()
-	id.qp = qo
-	ch.mu.Unlock()
 	return nil
 }
 
@@ -575,8 +822,8 @@ func failure(e *cmEvent, err error, fallback uint32) {
 }
 
 func (ch *cmChan) connect(id *cmID, q *cmReq) error {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
+	x := id.lock()
+	defer x.mu.Unlock()
 	switch {
 	case !id.routed:
 		return fmt.Errorf("%w: cm_id %d: resolve the route first", syscall.EINVAL, id.h)
@@ -592,47 +839,54 @@ func (ch *cmChan) connect(id *cmID, q *cmReq) error {
 	id.busy = true
 	p := connParam(q)
 	priv := append([]byte(nil), q.priv...)
-	ch.wg.Add(1)
+	var qp *verbs.QP
+	if id.qp != nil {
+		qp = id.qp.qp
+	}
+	dev, src, dst, ps, ud := id.dev, id.src, id.dst, id.ps, id.ud
+	id.wg.Add(1)
 	go func() {
-		defer ch.wg.Done()
-		ev := cmEvent{id: id.h, typ: cmEvEstablished, dev: uint32(id.dev.index), src: id.src, dst: id.dst}
-		if id.ud {
-			r, err := c.ResolveUD(id.ctx, id.dst.Addr(), id.dst.Port(), priv)
+		defer id.wg.Done()
+		ev := cmEvent{typ: cmEvEstablished, dev: uint32(dev.index), src: src, dst: dst}
+		if ud {
+			r, err := c.ResolveUD(id.ctx, dst.Addr(), dst.Port(), priv)
 			if err != nil {
 				failure(&ev, err, cmEvUnreachable)
 			} else {
 				ev.qpn, ev.qkey, ev.priv = r.QPN, r.QKey, r.PrivateData
 			}
-			ch.mu.Lock()
+			x := id.lock()
 			id.busy = false
-			ch.mu.Unlock()
-			ch.post(ev)
+			x.mu.Unlock()
+			id.post(ev)
 			return
 		}
-		k, err := c.Dial(id.ctx, id.dst.Addr(), id.ps, id.dst.Port(), id.qp.qp, p)
+		k, err := c.Dial(id.ctx, dst.Addr(), ps, dst.Port(), qp, p)
 		if err != nil {
 			failure(&ev, err, cmEvConnectError)
-			ch.mu.Lock()
+			x := id.lock()
 			id.busy = false
-			ch.mu.Unlock()
-			ch.post(ev)
+			x.mu.Unlock()
+			id.post(ev)
 			return
 		}
 		ev.param, ev.priv = paramOf(k.Param()), k.PrivateData()
-		ch.established(id, k, ev)
+		id.established(k, ev)
 	}()
 	return nil
 }
 
-// established records the connection, reports it and then its end.
-func (ch *cmChan) established(id *cmID, k *cm.Conn, ev cmEvent) {
-	ch.mu.Lock()
+// established records the connection, reports it and then its end, on
+// whichever channel the id is on by then.
+func (id *cmID) established(k *cm.Conn, ev cmEvent) {
+	x := id.lock()
 	id.conn, id.busy = k, false
-	ch.mu.Unlock()
-	ch.post(ev)
+	src, dst := id.src, id.dst
+	x.mu.Unlock()
+	id.post(ev)
 	select {
 	case <-k.Done():
-		ch.post(cmEvent{id: id.h, typ: cmEvDisconnected, dev: ev.dev, src: id.src, dst: id.dst})
+		id.post(cmEvent{typ: cmEvDisconnected, dev: ev.dev, src: src, dst: dst})
 	case <-id.ctx.Done():
 		// Destroyed while connecting: the connection still goes down.
 		go func() {
@@ -644,13 +898,14 @@ func (ch *cmChan) established(id *cmID, k *cm.Conn, ev cmEvent) {
 }
 
 func (ch *cmChan) accept(id *cmID, q *cmReq) error {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
+	x := id.lock()
 	r := id.req
 	switch {
 	case r == nil:
+		x.mu.Unlock()
 		return fmt.Errorf("%w: cm_id %d has no connection request", syscall.EINVAL, id.h)
 	case id.busy || id.conn != nil:
+		x.mu.Unlock()
 		return fmt.Errorf("%w: cm_id %d already accepting", syscall.EISCONN, id.h)
 	}
 	if r.UD() {
@@ -662,43 +917,48 @@ func (ch *cmChan) accept(id *cmID, q *cmReq) error {
 			qpn = id.qp.qpn
 		}
 		if qpn == 0 {
+			x.mu.Unlock()
 			return fmt.Errorf("%w: UD accept without a QP", syscall.EINVAL)
 		}
 		id.req = nil
+		x.mu.Unlock()
 		if err := r.AcceptUD(qpn, q.qkey, q.priv); err != nil {
 			return fmt.Errorf("%w: %v", syscall.ETIMEDOUT, err)
 		}
 		return nil
 	}
 	if id.qp == nil {
+		x.mu.Unlock()
 		return fmt.Errorf("%w: cm_id %d: rdma_accept without a QP", syscall.EOPNOTSUPP, id.h)
 	}
 	id.busy = true
 	p := connParam(q)
 	qp := id.qp.qp
+	dev, src, dst := id.dev, id.src, id.dst
 	returned := make(chan struct{})
-	ch.wg.Add(1)
+	id.wg.Add(1)
+	x.mu.Unlock()
 	go func() {
-		defer ch.wg.Done()
-		ev := cmEvent{id: id.h, typ: cmEvEstablished, dev: uint32(id.dev.index), src: id.src, dst: id.dst}
+		defer id.wg.Done()
+		ev := cmEvent{typ: cmEvEstablished, dev: uint32(dev.index), src: src, dst: dst}
 		k, err := r.Accept(id.ctx, qp, p)
 		close(returned)
-		ch.mu.Lock()
+		x := id.lock()
 		id.req = nil
-		ch.mu.Unlock()
+		x.mu.Unlock()
 		if err != nil {
 			failure(&ev, err, cmEvConnectError)
 			if ev.typ == cmEvUnreachable {
 				ev.typ = cmEvConnectError
 			}
-			ch.mu.Lock()
+			x := id.lock()
 			id.busy = false
-			ch.mu.Unlock()
-			ch.post(ev)
+			x.mu.Unlock()
+			id.post(ev)
 			return
 		}
 		ev.param = paramOf(k.Param())
-		ch.established(id, k, ev)
+		id.established(k, ev)
 	}()
 	// librdmacm's rdma_accept returns with the QP in RTS (it moves it
 	// before the REP goes), and programs post at once: wait for that
@@ -714,13 +974,13 @@ func (ch *cmChan) accept(id *cmID, q *cmReq) error {
 }
 
 func (ch *cmChan) reject(id *cmID, q *cmReq) error {
-	ch.mu.Lock()
+	x := id.lock()
 	r := id.req
 	if id.busy {
 		r = nil
 	}
 	id.req = nil
-	ch.mu.Unlock()
+	x.mu.Unlock()
 	if r == nil {
 		return fmt.Errorf("%w: cm_id %d has no connection request", syscall.EINVAL, id.h)
 	}
@@ -731,15 +991,17 @@ func (ch *cmChan) reject(id *cmID, q *cmReq) error {
 }
 
 func (ch *cmChan) disconnect(id *cmID) error {
-	ch.mu.Lock()
+	x := id.lock()
 	k := id.conn
-	ch.mu.Unlock()
+	if k != nil {
+		id.wg.Add(1)
+	}
+	x.mu.Unlock()
 	if k == nil {
 		return fmt.Errorf("%w: cm_id %d is not connected", syscall.EINVAL, id.h)
 	}
-	ch.wg.Add(1)
 	go func() {
-		defer ch.wg.Done()
+		defer id.wg.Done()
 		k.Disconnect(id.ctx)
 	}()
 	return nil
@@ -749,11 +1011,13 @@ func (ch *cmChan) disconnect(id *cmID) error {
 // not yet answered is rejected, a connection is disconnected (its DREQ
 // goes out even though nobody waits for the answer).
 func (ch *cmChan) destroyID(id *cmID) {
-	ch.mu.Lock()
-	delete(ch.ids, id.h)
+	x := id.lock()
+	if x.ids[id.h] == id {
+		delete(x.ids, id.h)
+	}
 	ls, r, k, busy := id.listening, id.req, id.conn, id.busy
 	id.listening, id.req = nil, nil
-	ch.mu.Unlock()
+	x.mu.Unlock()
 	for _, l := range ls {
 		l.Close()
 	}
@@ -770,15 +1034,20 @@ func (ch *cmChan) destroyID(id *cmID) {
 	id.cancel()
 }
 
-// cmCleanup destroys what a closed channel left: every id (so its
-// connections are disconnected and its listeners closed), then the
-// goroutines are waited for and the pipe closed.
+// cmCleanup destroys what a closed channel left: every id still on it (so
+// its connections are disconnected and its listeners closed; ids migrated
+// away are the other channel's), then waits for their goroutines and
+// closes the event socket.
 func (c *client) cmCleanup() {
 	ch := c.cm
 	if ch == nil {
 		return
 	}
+	cmChans.mu.Lock()
+	delete(cmChans.m, ch.token)
+	cmChans.mu.Unlock()
 	ch.mu.Lock()
+	ch.closed = true
 	ids := make([]*cmID, 0, len(ch.ids))
 	for _, id := range ch.ids {
 		ids = append(ids, id)
@@ -787,7 +1056,11 @@ func (c *client) cmCleanup() {
 	for _, id := range ids {
 		ch.destroyID(id)
 	}
-	ch.cancel()
-	ch.wg.Wait()
+	for _, id := range ids {
+		id.wg.Wait()
+	}
+	ch.mu.Lock()
 	unix.Close(ch.notify)
+	unix.Close(ch.drain)
+	ch.mu.Unlock()
 }

@@ -24,9 +24,10 @@ const (
 	opCMAttachQP     = 52
 	opCMDetachQP     = 53
 	opCMQuery        = 54
+	opCMMigrateID    = 55
 	opCMFirst        = 40
 	opCMLast         = 69
-	opCMKnownLast    = opCMQuery
+	opCMKnownLast    = opCMMigrateID
 )
 
 const (
@@ -34,7 +35,7 @@ const (
 	sizeSockaddr = 24
 	sizeCMParam  = 8
 	sizeCMReq    = 40 + 2*sizeSockaddr + cmPrivate + 8 // + qp_token
-	sizeCMResp   = 8 + 2*sizeSockaddr
+	sizeCMResp   = 8 + 2*sizeSockaddr + 8              // + token
 	sizeCMEvent  = 32 + 2*sizeSockaddr + sizeCMParam + cmPrivate
 	cmNoDev      = 0xffffffff
 	afInet       = 2
@@ -63,7 +64,7 @@ type cmParam struct {
 // cmReq is a decoded struct sr_cm_req.
 type cmReq struct {
 	id, ps, qpType, qpn, timeoutMS, qkey uint32
-	qpToken                              uint64 // ATTACH_QP: the token CREATE_QP gave the QP
+	qpToken                              uint64 // ATTACH_QP: the token CREATE_QP gave the QP; MIGRATE_ID: the new channel's
 	param                                cmParam
 	priv                                 []byte
 	src, dst                             netip.AddrPort
@@ -154,5 +155,13 @@ func cmResp(id, dev uint32, src, dst netip.AddrPort) []byte {
 	out := le.AppendUint32(nil, id)
 	out = le.AppendUint32(out, dev)
 	out = appendSockaddr(out, src)
-	return appendSockaddr(out, dst)
+	out = appendSockaddr(out, dst)
+	return le.AppendUint64(out, 0)
+}
+
+// cmOpenResp is CM_OPEN's answer: the channel's token.
+func cmOpenResp(token uint64) []byte {
+	out := cmResp(0, cmNoDev, netip.AddrPort{}, netip.AddrPort{})
+	le.PutUint64(out[sizeCMResp-8:], token)
+	return out
 }

@@ -62,7 +62,8 @@ type Limits struct {
 }
 
 // fdsPerConn is what the daemon keeps open for a connection: its socket,
-// its doorbell eventfd and its event pipe (or its rdma_cm notify pipe).
+// its doorbell eventfd and its event pipe (or, for an rdma_cm event
+// channel, the two ends it keeps of the channel's event socket).
 const fdsPerConn = 3
 
 // Limit names: the flags of softroce serve that set them.

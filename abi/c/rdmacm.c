@@ -36,7 +36,7 @@
 
 _Static_assert(sizeof(struct sr_sockaddr) == 24, "sockaddr");
 _Static_assert(sizeof(struct sr_cm_req) == 352, "cm req");
-_Static_assert(sizeof(struct sr_cm_resp) == 56, "cm resp");
+_Static_assert(sizeof(struct sr_cm_resp) == 64, "cm resp");
 _Static_assert(sizeof(struct sr_cm_event) == 344, "cm event");
 
 /* ---- the daemon ---- */
@@ -201,13 +201,18 @@ EXPORT void rdma_free_devices(struct ibv_context **list)
 /* ---- channels and ids ---- */
 
 struct sr_chan {
-	struct rdma_event_channel ch; /* fd: the event pipe */
+	struct rdma_event_channel ch; /* fd: the event socket */
 	int sock;
+	uint64_t token; /* names it to MIGRATE_ID */
 	pthread_mutex_t lock;
 	struct sr_id *ids;
 	volatile int dead; /* destroyed by the program */
-	pthread_cond_t acked; /* an event of one of its ids was acked */
 };
+
+/* Events handed out and not yet acked, per id (sr_id.events): an id's
+ * count outlives a move to another channel, so one lock for all. */
+static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ev_acked = PTHREAD_COND_INITIALIZER;
 
 struct sr_id {
 	struct rdma_cm_id id;
@@ -260,8 +265,8 @@ EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
 		return NULL;
 	}
 	c->ch.fd = fd;
+	c->token = r.token;
 	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->acked, NULL);
 	return &c->ch;
 }
 
@@ -322,16 +327,22 @@ static struct sr_id *new_id(struct sr_chan *c, uint32_t handle, void *context, e
 	return i;
 }
 
-static void unlink_id(struct sr_id *i)
+static void unlink_id_locked(struct sr_id *i)
 {
 	struct sr_id **p;
-	pthread_mutex_lock(&i->chan->lock);
 	for (p = &i->chan->ids; *p; p = &(*p)->next)
 		if (*p == i) {
 			*p = i->next;
 			break;
 		}
-	pthread_mutex_unlock(&i->chan->lock);
+}
+
+static void unlink_id(struct sr_id *i)
+{
+	struct sr_chan *c = i->chan;
+	pthread_mutex_lock(&c->lock);
+	unlink_id_locked(i);
+	pthread_mutex_unlock(&c->lock);
 }
 
 static enum ibv_qp_type ps_qp_type(enum rdma_port_space ps)
@@ -606,10 +617,10 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 		rdma_ack_cm_event(i->pending);
 	/* As librdmacm: wait until its events are acked, so a thread still
 	 * handling one does not use a freed id. */
-	pthread_mutex_lock(&i->chan->lock);
+	pthread_mutex_lock(&ev_lock);
 	while (i->events > 0)
-		pthread_cond_wait(&i->chan->acked, &i->chan->lock);
-	pthread_mutex_unlock(&i->chan->lock);
+		pthread_cond_wait(&ev_acked, &ev_lock);
+	pthread_mutex_unlock(&ev_lock);
 	unlink_id(i);
 	if (i->sync)
 		rdma_destroy_event_channel(id->channel);
@@ -617,11 +628,74 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	return 0;
 }
 
+/* rdma_migrate_id moves the id to another channel of the process, as
+ * librdmacm's: its events not yet taken move there in the daemon (in
+ * order), later ones come there only, and the call returns once the
+ * events already handed out on the old channel are acked. A NULL channel
+ * gives the id a channel of its own and makes it synchronous; a
+ * synchronous id must be given one (EINVAL). */
 EXPORT int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
 {
-	(void)id;
-	(void)channel;
-	return fail(EOPNOTSUPP);
+	struct sr_id *i = (struct sr_id *)id;
+	struct sr_chan *from, *to, *a, *b;
+	struct sr_cm_req q = { 0 };
+	struct sr_cm_resp r;
+	bool sync = false;
+	int e;
+
+	if (!id)
+		return fail(EINVAL);
+	if (i->sync && !channel)
+		return fail(EINVAL);
+	if (!channel) {
+		if (!(channel = rdma_create_event_channel()))
+			return -1;
+		sync = true;
+	}
+	from = i->chan;
+	to = (struct sr_chan *)channel;
+	if (to != from) {
+		/* Both channels are held so that no GET_EVENT on either hands
+		 * out an event of the id under a handle the library does not
+		 * know there yet. */
+		a = from < to ? from : to;
+		b = from < to ? to : from;
+		pthread_mutex_lock(&a->lock);
+		pthread_mutex_lock(&b->lock);
+		q.id = i->handle;
+		q.chan_token = to->token;
+		e = cm_call(from->sock, SR_OP_CM_MIGRATE_ID, &q, &r, sizeof(r), NULL);
+		if (!e) {
+			unlink_id_locked(i);
+			i->handle = r.id;
+			i->chan = to;
+			id->channel = channel;
+			i->next = to->ids;
+			to->ids = i;
+		}
+		pthread_mutex_unlock(&b->lock);
+		pthread_mutex_unlock(&a->lock);
+		if (e) {
+			if (sync)
+				rdma_destroy_event_channel(channel);
+			return fail(e);
+		}
+		if (i->sync) {
+			/* its own channel, which nothing else uses */
+			if (i->pending) {
+				rdma_ack_cm_event(i->pending);
+				i->pending = NULL;
+				id->event = NULL;
+			}
+			rdma_destroy_event_channel(&from->ch);
+		}
+	}
+	pthread_mutex_lock(&ev_lock);
+	i->sync = sync;
+	while (i->events > 0)
+		pthread_cond_wait(&ev_acked, &ev_lock);
+	pthread_mutex_unlock(&ev_lock);
+	return 0;
 }
 
 EXPORT int rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval, size_t optlen)
@@ -673,6 +747,8 @@ EXPORT int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *
 	struct ibv_qp *qp;
 
 	if (!id || !attr || !id->verbs)
+		return fail(EINVAL);
+	if (id->qp) /* as librdmacm: one QP per id, the first one kept */
 		return fail(EINVAL);
 	device(dev_index(id->verbs), &dpd);
 	pd = (attr->comp_mask & IBV_QP_INIT_ATTR_PD) && attr->pd ? attr->pd : (id->pd ? id->pd : dpd);
@@ -778,7 +854,7 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_
 	struct sr_cm_req q = { 0 };
 	struct sr_cm_event e;
 	struct sr_event *ev;
-	struct sr_id *i;
+	struct sr_id *i, *owner;
 	char b;
 	ssize_t n;
 	int err;
@@ -795,31 +871,43 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_
 			return -1; /* EAGAIN on a non-blocking channel */
 		if (n == 0)
 			return fail(ENODEV); /* the daemon is gone */
-		err = chan_call(c, SR_OP_CM_GET_EVENT, &q, &e, sizeof(e));
-		if (c->dead)
-			dead_wait();
-		if (err == EAGAIN)
-			continue;
-		if (err)
-			return fail(err);
 		ev = calloc(1, sizeof(*ev));
 		if (!ev)
 			return fail(ENOMEM);
+		/* The event and its id are taken under one hold of the channel,
+		 * so rdma_migrate_id sees the event as handed out or not at all. */
 		pthread_mutex_lock(&c->lock);
-		i = find_id(c, e.event == RDMA_CM_EVENT_CONNECT_REQUEST ? e.listen_id : e.id);
-		if (i && e.event == RDMA_CM_EVENT_CONNECT_REQUEST) {
-			struct sr_id *child = new_id_locked(c, e.id, i->id.context, i->id.ps, i->id.qp_type);
-			ev->ev.listen_id = &i->id;
-			i = child;
+		err = cm_call(c->sock, SR_OP_CM_GET_EVENT, &q, &e, sizeof(e), NULL);
+		i = owner = NULL;
+		if (!err) {
+			/* As librdmacm, a CONNECT_REQUEST counts as the listener's
+			 * event (the new id has had none): so the new id can be
+			 * migrated before the request is acked. */
+			i = owner = find_id(c, e.event == RDMA_CM_EVENT_CONNECT_REQUEST ? e.listen_id : e.id);
+			if (i && e.event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+				ev->ev.listen_id = &i->id;
+				i = new_id_locked(c, e.id, i->id.context, i->id.ps, i->id.qp_type);
+			}
+			if (i) {
+				pthread_mutex_lock(&ev_lock);
+				owner->events++;
+				pthread_mutex_unlock(&ev_lock);
+			}
 		}
-		if (i)
-			i->events++;
 		pthread_mutex_unlock(&c->lock);
+		if (c->dead)
+			dead_wait();
+		if (err) {
+			free(ev);
+			if (err == EAGAIN)
+				continue;
+			return fail(err);
+		}
 		if (!i) {
 			free(ev); /* for an id destroyed meanwhile (or no memory for the new one) */
 			continue;
 		}
-		ev->owner = i;
+		ev->owner = owner;
 		ev->ev.event = e.event;
 		ev->ev.status = e.status;
 		ev->ev.id = &i->id;
@@ -868,11 +956,10 @@ EXPORT int rdma_ack_cm_event(struct rdma_cm_event *event)
 	if (!event)
 		return fail(EINVAL);
 	if (ev->owner) {
-		struct sr_chan *c = ev->owner->chan;
-		pthread_mutex_lock(&c->lock);
+		pthread_mutex_lock(&ev_lock);
 		ev->owner->events--;
-		pthread_cond_broadcast(&c->acked);
-		pthread_mutex_unlock(&c->lock);
+		pthread_cond_broadcast(&ev_acked);
+		pthread_mutex_unlock(&ev_lock);
 	}
 	free(event);
 	return 0;
@@ -911,6 +998,15 @@ EXPORT uint16_t rdma_get_dst_port(struct rdma_cm_id *id)
 
 /* ---- rdma_getaddrinfo: the system resolver, in rdma_addrinfo's shape ---- */
 
+static int copy_addr(struct sockaddr **to, socklen_t *tolen, const struct sockaddr *a, socklen_t len)
+{
+	if (!(*to = malloc(len)))
+		return -1;
+	memcpy(*to, a, len);
+	*tolen = len;
+	return 0;
+}
+
 EXPORT int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_addrinfo *hints,
 			    struct rdma_addrinfo **res)
 {
@@ -918,8 +1014,26 @@ EXPORT int rdma_getaddrinfo(const char *node, const char *service, const struct 
 	struct rdma_addrinfo *head = NULL, **tail = &head;
 	int e;
 
-	if (!res || (!node && !service))
+	if (!res || (!node && !service && !hints))
 		return fail(EINVAL);
+	if (!node && !service) {
+		/* As librdmacm: the hints' addresses (libfabric passes its
+		 * endpoints' addresses so) */
+		struct rdma_addrinfo *r = calloc(1, sizeof(*r));
+		if (!r)
+			return fail(ENOMEM);
+		r->ai_flags = hints->ai_flags;
+		r->ai_family = hints->ai_family;
+		r->ai_qp_type = hints->ai_qp_type;
+		r->ai_port_space = hints->ai_port_space;
+		if ((hints->ai_dst_len && copy_addr(&r->ai_dst_addr, &r->ai_dst_len, hints->ai_dst_addr, hints->ai_dst_len)) ||
+		    (hints->ai_src_len && copy_addr(&r->ai_src_addr, &r->ai_src_len, hints->ai_src_addr, hints->ai_src_len))) {
+			rdma_freeaddrinfo(r);
+			return fail(ENOMEM);
+		}
+		*res = r;
+		return 0;
+	}
 	if (hints) {
 		h.ai_flags = (hints->ai_flags & RAI_PASSIVE ? AI_PASSIVE : 0) |
 			     (hints->ai_flags & RAI_NUMERICHOST ? AI_NUMERICHOST : 0);
@@ -956,6 +1070,12 @@ EXPORT int rdma_getaddrinfo(const char *node, const char *service, const struct 
 		} else {
 			r->ai_dst_addr = sa;
 			r->ai_dst_len = a->ai_addrlen;
+			/* a source given in the hints is kept, as librdmacm's */
+			if (hints && hints->ai_src_len &&
+			    copy_addr(&r->ai_src_addr, &r->ai_src_len, hints->ai_src_addr, hints->ai_src_len)) {
+				rdma_freeaddrinfo(r);
+				break;
+			}
 		}
 		*tail = r;
 		tail = &r->ai_next;

@@ -11,7 +11,8 @@
  * sr_cm_event). CM_OPEN's answer carries the read end of a pipe: the
  * daemon writes one byte to it per event it queues, so the channel's fd
  * is a real descriptor that poll/epoll on, and a read of one byte then
- * GET_EVENT takes one event.
+ * GET_EVENT takes one event. (The descriptor is one end of a socket
+ * pair: the daemon takes back the bytes of events MIGRATE_ID moves.)
  */
 #ifndef SOFTROCE_CM_H
 #define SOFTROCE_CM_H
@@ -34,6 +35,10 @@ enum sr_cm_op {
 	SR_OP_CM_ATTACH_QP = 52, /* id, qpn, qp_token: the daemon moves the QP to INIT (UD: RTS) */
 	SR_OP_CM_DETACH_QP = 53, /* id */
 	SR_OP_CM_QUERY = 54, /* id; resp dev, src, dst */
+	/* id, chan_token: the id (and its queued events) moves to the channel
+	 * of that token, a channel of the same process; resp id: its handle
+	 * there */
+	SR_OP_CM_MIGRATE_ID = 55,
 };
 #define SR_OP_CM_FIRST 40
 #define SR_OP_CM_LAST 69
@@ -66,15 +71,20 @@ struct sr_cm_req {
 	uint32_t reserved;
 	struct sr_sockaddr src, dst;
 	uint8_t private_data[SR_CM_PRIVATE];
-	/* ATTACH_QP: the QP's token from CREATE_QP (sr_qp_resp.token); the
-	 * daemon gives a QP only to its owner's uid showing it. */
-	uint64_t qp_token;
+	union {
+		/* ATTACH_QP: the QP's token from CREATE_QP (sr_qp_resp.token);
+		 * the daemon gives a QP only to its owner's uid showing it. */
+		uint64_t qp_token;
+		/* MIGRATE_ID: the new channel's token (its CM_OPEN's answer) */
+		uint64_t chan_token;
+	};
 };
 
 struct sr_cm_resp {
 	uint32_t id;
 	uint32_t dev; /* device index, SR_CM_NODEV when bound to no device */
 	struct sr_sockaddr src, dst;
+	uint64_t token; /* CM_OPEN: the channel's, for MIGRATE_ID */
 };
 
 struct sr_cm_event {
