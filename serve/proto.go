@@ -12,7 +12,7 @@ import (
 // and never a panic.
 
 const (
-	protoVersion = 2 // 2: CREATE_QP answers a QP token, ATTACH_QP carries it; HELLO's answer carries the network namespace
+	protoVersion = 3 // 2: CREATE_QP answers a QP token, ATTACH_QP carries it; HELLO's answer carries the network namespace; 3: CM_OPEN answers a channel token, CM_MIGRATE_ID
 	maxMsg       = 4096
 	maxExtents   = 64
 	nameLen      = 64

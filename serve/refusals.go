@@ -46,7 +46,7 @@ var opNames = map[uint32]string{
 	opCMOpen: "CM_OPEN", opCMCreateID: "CM_CREATE_ID", opCMDestroyID: "CM_DESTROY_ID", opCMBind: "CM_BIND",
 	opCMResolveAddr: "CM_RESOLVE_ADDR", opCMResolveRoute: "CM_RESOLVE_ROUTE", opCMListen: "CM_LISTEN", opCMConnect: "CM_CONNECT",
 	opCMAccept: "CM_ACCEPT", opCMReject: "CM_REJECT", opCMDisconnect: "CM_DISCONNECT", opCMGetEvent: "CM_GET_EVENT",
-	opCMAttachQP: "CM_ATTACH_QP", opCMDetachQP: "CM_DETACH_QP", opCMQuery: "CM_QUERY",
+	opCMAttachQP: "CM_ATTACH_QP", opCMDetachQP: "CM_DETACH_QP", opCMQuery: "CM_QUERY", opCMMigrateID: "CM_MIGRATE_ID",
 	opAllocMW: "ALLOC_MW", opDeallocMW: "DEALLOC_MW", opRegMRIOVA: "REG_MR_IOVA",
 	opResizeCQ: "RESIZE_CQ", opResizeSRQ: "RESIZE_SRQ",
 }
