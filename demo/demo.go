@@ -134,7 +134,7 @@ func Run(w io.Writer, opts Options) (*Result, error) {
 			return nil, fmt.Errorf("--impair %q: %w", opts.Impair, err)
 		}
 		if c.Delay != 0 || c.Jitter != 0 || c.Reorder != 0 {
-			return nil, fmt.Errorf("--impair %q: the demo shows loss, dup and corrupt (with seed); delay, jitter and reorder are for `softroce bw`", opts.Impair)
+			return nil, fmt.Errorf("--impair %q: the demo shows loss, dup and corrupt (with seed); delay, jitter and reorder move packets in time, which its step-by-step printout cannot follow: `softroce bw --impair` and `softroce lat --impair` take them", opts.Impair)
 		}
 		if c.Seed == 0 {
 			c.Seed = uint64(time.Now().UnixNano())%100000 + 1

@@ -85,4 +85,13 @@ func TestDemoCommandUsage(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "loss=200%") {
 		t.Errorf("bad impairment: exit %d, %q", code, errOut)
 	}
+	// What the demo refuses, it names where it is taken (and bw takes it).
+	_, errOut = runOut(t, func() { code = runDemo([]string{"--impair", "delay=1ms"}) })
+	if code != 1 || !strings.Contains(errOut, "`softroce bw --impair` and `softroce lat --impair` take them") {
+		t.Errorf("delay: exit %d, %q", code, errOut)
+	}
+	_, errOut = runOut(t, func() { code = runPerf("bw", []string{"--help"}) })
+	if !strings.Contains(errOut, "-impair") {
+		t.Errorf("bw's help does not list --impair:\n%s", errOut)
+	}
 }
