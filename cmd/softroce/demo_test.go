@@ -85,6 +85,10 @@ func TestDemoCommandUsage(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "loss=200%") {
 		t.Errorf("bad impairment: exit %d, %q", code, errOut)
 	}
+	_, errOut = runOut(t, func() { code = runDemo([]string{"--impair", "loss=10"}) })
+	if code != 1 || !strings.Contains(errOut, "loss=10: a probability is a percentage or a fraction: write 10% or 0.1") {
+		t.Errorf("loss=10: exit %d, %q", code, errOut)
+	}
 	// What the demo refuses, it names where it is taken (and bw takes it).
 	_, errOut = runOut(t, func() { code = runDemo([]string{"--impair", "delay=1ms"}) })
 	if code != 1 || !strings.Contains(errOut, "`softroce bw --impair` and `softroce lat --impair` take them") {
