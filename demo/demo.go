@@ -400,8 +400,16 @@ func (t *tracer) onSent(idx int, ev *capture.Event) {
 	}
 }
 
+// recordLost records a packet the impairment dropped. It was offered
+// before the packet recorded last may have reached the wire, but it was
+// dropped after: its time is no earlier than that packet's, so the
+// records' times follow their order.
 func (t *tracer) recordLost(idx int, p *pendingPkt) {
-	t.record(idx, p.time, p.frame, p.pkt, true, false)
+	when := p.time
+	if n := len(t.res.Records); n > 0 && when.Before(t.res.Records[n-1].Time) {
+		when = t.res.Records[n-1].Time
+	}
+	t.record(idx, when, p.frame, p.pkt, true, false)
 }
 
 // record decodes, classifies and prints one packet. Called with t.mu held.

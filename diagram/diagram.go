@@ -86,6 +86,10 @@ type conversation struct {
 	// psns are the request PSNs seen, to attach responses (which name
 	// the requester's QP, not the responder's) to the conversation.
 	psns map[uint32]bool
+	// readMax is the highest READ response PSN seen (readSeen): the PSNs
+	// up to it were taken by READs, so a request there is a retry.
+	readMax  uint32
+	readSeen bool
 }
 
 // DefaultMaxArrows is the default Options.MaxArrows.
@@ -249,12 +253,23 @@ func build(recs []inspect.Record, lost []bool, maxArrows int) []*conversation {
 		a.kind = kindResponse
 		if request && a.leftToRt {
 			a.kind = kindRequest
-			// A request PSN sent again is a retransmission (go-back-N).
-			if c.psns[r.PSN] {
+			// A request PSN sent again is a retransmission (go-back-N), and
+			// so is a request at a PSN a READ took: the READ asked again
+			// from its first missing response (IBTA 9.7.5.1).
+			if c.psns[r.PSN] || (!c.cm && c.readSeen && bth.PSNDiff(r.PSN, c.readMax) <= 0) {
 				a.kind = kindRetransmit
 				a.label += " (retransmit)"
 			}
 			c.psns[r.PSN] = true
+		}
+		if !a.leftToRt && info.Valid && info.Op == bth.OpReadResponse && !c.cm {
+			if c.readSeen && bth.PSNDiff(r.PSN, c.readMax) <= 0 {
+				// A READ response PSN sent again: answering a retried READ.
+				a.kind = kindRetransmit
+				a.label += " (retransmit)"
+			} else {
+				c.readMax, c.readSeen = r.PSN, true
+			}
 		}
 		if r.CM != nil {
 			cmArrow(c, &a, r.CM)

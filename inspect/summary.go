@@ -64,12 +64,17 @@ type Flow struct {
 	Requests  *PSNRange `json:"request_psns,omitempty"`
 	Responses *PSNRange `json:"response_psns,omitempty"`
 	Other     *PSNRange `json:"other_psns,omitempty"` // CNPs, reserved opcodes
-	// PSNGaps counts requests that skipped ahead of the next expected PSN;
-	// MissingPSNs the PSNs skipped.
+	// PSNGaps counts requests that skipped ahead of the next expected PSN,
+	// and responses that skipped a PSN of a READ response message in
+	// progress (a FIRST or MIDDLE is followed by the next PSN), or that
+	// continue one whose FIRST never showed; MissingPSNs the PSNs skipped
+	// (one for a READ response message's missing start, its least).
 	PSNGaps     int `json:"psn_gaps"`
 	MissingPSNs int `json:"missing_psns"`
 	// Retransmissions counts requests and read responses whose PSN is not
-	// beyond the highest already seen in the flow (duplicates, go-back-N).
+	// beyond the highest already seen in the flow (duplicates, go-back-N),
+	// and requests at a PSN an earlier READ already took: a READ asked
+	// again from the first response PSN that went missing (IBTA 9.7.5.1).
 	Retransmissions int            `json:"retransmissions"`
 	ACKs            int            `json:"acks"`
 	NAKs            map[string]int `json:"naks,omitempty"`
@@ -89,6 +94,17 @@ type Flow struct {
 	respSeen  bool
 	reqPSNs   map[uint32]struct{}
 	respPSNs  []uint32
+	// respNext is the PSN the READ response message in progress
+	// continues at (respNextOK: one is in progress).
+	respNext   uint32
+	respNextOK bool
+	// answers is the request flow this flow's responses answer, tied by
+	// the first response whose PSN is one of its requests'.
+	answers *Flow
+	// readMax is the highest PSN this flow's READs are known to have
+	// taken: the highest read-response PSN its peer sent (readSeen).
+	readMax  uint32
+	readSeen bool
 }
 
 // PSNRange is the PSNs of a set of packets: first and last seen, and the
@@ -122,17 +138,25 @@ type flowKey struct {
 	qp        uint32
 }
 
+type hostsKey struct {
+	transport string
+	src, dst  netip.Addr
+}
+
 // Summarizer accumulates records into a Summary.
 type Summarizer struct {
 	s     Summary
 	cm    cmTracker
 	flows map[flowKey]*Flow
 	order []*Flow
+	// byHosts are the flows from one address to another, to find the
+	// request flow a response flow answers.
+	byHosts map[hostsKey][]*Flow
 }
 
 // NewSummarizer returns an empty summarizer for the named file.
 func NewSummarizer(file string) *Summarizer {
-	return &Summarizer{s: Summary{File: file, Opcodes: map[string]int{}}, flows: map[flowKey]*Flow{}}
+	return &Summarizer{s: Summary{File: file, Opcodes: map[string]int{}}, flows: map[flowKey]*Flow{}, byHosts: map[hostsKey][]*Flow{}}
 }
 
 // Add counts one record.
@@ -174,8 +198,13 @@ func (z *Summarizer) Add(r *Record) {
 			reqPSNs: map[uint32]struct{}{}}
 		z.flows[k] = f
 		z.order = append(z.order, f)
+		hk := hostsKey{r.Transport, r.Src, r.Dst}
+		z.byHosts[hk] = append(z.byHosts[hk], f)
 	}
 	f.add(r)
+	if info := bth.Opcode(r.Opcode).Info(); info.Valid && !info.Request && info.Op != bth.OpCNP {
+		z.answer(f, r.PSN, info.Op == bth.OpReadResponse)
+	}
 	if r.Opcode == uint8(bth.CNP) {
 		s.CNPs++
 	}
@@ -189,6 +218,22 @@ func (z *Summarizer) Add(r *Record) {
 		case "RNR_NAK":
 			s.RNRNAKs++
 		}
+	}
+}
+
+// answer ties response flow f to the request flow it answers, if it is
+// not yet, and notes the PSNs a READ response shows that flow's READs took.
+func (z *Summarizer) answer(f *Flow, psn uint32, read bool) {
+	if f.answers == nil {
+		for _, q := range z.byHosts[hostsKey{f.transport, f.Dst, f.Src}] {
+			if _, ok := q.reqPSNs[psn]; ok {
+				f.answers = q
+				break
+			}
+		}
+	}
+	if q := f.answers; q != nil && read && (!q.readSeen || bth.PSNDiff(psn, q.readMax) > 0) {
+		q.readMax, q.readSeen = psn, true
 	}
 }
 
@@ -220,7 +265,7 @@ func (f *Flow) add(r *Record) {
 	case info.Request:
 		f.Requests = f.Requests.add(psn)
 		f.reqPSNs[psn] = struct{}{}
-		if f.reqSeen && bth.PSNDiff(psn, f.reqMax) <= 0 {
+		if (f.reqSeen && bth.PSNDiff(psn, f.reqMax) <= 0) || (f.readSeen && bth.PSNDiff(psn, f.readMax) <= 0) {
 			f.Retransmissions++
 		} else if f.expectOK && bth.PSNDiff(psn, f.expect) > 0 {
 			f.PSNGaps++
@@ -237,15 +282,30 @@ func (f *Flow) add(r *Record) {
 	default: // responses: ACK, ATOMIC ACK, READ RESPONSE
 		f.Responses = f.Responses.add(psn)
 		f.respPSNs = append(f.respPSNs, psn)
+		again := false
 		if info.Op == bth.OpReadResponse {
 			if f.respSeen && bth.PSNDiff(psn, f.respMax) <= 0 {
 				f.Retransmissions++
+				again = true
 			}
 			if !f.respSeen || bth.PSNDiff(psn, f.respMax) > 0 {
 				f.respMax = psn
 			}
 			f.respSeen = true
 		}
+		// The packets of a READ response message take consecutive PSNs
+		// (§9.7.5.1.4); what comes after it may skip (ACKs coalesce).
+		switch {
+		case again:
+		case f.respNextOK && bth.PSNDiff(psn, f.respNext) > 0:
+			f.PSNGaps++
+			f.MissingPSNs += bth.PSNDiff(psn, f.respNext)
+		case !f.respNextOK && info.Op == bth.OpReadResponse && (info.Pos == bth.PosMiddle || info.Pos == bth.PosLast):
+			f.PSNGaps++
+			f.MissingPSNs++
+		}
+		f.respNext = bth.PSNAdd(psn, 1)
+		f.respNextOK = info.Op == bth.OpReadResponse && (info.Pos == bth.PosFirst || info.Pos == bth.PosMiddle)
 	}
 	if a := r.AETH; a != nil {
 		switch a.Kind {
