@@ -31,7 +31,19 @@ type Summary struct {
 	CMUntracked int           `json:"cm_untracked,omitempty"`
 	CMUnmatched int           `json:"cm_unmatched,omitempty"`
 	Connections []*Connection `json:"connections"`
+	// Hints say what the capture likely is when its numbers have a known
+	// cause other than the wire (SnifferHint).
+	Hints []string `json:"hints,omitempty"`
 }
+
+// SnifferHint is the hint for a capture whose every RoCEv2 packet has
+// UDP source port 4791 and whose every checked ICRC fails. RoCEv2 senders
+// pick a source port per QP for ECMP entropy (rxe and ConnectX use
+// 0xC000 and up); port 4791 on every packet, with every ICRC failing,
+// is what the captures of ConnectX's offloaded RDMA sniffer look like.
+const SnifferHint = "every packet's ICRC fails and every UDP source port is 4791: this looks like a capture by ConnectX's " +
+	"offloaded RDMA sniffer (tcpdump or ibdump on an mlx5 RDMA device), whose packets carry an ICRC that does not verify; " +
+	"the failures are then the capture's, not the wire's"
 
 // Connection is a queue-pair connection: the flow of packets addressed to
 // one destination QP, and the reverse flow it was matched with. The BTH
@@ -149,6 +161,8 @@ type Summarizer struct {
 	cm    cmTracker
 	flows map[flowKey]*Flow
 	order []*Flow
+	// port4791 counts RoCEv2 packets from UDP source port 4791.
+	port4791 int
 	// byHosts are the flows from one address to another, to find the
 	// request flow a response flow answers.
 	byHosts map[hostsKey][]*Flow
@@ -169,6 +183,9 @@ func (z *Summarizer) Add(r *Record) {
 	}
 	s.RoCE++
 	s.Bytes += r.WireLen
+	if r.Transport == "RoCEv2" && r.SrcPort == 4791 {
+		z.port4791++
+	}
 	switch r.ICRC {
 	case "ok":
 		s.ICRCOK++
@@ -328,6 +345,10 @@ func (f *Flow) add(r *Record) {
 func (z *Summarizer) Summary() Summary {
 	s := z.s
 	s.CMConns, s.CMUntracked, s.CMUnmatched = z.cm.summary(), z.cm.untracked, z.cm.unmatched
+	s.Hints = nil
+	if s.RoCE > 0 && z.port4791 == s.RoCE && s.ICRCBad > 0 && s.ICRCOK == 0 {
+		s.Hints = append(s.Hints, SnifferHint)
+	}
 	s.Connections = nil
 	paired := map[*Flow]bool{}
 	// Score every pair of opposite flows by the PSNs their responses echo

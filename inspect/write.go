@@ -186,6 +186,9 @@ func WriteSummary(w io.Writer, s *Summary) error {
 	if len(s.CM) > 0 {
 		fmt.Fprintf(&b, "   CM MADs: %s\n", counts(s.CM))
 	}
+	for _, h := range s.Hints {
+		fmt.Fprintf(&b, "   hint: %s\n", h)
+	}
 	writeCMConns(&b, s)
 	for i, c := range s.Connections {
 		qpa := "?"

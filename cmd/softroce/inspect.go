@@ -99,6 +99,12 @@ func runInspect(args []string) int {
 			if werr := inspect.WriteSummary(out, &s); werr != nil && err == nil {
 				err = werr
 			}
+		default:
+			// Without the summary, its hints still matter.
+			for _, h := range s.Hints {
+				out.Flush()
+				fmt.Fprintf(os.Stderr, "softroce inspect: %s: hint: %s\n", path, h)
+			}
 		}
 		if err != nil {
 			out.Flush()
