@@ -115,14 +115,14 @@ func runPerf(kind string, args []string) int {
 		fs.PrintDefaults()
 	}
 	// Flags may come before or after the peer address.
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
 	}
 	var peer string
 	if fs.NArg() > 0 {
 		peer = fs.Arg(0)
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return 2
+		if code, ok := parseFlags(fs, fs.Args()[1:]); !ok {
+			return code
 		}
 		if fs.NArg() > 0 {
 			fmt.Fprintf(os.Stderr, "softroce %s: unexpected argument %q\n", kind, fs.Arg(0))

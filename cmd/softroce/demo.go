@@ -33,13 +33,13 @@ func runDemo(args []string) int {
 	mtu := fs.Int("mtu", 256, "IB path MTU in bytes (256, 512, 1024, 2048 or 4096)")
 	color := fs.String("color", "auto", "color output: auto (when stdout is a terminal), always or never")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce demo [--impair SPEC] [--diagram FILE] [--pcap FILE]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce demo [--impair SPEC] [--diagram FILE] [--pcap FILE] [--mtu N] [--color auto|always|never]\n\n"+
 			"Two RoCEv2 endpoints in this process, joined by an in-process wire: no root, no setup.\n"+
 			"Prints each verbs call, every packet on the wire, the completions and the memory.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
 	}
 	if fs.NArg() != 0 {
 		fmt.Fprintf(os.Stderr, "softroce demo: unexpected argument %q\n", fs.Arg(0))

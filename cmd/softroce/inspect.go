@@ -30,7 +30,7 @@ func runInspect(args []string) int {
 	diag := fs.String("diagram", "", "also write a ladder diagram of every QP conversation to `FILE` (.html or .svg)")
 	jobs := fs.Int("jobs", runtime.GOMAXPROCS(0), "decode on `N` goroutines (1: on one; the output order is the capture's either way)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce inspect [-v] [--json] [--strict] [--jobs N] [--diagram out.html|out.svg] FILE...\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce inspect [-v] [--json] [--strict] [--no-summary] [--jobs N] [--diagram out.html|out.svg] FILE...\n\n"+
 			"Decodes RoCEv2 (UDP 4791, IPv4/IPv6, VLAN) and RoCEv1 (EtherType 0x8915) packets in pcap\n"+
 			"and pcapng files, verifies each ICRC, and summarises every connection.\n\n")
 		fs.PrintDefaults()
