@@ -510,7 +510,7 @@ func packetLine(r *inspect.Record, lost bool, indent int) string {
 		return line
 	}
 	// Split after the AckReq column: "OPCODE psn N A" | headers.
-	const head = 25 + 5 + 4 + 2
+	const head = 30 + 5 + 4 + 2
 	if len(line) <= head+1 {
 		return line
 	}
@@ -522,8 +522,9 @@ func packetText(r *inspect.Record, lost bool) string {
 		return "malformed: " + r.Malformed
 	}
 	var b strings.Builder
-	name := strings.Replace(strings.TrimPrefix(r.OpcodeName, "RC "), "_IMMEDIATE", "_IMM", 1)
-	fmt.Fprintf(&b, "%-25s psn %-4d", name, r.PSN)
+	// The opcode table's names, as softroce inspect prints them.
+	name := strings.TrimPrefix(r.OpcodeName, "RC ")
+	fmt.Fprintf(&b, "%-30s psn %-4d", name, r.PSN)
 	if r.AckReq {
 		b.WriteString(" A")
 	} else {
@@ -535,7 +536,7 @@ func packetText(r *inspect.Record, lost bool) string {
 	if h := r.AtomicETH; h != nil {
 		fmt.Fprintf(&b, " AtomicETH va 0x%x rkey 0x%x", h.VA, h.RKey)
 		if r.OpcodeName == "RC COMPARE_SWAP" {
-			fmt.Fprintf(&b, " cmp %d swap %d", h.Compare, h.SwapAdd)
+			fmt.Fprintf(&b, " compare %d swap %d", h.Compare, h.SwapAdd)
 		} else {
 			fmt.Fprintf(&b, " add %d", h.SwapAdd)
 		}

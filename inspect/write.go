@@ -91,10 +91,17 @@ func writeKeys(b *strings.Builder, r *Record) {
 		fmt.Fprintf(b, " placement %d selectivity %d", h.Placement, h.Selectivity)
 	}
 	if h := r.RETH; h != nil {
-		fmt.Fprintf(b, " va 0x%x rkey 0x%08x dlen %d", h.VA, h.RKey, h.DMALen)
+		fmt.Fprintf(b, " va 0x%x rkey 0x%08x dmalen %d", h.VA, h.RKey, h.DMALen)
 	}
 	if h := r.AtomicETH; h != nil {
-		fmt.Fprintf(b, " va 0x%x rkey 0x%08x swap/add 0x%x compare 0x%x", h.VA, h.RKey, h.SwapAdd, h.Compare)
+		// The AtomicETH's second field is the swap data of a compare and
+		// swap, the add data of a fetch and add (which ignores the compare
+		// data).
+		if strings.HasSuffix(r.OpcodeName, "FETCH_ADD") {
+			fmt.Fprintf(b, " va 0x%x rkey 0x%08x add 0x%x", h.VA, h.RKey, h.SwapAdd)
+		} else {
+			fmt.Fprintf(b, " va 0x%x rkey 0x%08x compare 0x%x swap 0x%x", h.VA, h.RKey, h.Compare, h.SwapAdd)
+		}
 	}
 	if h := r.AETH; h != nil {
 		switch h.Kind {
@@ -117,7 +124,7 @@ func writeKeys(b *strings.Builder, r *Record) {
 		fmt.Fprintf(b, " orig 0x%x", h.Orig)
 	}
 	if r.Imm != nil {
-		fmt.Fprintf(b, " imm 0x%08x", *r.Imm)
+		fmt.Fprintf(b, " ImmDt 0x%08x", *r.Imm)
 	}
 	if h := r.IETH; h != nil {
 		fmt.Fprintf(b, " inv rkey 0x%08x", h.RKey)
