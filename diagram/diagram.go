@@ -411,9 +411,9 @@ func writeSVG(b *strings.Builder, c *conversation, idx int, nested bool) {
 		fmt.Fprintf(b, "<svg class=\"ladder\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n", width, h, width, h)
 	}
 	fmt.Fprintf(b, "<defs><marker id=\"ah%d\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"context-stroke\"/></marker></defs>\n", idx)
-	title := fmt.Sprintf("conversation %d: %d packets", idx+1, len(c.arrows))
+	title := fmt.Sprintf("conversation %d: %s", idx+1, inspect.Plural(len(c.arrows), "packet"))
 	if c.cm {
-		title = fmt.Sprintf("conversation %d: connection management (QP1), %d MADs", idx+1, len(c.arrows))
+		title = fmt.Sprintf("conversation %d: connection management (QP1), %s", idx+1, inspect.Plural(len(c.arrows), "MAD"))
 	}
 	if c.omitted > 0 {
 		title += fmt.Sprintf(" (and %d more not drawn)", c.omitted)

@@ -117,6 +117,11 @@ type Flow struct {
 	// taken: the highest read-response PSN its peer sent (readSeen).
 	readMax  uint32
 	readSeen bool
+	// srcQP is the sender's QP as its datagrams' DETHs name it (UD and
+	// the CM's QP1), when they all name the same one (srcQPs 1; 2:
+	// several).
+	srcQP  uint32
+	srcQPs int
 }
 
 // PSNRange is the PSNs of a set of packets: first and last seen, and the
@@ -271,6 +276,14 @@ func (f *Flow) add(r *Record) {
 	if r.FECN || r.BECN {
 		f.ECNMarked++
 	}
+	if h := r.DETH; h != nil {
+		switch {
+		case f.srcQPs == 0:
+			f.srcQP, f.srcQPs = h.SrcQP, 1
+		case f.srcQP != h.SrcQP:
+			f.srcQPs = 2
+		}
+	}
 	psn := r.PSN
 	info := bth.Opcode(r.Opcode).Info()
 	switch {
@@ -365,6 +378,11 @@ func (z *Summarizer) Summary() Summary {
 			}
 			if sc := echoes(y, x) + echoes(x, y); sc > 0 {
 				cands = append(cands, cand{x, y, sc})
+			} else if x.srcQPs == 1 && y.srcQPs == 1 && x.srcQP == y.DestQP && y.srcQP == x.DestQP {
+				// Datagrams name their sender's QP (DETH): two flows
+				// that name each other's are one conversation (the
+				// CM's, QP1 to QP1, among them).
+				cands = append(cands, cand{x, y, 1})
 			}
 		}
 	}
@@ -383,8 +401,12 @@ func (z *Summarizer) Summary() Summary {
 		if c := conns[f]; c != nil {
 			s.Connections = append(s.Connections, c)
 		} else if !paired[f] {
-			s.Connections = append(s.Connections, &Connection{Transport: f.transport, A: f.Src.String(), B: f.Dst.String(),
-				QPB: int64(f.DestQP), AtoB: f})
+			c := &Connection{Transport: f.transport, A: f.Src.String(), B: f.Dst.String(), QPB: int64(f.DestQP), AtoB: f}
+			if f.srcQPs == 1 {
+				qpa := int64(f.srcQP)
+				c.QPA = &qpa
+			}
+			s.Connections = append(s.Connections, c)
 		}
 	}
 	return s

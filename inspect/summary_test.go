@@ -1,6 +1,7 @@
 package inspect
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -102,5 +103,47 @@ func TestSummaryResponseGaps(t *testing.T) {
 			t.Errorf("%s: responses %d gaps (%d missing), %d retransmissions; requests %d retransmissions; want %d (%d), %d; %d",
 				c.name, rs.PSNGaps, rs.MissingPSNs, rs.Retransmissions, rq.Retransmissions, c.gaps, c.missing, c.retx, c.reqRetx)
 		}
+	}
+}
+
+// TestSummaryDatagramQPs: datagrams name their sender's QP in the DETH, so
+// the CM's MADs between two hosts are one connection, QP1 to QP1 in both
+// directions, and a lone UD datagram shows its sender's QP, not "qp ?";
+// counts of one are singular.
+func TestSummaryDatagramQPs(t *testing.T) {
+	recs, err := Records(cmCapture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := summarize(t, recs)
+	if len(s.Connections) != 2 {
+		t.Fatalf("%d connections, want the CM's and one UD datagram's", len(s.Connections))
+	}
+	cm, ud := s.Connections[0], s.Connections[1]
+	if cm.QPA == nil || *cm.QPA != 1 || cm.QPB != 1 || cm.BtoA == nil || cm.AtoB.Packets+cm.BtoA.Packets != 24 {
+		t.Errorf("CM connection %+v, want QP1 <-> QP1 with both directions' 24 MADs", cm)
+	}
+	if ud.QPA == nil || *ud.QPA != 0x16 || ud.QPB != 0xabd || ud.BtoA != nil {
+		t.Errorf("UD datagram's connection %+v, want qp 0x16 -> 0xabd", ud)
+	}
+	var b strings.Builder
+	if err := WriteSummary(&b, &s); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"connection 1 (RoCEv2): 10.88.0.1 qp 0x000001 <-> 10.88.0.2 qp 0x000001: connection management (QP1)",
+		"connection 2 (RoCEv2): 10.88.0.2 qp 0x000016 <-> 10.88.0.1 qp 0x000abd",
+		"qp 0x000abd: 1 packet, 170 bytes",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "qp ?") || strings.Contains(out, " 1 packets") {
+		t.Errorf("summary:\n%s", out)
+	}
+	if Plural(1, "PSN") != "1 PSN" || Plural(0, "PSN") != "0 PSNs" || Plural(2, "frame") != "2 frames" {
+		t.Error("Plural")
 	}
 }

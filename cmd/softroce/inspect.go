@@ -114,7 +114,7 @@ func runInspect(args []string) int {
 		}
 		if *strict && bad > 0 {
 			out.Flush()
-			fmt.Fprintf(os.Stderr, "softroce inspect: %s: %d RoCE packets with a bad ICRC or malformed headers\n", path, bad)
+			fmt.Fprintf(os.Stderr, "softroce inspect: %s: %s with a bad ICRC or malformed headers\n", path, inspect.Plural(bad, "RoCE packet"))
 			code = 1
 		}
 	}
