@@ -123,18 +123,28 @@ type tracer struct {
 	err     error
 }
 
+// ParseImpair reads Options.Impair as Run does, refusing what the demo
+// cannot show.
+func ParseImpair(spec string) (impair.Config, error) {
+	c, err := impair.Parse(spec)
+	if err != nil {
+		return c, fmt.Errorf("--impair %q: %w", spec, err)
+	}
+	if c.Delay != 0 || c.Jitter != 0 || c.Reorder != 0 {
+		return c, fmt.Errorf("--impair %q: the demo shows loss, dup and corrupt (with seed); delay, jitter and reorder move packets in time, which its step-by-step printout cannot follow: `softroce bw --impair` and `softroce lat --impair` take them", spec)
+	}
+	return c, nil
+}
+
 // Run runs the demo, printing to w.
 func Run(w io.Writer, opts Options) (*Result, error) {
 	res := &Result{}
 	var icfg impair.Config
 	impaired := strings.TrimSpace(opts.Impair) != ""
 	if impaired {
-		c, err := impair.Parse(opts.Impair)
+		c, err := ParseImpair(opts.Impair)
 		if err != nil {
-			return nil, fmt.Errorf("--impair %q: %w", opts.Impair, err)
-		}
-		if c.Delay != 0 || c.Jitter != 0 || c.Reorder != 0 {
-			return nil, fmt.Errorf("--impair %q: the demo shows loss, dup and corrupt (with seed); delay, jitter and reorder move packets in time, which its step-by-step printout cannot follow: `softroce bw --impair` and `softroce lat --impair` take them", opts.Impair)
+			return nil, err
 		}
 		if c.Seed == 0 {
 			c.Seed = uint64(time.Now().UnixNano())%100000 + 1

@@ -24,7 +24,7 @@ func isTerminal(f *os.File) bool {
 
 // runDemo is a thin flag parser over package demo. Exit codes: 0 when every
 // step succeeded, 1 when one failed or an output file could not be
-// written, 2 on usage errors.
+// written, 2 on usage errors (a bad --impair among them).
 func runDemo(args []string) int {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	imp := fs.String("impair", "", "impair the wire, e.g. loss=10%,dup=5%,corrupt=2%,seed=7 (shows retransmissions and NAKs)")
@@ -54,6 +54,12 @@ func runDemo(args []string) int {
 	format, ok := diagramFormat("demo", *diag)
 	if !ok {
 		return 2
+	}
+	if *imp != "" {
+		if _, err := demo.ParseImpair(*imp); err != nil {
+			fmt.Fprintf(os.Stderr, "softroce demo: %v\n", err)
+			return 2
+		}
 	}
 	opts := demo.Options{Impair: *imp, PathMTU: *mtu}
 	switch *color {

@@ -82,16 +82,16 @@ func TestDemoCommandUsage(t *testing.T) {
 	}
 	var code int
 	_, errOut := runOut(t, func() { code = runDemo([]string{"--impair", "loss=200%"}) })
-	if code != 1 || !strings.Contains(errOut, "loss=200%") {
+	if code != 2 || !strings.Contains(errOut, "loss=200%") {
 		t.Errorf("bad impairment: exit %d, %q", code, errOut)
 	}
 	_, errOut = runOut(t, func() { code = runDemo([]string{"--impair", "loss=10"}) })
-	if code != 1 || !strings.Contains(errOut, "loss=10: a probability is a percentage or a fraction: write 10% or 0.1") {
+	if code != 2 || !strings.Contains(errOut, "loss=10: a probability is a percentage or a fraction: write 10% or 0.1") {
 		t.Errorf("loss=10: exit %d, %q", code, errOut)
 	}
 	// What the demo refuses, it names where it is taken (and bw takes it).
 	_, errOut = runOut(t, func() { code = runDemo([]string{"--impair", "delay=1ms"}) })
-	if code != 1 || !strings.Contains(errOut, "`softroce bw --impair` and `softroce lat --impair` take them") {
+	if code != 2 || !strings.Contains(errOut, "`softroce bw --impair` and `softroce lat --impair` take them") {
 		t.Errorf("delay: exit %d, %q", code, errOut)
 	}
 	_, errOut = runOut(t, func() { code = runPerf("bw", []string{"--help"}) })
