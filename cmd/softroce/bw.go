@@ -165,7 +165,7 @@ func runPerf(kind string, args []string) int {
 	var icfg impair.Config
 	if f.impair != "" {
 		if f.rawUDP {
-			return fail("--raw-udp measures the plain path: drop --impair")
+			return fail("the raw UDP reference measures the plain path: drop --impair")
 		}
 		if icfg, err = impair.Parse(f.impair); err != nil {
 			return fail("--impair %s: %v", f.impair, err)
