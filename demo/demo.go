@@ -123,18 +123,28 @@ type tracer struct {
 	err     error
 }
 
+// ParseImpair reads Options.Impair as Run does, refusing what the demo
+// cannot show.
+func ParseImpair(spec string) (impair.Config, error) {
+	c, err := impair.Parse(spec)
+	if err != nil {
+		return c, fmt.Errorf("--impair %q: %w", spec, err)
+	}
+	if c.Delay != 0 || c.Jitter != 0 || c.Reorder != 0 {
+		return c, fmt.Errorf("--impair %q: the demo shows loss, dup and corrupt (with seed); delay, jitter and reorder move packets in time, which its step-by-step printout cannot follow: `softroce bw --impair` and `softroce lat --impair` take them", spec)
+	}
+	return c, nil
+}
+
 // Run runs the demo, printing to w.
 func Run(w io.Writer, opts Options) (*Result, error) {
 	res := &Result{}
 	var icfg impair.Config
 	impaired := strings.TrimSpace(opts.Impair) != ""
 	if impaired {
-		c, err := impair.Parse(opts.Impair)
+		c, err := ParseImpair(opts.Impair)
 		if err != nil {
-			return nil, fmt.Errorf("--impair %q: %w", opts.Impair, err)
-		}
-		if c.Delay != 0 || c.Jitter != 0 || c.Reorder != 0 {
-			return nil, fmt.Errorf("--impair %q: the demo shows loss, dup and corrupt (with seed); delay, jitter and reorder are for `softroce bw`", opts.Impair)
+			return nil, err
 		}
 		if c.Seed == 0 {
 			c.Seed = uint64(time.Now().UnixNano())%100000 + 1
@@ -400,8 +410,16 @@ func (t *tracer) onSent(idx int, ev *capture.Event) {
 	}
 }
 
+// recordLost records a packet the impairment dropped. It was offered
+// before the packet recorded last may have reached the wire, but it was
+// dropped after: its time is no earlier than that packet's, so the
+// records' times follow their order.
 func (t *tracer) recordLost(idx int, p *pendingPkt) {
-	t.record(idx, p.time, p.frame, p.pkt, true, false)
+	when := p.time
+	if n := len(t.res.Records); n > 0 && when.Before(t.res.Records[n-1].Time) {
+		when = t.res.Records[n-1].Time
+	}
+	t.record(idx, when, p.frame, p.pkt, true, false)
 }
 
 // record decodes, classifies and prints one packet. Called with t.mu held.
@@ -502,7 +520,7 @@ func packetLine(r *inspect.Record, lost bool, indent int) string {
 		return line
 	}
 	// Split after the AckReq column: "OPCODE psn N A" | headers.
-	const head = 25 + 5 + 4 + 2
+	const head = 30 + 5 + 4 + 2
 	if len(line) <= head+1 {
 		return line
 	}
@@ -514,8 +532,9 @@ func packetText(r *inspect.Record, lost bool) string {
 		return "malformed: " + r.Malformed
 	}
 	var b strings.Builder
-	name := strings.Replace(strings.TrimPrefix(r.OpcodeName, "RC "), "_IMMEDIATE", "_IMM", 1)
-	fmt.Fprintf(&b, "%-25s psn %-4d", name, r.PSN)
+	// The opcode table's names, as softroce inspect prints them.
+	name := strings.TrimPrefix(r.OpcodeName, "RC ")
+	fmt.Fprintf(&b, "%-30s psn %-4d", name, r.PSN)
 	if r.AckReq {
 		b.WriteString(" A")
 	} else {
@@ -527,7 +546,7 @@ func packetText(r *inspect.Record, lost bool) string {
 	if h := r.AtomicETH; h != nil {
 		fmt.Fprintf(&b, " AtomicETH va 0x%x rkey 0x%x", h.VA, h.RKey)
 		if r.OpcodeName == "RC COMPARE_SWAP" {
-			fmt.Fprintf(&b, " cmp %d swap %d", h.Compare, h.SwapAdd)
+			fmt.Fprintf(&b, " compare %d swap %d", h.Compare, h.SwapAdd)
 		} else {
 			fmt.Fprintf(&b, " add %d", h.SwapAdd)
 		}

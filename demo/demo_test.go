@@ -2,8 +2,15 @@ package demo
 
 import (
 	"bytes"
+	"net"
+	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/pcapgo"
+
+	"github.com/softroce/softroce/inspect"
 )
 
 func mustRun(t *testing.T, opts Options) (string, *Result) {
@@ -151,5 +158,39 @@ func TestDemoDuplicates(t *testing.T) {
 	}
 	if !strings.Contains(out, "B's counter is now 1042") {
 		t.Error("a duplicated atomic executed twice")
+	}
+}
+
+// TestDemoPcapMACs: in the demo's pcap each endpoint has its own MAC, and
+// the frames of the two directions swap them, as on a real wire.
+func TestDemoPcapMACs(t *testing.T) {
+	var pcap bytes.Buffer
+	mustRun(t, Options{Pcap: &pcap})
+	rd, err := pcapgo.NewReader(&pcap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	macs := map[netip.Addr]string{} // IP -> its MAC, from the frames it sent
+	frames := 0
+	for {
+		data, _, err := rd.ReadPacketData()
+		if err != nil {
+			break
+		}
+		frames++
+		r := inspect.Decode(data, gopacket.CaptureInfo{Length: len(data), CaptureLength: len(data)})
+		src, dst := net.HardwareAddr(data[6:12]).String(), net.HardwareAddr(data[0:6]).String()
+		if src == dst {
+			t.Fatalf("frame %d (%v > %v): source and destination MAC are both %s", frames, r.Src, r.Dst, src)
+		}
+		for ip, mac := range map[netip.Addr]string{r.Src: src, r.Dst: dst} {
+			if m, ok := macs[ip]; ok && m != mac {
+				t.Fatalf("frame %d: %v has MAC %s, earlier %s", frames, ip, mac, m)
+			}
+			macs[ip] = mac
+		}
+	}
+	if frames < 14 || len(macs) != 2 {
+		t.Errorf("%d frames, MACs %v; want 14 or more frames between two endpoints", frames, macs)
 	}
 }

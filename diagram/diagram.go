@@ -86,6 +86,10 @@ type conversation struct {
 	// psns are the request PSNs seen, to attach responses (which name
 	// the requester's QP, not the responder's) to the conversation.
 	psns map[uint32]bool
+	// readMax is the highest READ response PSN seen (readSeen): the PSNs
+	// up to it were taken by READs, so a request there is a retry.
+	readMax  uint32
+	readSeen bool
 }
 
 // DefaultMaxArrows is the default Options.MaxArrows.
@@ -249,12 +253,23 @@ func build(recs []inspect.Record, lost []bool, maxArrows int) []*conversation {
 		a.kind = kindResponse
 		if request && a.leftToRt {
 			a.kind = kindRequest
-			// A request PSN sent again is a retransmission (go-back-N).
-			if c.psns[r.PSN] {
+			// A request PSN sent again is a retransmission (go-back-N), and
+			// so is a request at a PSN a READ took: the READ asked again
+			// from its first missing response (IBTA 9.7.5.1).
+			if c.psns[r.PSN] || (!c.cm && c.readSeen && bth.PSNDiff(r.PSN, c.readMax) <= 0) {
 				a.kind = kindRetransmit
 				a.label += " (retransmit)"
 			}
 			c.psns[r.PSN] = true
+		}
+		if !a.leftToRt && info.Valid && info.Op == bth.OpReadResponse && !c.cm {
+			if c.readSeen && bth.PSNDiff(r.PSN, c.readMax) <= 0 {
+				// A READ response PSN sent again: answering a retried READ.
+				a.kind = kindRetransmit
+				a.label += " (retransmit)"
+			} else {
+				c.readMax, c.readSeen = r.PSN, true
+			}
 		}
 		if r.CM != nil {
 			cmArrow(c, &a, r.CM)
@@ -396,9 +411,9 @@ func writeSVG(b *strings.Builder, c *conversation, idx int, nested bool) {
 		fmt.Fprintf(b, "<svg class=\"ladder\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n", width, h, width, h)
 	}
 	fmt.Fprintf(b, "<defs><marker id=\"ah%d\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"context-stroke\"/></marker></defs>\n", idx)
-	title := fmt.Sprintf("conversation %d: %d packets", idx+1, len(c.arrows))
+	title := fmt.Sprintf("conversation %d: %s", idx+1, inspect.Plural(len(c.arrows), "packet"))
 	if c.cm {
-		title = fmt.Sprintf("conversation %d: connection management (QP1), %d MADs", idx+1, len(c.arrows))
+		title = fmt.Sprintf("conversation %d: connection management (QP1), %s", idx+1, inspect.Plural(len(c.arrows), "MAD"))
 	}
 	if c.omitted > 0 {
 		title += fmt.Sprintf(" (and %d more not drawn)", c.omitted)

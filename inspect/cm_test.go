@@ -287,7 +287,7 @@ func TestCMExchangesBounded(t *testing.T) {
 	}
 	var b bytes.Buffer
 	if err := WriteSummary(&b, &s); err != nil || !strings.Contains(b.String(), "and 500 more exchanges not tracked") || !strings.Contains(b.String(), "... 950 more exchanges (listed by --json)") ||
-		!strings.Contains(b.String(), "1 MADs matched no REQ or SIDR_REQ") {
+		!strings.Contains(b.String(), "1 MAD matched no REQ or SIDR_REQ") {
 		t.Errorf("summary: %v\n%s", err, b.String()[:min(b.Len(), 400)])
 	}
 }

@@ -230,6 +230,6 @@ func writeCMConns(b *strings.Builder, s *Summary) {
 		fmt.Fprintf(b, "     ... and %d more exchanges not tracked\n", s.CMUntracked)
 	}
 	if s.CMUnmatched > 0 {
-		fmt.Fprintf(b, "     %d MADs matched no REQ or SIDR_REQ in the capture\n", s.CMUnmatched)
+		fmt.Fprintf(b, "     %s matched no REQ or SIDR_REQ in the capture\n", Plural(s.CMUnmatched, "MAD"))
 	}
 }

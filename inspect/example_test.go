@@ -26,7 +26,7 @@ func ExampleDecode() {
 	r.Frame = 1
 	fmt.Println(inspect.Line(&r))
 	// Output:
-	//     1 00:00:00.000000 10.0.0.1:49152 > 10.0.0.2:4791 RoCEv2 RC RDMA_WRITE_ONLY qp 0x000011 psn 7 A va 0x1000 rkey 0x00000042 dlen 5 len 5 icrc ok
+	//     1 00:00:00.000000 10.0.0.1:49152 > 10.0.0.2:4791 RoCEv2 RC RDMA_WRITE_ONLY qp 0x000011 psn 7 A va 0x1000 rkey 0x00000042 dmalen 5 len 5 icrc ok
 }
 
 // Read a capture and summarise it.

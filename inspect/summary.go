@@ -31,7 +31,19 @@ type Summary struct {
 	CMUntracked int           `json:"cm_untracked,omitempty"`
 	CMUnmatched int           `json:"cm_unmatched,omitempty"`
 	Connections []*Connection `json:"connections"`
+	// Hints say what the capture likely is when its numbers have a known
+	// cause other than the wire (SnifferHint).
+	Hints []string `json:"hints,omitempty"`
 }
+
+// SnifferHint is the hint for a capture whose every RoCEv2 packet has
+// UDP source port 4791 and whose every checked ICRC fails. RoCEv2 senders
+// pick a source port per QP for ECMP entropy (rxe and ConnectX use
+// 0xC000 and up); port 4791 on every packet, with every ICRC failing,
+// is what the captures of ConnectX's offloaded RDMA sniffer look like.
+const SnifferHint = "every packet's ICRC fails and every UDP source port is 4791: this looks like a capture by ConnectX's " +
+	"offloaded RDMA sniffer (tcpdump or ibdump on an mlx5 RDMA device), whose packets carry an ICRC that does not verify; " +
+	"the failures are then the capture's, not the wire's"
 
 // Connection is a queue-pair connection: the flow of packets addressed to
 // one destination QP, and the reverse flow it was matched with. The BTH
@@ -64,12 +76,17 @@ type Flow struct {
 	Requests  *PSNRange `json:"request_psns,omitempty"`
 	Responses *PSNRange `json:"response_psns,omitempty"`
 	Other     *PSNRange `json:"other_psns,omitempty"` // CNPs, reserved opcodes
-	// PSNGaps counts requests that skipped ahead of the next expected PSN;
-	// MissingPSNs the PSNs skipped.
+	// PSNGaps counts requests that skipped ahead of the next expected PSN,
+	// and responses that skipped a PSN of a READ response message in
+	// progress (a FIRST or MIDDLE is followed by the next PSN), or that
+	// continue one whose FIRST never showed; MissingPSNs the PSNs skipped
+	// (one for a READ response message's missing start, its least).
 	PSNGaps     int `json:"psn_gaps"`
 	MissingPSNs int `json:"missing_psns"`
 	// Retransmissions counts requests and read responses whose PSN is not
-	// beyond the highest already seen in the flow (duplicates, go-back-N).
+	// beyond the highest already seen in the flow (duplicates, go-back-N),
+	// and requests at a PSN an earlier READ already took: a READ asked
+	// again from the first response PSN that went missing (IBTA 9.7.5.1).
 	Retransmissions int            `json:"retransmissions"`
 	ACKs            int            `json:"acks"`
 	NAKs            map[string]int `json:"naks,omitempty"`
@@ -89,6 +106,22 @@ type Flow struct {
 	respSeen  bool
 	reqPSNs   map[uint32]struct{}
 	respPSNs  []uint32
+	// respNext is the PSN the READ response message in progress
+	// continues at (respNextOK: one is in progress).
+	respNext   uint32
+	respNextOK bool
+	// answers is the request flow this flow's responses answer, tied by
+	// the first response whose PSN is one of its requests'.
+	answers *Flow
+	// readMax is the highest PSN this flow's READs are known to have
+	// taken: the highest read-response PSN its peer sent (readSeen).
+	readMax  uint32
+	readSeen bool
+	// srcQP is the sender's QP as its datagrams' DETHs name it (UD and
+	// the CM's QP1), when they all name the same one (srcQPs 1; 2:
+	// several).
+	srcQP  uint32
+	srcQPs int
 }
 
 // PSNRange is the PSNs of a set of packets: first and last seen, and the
@@ -122,17 +155,27 @@ type flowKey struct {
 	qp        uint32
 }
 
+type hostsKey struct {
+	transport string
+	src, dst  netip.Addr
+}
+
 // Summarizer accumulates records into a Summary.
 type Summarizer struct {
 	s     Summary
 	cm    cmTracker
 	flows map[flowKey]*Flow
 	order []*Flow
+	// port4791 counts RoCEv2 packets from UDP source port 4791.
+	port4791 int
+	// byHosts are the flows from one address to another, to find the
+	// request flow a response flow answers.
+	byHosts map[hostsKey][]*Flow
 }
 
 // NewSummarizer returns an empty summarizer for the named file.
 func NewSummarizer(file string) *Summarizer {
-	return &Summarizer{s: Summary{File: file, Opcodes: map[string]int{}}, flows: map[flowKey]*Flow{}}
+	return &Summarizer{s: Summary{File: file, Opcodes: map[string]int{}}, flows: map[flowKey]*Flow{}, byHosts: map[hostsKey][]*Flow{}}
 }
 
 // Add counts one record.
@@ -145,6 +188,9 @@ func (z *Summarizer) Add(r *Record) {
 	}
 	s.RoCE++
 	s.Bytes += r.WireLen
+	if r.Transport == "RoCEv2" && r.SrcPort == 4791 {
+		z.port4791++
+	}
 	switch r.ICRC {
 	case "ok":
 		s.ICRCOK++
@@ -174,8 +220,13 @@ func (z *Summarizer) Add(r *Record) {
 			reqPSNs: map[uint32]struct{}{}}
 		z.flows[k] = f
 		z.order = append(z.order, f)
+		hk := hostsKey{r.Transport, r.Src, r.Dst}
+		z.byHosts[hk] = append(z.byHosts[hk], f)
 	}
 	f.add(r)
+	if info := bth.Opcode(r.Opcode).Info(); info.Valid && !info.Request && info.Op != bth.OpCNP {
+		z.answer(f, r.PSN, info.Op == bth.OpReadResponse)
+	}
 	if r.Opcode == uint8(bth.CNP) {
 		s.CNPs++
 	}
@@ -189,6 +240,22 @@ func (z *Summarizer) Add(r *Record) {
 		case "RNR_NAK":
 			s.RNRNAKs++
 		}
+	}
+}
+
+// answer ties response flow f to the request flow it answers, if it is
+// not yet, and notes the PSNs a READ response shows that flow's READs took.
+func (z *Summarizer) answer(f *Flow, psn uint32, read bool) {
+	if f.answers == nil {
+		for _, q := range z.byHosts[hostsKey{f.transport, f.Dst, f.Src}] {
+			if _, ok := q.reqPSNs[psn]; ok {
+				f.answers = q
+				break
+			}
+		}
+	}
+	if q := f.answers; q != nil && read && (!q.readSeen || bth.PSNDiff(psn, q.readMax) > 0) {
+		q.readMax, q.readSeen = psn, true
 	}
 }
 
@@ -209,6 +276,14 @@ func (f *Flow) add(r *Record) {
 	if r.FECN || r.BECN {
 		f.ECNMarked++
 	}
+	if h := r.DETH; h != nil {
+		switch {
+		case f.srcQPs == 0:
+			f.srcQP, f.srcQPs = h.SrcQP, 1
+		case f.srcQP != h.SrcQP:
+			f.srcQPs = 2
+		}
+	}
 	psn := r.PSN
 	info := bth.Opcode(r.Opcode).Info()
 	switch {
@@ -220,7 +295,7 @@ func (f *Flow) add(r *Record) {
 	case info.Request:
 		f.Requests = f.Requests.add(psn)
 		f.reqPSNs[psn] = struct{}{}
-		if f.reqSeen && bth.PSNDiff(psn, f.reqMax) <= 0 {
+		if (f.reqSeen && bth.PSNDiff(psn, f.reqMax) <= 0) || (f.readSeen && bth.PSNDiff(psn, f.readMax) <= 0) {
 			f.Retransmissions++
 		} else if f.expectOK && bth.PSNDiff(psn, f.expect) > 0 {
 			f.PSNGaps++
@@ -237,15 +312,30 @@ func (f *Flow) add(r *Record) {
 	default: // responses: ACK, ATOMIC ACK, READ RESPONSE
 		f.Responses = f.Responses.add(psn)
 		f.respPSNs = append(f.respPSNs, psn)
+		again := false
 		if info.Op == bth.OpReadResponse {
 			if f.respSeen && bth.PSNDiff(psn, f.respMax) <= 0 {
 				f.Retransmissions++
+				again = true
 			}
 			if !f.respSeen || bth.PSNDiff(psn, f.respMax) > 0 {
 				f.respMax = psn
 			}
 			f.respSeen = true
 		}
+		// The packets of a READ response message take consecutive PSNs
+		// (§9.7.5.1.4); what comes after it may skip (ACKs coalesce).
+		switch {
+		case again:
+		case f.respNextOK && bth.PSNDiff(psn, f.respNext) > 0:
+			f.PSNGaps++
+			f.MissingPSNs += bth.PSNDiff(psn, f.respNext)
+		case !f.respNextOK && info.Op == bth.OpReadResponse && (info.Pos == bth.PosMiddle || info.Pos == bth.PosLast):
+			f.PSNGaps++
+			f.MissingPSNs++
+		}
+		f.respNext = bth.PSNAdd(psn, 1)
+		f.respNextOK = info.Op == bth.OpReadResponse && (info.Pos == bth.PosFirst || info.Pos == bth.PosMiddle)
 	}
 	if a := r.AETH; a != nil {
 		switch a.Kind {
@@ -268,6 +358,10 @@ func (f *Flow) add(r *Record) {
 func (z *Summarizer) Summary() Summary {
 	s := z.s
 	s.CMConns, s.CMUntracked, s.CMUnmatched = z.cm.summary(), z.cm.untracked, z.cm.unmatched
+	s.Hints = nil
+	if s.RoCE > 0 && z.port4791 == s.RoCE && s.ICRCBad > 0 && s.ICRCOK == 0 {
+		s.Hints = append(s.Hints, SnifferHint)
+	}
 	s.Connections = nil
 	paired := map[*Flow]bool{}
 	// Score every pair of opposite flows by the PSNs their responses echo
@@ -284,6 +378,11 @@ func (z *Summarizer) Summary() Summary {
 			}
 			if sc := echoes(y, x) + echoes(x, y); sc > 0 {
 				cands = append(cands, cand{x, y, sc})
+			} else if x.srcQPs == 1 && y.srcQPs == 1 && x.srcQP == y.DestQP && y.srcQP == x.DestQP {
+				// Datagrams name their sender's QP (DETH): two flows
+				// that name each other's are one conversation (the
+				// CM's, QP1 to QP1, among them).
+				cands = append(cands, cand{x, y, 1})
 			}
 		}
 	}
@@ -302,8 +401,12 @@ func (z *Summarizer) Summary() Summary {
 		if c := conns[f]; c != nil {
 			s.Connections = append(s.Connections, c)
 		} else if !paired[f] {
-			s.Connections = append(s.Connections, &Connection{Transport: f.transport, A: f.Src.String(), B: f.Dst.String(),
-				QPB: int64(f.DestQP), AtoB: f})
+			c := &Connection{Transport: f.transport, A: f.Src.String(), B: f.Dst.String(), QPB: int64(f.DestQP), AtoB: f}
+			if f.srcQPs == 1 {
+				qpa := int64(f.srcQP)
+				c.QPA = &qpa
+			}
+			s.Connections = append(s.Connections, c)
 		}
 	}
 	return s

@@ -91,10 +91,17 @@ func writeKeys(b *strings.Builder, r *Record) {
 		fmt.Fprintf(b, " placement %d selectivity %d", h.Placement, h.Selectivity)
 	}
 	if h := r.RETH; h != nil {
-		fmt.Fprintf(b, " va 0x%x rkey 0x%08x dlen %d", h.VA, h.RKey, h.DMALen)
+		fmt.Fprintf(b, " va 0x%x rkey 0x%08x dmalen %d", h.VA, h.RKey, h.DMALen)
 	}
 	if h := r.AtomicETH; h != nil {
-		fmt.Fprintf(b, " va 0x%x rkey 0x%08x swap/add 0x%x compare 0x%x", h.VA, h.RKey, h.SwapAdd, h.Compare)
+		// The AtomicETH's second field is the swap data of a compare and
+		// swap, the add data of a fetch and add (which ignores the compare
+		// data).
+		if strings.HasSuffix(r.OpcodeName, "FETCH_ADD") {
+			fmt.Fprintf(b, " va 0x%x rkey 0x%08x add 0x%x", h.VA, h.RKey, h.SwapAdd)
+		} else {
+			fmt.Fprintf(b, " va 0x%x rkey 0x%08x compare 0x%x swap 0x%x", h.VA, h.RKey, h.Compare, h.SwapAdd)
+		}
 	}
 	if h := r.AETH; h != nil {
 		switch h.Kind {
@@ -117,7 +124,7 @@ func writeKeys(b *strings.Builder, r *Record) {
 		fmt.Fprintf(b, " orig 0x%x", h.Orig)
 	}
 	if r.Imm != nil {
-		fmt.Fprintf(b, " imm 0x%08x", *r.Imm)
+		fmt.Fprintf(b, " ImmDt 0x%08x", *r.Imm)
 	}
 	if h := r.IETH; h != nil {
 		fmt.Fprintf(b, " inv rkey 0x%08x", h.RKey)
@@ -172,6 +179,15 @@ func WriteJSONSummary(w io.Writer, s *Summary) error {
 	return err
 }
 
+// Plural is "1 packet", "2 packets": n and the noun, in the plural unless
+// n is 1.
+func Plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 // WriteSummary writes the summary for people.
 func WriteSummary(w io.Writer, s *Summary) error {
 	var b strings.Builder
@@ -179,12 +195,15 @@ func WriteSummary(w io.Writer, s *Summary) error {
 	if name == "" {
 		name = "capture"
 	}
-	fmt.Fprintf(&b, "\n== %s: %d frames, %d RoCE (%d bytes), %d other\n", name, s.Frames, s.RoCE, s.Bytes, s.NonRoCE)
+	fmt.Fprintf(&b, "\n== %s: %s, %d RoCE (%d bytes), %d other\n", name, Plural(s.Frames, "frame"), s.RoCE, s.Bytes, s.NonRoCE)
 	fmt.Fprintf(&b, "   ICRC: %d ok, %d bad, %d truncated; %d malformed; %d CNPs; %d RNR NAKs; NAKs: %s\n",
 		s.ICRCOK, s.ICRCBad, s.ICRCTruncated, s.Malformed, s.CNPs, s.RNRNAKs, counts(s.NAKs))
 	fmt.Fprintf(&b, "   opcodes: %s\n", counts(s.Opcodes))
 	if len(s.CM) > 0 {
 		fmt.Fprintf(&b, "   CM MADs: %s\n", counts(s.CM))
+	}
+	for _, h := range s.Hints {
+		fmt.Fprintf(&b, "   hint: %s\n", h)
 	}
 	writeCMConns(&b, s)
 	for i, c := range s.Connections {
@@ -192,7 +211,11 @@ func WriteSummary(w io.Writer, s *Summary) error {
 		if c.QPA != nil {
 			qpa = fmt.Sprintf("0x%06x", *c.QPA)
 		}
-		fmt.Fprintf(&b, "   connection %d (%s): %s qp %s <-> %s qp 0x%06x\n", i+1, c.Transport, c.A, qpa, c.B, c.QPB)
+		cm := ""
+		if c.QPB == 1 && c.QPA != nil && *c.QPA == 1 {
+			cm = ": connection management (QP1)"
+		}
+		fmt.Fprintf(&b, "   connection %d (%s): %s qp %s <-> %s qp 0x%06x%s\n", i+1, c.Transport, c.A, qpa, c.B, c.QPB, cm)
 		writeFlow(&b, "A->B", c.AtoB)
 		if c.BtoA != nil {
 			writeFlow(&b, "B->A", c.BtoA)
@@ -203,8 +226,8 @@ func WriteSummary(w io.Writer, s *Summary) error {
 }
 
 func writeFlow(b *strings.Builder, dir string, f *Flow) {
-	fmt.Fprintf(b, "     %s %s > %s qp 0x%06x: %d packets, %d bytes (%d payload); gaps %d (%d PSNs missing); retransmissions %d\n",
-		dir, f.Src, f.Dst, f.DestQP, f.Packets, f.Bytes, f.Payload, f.PSNGaps, f.MissingPSNs, f.Retransmissions)
+	fmt.Fprintf(b, "     %s %s > %s qp 0x%06x: %s, %d bytes (%d payload); gaps %d (%s missing); retransmissions %d\n",
+		dir, f.Src, f.Dst, f.DestQP, Plural(f.Packets, "packet"), f.Bytes, f.Payload, f.PSNGaps, Plural(f.MissingPSNs, "PSN"), f.Retransmissions)
 	for _, p := range []struct {
 		name string
 		r    *PSNRange

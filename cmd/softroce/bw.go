@@ -18,6 +18,8 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/impair"
+	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/perf"
 )
 
@@ -45,6 +47,7 @@ type perfFlags struct {
 	wait    time.Duration
 	busy    busyPollFlag
 	rawUDP  bool
+	impair  string
 }
 
 // busyPollFlag is --busy-poll (defaultBusyPoll) or --busy-poll=DURATION.
@@ -99,6 +102,7 @@ func runPerf(kind string, args []string) int {
 	fs.StringVar(&f.backend, "backend", "udp", "data path: udp (kernel sockets), afxdp (root), or pipe (both sides in this process, no network)")
 	fs.BoolVar(&f.json, "json", false, "print the results as JSON")
 	fs.DurationVar(&f.wait, "wait", 5*time.Second, "how long the client keeps trying to reach the server")
+	fs.StringVar(&f.impair, "impair", "", "impair this side's sends, e.g. loss=1%,dup=1%,reorder=1%,corrupt=1%,delay=100us,jitter=50us,seed=7 (nic/impair syntax; retransmissions are counted)")
 	fs.Var(&f.busy, "busy-poll", "the device's receive loop polls the link for this long (bare: 1ms) before it sleeps: lower latency for a core's worth of CPU (udp backend)")
 	if lat {
 		fs.BoolVar(&f.rawUDP, "raw-udp", false, "measure the reference instead: a plain UDP ping-pong of the same sizes between the same two hosts (server echoes on --udp-port; no RC, no TCP exchange)")
@@ -111,14 +115,14 @@ func runPerf(kind string, args []string) int {
 		fs.PrintDefaults()
 	}
 	// Flags may come before or after the peer address.
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
 	}
 	var peer string
 	if fs.NArg() > 0 {
 		peer = fs.Arg(0)
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return 2
+		if code, ok := parseFlags(fs, fs.Args()[1:]); !ok {
+			return code
 		}
 		if fs.NArg() > 0 {
 			fmt.Fprintf(os.Stderr, "softroce %s: unexpected argument %q\n", kind, fs.Arg(0))
@@ -158,6 +162,20 @@ func runPerf(kind string, args []string) int {
 	defer stop()
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
+	var icfg impair.Config
+	if f.impair != "" {
+		if f.rawUDP {
+			return fail("the raw UDP reference measures the plain path: drop --impair")
+		}
+		if icfg, err = impair.Parse(f.impair); err != nil {
+			return fail("--impair %s: %v", f.impair, err)
+		}
+		if icfg.Seed == 0 {
+			icfg.Seed = uint64(time.Now().UnixNano())%100000 + 1
+		}
+		// Both sides print the seed: a run that fails can be repeated.
+		fmt.Fprintf(os.Stderr, "softroce %s: impaired sends: %v (rerun with seed=%d to repeat)\n", kind, icfg, icfg.Seed)
+	}
 	if f.rawUDP {
 		c.Test = perf.RawTest
 	}
@@ -172,7 +190,15 @@ func runPerf(kind string, args []string) int {
 			return fail("--backend pipe runs both sides in this process: give neither --server nor a peer")
 		}
 		c.Progress = pr.progress
-		l, err := perf.RunLocal(ctx, c, lat, nil, [2]uint16{}, pr.row)
+		var links *[2]nic.Link
+		if f.impair != "" {
+			// Both directions impaired, each with its own stream.
+			lc, ls := pipe.New(pipe.Config{Depth: 4096})
+			sc := icfg
+			sc.Seed++
+			links = &[2]nic.Link{impair.Wrap(lc, icfg), impair.Wrap(ls, sc)}
+		}
+		l, err := perf.RunLocal(ctx, c, lat, links, [2]uint16{}, pr.row)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "softroce %s: %v\n", kind, err)
 			return 1
@@ -185,6 +211,16 @@ func runPerf(kind string, args []string) int {
 		return fail("--backend %q: want udp, afxdp or pipe", f.backend)
 	}
 	open := perf.Opener(f.backend, bind, f.udpPort)
+	if f.impair != "" {
+		plain := open
+		open = func(local netip.Addr) (nic.Link, uint16, error) {
+			l, port, err := plain(local)
+			if err != nil {
+				return nil, 0, err
+			}
+			return impair.Wrap(l, icfg), port, nil
+		}
+	}
 	if f.server {
 		if peer != "" {
 			return fail("--server takes no peer address")

@@ -107,3 +107,94 @@ func TestLatRawUDP(t *testing.T) {
 		t.Errorf("--raw-udp --backend pipe: exit %d, %q", code, errOut)
 	}
 }
+
+// TestPerfImpair: --impair damages the wire bw and lat run over, and RC's
+// recovery shows in the retransmission counts (JSON and the stderr note),
+// in one process and between two over UDP.
+func TestPerfImpair(t *testing.T) {
+	var code int
+	out, errOut := runOut(t, func() {
+		code = runPerf("bw", []string{"--backend", "pipe", "--impair", "loss=10%,seed=3", "-s", "1024", "-n", "100", "--tx-depth", "8", "--json"})
+	})
+	if code != 0 {
+		t.Fatalf("bw exit %d: %s", code, errOut)
+	}
+	var rep perf.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, out)
+	}
+	if len(rep.BW) != 1 || rep.BW[0].Iterations != 100 || rep.BW[0].Retransmits == 0 {
+		t.Errorf("bw with 10%% loss: %+v, want retransmissions", rep.BW)
+	}
+	if !strings.Contains(errOut, "impaired sends: loss=10%,seed=3") {
+		t.Errorf("bw does not say the wire is impaired: %q", errOut)
+	}
+	out, errOut = runOut(t, func() {
+		code = runPerf("lat", []string{"--backend", "pipe", "--impair", "loss=10%,seed=3", "-n", "40"})
+	})
+	if code != 0 || !strings.Contains(out, " 2       40 ") || !strings.Contains(errOut, "packets retransmitted (the path dropped packets; RC recovered)") {
+		t.Errorf("lat with 10%% loss: exit %d\n%s\n%s", code, out, errOut)
+	}
+
+	// Client and server over UDP on loopback, the client's sends impaired.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	// Two UDP ports the kernel had free, held together so they differ.
+	var udp [2]string
+	var pcs [2]net.PacketConn
+	for i := range pcs {
+		if pcs[i], err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		udp[i] = strconv.Itoa(pcs[i].LocalAddr().(*net.UDPAddr).Port)
+	}
+	pcs[0].Close()
+	pcs[1].Close()
+	var scode int
+	out, errOut = runOut(t, func() {
+		sdone := make(chan struct{})
+		go func() {
+			defer close(sdone)
+			scode = runPerf("bw", []string{"--server", "--bind", "127.0.0.1", "--port", port, "--udp-port", udp[0]})
+		}()
+		code = runPerf("bw", []string{"--bind", "127.0.0.1", "--port", port, "--udp-port", udp[1], "--impair", "loss=10%,seed=5",
+			"-s", "1024", "-n", "100", "--tx-depth", "8", "--json", "127.0.0.1"})
+		<-sdone
+	})
+	if code != 0 || scode != 0 {
+		t.Fatalf("udp: exit %d (server %d): %s", code, scode, errOut)
+	}
+	i := strings.Index(out, "{")
+	if i < 0 {
+		t.Fatalf("no JSON in %q", out)
+	}
+	dec := json.NewDecoder(strings.NewReader(out[i:]))
+	var reps []perf.Report
+	for dec.More() {
+		var r perf.Report
+		if err := dec.Decode(&r); err != nil {
+			break
+		}
+		reps = append(reps, r)
+	}
+	retx := false
+	for _, r := range reps {
+		for _, b := range r.BW {
+			retx = retx || b.Retransmits > 0
+		}
+	}
+	if !retx {
+		t.Errorf("udp with 10%% loss: no retransmissions in %s", out)
+	}
+
+	for _, args := range [][]string{{"--backend", "pipe", "--impair", "loss=10"}, {"--backend", "pipe", "--impair", "nope=1"}, {"--raw-udp", "--impair", "loss=1%"}} {
+		_, errOut = runOut(t, func() { code = runPerf("lat", args) })
+		if code != 2 || !strings.Contains(errOut, "--impair") {
+			t.Errorf("%q: exit %d, %q", args, code, errOut)
+		}
+	}
+}

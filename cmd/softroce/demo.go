@@ -24,7 +24,7 @@ func isTerminal(f *os.File) bool {
 
 // runDemo is a thin flag parser over package demo. Exit codes: 0 when every
 // step succeeded, 1 when one failed or an output file could not be
-// written, 2 on usage errors.
+// written, 2 on usage errors (a bad --impair among them).
 func runDemo(args []string) int {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	imp := fs.String("impair", "", "impair the wire, e.g. loss=10%,dup=5%,corrupt=2%,seed=7 (shows retransmissions and NAKs)")
@@ -33,13 +33,13 @@ func runDemo(args []string) int {
 	mtu := fs.Int("mtu", 256, "IB path MTU in bytes (256, 512, 1024, 2048 or 4096)")
 	color := fs.String("color", "auto", "color output: auto (when stdout is a terminal), always or never")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce demo [--impair SPEC] [--diagram FILE] [--pcap FILE]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce demo [--impair SPEC] [--diagram FILE] [--pcap FILE] [--mtu N] [--color auto|always|never]\n\n"+
 			"Two RoCEv2 endpoints in this process, joined by an in-process wire: no root, no setup.\n"+
 			"Prints each verbs call, every packet on the wire, the completions and the memory.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
 	}
 	if fs.NArg() != 0 {
 		fmt.Fprintf(os.Stderr, "softroce demo: unexpected argument %q\n", fs.Arg(0))
@@ -54,6 +54,12 @@ func runDemo(args []string) int {
 	format, ok := diagramFormat("demo", *diag)
 	if !ok {
 		return 2
+	}
+	if *imp != "" {
+		if _, err := demo.ParseImpair(*imp); err != nil {
+			fmt.Fprintf(os.Stderr, "softroce demo: %v\n", err)
+			return 2
+		}
 	}
 	opts := demo.Options{Impair: *imp, PathMTU: *mtu}
 	switch *color {

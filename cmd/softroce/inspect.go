@@ -30,7 +30,7 @@ func runInspect(args []string) int {
 	diag := fs.String("diagram", "", "also write a ladder diagram of every QP conversation to `FILE` (.html or .svg)")
 	jobs := fs.Int("jobs", runtime.GOMAXPROCS(0), "decode on `N` goroutines (1: on one; the output order is the capture's either way)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce inspect [-v] [--json] [--strict] [--jobs N] [--diagram out.html|out.svg] FILE...\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce inspect [-v] [--json] [--strict] [--no-summary] [--jobs N] [--diagram out.html|out.svg] FILE...\n\n"+
 			"Decodes RoCEv2 (UDP 4791, IPv4/IPv6, VLAN) and RoCEv1 (EtherType 0x8915) packets in pcap\n"+
 			"and pcapng files, verifies each ICRC, and summarises every connection.\n\n")
 		fs.PrintDefaults()
@@ -99,6 +99,12 @@ func runInspect(args []string) int {
 			if werr := inspect.WriteSummary(out, &s); werr != nil && err == nil {
 				err = werr
 			}
+		default:
+			// Without the summary, its hints still matter.
+			for _, h := range s.Hints {
+				out.Flush()
+				fmt.Fprintf(os.Stderr, "softroce inspect: %s: hint: %s\n", path, h)
+			}
 		}
 		if err != nil {
 			out.Flush()
@@ -108,7 +114,7 @@ func runInspect(args []string) int {
 		}
 		if *strict && bad > 0 {
 			out.Flush()
-			fmt.Fprintf(os.Stderr, "softroce inspect: %s: %d RoCE packets with a bad ICRC or malformed headers\n", path, bad)
+			fmt.Fprintf(os.Stderr, "softroce inspect: %s: %s with a bad ICRC or malformed headers\n", path, inspect.Plural(bad, "RoCE packet"))
 			code = 1
 		}
 	}

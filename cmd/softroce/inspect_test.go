@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -308,4 +309,32 @@ func writeRepeatedCapture(path string, n int) (int, error) {
 		return 0, err
 	}
 	return len(src), f.Close()
+}
+
+// TestInspectSnifferHint: a capture with the signature of ConnectX's
+// offloaded sniffer (source port 4791 everywhere, no ICRC verifies) gets
+// the hint in the summary, in the JSON summary, and on stderr when the
+// summary is left out.
+func TestInspectSnifferHint(t *testing.T) {
+	const capture = "../../inspect/testdata/sniffer-signature.pcap"
+	const hint = "hint: every packet's ICRC fails and every UDP source port is 4791: this looks like a capture by ConnectX's offloaded RDMA sniffer"
+	for _, c := range []struct {
+		args           []string
+		stdout, stderr string
+	}{
+		{[]string{capture}, hint, ""},
+		{[]string{"--json", capture}, `"hints":["every packet's ICRC fails`, ""},
+		{[]string{"--no-summary", capture}, "", "softroce inspect: " + capture + ": " + hint},
+	} {
+		var code int
+		out, errOut := runOut(t, func() { code = runInspect(c.args) })
+		if code != 0 || !strings.Contains(out, c.stdout) || !strings.Contains(errOut, c.stderr) {
+			t.Errorf("%q: exit %d\nstdout %s\nstderr %s", c.args, code, out, errOut)
+		}
+	}
+	var code int
+	out, errOut := runOut(t, func() { code = runInspect([]string{"../../inspect/testdata/demo-read-loss.pcap"}) })
+	if code != 0 || strings.Contains(out+errOut, "hint:") {
+		t.Errorf("a good capture got a hint: exit %d\n%s%s", code, out, errOut)
+	}
 }

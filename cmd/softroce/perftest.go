@@ -70,15 +70,15 @@ func runPerftest(args []string) int {
 		fmt.Fprintln(os.Stderr, "softroce perftest:", err)
 		return 2
 	}
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args[1:]); !ok {
+		return code
 	}
 	// Flags after the server name, as perftest allows.
 	var rest []string
 	for fs.NArg() > 0 {
 		rest = append(rest, fs.Arg(0))
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return 2
+		if code, ok := parseFlags(fs, fs.Args()[1:]); !ok {
+			return code
 		}
 	}
 	if len(rest) > 1 {

@@ -53,8 +53,8 @@ func runPingpong(args []string) int {
 		fmt.Fprintf(fs.Output(), "Usage: softroce pingpong [--type rc|uc|ud|srq] [flags]            start a server and wait for a connection\n       softroce pingpong [--type rc|uc|ud|srq] [flags] SERVER     connect to SERVER\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
 	}
 	usage := func(format string, a ...any) int {
 		fmt.Fprintf(os.Stderr, "softroce pingpong: "+format+"\n", a...)

@@ -65,7 +65,7 @@ var assemblyCases = []*Case{
 			wc, err := x.S.Poll(x.Ctx, answerWait)
 			x.Must(err, "poll")
 			if x.Check(wc != nil, "no receive completion") {
-				x.Observe("completion: status %d, %d bytes, imm 0x%08x", wc.Status, wc.ByteLen, wc.Imm)
+				x.Observe("completion: status %s, %d bytes, imm 0x%08x", wcStatusName(wc.Status), wc.ByteLen, wc.Imm)
 				x.Check(wc.WRID == 41 && wc.Status == 0 && wc.ByteLen == 2548 && wc.WithImm && wc.Imm == 0x11223344,
 					"completion %+v, want wr 41 success 2548 bytes imm 0x11223344", wc)
 			}
@@ -88,7 +88,7 @@ var assemblyCases = []*Case{
 			wc, err := x.S.Poll(x.Ctx, answerWait)
 			x.Must(err, "poll")
 			if x.Check(wc != nil, "no receive completion") {
-				x.Observe("completion: status %d, opcode %d, %d bytes, imm 0x%08x", wc.Status, wc.Opcode, wc.ByteLen, wc.Imm)
+				x.Observe("completion: status %s, opcode %d, %d bytes, imm 0x%08x", wcStatusName(wc.Status), wc.Opcode, wc.ByteLen, wc.Imm)
 				x.Check(wc.WRID == 42 && wc.Status == 0 && wc.Opcode == 129 && wc.ByteLen == 0 && wc.WithImm && wc.Imm == 0xa1b2c3d4,
 					"completion %+v, want wr 42 success RECV_RDMA_WITH_IMM (129) 0 bytes imm 0xa1b2c3d4", wc)
 			}

@@ -414,7 +414,7 @@ var basicCases = []*Case{
 			if wc == nil {
 				x.Failf("the receive WQE did not complete")
 			} else {
-				x.Observe("receive completion status %d", wc.Status)
+				x.Observe("receive completion status %s", wcStatusName(wc.Status))
 				x.Check(wc.WRID == 3 && wc.Status != 0, "receive completion %+v, want wr 3 in error", wc)
 			}
 			x.noteState("the NAK")
@@ -656,11 +656,11 @@ var basicCases = []*Case{
 	},
 }
 
-func statusOf(wc *Completion) any {
+func statusOf(wc *Completion) string {
 	if wc == nil {
 		return "none"
 	}
-	return wc.Status
+	return wcStatusName(wc.Status)
 }
 
 // catalogueNotCovered are the entries of the catalogue's numbering that

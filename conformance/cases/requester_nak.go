@@ -80,12 +80,12 @@ func fatalNAKCompletion(id string, syn bth.Syndrome, status int, name string) *C
 			}
 			var obs []string
 			for _, wc := range wcs {
-				obs = append(obs, fmt.Sprintf("wr %d status %d", wc.WRID, wc.Status))
+				obs = append(obs, fmt.Sprintf("wr %d status %s", wc.WRID, wcStatusName(wc.Status)))
 			}
 			x.Observe("NAK 0x%02x -> completions: %v", uint8(syn), obs)
 			x.Check(len(wcs) == 2, "%d completions, want 2", len(wcs))
 			if len(wcs) > 0 {
-				x.Check(wcs[0].WRID == 71 && wcs[0].Status == status, "first completion %+v, want wr 71 status %d", wcs[0], status)
+				x.Check(wcs[0].WRID == 71 && wcs[0].Status == status, "first completion %v, want wr 71 %s", wcs[0], wcStatusName(status))
 			}
 			if len(wcs) > 1 {
 				x.Check(wcs[1].WRID == 72 && wcs[1].Status == 5, "second completion %+v, want wr 72 WR_FLUSH_ERR (5)", wcs[1])

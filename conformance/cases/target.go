@@ -2,6 +2,7 @@ package cases
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"time"
 )
@@ -119,6 +120,26 @@ type Completion struct {
 	Flags uint32
 	// SrcQP is the sender's QP number (UD receives).
 	SrcQP uint32
+}
+
+// String is the completion as the cases print it, its status named the
+// one way the report names statuses: "wr 71 status REM_INV_REQ_ERR (9)
+// opcode 0 0 bytes".
+func (c Completion) String() string {
+	s := fmt.Sprintf("wr %d status %s opcode %d %d bytes", c.WRID, wcStatusName(c.Status), c.Opcode, c.ByteLen)
+	if c.WithImm {
+		s += fmt.Sprintf(" imm 0x%08x", c.Imm)
+	}
+	if c.WithInv {
+		s += fmt.Sprintf(" invalidated rkey 0x%08x", c.InvRKey)
+	}
+	if c.SrcQP != 0 {
+		s += fmt.Sprintf(" src qp 0x%06x", c.SrcQP)
+	}
+	if c.Flags != 0 {
+		s += fmt.Sprintf(" flags 0x%x", c.Flags)
+	}
+	return s
 }
 
 // Async event types (enum ibv_event_type) the cases look for.

@@ -5,7 +5,8 @@
 // A Link carries RoCE packets without their IP and UDP headers (the
 // backend owns those, nic.Link). To make a capture that decodes and whose
 // ICRC verifies, the wrapper rebuilds each packet's frame: an Ethernet
-// header with locally administered MACs, the IPv4 (or IPv6) header a
+// header with locally administered MACs derived from the IP addresses
+// (one per endpoint), the IPv4 (or IPv6) header a
 // softroce backend sends (IPv4 ID 0 with DF, as nic/udp and nic/pipe do;
 // docs/platform.md), and a UDP header with checksum 0 (as rxe sends). The
 // RoCE bytes, ICRC included, go into the frame exactly as they were sent or
@@ -276,8 +277,10 @@ func AppendFrame(b []byte, src, dst netip.AddrPort, roce []byte) ([]byte, error)
 	if udpLen > 0xffff {
 		return b, fmt.Errorf("capture: %d-byte packet is too long for UDP", len(roce))
 	}
-	// Locally administered, unicast MACs: 02:00:00:00:00:01 is the sender.
-	b = append(b, 0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01)
+	// Each endpoint its own MAC, so a capture's Ethernet conversations
+	// match its IP ones: destination first, then source.
+	b = appendMAC(b, d)
+	b = appendMAC(b, s)
 	if s.Is4() {
 		b = binary.BigEndian.AppendUint16(b, 0x0800)
 		h := len(b)
@@ -302,6 +305,18 @@ func AppendFrame(b []byte, src, dst netip.AddrPort, roce []byte) ([]byte, error)
 	b = binary.BigEndian.AppendUint16(b, uint16(udpLen))
 	b = append(b, 0, 0)
 	return append(b, roce...), nil
+}
+
+// appendMAC appends the MAC a capture gives address a: locally
+// administered and unicast (02:00 or 02:...), then the address's last four
+// bytes (IPv4: 10.0.0.1 is 02:00:0a:00:00:01) or, for IPv6, its last five.
+func appendMAC(b []byte, a netip.Addr) []byte {
+	if a.Is4() {
+		a4 := a.As4()
+		return append(append(b, 0x02, 0), a4[:]...)
+	}
+	a16 := a.As16()
+	return append(append(b, 0x02), a16[11:]...)
 }
 
 func ipv4Checksum(h []byte) uint16 {

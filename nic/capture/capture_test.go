@@ -3,6 +3,7 @@ package capture_test
 import (
 	"bytes"
 	"context"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -161,5 +162,34 @@ func TestAppendFrameFamilies(t *testing.T) {
 	r := inspect.Decode(fr, gopacket.CaptureInfo{Length: len(fr), CaptureLength: len(fr)})
 	if !r.RoCE || r.Dst != netip.MustParseAddr("fd00::2") {
 		t.Errorf("IPv6 frame decodes as %+v", r)
+	}
+}
+
+// TestAppendFrameMACs: each endpoint has its own MAC, derived from its IP
+// address, so the two directions of a conversation swap them (a capture's
+// Ethernet conversations then match its IP ones).
+func TestAppendFrameMACs(t *testing.T) {
+	roce := make([]byte, 16)
+	for _, c := range []struct{ a, b, macA, macB string }{
+		{"10.0.0.1:49152", "10.0.0.2:4791", "02:00:0a:00:00:01", "02:00:0a:00:00:02"},
+		{"[fd00::1]:49152", "[fd00::2:3]:4791", "02:00:00:00:00:01", "02:00:00:02:00:03"},
+	} {
+		a, b := netip.MustParseAddrPort(c.a), netip.MustParseAddrPort(c.b)
+		ab, err := capture.AppendFrame(nil, a, b, roce)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ba, err := capture.AppendFrame(nil, b, a, roce)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mac := func(b []byte) string { return net.HardwareAddr(b).String() }
+		if mac(ab[6:12]) != c.macA || mac(ab[0:6]) != c.macB || mac(ba[6:12]) != c.macB || mac(ba[0:6]) != c.macA {
+			t.Errorf("%s > %s: dst %s src %s; back: dst %s src %s; want %s for %s and %s for %s",
+				c.a, c.b, mac(ab[0:6]), mac(ab[6:12]), mac(ba[0:6]), mac(ba[6:12]), c.macA, c.a, c.macB, c.b)
+		}
+		if ab[0]&1 != 0 || ab[0]&2 == 0 {
+			t.Errorf("MAC %s is not a locally administered unicast one", mac(ab[0:6]))
+		}
 	}
 }

@@ -122,7 +122,10 @@ func parseProb(v string) (float64, error) {
 		f /= 100
 	}
 	if !(f >= 0 && f <= 1) {
-		return 0, errors.New("probability outside 0..100%")
+		if !pct && f > 1 && f <= 100 {
+			return 0, fmt.Errorf("a probability is a percentage or a fraction: write %s%% or %s", v, strconv.FormatFloat(f/100, 'g', -1, 64))
+		}
+		return 0, errors.New("a probability is a percentage from 0% to 100% (10%) or a fraction from 0 to 1 (0.1)")
 	}
 	return f, nil
 }

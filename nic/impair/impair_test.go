@@ -39,6 +39,18 @@ func TestParse(t *testing.T) {
 			t.Errorf("Parse(%q) error %q lacks the package prefix", bad, err)
 		}
 	}
+	// A bare number above 1 is most likely a percentage without its sign:
+	// the error shows both ways of writing it.
+	for in, want := range map[string]string{
+		"loss=10":    "impair: loss=10: a probability is a percentage or a fraction: write 10% or 0.1",
+		"dup=2.5":    "write 2.5% or 0.025",
+		"loss=101%":  "a percentage from 0% to 100% (10%) or a fraction from 0 to 1 (0.1)",
+		"corrupt=-1": "a percentage from 0% to 100% (10%) or a fraction from 0 to 1 (0.1)",
+	} {
+		if _, err := Parse(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Parse(%q) = %v, want %q", in, err, want)
+		}
+	}
 }
 
 // setup returns an impaired sender and the plain receiving end of a pipe.

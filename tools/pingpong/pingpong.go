@@ -378,7 +378,8 @@ func checkRemote(cfg *Config, rem []Dest) ([]Dest, error) {
 	}
 	for _, d := range rem[:n] {
 		if d.GID == (verbs.GID{}) {
-			return nil, fmt.Errorf("the peer sent no GID (all zeros), and RoCE needs one: run %s with -g (rxe's IPv4 GID is usually -g 1)", cfg.Type.Tool())
+			return nil, fmt.Errorf("the peer sent no GID (all zeros), and RoCE needs one: run %s with -g N, N the index of its device's GID for the address it uses: "+
+				"-g 0 under `softroce run` (its device has one GID), -g 1 for an IPv4 address on kernel rdma_rxe (index 0 there is the link-local IPv6 GID)", cfg.Type.Tool())
 		}
 	}
 	return rem[:n], nil
