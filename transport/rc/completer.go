@@ -13,7 +13,7 @@ import (
 // complete is the completer: it matches an ACK, NAK, READ response or
 // ATOMIC ACKNOWLEDGE to the oldest outstanding work requests (IBTA
 // §9.7.5.1; rxe_comp.c), completing them strictly in posting order.
-func (qp *QP) complete(p *bth.Packet) {
+func (qp *rcQP) complete(p *bth.Packet) {
 	psn := p.BTH.PSN()
 	op := p.Info.Op
 	var syn bth.Syndrome = bth.SyndromeACKUnlimited
@@ -109,7 +109,7 @@ func (qp *QP) complete(p *bth.Packet) {
 // readResponse places one READ response segment. Responses must arrive in
 // PSN order; an out-of-order one re-reads at once from the first missing
 // PSN, as ConnectX does (rxe waits for its timer instead).
-func (qp *QP) readResponse(w *sendWQE, p *bth.Packet) {
+func (qp *rcQP) readResponse(w *sendWQE, p *bth.Packet) {
 	pmtu := qp.path.PMTU
 	psn := p.BTH.PSN()
 	k := bth.PSNDiff(psn, w.firstPSN)
@@ -169,7 +169,7 @@ func (qp *QP) readResponse(w *sendWQE, p *bth.Packet) {
 // A NAK behind compPSN is stale (its PSN was acknowledged since, e.g. a
 // delayed NAK after a retry got through) and is ignored, as rxe drops a
 // response older than its completer PSN: compPSN never moves backwards.
-func (qp *QP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
+func (qp *rcQP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
 	if bth.PSNDiff(psn, qp.compPSN) < 0 {
 		qp.stats.Dropped++
 		return
@@ -212,7 +212,7 @@ func (qp *QP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
 // arrive while a retry from the same compPSN is on its way (duplicate
 // ACKs, the rest of a gap) change nothing; only progress or the local ACK
 // timeout allows another. rxe's started_retry plays the same role.
-func (qp *QP) retry(w *sendWQE, why string, free bool) {
+func (qp *rcQP) retry(w *sendWQE, why string, free bool) {
 	if qp.retrying && qp.retryFrom == qp.compPSN {
 		return
 	}
@@ -231,7 +231,7 @@ func (qp *QP) retry(w *sendWQE, why string, free bool) {
 // goBackN rewinds the requester to the oldest unacknowledged PSN. A SEND
 // or WRITE resumes mid-message with a MIDDLE or LAST packet; a READ is
 // re-issued for the missing part only (rxe req_retry).
-func (qp *QP) goBackN() {
+func (qp *rcQP) goBackN() {
 	qp.sqSendOff, qp.sqPkt = 0, 0
 	qp.rtt.timing = false // Karn: an ACK may now answer either copy
 	if qp.sqCount == 0 {
@@ -257,7 +257,7 @@ func (qp *QP) goBackN() {
 }
 
 // progress records that every PSN before next has been acknowledged.
-func (qp *QP) progress(next uint32) {
+func (qp *rcQP) progress(next uint32) {
 	if bth.PSNDiff(next, qp.compPSN) <= 0 {
 		return
 	}
@@ -282,7 +282,7 @@ func (qp *QP) progress(next uint32) {
 }
 
 // completeHead completes the oldest WQE with status st and retires it.
-func (qp *QP) completeHead(st cq.Status, orig uint64) {
+func (qp *rcQP) completeHead(st cq.Status, orig uint64) {
 	w := &qp.sq[qp.sqHead]
 	if st == cq.Success {
 		qp.progress(bth.PSNAdd(w.lastPSN, 1))
@@ -290,13 +290,7 @@ func (qp *QP) completeHead(st cq.Status, orig uint64) {
 	if needsRDResource(w.wr.Opcode) && w.state == wqeStarted {
 		qp.rdOutstanding--
 	}
-	ok := qp.pushSendWC(w, st, orig)
-	w.state = wqeDone
-	qp.retireHead()
-	if !ok {
-		// A send CQ overrun is fatal to the QP, as on the receive side
-		// (rxe: the completer moves the QP to ERR).
-		qp.toError("send CQ overrun")
+	if !qp.CompleteHead(st, orig) {
 		return
 	}
 	if !qp.outstanding() {
@@ -310,7 +304,7 @@ func (qp *QP) completeHead(st cq.Status, orig uint64) {
 }
 
 // checkTimers fires the RNR wait and the local ACK timeout.
-func (qp *QP) checkTimers() {
+func (qp *rcQP) checkTimers() {
 	now := qp.e.now
 	if !qp.rnrDeadline.IsZero() && !now.Before(qp.rnrDeadline) {
 		qp.rnrDeadline = time.Time{}
@@ -330,7 +324,7 @@ func (qp *QP) checkTimers() {
 
 // outstanding reports whether packets have been sent and not acknowledged:
 // the next PSN to transmit is ahead of the oldest unacknowledged one.
-func (qp *QP) outstanding() bool {
+func (qp *rcQP) outstanding() bool {
 	next := qp.nextPSN
 	if qp.sqSendOff < qp.sqCount {
 		if w := &qp.sq[(qp.sqHead+qp.sqSendOff)%len(qp.sq)]; w.state == wqeStarted {
@@ -365,7 +359,7 @@ type rttEstimator struct {
 }
 
 // start times psn, sent for the first time now, unless a sample runs.
-func (r *rttEstimator) start(qp *QP, psn uint32) {
+func (r *rttEstimator) start(qp *rcQP, psn uint32) {
 	if !qp.path.AdaptiveTimeout || r.timing {
 		return
 	}
@@ -374,7 +368,7 @@ func (r *rttEstimator) start(qp *QP, psn uint32) {
 
 // acked takes a sample when every PSN before next is acknowledged and the
 // timed one is among them.
-func (r *rttEstimator) acked(qp *QP, next uint32) {
+func (r *rttEstimator) acked(qp *rcQP, next uint32) {
 	if !r.timing || bth.PSNDiff(next, r.psn) <= 0 {
 		return
 	}
@@ -406,7 +400,7 @@ func (r *rttEstimator) backoff() {
 // ackTimeout is the time the requester waits for an ACK before it
 // retries: the IBTA local ACK timeout, or with AdaptiveTimeout the
 // estimate above, never less than the IBTA one.
-func (qp *QP) ackTimeout() time.Duration {
+func (qp *rcQP) ackTimeout() time.Duration {
 	base := localAckTimeout(qp.path.Timeout)
 	r := &qp.rtt
 	if !qp.path.AdaptiveTimeout || !r.valid && r.shift == 0 {
@@ -418,4 +412,12 @@ func (qp *QP) ackTimeout() time.Duration {
 	}
 	t = min(t<<r.shift, max(maxAdaptiveTimeout, base))
 	return max(t, base)
+}
+
+// localAckTimeout is 4.096 us * 2^timeout (IBTA §9.7.6.1.3); 0 = never.
+func localAckTimeout(t uint8) time.Duration {
+	if t == 0 {
+		return 0
+	}
+	return time.Duration(4096<<t) * time.Nanosecond
 }

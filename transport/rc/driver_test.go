@@ -183,8 +183,9 @@ func TestCloseSendsBuiltACKs(t *testing.T) {
 	d := newDriver(f.e, link, DriverConfig{})
 	qp := f.rtsQP(t, "10.0.0.2")
 	f.e.mu.Lock()
-	qp.ackPending, qp.ackPSN = true, 5
-	qp.sendAck() // built, not yet handed out
+	rq := rcOf(qp)
+	rq.ackPending, rq.ackPSN = true, 5
+	rq.sendAck() // built, not yet handed out
 	f.e.mu.Unlock()
 	d.ErrorAllQPs()
 	if err := d.Close(); err != nil {

@@ -77,7 +77,6 @@ type Engine struct {
 	stats   EngineStats
 	srqNext uint32 // number of the last SRQ created
 
-	ud udEngine // UD's scratch state (ud.go)
 	// rx is the packet Receive is handling, a field rather than a local
 	// because the services it goes to are called through an interface.
 	rx bth.Packet
@@ -109,8 +108,8 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) { return e.createQP(cfg, 0)
 
 // createQP makes a QP numbered num, or with a random number if num is 0.
 func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
-	svc := serviceOf(cfg.Type)
-	if svc == nil {
+	newSvc := serviceOf(cfg.Type)
+	if newSvc == nil {
 		return nil, fmt.Errorf("rc: QP type %v is not implemented", cfg.Type)
 	}
 	if cfg.SRQ != nil {
@@ -144,7 +143,7 @@ func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
 			num = 0
 		}
 	}
-	qp := &QP{e: e, svc: svc, num: num, cfg: cfg, state: qpstate.Reset}
+	qp := &QP{e: e, num: num, cfg: cfg, state: qpstate.Reset}
 	qp.sq = make([]sendWQE, cfg.MaxSendWR)
 	for i := range qp.sq {
 		qp.sq[i].sgl = make([]wr.SGE, 0, cfg.MaxSendSGE)
@@ -154,7 +153,7 @@ func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
 	} else {
 		qp.rq = newRecvRing(cfg.MaxRecvWR, cfg.MaxRecvSGE)
 	}
-	svc.init(qp)
+	qp.svc = newSvc(qp)
 	qp.setPathLocked(Path{PMTU: 1024})
 	e.qps[num] = qp
 	return qp, nil
@@ -183,7 +182,7 @@ func (e *Engine) DestroyQP(qp *QP) error {
 	qp.destroyed = true
 	qp.state = qpstate.Reset
 	qp.stopSending(true)
-	qp.svc.destroy(qp)
+	qp.svc.Destroy()
 	for i := 0; i < len(e.pending); i++ {
 		if e.pending[i] == qp {
 			e.pending = append(e.pending[:i], e.pending[i+1:]...)
@@ -244,6 +243,16 @@ func (qp *QP) newPacket() []byte {
 	e := qp.e
 	e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: qp.path.Remote, Local: qp.path.Local, SrcPort: srcPort(qp.num),
 		HopLimit: qp.path.HopLimit, TClass: qp.path.TrafficClass})
+	e.txQP = append(e.txQP, qp)
+	return e.tx[len(e.tx)-1].Buf
+}
+
+// newPacketTo is newPacket for a packet with the addresses and IP fields
+// of pk rather than the QP's path: a datagram's, from its address handle.
+func (qp *QP) newPacketTo(pk nic.Packet) []byte {
+	e := qp.e
+	pk.Buf = e.getBuf()
+	e.tx = append(e.tx, pk)
 	e.txQP = append(e.txQP, qp)
 	return e.tx[len(e.tx)-1].Buf
 }
@@ -328,15 +337,15 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 		}
 		// A packet of another service than the QP's is silently dropped
 		// (IBTA §9.6.1.5.1: the opcode must match the QP's transport).
-		if p.Info.Transport != qp.svc.transport() {
+		if p.Info.Transport != qp.svc.Transport() {
 			e.stats.RxBadHeader++
 			continue
 		}
-		qp.svc.receive(qp, pk, p)
+		qp.svc.Receive(pk, p)
 	}
 	// Answers coalesced over the batch (RC's ACKs) leave now.
 	for _, qp := range e.pending {
-		qp.svc.batchDone(qp)
+		qp.svc.BatchDone()
 	}
 }
 
@@ -348,13 +357,13 @@ func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
 	defer e.mu.Unlock()
 	e.now = now
 	for qp := range e.timed {
-		qp.svc.timers(qp)
+		qp.svc.Timers()
 	}
 	budget := e.MaxBatch
 	i := 0
 	for ; i < len(e.pending) && len(e.tx) < budget; i++ {
 		qp := e.pending[i]
-		if qp.svc.progress(qp, budget) {
+		if qp.svc.Progress(budget) {
 			qp.txPending = false
 		} else {
 			// Budget ran out: keep it pending for the next call.
@@ -422,14 +431,6 @@ func (qp *QP) updateTimerSet() {
 			return
 		}
 	}
-}
-
-// localAckTimeout is 4.096 us * 2^timeout (IBTA §9.7.6.1.3); 0 = never.
-func localAckTimeout(t uint8) time.Duration {
-	if t == 0 {
-		return 0
-	}
-	return time.Duration(4096<<t) * time.Nanosecond
 }
 
 // Remote builds the address a QP sends to from an IP address.

@@ -119,8 +119,8 @@ func readThenStop(t *testing.T) (*sim, [2]*QP) {
 	// A WRITE with AckReq waits in the backlog behind the READ.
 	swr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 7 + 2048, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 4}
 	s.feed(1, qps[1], swr, []byte{1, 2, 3, 4})
-	if qps[1].resp.blN != 1 || len(qps[1].resp.jobs) != 1 {
-		t.Fatalf("setup: backlog %d jobs %d", qps[1].resp.blN, len(qps[1].resp.jobs))
+	if rcOf(qps[1]).resp.blN != 1 || len(rcOf(qps[1]).resp.jobs) != 1 {
+		t.Fatalf("setup: backlog %d jobs %d", rcOf(qps[1]).resp.blN, len(rcOf(qps[1]).resp.jobs))
 	}
 	return s, qps
 }
@@ -187,7 +187,7 @@ func TestErrStopsRequester(t *testing.T) {
 	// Some packets of the WRITE are built and waiting (a second batch).
 	e := s.ep[0].e
 	e.mu.Lock()
-	qps[0].transmit(len(e.tx) + 5)
+	rcOf(qps[0]).transmit(len(e.tx) + 5)
 	built := len(e.tx)
 	e.mu.Unlock()
 	if built == 0 {
@@ -218,8 +218,9 @@ func TestDestroyQPRemovesEveryTrace(t *testing.T) {
 	e.mu.Lock()
 	qp.retryDeadline = s.now.Add(time.Millisecond)
 	qp.updateTimerSet()
-	qp.ackPending, qp.ackPSN = true, 6
-	qp.sendAck() // built, not handed out
+	rq := rcOf(qp)
+	rq.ackPending, rq.ackPSN = true, 6
+	rq.sendAck() // built, not handed out
 	e.mu.Unlock()
 	if err := e.DestroyQP(qp); err != nil {
 		t.Fatal(err)
@@ -241,8 +242,8 @@ func TestDestroyQPRemovesEveryTrace(t *testing.T) {
 	}
 	_, known := e.qps[qp.num]
 	e.mu.Unlock()
-	if timed || inPending || known || qp.resp.blN != 0 || len(qp.resp.jobs) != 0 {
-		t.Fatalf("traces left: timed %v pending/tx %v known %v backlog %d jobs %d", timed, inPending, known, qp.resp.blN, len(qp.resp.jobs))
+	if timed || inPending || known || rcOf(qp).resp.blN != 0 || len(rcOf(qp).resp.jobs) != 0 {
+		t.Fatalf("traces left: timed %v pending/tx %v known %v backlog %d jobs %d", timed, inPending, known, rcOf(qp).resp.blN, len(rcOf(qp).resp.jobs))
 	}
 	if !e.NextDeadline().IsZero() {
 		t.Fatal("a deadline is still reported")
@@ -286,12 +287,12 @@ func TestStaleNAKKeepsCompPSN(t *testing.T) {
 				t.Fatalf("sent %q", lines)
 			}
 			s.feed(0, qps[0], ackTo(bth.RCAck, 104, bth.SyndromeACKUnlimited), nil)
-			if qps[0].compPSN != 105 {
-				t.Fatalf("compPSN %d after ACK 104", qps[0].compPSN)
+			if rcOf(qps[0]).compPSN != 105 {
+				t.Fatalf("compPSN %d after ACK 104", rcOf(qps[0]).compPSN)
 			}
 			s.feed(0, qps[0], ackTo(bth.RCAck, 102, syn), nil)
-			if qps[0].compPSN != 105 {
-				t.Fatalf("compPSN moved back to %d by a stale %v at 102", qps[0].compPSN, syn)
+			if rcOf(qps[0]).compPSN != 105 {
+				t.Fatalf("compPSN moved back to %d by a stale %v at 102", rcOf(qps[0]).compPSN, syn)
 			}
 			if lines := s.drain(0); len(lines) != 0 {
 				t.Fatalf("stale NAK caused a retransmission: %q", lines)
@@ -424,8 +425,8 @@ func TestResetForgetsSentPSNs(t *testing.T) {
 	if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success || wc.WRID != 2 {
 		t.Fatalf("completion %+v", wc)
 	}
-	if qps[0].Stats().Retransmits != 0 || qps[0].maxSentPSN != 10 {
-		t.Fatalf("after RESET: %d retransmits counted, maxSentPSN %d", qps[0].Stats().Retransmits, qps[0].maxSentPSN)
+	if qps[0].Stats().Retransmits != 0 || rcOf(qps[0]).maxSentPSN != 10 {
+		t.Fatalf("after RESET: %d retransmits counted, maxSentPSN %d", qps[0].Stats().Retransmits, rcOf(qps[0]).maxSentPSN)
 	}
 }
 
@@ -473,7 +474,7 @@ func TestErrFlushesReceiveInProgress(t *testing.T) {
 // backlogBuffers counts the packet buffers a QP's backlog holds.
 func backlogBuffers(qp *QP) int {
 	n := 0
-	for _, b := range qp.resp.backlog {
+	for _, b := range rcOf(qp).resp.backlog {
 		if b != nil {
 			n++
 		}
@@ -493,8 +494,8 @@ func TestBacklogHoldsBuffersOnlyWhileDeferred(t *testing.T) {
 	if len(lines) == 0 || !strings.HasPrefix(lines[len(lines)-1], "ACKNOWLEDGE psn=2055 ") {
 		t.Fatalf("deferred WRITE not answered last: %d packets, last %q", len(lines), lines[len(lines)-1])
 	}
-	if n := backlogBuffers(qps[1]); n != 0 || qps[1].resp.blN != 0 {
-		t.Fatalf("after the drain: %d buffers held, %d deferred", n, qps[1].resp.blN)
+	if n := backlogBuffers(qps[1]); n != 0 || rcOf(qps[1]).resp.blN != 0 {
+		t.Fatalf("after the drain: %d buffers held, %d deferred", n, rcOf(qps[1]).resp.blN)
 	}
 	_, qps2 := readThenStop(t)
 	qps2[1].SetState(qpstate.Err)

@@ -4,12 +4,13 @@ import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
+	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/wr"
 )
 
-// remote is the QP's view of the key table for a peer's requests: its PD
+// Remote is the QP's view of the key table for a peer's requests: its PD
 // and its number, so type 2 windows bound to another QP are refused.
-func (qp *QP) remote() memreg.Remote { return qp.e.mrs.Remote(qp.cfg.PD, qp.num) }
+func (qp *QP) Remote() memreg.Remote { return qp.e.mrs.Remote(qp.cfg.PD, qp.num) }
 
 // execLocal executes a LOCAL_INV or BIND_MW work request when the
 // requester reaches it, in send-queue order; it takes no PSN. The status
@@ -65,4 +66,30 @@ func (qp *QP) drainLocal() {
 			return
 		}
 	}
+}
+
+// stepLocal runs the local work request w (LOCAL_INV, BIND_MW) that a
+// requester's walk of the send queue reached: it executes it once (after
+// the READs and atomics before it, if fenced), completes it at once when
+// nothing precedes it, or else steps over it, to complete once it is the
+// oldest. It reports whether the requester stops here.
+func (qp *QP) stepLocal(w *sendWQE) (stop bool) {
+	if w.state == wqeQueued {
+		if w.wr.Flags&wr.Fence != 0 && qp.rdOutstanding > 0 {
+			return true // IBV_SEND_FENCE: wait for prior READ/atomics
+		}
+		qp.execLocal(w)
+	}
+	switch {
+	case qp.sqSendOff == 0:
+		qp.drainLocal() // nothing before it: complete it now
+		if qp.state != qpstate.RTS {
+			return true
+		}
+	case w.localSt != cq.Success:
+		return true // completes in error once it is the oldest
+	default:
+		qp.sqSendOff++
+	}
+	return false
 }

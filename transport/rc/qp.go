@@ -10,21 +10,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
-	"github.com/softroce/softroce/transport/uc"
 	"github.com/softroce/softroce/wr"
-)
-
-// Defaults follow rxe where IBTA leaves a choice.
-const (
-	// maxUnackedPSNs bounds the requester's window of unacknowledged PSNs
-	// (rxe: RXE_MAX_UNACKED_PSNS).
-	maxUnackedPSNs = 128
-	// ackReqEvery sets AckReq inside long messages so the window keeps
-	// moving: every 64th packet, as rxe does, two per window of
-	// maxUnackedPSNs. Each ACK costs the responder a send and its guest
-	// kernel's receive work for what arrived meanwhile; every 32nd doubled
-	// the ACKs of a 64 KiB message and was slower across two guests.
-	ackReqEvery = 64
 )
 
 // QPConfig is fixed at creation.
@@ -116,7 +102,7 @@ type recvWQE struct {
 // QP is one RC queue pair's transport state.
 type QP struct {
 	e     *Engine
-	svc   service // the QP's transport service (service.go)
+	svc   Service // the QP's transport service (service.go)
 	num   uint32
 	cfg   QPConfig
 	path  Path
@@ -133,34 +119,25 @@ type QP struct {
 	sqCount                   int
 	sqPkt                     int
 	nextPSN                   uint32 // PSN for the next new WQE
-	compPSN                   uint32 // oldest unacknowledged PSN
-	rdOutstanding             int
-	retryLeft, rnrLeft        int
-	retryDeadline             time.Time // zero: not armed
-	rnrDeadline               time.Time // zero: not waiting
-	retryFrom                 uint32    // compPSN of the go-back-N in progress
-	retrying                  bool
-	rtt                       rttEstimator // Path.AdaptiveTimeout
-	maxSentPSN                uint32       // highest PSN sent (a READ: its last response PSN); beyond it, responses are ghosts
-	sentAny                   bool
+	rdOutstanding             int    // READ and atomic WQEs started and not completed (a fence waits for them)
+	// The service's timers, in the engine's timer set while armed: RC's
+	// local ACK timeout and RNR wait; UC and UD arm none.
+	retryDeadline time.Time // zero: not armed
+	rnrDeadline   time.Time // zero: not waiting
 
 	// receive queue ring (unused with an SRQ)
 	rq recvRing
 
-	resp responder
-	// UC: the responder's receive sequencing (unused on RC).
-	ucRecv uc.Receiver
+	// Msg is the message a connected responder has in progress
+	// (connected.go).
+	Msg Message
 
 	// scheduling flags
-	txPending  bool // requester or responder may have packets to send
-	ackPending bool
-	ackPSN     uint32
-	sigAll     bool
-	destroyed  bool
+	txPending bool // requester or responder may have packets to send
+	sigAll    bool
+	destroyed bool
 
 	stats QPStats
-
-	ud udQP // UD's per-QP state (ud.go)
 }
 
 // QPStats are per-QP counters, in the spirit of rxe's hw counters.
@@ -234,19 +211,7 @@ func (qp *QP) setPathLocked(p Path) {
 	if p.MaxRDAtomic < 1 {
 		qp.path.MaxRDAtomic = 1
 	}
-	if n := pow2(qp.path.MaxDestRDAtomic); len(qp.resp.resources) != n {
-		qp.resp.resources = make([]rdResource, n)
-		qp.resp.resNext = 0
-		qp.resp.jobs = qp.resp.jobs[:0]
-	}
-}
-
-func pow2(n int) int {
-	p := 1
-	for p < n {
-		p <<= 1
-	}
-	return p
+	qp.svc.PathChanged()
 }
 
 // SetState moves the transport to s (already validated by qpstate).
@@ -271,16 +236,12 @@ func (qp *QP) setStateLocked(s qpstate.State) {
 	case qpstate.RTR:
 		if prev != qpstate.RTR {
 			qp.commEst = false
-			qp.resp.ePSN = qp.path.RQPSN & bth.PSNMask
-			qp.resp.msn = 0
-			qp.svc.enterRTR(qp)
+			qp.svc.EnterRTR()
 		}
 	case qpstate.RTS:
 		if prev == qpstate.RTR {
 			qp.nextPSN = qp.path.SQPSN & bth.PSNMask
-			qp.compPSN = qp.nextPSN
-			qp.retryLeft = int(qp.path.RetryCnt)
-			qp.rnrLeft = int(qp.path.RNRRetry)
+			qp.svc.EnterRTS()
 		}
 		qp.kick()
 	case qpstate.Err:
@@ -305,12 +266,12 @@ func (qp *QP) lastWQE() {
 }
 
 // stopSending silences the QP at once, on entering ERR or RESET and on
-// destroy: queued READ responses, the request backlog and a pending ACK
-// are dropped, the retransmission and RNR timers disarmed, and the packets
+// destroy: the service drops what it has queued (RC: READ responses, the
+// request backlog and a pending ACK), the timers are disarmed, and the packets
 // it built that Progress has not handed out yet are taken back (if purge;
 // responderToError keeps them).
 func (qp *QP) stopSending(purge bool) {
-	qp.svc.stop(qp)
+	qp.svc.Stop()
 	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
 	qp.updateTimerSet()
 	if purge {
@@ -329,10 +290,8 @@ func (qp *QP) reset() {
 	qp.rq.reset()
 	qp.rdOutstanding = 0
 	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
-	qp.retrying, qp.sentAny, qp.maxSentPSN = false, false, 0
-	qp.rtt = rttEstimator{}
-	qp.resp = responder{resources: qp.resp.resources, backlog: qp.resp.backlog, backlogLen: qp.resp.backlogLen}
-	clear(qp.resp.resources)
+	qp.Msg = Message{}
+	qp.svc.Reset()
 }
 
 // flush completes every outstanding work request with WR_FLUSH_ERR. Error
@@ -349,9 +308,9 @@ func (qp *QP) flush() {
 	qp.rdOutstanding = 0
 	// A receive WQE that a multi-packet SEND (or WRITE with immediate) has
 	// already taken is the oldest outstanding one: it is flushed first.
-	if qp.resp.cur.hasRecv {
-		qp.cfg.RecvCQ.Push(cq.WC{WRID: qp.resp.cur.recvID, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
-		qp.resp.cur.hasRecv = false
+	if qp.Msg.HasRecv {
+		qp.cfg.RecvCQ.Push(cq.WC{WRID: qp.Msg.RecvID, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
+		qp.Msg.HasRecv = false
 	}
 	// The WQEs of an SRQ belong to the SRQ, not to the QP: they stay for
 	// its other QPs (IBTA §10.2.9).
@@ -359,9 +318,25 @@ func (qp *QP) flush() {
 		r := qp.rq.pop()
 		qp.cfg.RecvCQ.Push(cq.WC{WRID: r.id, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
 	}
-	qp.resp.cur = curMsg{recvSGL: qp.resp.cur.recvSGL}
+	qp.Msg = Message{RecvSGL: qp.Msg.RecvSGL}
 	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
 	qp.updateTimerSet()
+}
+
+// CompleteHead completes the oldest WQE with status st (orig: an
+// atomic's original value) and retires it. It reports false when the
+// send CQ overran: that is fatal to the QP, as on the receive side (rxe:
+// the completer moves the QP to ERR), which is in ERR now.
+func (qp *QP) CompleteHead(st cq.Status, orig uint64) bool {
+	w := &qp.sq[qp.sqHead]
+	ok := qp.pushSendWC(w, st, orig)
+	w.state = wqeDone
+	qp.retireHead()
+	if !ok {
+		qp.toError("send CQ overrun")
+		return false
+	}
+	return true
 }
 
 func (qp *QP) retireHead() {
@@ -384,8 +359,8 @@ func (qp *QP) toError(reason string) {
 		return
 	}
 	qp.state = qpstate.Err
-	// UC keeps what it built (ucService.purgeOnError).
-	qp.stopSending(qp.svc.purgeOnError())
+	// UC keeps what it built (its PurgeOnError).
+	qp.stopSending(qp.svc.PurgeOnError())
 	qp.flush()
 	if qp.e.OnAsyncError != nil {
 		qp.e.OnAsyncError(qp.num, reason)
@@ -476,7 +451,7 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 	// through an interface, would escape to the heap.
 	w := &qp.sq[qp.sqTail]
 	w.wr = *swr
-	if err := qp.svc.checkPost(qp, &w.wr); err != nil {
+	if err := qp.svc.CheckPost(&w.wr); err != nil {
 		w.wr = wr.SendWR{}
 		return false, err
 	}

@@ -1,29 +1,28 @@
 package rc
 
 import (
-	"errors"
-
 	"github.com/softroce/softroce/bth"
-	"github.com/softroce/softroce/cq"
-	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
-	"github.com/softroce/softroce/transport/uc"
 	"github.com/softroce/softroce/wr"
 )
 
-// npackets is how many packets (and PSNs) a message of n bytes takes at
-// the given path MTU: at least one, even for zero bytes.
-func npackets(n, pmtu int) int {
-	if n <= pmtu {
-		return 1
-	}
-	return (n + pmtu - 1) / pmtu
-}
+// Defaults follow rxe where IBTA leaves a choice.
+const (
+	// maxUnackedPSNs bounds the requester's window of unacknowledged PSNs
+	// (rxe: RXE_MAX_UNACKED_PSNS).
+	maxUnackedPSNs = 128
+	// ackReqEvery sets AckReq inside long messages so the window keeps
+	// moving: every 64th packet, as rxe does, two per window of
+	// maxUnackedPSNs. Each ACK costs the responder a send and its guest
+	// kernel's receive work for what arrived meanwhile; every 32nd doubled
+	// the ACKs of a 64 KiB message and was slower across two guests.
+	ackReqEvery = 64
+)
 
 // transmit is the requester: it sends new and go-back-N packets from the
 // send queue until the budget, the PSN window or max_rd_atomic stops it.
 // It reports whether it has nothing more to send right now.
-func (qp *QP) transmit(budget int) bool {
+func (qp *rcQP) transmit(budget int) bool {
 	e := qp.e
 	if qp.state != qpstate.RTS || !qp.rnrDeadline.IsZero() {
 		return true
@@ -39,22 +38,8 @@ func (qp *QP) transmit(budget int) bool {
 			continue
 		}
 		if w.wr.Opcode.IsLocal() {
-			if w.state == wqeQueued {
-				if w.wr.Flags&wr.Fence != 0 && qp.rdOutstanding > 0 {
-					return true // IBV_SEND_FENCE: wait for prior READ/atomics
-				}
-				qp.execLocal(w)
-			}
-			switch {
-			case qp.sqSendOff == 0:
-				qp.drainLocal() // nothing before it: complete it now
-				if qp.state != qpstate.RTS {
-					return true
-				}
-			case w.localSt != cq.Success:
-				return true // completes in error once it is the oldest
-			default:
-				qp.sqSendOff++
+			if qp.stepLocal(w) {
+				return true
 			}
 			continue
 		}
@@ -72,7 +57,7 @@ func (qp *QP) transmit(budget int) bool {
 			default:
 				// A READ request takes as many PSNs as its responses
 				// (IBTA §9.7.1; rxe update_wqe_psn).
-				w.npsn = npackets(w.length, pmtu)
+				w.npsn = NPackets(w.length, pmtu)
 			}
 			w.lastPSN = bth.PSNAdd(w.firstPSN, w.npsn-1)
 			qp.nextPSN = bth.PSNAdd(qp.nextPSN, w.npsn)
@@ -84,7 +69,7 @@ func (qp *QP) transmit(budget int) bool {
 			}
 		}
 		psn := bth.PSNAdd(w.firstPSN, qp.sqPkt)
-		if bth.PSNDiff(psn, qp.compPSN) >= maxUnackedPSNs && !qp.isUC() {
+		if bth.PSNDiff(psn, qp.compPSN) >= maxUnackedPSNs {
 			return true // window full: an ACK reopens it
 		}
 		if bth.PSNDiff(psn, qp.maxSentPSN) <= 0 && qp.sentAny {
@@ -109,12 +94,6 @@ func (qp *QP) transmit(budget int) bool {
 		} else {
 			qp.sqPkt++
 		}
-		if qp.isUC() { // UC: complete on the last packet; no ACK timer
-			if lastPkt {
-				qp.ucSent()
-			}
-			continue
-		}
 		if qp.retryDeadline.IsZero() && qp.path.Timeout != 0 {
 			qp.retryDeadline = e.now.Add(qp.ackTimeout())
 			qp.updateTimerSet()
@@ -124,7 +103,7 @@ func (qp *QP) transmit(budget int) bool {
 }
 
 // buildRequest writes packet number qp.sqPkt of w at PSN psn.
-func (qp *QP) buildRequest(w *sendWQE, psn uint32) bool {
+func (qp *rcQP) buildRequest(w *sendWQE, psn uint32) bool {
 	pmtu := qp.path.PMTU
 	f := bth.Fields{BTH: bth.BTHFields{PKey: 0xffff, DestQP: qp.path.DestQPN, PSN: psn}}
 	k := qp.sqPkt
@@ -155,12 +134,9 @@ func (qp *QP) buildRequest(w *sendWQE, psn uint32) bool {
 		off = k * pmtu
 		plen = min(pmtu, w.length-off)
 		first, last := k == 0, k == w.npsn-1
-		f.BTH.Opcode = segOpcode(op, first, last)
+		f.BTH.Opcode = SegOpcode(op, first, last)
 		f.BTH.AckReq = last || k%ackReqEvery == ackReqEvery-1
 		f.BTH.SE = last && w.wr.Flags&wr.Solicited != 0 && (op.IsSend() || op == wr.RDMAWriteWithImm)
-		if qp.isUC() { // UC: the same segment under the UC prefix, never AckReq
-			f.BTH.Opcode, f.BTH.AckReq = uc.Opcode(f.BTH.Opcode), false
-		}
 		if op.IsWrite() && first {
 			f.VA, f.RKey, f.DMALen = w.wr.RemoteAddr, w.wr.RKey, uint32(w.length)
 		}
@@ -184,98 +160,13 @@ func (qp *QP) buildRequest(w *sendWQE, psn uint32) bool {
 		// A bad lkey is the local protection error of IBV_WC_LOC_PROT_ERR;
 		// the packet is not sent and the QP goes to ERR (IBTA §10.8.3.1).
 		qp.e.unbuild()
-		st := cq.LocProtErr
-		if !errors.Is(err, memreg.ErrLocalProtection) {
-			st = cq.LocLenErr
-		}
-		qp.completeHead(st, 0)
+		qp.completeHead(LocalErrStatus(err), 0)
 		qp.toError("local protection error on send: " + err.Error())
 		return false
 	}
 	qp.sent(n)
 	return true
 }
-
-// segOpcode picks the RC opcode for a SEND or WRITE segment.
-func segOpcode(op wr.Opcode, first, last bool) bth.Opcode {
-	only := first && last
-	switch op {
-	case wr.Send:
-		return pick(only, first, last, bth.RCSendOnly, bth.RCSendFirst, bth.RCSendLast)
-	case wr.SendWithImm:
-		return pick(only, first, last, bth.RCSendOnlyImm, bth.RCSendFirst, bth.RCSendLastImm)
-	case wr.SendWithInv:
-		return pick(only, first, last, bth.RCSendOnlyInv, bth.RCSendFirst, bth.RCSendLastInv)
-	case wr.RDMAWrite:
-		return pick(only, first, last, bth.RCWriteOnly, bth.RCWriteFirst, bth.RCWriteLast)
-	case wr.RDMAWriteWithImm:
-		return pick(only, first, last, bth.RCWriteOnlyImm, bth.RCWriteFirst, bth.RCWriteLastImm)
-	}
-	panic("rc: segOpcode on " + op.String())
-}
-
-func pick(only, first, last bool, o, f, l bth.Opcode) bth.Opcode {
-	switch {
-	case only:
-		return o
-	case first:
-		return f
-	case last:
-		return l
-	}
-	// MIDDLE is FIRST+1 for both SEND and WRITE.
-	return f + 1
-}
-
-// gather copies len(dst) bytes starting at byte off of the SGL into dst.
-func gather(mrs *memreg.Table, pd *memreg.PD, sgl []wr.SGE, off int, dst []byte) error {
-	for _, s := range sgl {
-		if len(dst) == 0 {
-			return nil
-		}
-		l := int(s.Length)
-		if off >= l {
-			off -= l
-			continue
-		}
-		n := min(l-off, len(dst))
-		if err := mrs.LocalRead(pd, s.LKey, s.Addr+uint64(off), dst[:n]); err != nil {
-			return err
-		}
-		dst = dst[n:]
-		off = 0
-	}
-	if len(dst) != 0 {
-		return errShortSGL
-	}
-	return nil
-}
-
-// scatter copies src into the SGL starting at byte off.
-func scatter(mrs *memreg.Table, pd *memreg.PD, sgl []wr.SGE, off int, src []byte) error {
-	for _, s := range sgl {
-		if len(src) == 0 {
-			return nil
-		}
-		l := int(s.Length)
-		if off >= l {
-			off -= l
-			continue
-		}
-		n := min(l-off, len(src))
-		if err := mrs.LocalWrite(pd, s.LKey, s.Addr+uint64(off), src[:n]); err != nil {
-			return err
-		}
-		src = src[n:]
-		off = 0
-	}
-	if len(src) != 0 {
-		return errShortSGL
-	}
-	return nil
-}
-
-var errShortSGL = errors.New("rc: data longer than the scatter/gather list")
 
 // needsRDResource: operations limited by max_rd_atomic (IBTA §9.5: RDMA
 // READ and atomics; IBTA 1.5 adds ATOMIC_WRITE).

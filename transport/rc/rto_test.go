@@ -52,11 +52,11 @@ func TestAdaptiveTimeoutFollowsSlowRTT(t *testing.T) {
 		t.Fatalf("adaptive: %d expiries after the first WRITE's %d", all-first, first)
 	}
 	base := localAckTimeout(4)
-	got := qps[0].ackTimeout()
+	got := rcOf(qps[0]).ackTimeout()
 	if got <= 400*time.Microsecond || got > maxAdaptiveTimeout {
 		t.Fatalf("adaptive timeout %v after a 400 us round trip (IBTA %v, cap %v)", got, base, maxAdaptiveTimeout)
 	}
-	if r := qps[0].rtt; r.srtt < 400*time.Microsecond || r.srtt > 450*time.Microsecond {
+	if r := rcOf(qps[0]).rtt; r.srtt < 400*time.Microsecond || r.srtt > 450*time.Microsecond {
 		t.Fatalf("srtt %v, want about 400 us", r.srtt)
 	}
 }
@@ -75,15 +75,15 @@ func TestAdaptiveTimeoutNeverBelowIBTA(t *testing.T) {
 			t.Fatalf("status %v", wc.Status)
 		}
 	}
-	if !qps[0].rtt.valid || qps[0].rtt.srtt >= localAckTimeout(10) {
-		t.Fatalf("no fast sample: %+v", qps[0].rtt)
+	if !rcOf(qps[0]).rtt.valid || rcOf(qps[0]).rtt.srtt >= localAckTimeout(10) {
+		t.Fatalf("no fast sample: %+v", rcOf(qps[0]).rtt)
 	}
-	if got := qps[0].ackTimeout(); got != localAckTimeout(10) {
+	if got := rcOf(qps[0]).ackTimeout(); got != localAckTimeout(10) {
 		t.Fatalf("timeout %v, want the IBTA %v", got, localAckTimeout(10))
 	}
 	// The backed-off timeout is still capped.
-	qps[0].rtt.shift = 16
-	if got := qps[0].ackTimeout(); got != maxAdaptiveTimeout {
+	rcOf(qps[0]).rtt.shift = 16
+	if got := rcOf(qps[0]).ackTimeout(); got != maxAdaptiveTimeout {
 		t.Fatalf("backed-off timeout %v, want the cap %v", got, maxAdaptiveTimeout)
 	}
 }
@@ -109,7 +109,7 @@ func TestAdaptiveTimeoutRecoversLoss(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		write(uint64(i))
 	}
-	rto := qps[0].ackTimeout()
+	rto := rcOf(qps[0]).ackTimeout()
 	before := qps[0].Stats()
 	// The next WRITE's last packet (10 WRITEs of 4 packets came before):
 	// nothing follows it, so only the timeout can recover it.

@@ -7,86 +7,75 @@ import (
 	"github.com/softroce/softroce/wr"
 )
 
-// service is what differs between the transport services the engine
-// hosts: the engine keeps the QP table, queues, SRQs, transmit batches and
-// timers, and calls a QP's service for its requester, its packet receipt
-// and its post-time rules (the split of rxe, whose rxe_req.c, rxe_resp.c
-// and rxe_comp.c run over one rxe_qp.c). Each service registers itself
-// with register; a QP is bound to its service when it is created. All
-// methods run under the engine lock.
-type service interface {
-	// transport is the opcode prefix of the service's packets: a packet
-	// of another one is dropped before receive sees it.
-	transport() bth.Transport
-	// init sets up the service's own state of a new QP.
-	init(qp *QP)
-	// checkPost checks the service's rules for a send work request at
+// Service is one QP's transport service, what differs between the
+// services the engine hosts: the engine keeps the QP table, queues, SRQs,
+// transmit batches and timers, and calls a QP's service for its
+// requester, its packet receipt and its post-time rules (the split of
+// rxe, whose rxe_req.c, rxe_resp.c and rxe_comp.c run over one
+// rxe_qp.c). A service registers a constructor with Register; each QP
+// gets its own Service value when it is created, holding the service's
+// state of that QP. All methods run under the engine lock.
+type Service interface {
+	// Transport is the opcode prefix of the service's packets: a packet
+	// of another one is dropped before Receive sees it.
+	Transport() bth.Transport
+	// CheckPost checks the service's rules for a send work request at
 	// post time and keeps what the service needs of it in send-queue
-	// slot qp.sqTail.
-	checkPost(qp *QP, swr *wr.SendWR) error
-	// receive handles one received packet for qp (its transport already
+	// slot SQTail.
+	CheckPost(swr *wr.SendWR) error
+	// Receive handles one received packet (its transport already
 	// checked).
-	receive(qp *QP, pk *nic.Packet, p *bth.Packet)
-	// progress builds what qp has to send (a coalesced ACK, responses,
-	// then requests from the send queue) up to budget packets in the
-	// transmit batch, and reports whether it has nothing more to send now.
-	progress(qp *QP, budget int) bool
-	// batchDone ends a batch of received packets for qp: an answer
-	// coalesced over the batch leaves now.
-	batchDone(qp *QP)
-	// timers runs qp's expired timers (qp is in the engine's timer set).
-	timers(qp *QP)
-	// stop drops the responder's queued answers and the requester's
-	// retry state, as qp stops sending (ERR, RESET, destroy); the engine
-	// disarms the timers and takes back built packets itself.
-	stop(qp *QP)
-	// destroy releases what the service holds for a destroyed qp.
-	destroy(qp *QP)
-	// enterRTR arms the responder's sequencing as the QP enters RTR.
-	enterRTR(qp *QP)
-	// purgeOnError reports whether a QP that fails takes back the packets
-	// it built and Progress has not handed out (see toError).
-	purgeOnError() bool
+	Receive(pk *nic.Packet, p *bth.Packet)
+	// Progress builds what the QP has to send (a coalesced ACK,
+	// responses, then requests from the send queue) up to budget packets
+	// in the transmit batch, and reports whether it has nothing more to
+	// send now.
+	Progress(budget int) bool
+	// BatchDone ends a batch of received packets: an answer coalesced
+	// over the batch leaves now.
+	BatchDone()
+	// Timers runs the QP's expired timers (it is in the engine's timer
+	// set).
+	Timers()
+	// PathChanged follows new path attributes (RC sizes its READ and atomic
+	// resources from them).
+	PathChanged()
+	// EnterRTR arms the responder's sequencing as the QP enters RTR.
+	EnterRTR()
+	// EnterRTS starts the requester as the QP moves from RTR to RTS, at
+	// the PSN in NextPSN.
+	EnterRTS()
+	// Reset clears the service's state as the QP enters RESET.
+	Reset()
+	// Stop drops the responder's queued answers and the requester's
+	// retry state, as the QP stops sending (ERR, RESET, destroy); the
+	// engine disarms the timers and takes back built packets itself.
+	Stop()
+	// Destroy releases what the service holds for a destroyed QP.
+	Destroy()
+	// PurgeOnError reports whether a QP that fails takes back the
+	// packets it built and Progress has not handed out (see toError).
+	PurgeOnError() bool
 }
 
-// services maps a QP type to its service.
-var services [qpstate.UD + 1]service
+// NewService makes the service of a new QP.
+type NewService func(qp *QP) Service
 
-// register makes s the service of QPs of type t.
-func register(t qpstate.Type, s service) { services[t] = s }
+// services maps a QP type to its service's constructor.
+var services [qpstate.UD + 1]NewService
 
-// serviceOf is the service of QP type t, nil if none is registered.
-func serviceOf(t qpstate.Type) service {
+// Register makes f the constructor of the service of QPs of type t.
+func Register(t qpstate.Type, f NewService) { services[t] = f }
+
+// serviceOf is the service constructor of QP type t, nil if none is
+// registered.
+func serviceOf(t qpstate.Type) NewService {
 	if int(t) >= len(services) {
 		return nil
 	}
 	return services[t]
 }
 
-// receiveConnected is the receipt of a packet common to the connected
-// services (RC, UC): only from the peer of the address vector, and only in
-// a state that takes it; request handles a request packet, a response goes
-// to the completer.
-func (qp *QP) receiveConnected(pk *nic.Packet, p *bth.Packet, request func(*QP, *nic.Packet, *bth.Packet)) {
-	e := qp.e
-	if qp.path.Remote.IsValid() && pk.Remote.Addr() != qp.path.Remote.Addr() {
-		e.stats.RxWrongSource++
-		return
-	}
-	qp.stats.RxPackets++
-	if p.Info.Request {
-		if qp.state != qpstate.RTR && qp.state != qpstate.RTS && qp.state != qpstate.SQD {
-			e.stats.RxUnknownQP++
-			return
-		}
-		qp.noteCommEst()
-		request(qp, pk, p)
-		return
-	}
-	if qp.state != qpstate.RTS && qp.state != qpstate.SQD {
-		e.stats.RxUnknownQP++
-		return
-	}
-	qp.noteCommEst()
-	qp.complete(p)
-}
+// Service is the QP's service value (for tests and diagnostics that look
+// at a service's own state).
+func (qp *QP) Service() Service { return qp.svc }

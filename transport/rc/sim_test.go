@@ -282,11 +282,18 @@ func (s *sim) icrcOK(f flight) bool {
 	return err == nil && c == icrc.Wire(f.data)
 }
 
+// rcOf is the RC service state of qp.
+func rcOf(qp *QP) *rcQP { return qp.Service().(*rcQP) }
+
 func (qp *QP) debug() string {
-	r := &qp.resp
+	var r responder
+	var compPSN uint32
+	if rq, ok := qp.Service().(*rcQP); ok {
+		r, compPSN = rq.resp, rq.compPSN
+	}
 	return fmt.Sprintf("QP %d state %v sq=%d sendOff=%d pkt=%d comp=%d next=%d rd=%d/%d retryDL=%v rnrDL=%v | ePSN=%d msn=%d jobs=%d backlog=%d cur=%v txPending=%v",
-		qp.num, qp.state, qp.sqCount, qp.sqSendOff, qp.sqPkt, qp.compPSN, qp.nextPSN, qp.rdOutstanding, qp.path.MaxRDAtomic,
-		!qp.retryDeadline.IsZero(), !qp.rnrDeadline.IsZero(), r.ePSN, r.msn, len(r.jobs), r.blN, r.cur.active, qp.txPending)
+		qp.num, qp.state, qp.sqCount, qp.sqSendOff, qp.sqPkt, compPSN, qp.nextPSN, qp.rdOutstanding, qp.path.MaxRDAtomic,
+		!qp.retryDeadline.IsZero(), !qp.rnrDeadline.IsZero(), r.ePSN, r.msn, len(r.jobs), r.blN, qp.Msg.Active, qp.txPending)
 }
 
 func (s *sim) dump() string {

@@ -109,7 +109,7 @@ func TestUCExchange(t *testing.T) {
 	if got := qps[0].Stats().TxPackets; got != 23 {
 		t.Fatalf("requester sent %d packets, want 23", got)
 	}
-	if e := qps[1].ucRecv.ExpectedPSN(); e != bth.PSNAdd(0xfffffe, 23) {
+	if e := qps[1].Service().(*ucQP).recv.ExpectedPSN(); e != bth.PSNAdd(0xfffffe, 23) {
 		t.Fatalf("receiver expects PSN %d", e)
 	}
 }
@@ -458,7 +458,7 @@ func FuzzUCResponder(f *testing.F) {
 				op := uc.Opcode(ucFuzzOps[r[0]%12])
 				payload := bytes.Repeat([]byte{r[1]}, ucFuzzLens[r[2]&7])
 				f := bth.Fields{BTH: bth.BTHFields{Opcode: op, PKey: 0xffff, DestQP: qp.Num(),
-					PSN: bth.PSNAdd(qp.ucRecv.ExpectedPSN(), int(int8(r[1])))}}
+					PSN: bth.PSNAdd(qp.Service().(*ucQP).recv.ExpectedPSN(), int(int8(r[1])))}}
 				f.VA, f.RKey, f.DMALen = mr.Addr()+uint64(r[3]>>1)*64, mr.RKey(), uint32(len(payload))
 				if r[3]&1 != 0 {
 					f.RKey ^= 0x100

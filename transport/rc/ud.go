@@ -21,50 +21,48 @@ import (
 // UD receive is checked against the QP's Q_Key, lands behind a 40-byte
 // GRH and completes at once. The wire rules themselves are package ud's.
 
-// udService is the Unreliable Datagram service.
-type udService struct{}
-
-func init() { register(qpstate.UD, udService{}) }
-
-func (udService) transport() bth.Transport { return bth.TransportUD }
-
-// init makes room for an address vector per send-queue slot, so that
-// posting does not allocate.
-func (udService) init(qp *QP) { qp.ud.ah = make([]wr.AH, qp.cfg.MaxSendWR) }
-
-// checkPost checks the work request and copies its address vector.
-func (udService) checkPost(qp *QP, swr *wr.SendWR) error {
-	if err := qp.checkSendUD(swr); err != nil {
-		return err
-	}
-	qp.ud.ah[qp.sqTail] = *swr.AH
-	return nil
-}
-
-func (udService) enterRTR(*QP)                     {}
-func (udService) purgeOnError() bool               { return true }
-func (udService) progress(qp *QP, budget int) bool { return qp.transmitUD(budget) }
-
-// UD answers nothing and arms no timer.
-func (udService) batchDone(*QP) {}
-func (udService) timers(*QP)    {}
-func (udService) stop(*QP)      {}
-func (udService) destroy(*QP)   {}
-
-// receive takes a datagram from any sender: no source filter.
-func (udService) receive(qp *QP, pk *nic.Packet, p *bth.Packet) { qp.receiveUD(pk, p) }
-
-// udEngine is the engine's UD scratch state.
-type udEngine struct {
-	grh [ud.GRHLen]byte
-}
-
-// udQP is a UD QP's own state.
+// udQP is a UD QP: the engine's QP and UD's own state of it.
 type udQP struct {
+	*QP
 	// ah[i] is the address vector of send-queue slot i, copied at post
 	// time so the caller may reuse or free its address handle.
 	ah []wr.AH
+	// grh is scratch room for the GRH of a received datagram.
+	grh [ud.GRHLen]byte
 }
+
+// newUDQP makes room for an address vector per send-queue slot, so that
+// posting does not allocate.
+func newUDQP(qp *QP) Service { return &udQP{QP: qp, ah: make([]wr.AH, qp.cfg.MaxSendWR)} }
+
+func init() { Register(qpstate.UD, newUDQP) }
+
+func (*udQP) Transport() bth.Transport { return bth.TransportUD }
+
+// CheckPost checks the work request and copies its address vector.
+func (qp *udQP) CheckPost(swr *wr.SendWR) error {
+	if err := qp.checkSendUD(swr); err != nil {
+		return err
+	}
+	qp.ah[qp.sqTail] = *swr.AH
+	return nil
+}
+
+func (*udQP) PurgeOnError() bool          { return true }
+func (qp *udQP) Progress(budget int) bool { return qp.transmitUD(budget) }
+func (*udQP) PathChanged()                {}
+func (*udQP) EnterRTR()                   {}
+func (*udQP) EnterRTS()                   {}
+func (*udQP) Reset()                      {}
+
+// UD answers nothing and arms no timer.
+func (*udQP) BatchDone() {}
+func (*udQP) Timers()    {}
+func (*udQP) Stop()      {}
+func (*udQP) Destroy()   {}
+
+// Receive takes a datagram from any sender: no source filter.
+func (qp *udQP) Receive(pk *nic.Packet, p *bth.Packet) { qp.receiveUD(pk, p) }
 
 // ErrQPNumInUse is returned by CreateGSI when QP1 already exists.
 var ErrQPNumInUse = errors.New("rc: QP number in use")
@@ -81,7 +79,7 @@ func (e *Engine) CreateGSI(cfg QPConfig) (*QP, error) {
 // checkSendUD checks at post time what a UD send work request must be:
 // SEND or SEND_WITH_IMM with an address handle. A message longer than the
 // MTU is accepted here and completes without a packet (transmitUD).
-func (qp *QP) checkSendUD(swr *wr.SendWR) error {
+func (qp *udQP) checkSendUD(swr *wr.SendWR) error {
 	if _, err := ud.Opcode(swr.Opcode); err != nil {
 		return fmt.Errorf("rc: UD QP %d: %w", qp.num, err)
 	}
@@ -101,7 +99,7 @@ func (qp *QP) checkSendUD(swr *wr.SendWR) error {
 // to its address handle and completes as the packet is built (a
 // completion means the message was handed to the link, as with rxe). It
 // reports whether the send queue is empty.
-func (qp *QP) transmitUD(budget int) bool {
+func (qp *udQP) transmitUD(budget int) bool {
 	e := qp.e
 	if qp.state != qpstate.RTS {
 		return true
@@ -120,7 +118,7 @@ func (qp *QP) transmitUD(budget int) bool {
 			}
 			continue
 		}
-		ah := &qp.ud.ah[i]
+		ah := &qp.ah[i]
 		s := ud.Send{Opcode: w.wr.Opcode, DestQP: w.wr.RemoteQPN, SrcQP: qp.num,
 			QKey: ud.QKeyToSend(qp.num, w.wr.RemoteQKey, qp.path.QKey), PSN: psn, Imm: w.wr.Imm,
 			Solicited: w.wr.Flags&wr.Solicited != 0}
@@ -128,11 +126,9 @@ func (qp *QP) transmitUD(budget int) bool {
 		if p := qp.path.Remote.Port(); p != 0 {
 			port = p // SetRemotePort: a peer on another UDP port
 		}
-		e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: netip.AddrPortFrom(ah.Remote.Unmap(), port),
+		buf := qp.newPacketTo(nic.Packet{Remote: netip.AddrPortFrom(ah.Remote.Unmap(), port),
 			Local: ah.Local.Unmap(), SrcPort: ud.SrcPort(ah.FlowLabel, srcPort(qp.num)),
 			HopLimit: ah.HopLimit, TClass: ah.TrafficClass}) // the IP TTL and TOS, as rxe sends
-		e.txQP = append(e.txQP, qp)
-		buf := e.tx[len(e.tx)-1].Buf
 		n := ud.WriteHeaders(buf, &s, w.length)
 		off := ud.PayloadOffset(w.wr.Opcode)
 		var err error
@@ -163,7 +159,7 @@ func (qp *QP) transmitUD(budget int) bool {
 
 // completeUD completes the oldest WQE and retires it; false if the QP
 // went to ERR (a send CQ overrun).
-func (qp *QP) completeUD(w *sendWQE, st cq.Status) bool {
+func (qp *udQP) completeUD(w *sendWQE, st cq.Status) bool {
 	ok := qp.pushSendWC(w, st, 0)
 	qp.retireHead()
 	if !ok {
@@ -178,7 +174,7 @@ func (qp *QP) completeUD(w *sendWQE, st cq.Status) bool {
 // counts it: a state that does not receive, a Q_Key mismatch, no receive
 // WQE, a WQE too small for the GRH and payload (with an SRQ that WQE is
 // completed in error instead, class E as rxe does).
-func (qp *QP) receiveUD(pk *nic.Packet, p *bth.Packet) {
+func (qp *udQP) receiveUD(pk *nic.Packet, p *bth.Packet) {
 	e := qp.e
 	switch qp.state {
 	case qpstate.RTR, qpstate.RTS, qpstate.SQD, qpstate.SQE:
@@ -224,7 +220,7 @@ func (qp *QP) receiveUD(pk *nic.Packet, p *bth.Packet) {
 		}
 		rw = qp.rq.pop()
 	}
-	grh := e.ud.grh[:]
+	grh := qp.grh[:]
 	qp.writeGRH(grh, pk)
 	err := scatter(e.mrs, qp.cfg.PD, rw.sgl, 0, grh)
 	if err == nil && len(p.Payload) > 0 {
@@ -250,7 +246,7 @@ func (qp *QP) receiveUD(pk *nic.Packet, p *bth.Packet) {
 // its IP header. A link that does not report the header's TTL, TOS and
 // IPv4 ID (IPKnown false) gets TTL 64 and zeros there; addresses the GRH
 // cannot hold (no local address, mixed families) give a zero GRH.
-func (qp *QP) writeGRH(grh []byte, pk *nic.Packet) {
+func (qp *udQP) writeGRH(grh []byte, pk *nic.Packet) {
 	h := ud.IPHeader{Src: pk.Remote.Addr().Unmap(), Dst: pk.Local.Unmap(), UDPLen: 8 + pk.N,
 		TOS: pk.TClass, TTL: pk.HopLimit, ID: pk.IPID, DF: true, FlowLabel: pk.FlowLabel}
 	if !pk.IPKnown {
@@ -267,7 +263,7 @@ const defaultHopLimit = 64
 
 // pushRecvUD delivers a UD receive completion; a receive CQ overrun moves
 // the QP to ERR (rxe: class G).
-func (qp *QP) pushRecvUD(wc cq.WC, solicited bool) {
+func (qp *udQP) pushRecvUD(wc cq.WC, solicited bool) {
 	if !qp.cfg.RecvCQ.PushSolicited(wc, solicited) {
 		qp.toError("receive CQ overrun")
 	}
