@@ -165,7 +165,7 @@ func (pd *PD) createQP(init QPInitAttr, gsi bool) (*QP, error) {
 	var q *rc.QP
 	var err error
 	if gsi {
-		q, err = pd.d.eng.CreateGSI(cfg)
+		q, err = rc.CreateGSI(pd.d.eng, cfg)
 		if errors.Is(err, rc.ErrQPNumInUse) {
 			return nil, &busyError{fmt.Sprintf("verbs: create GSI QP: device %s already has QP1", d.name)}
 		}

@@ -21,11 +21,11 @@ import (
 // (a request in RTR, RTS or SQD, a response in RTS or SQD).
 func (qp *QP) AcceptConnected(pk *nic.Packet, p *bth.Packet) bool {
 	e := qp.e
-	if qp.path.Remote.IsValid() && pk.Remote.Addr() != qp.path.Remote.Addr() {
+	if qp.Attr.Remote.IsValid() && pk.Remote.Addr() != qp.Attr.Remote.Addr() {
 		e.stats.RxWrongSource++
 		return false
 	}
-	qp.stats.RxPackets++
+	qp.Counters.RxPackets++
 	if p.Info.Request {
 		if qp.state != qpstate.RTR && qp.state != qpstate.RTS && qp.state != qpstate.SQD {
 			e.stats.RxUnknownQP++
@@ -169,17 +169,17 @@ func (qp *QP) takeRecvWQE() bool {
 	if c.HasRecv {
 		return true
 	}
-	var rw *recvWQE
-	if s := qp.cfg.SRQ; s != nil {
-		rw = s.take()
+	var rw *RecvWQE
+	if s := qp.Config.SRQ; s != nil {
+		rw = s.Take()
 	} else if qp.rq.count > 0 {
 		rw = qp.rq.pop()
 	}
 	if rw == nil {
 		return false
 	}
-	c.RecvID, c.RecvLen, c.HasRecv = rw.id, rw.len, true
-	c.RecvSGL = append(c.RecvSGL[:0], rw.sgl...)
+	c.RecvID, c.RecvLen, c.HasRecv = rw.ID, rw.Len, true
+	c.RecvSGL = append(c.RecvSGL[:0], rw.SGL...)
 	return true
 }
 
@@ -200,7 +200,7 @@ func (qp *QP) SendData(p *bth.Packet) RespFail {
 		return RespFail{Kind: FailRequest, Syn: bth.SyndromeInvalidRequest, St: cq.LocLenErr, Why: "SEND longer than the receive buffer"}
 	}
 	if len(p.Payload) > 0 {
-		if err := scatter(qp.e.mrs, qp.cfg.PD, c.RecvSGL, c.Off, p.Payload); err != nil {
+		if err := Scatter(qp.e.mrs, qp.Config.PD, c.RecvSGL, c.Off, p.Payload); err != nil {
 			return RespFail{Kind: FailLocal, Syn: bth.SyndromeRemoteOpError, St: cq.LocProtErr, Why: "receive buffer: " + err.Error()}
 		}
 	}
@@ -211,7 +211,7 @@ func (qp *QP) SendData(p *bth.Packet) RespFail {
 // SendWC is the receive completion of the SEND whose last packet is p.
 func (qp *QP) SendWC(p *bth.Packet) cq.WC {
 	wc := cq.WC{WRID: qp.Msg.RecvID, Status: cq.Success, Opcode: cq.OpRecv, ByteLen: uint32(qp.Msg.Off),
-		QPNum: qp.num, SrcQP: qp.path.DestQPN}
+		QPNum: qp.num, SrcQP: qp.Attr.DestQPN}
 	if p.Info.Imm {
 		wc.ImmData, wc.Flags = p.ImmDt.Imm(), cq.FlagWithImm
 	}
@@ -224,7 +224,7 @@ func (qp *QP) SendWC(p *bth.Packet) cq.WC {
 func (qp *QP) WriteData(p *bth.Packet) RespFail {
 	info := p.Info
 	if info.Pos == bth.PosFirst || info.Pos == bth.PosOnly {
-		if qp.path.Access&memreg.AccessRemoteWrite == 0 {
+		if qp.Attr.Access&memreg.AccessRemoteWrite == 0 {
 			return RespFail{Kind: FailRequest, Syn: bth.SyndromeInvalidRequest, St: cq.RemInvReqErr, Why: "QP does not allow remote write"}
 		}
 		length := p.RETH.DMALen()
@@ -265,7 +265,7 @@ func (qp *QP) WriteData(p *bth.Packet) RespFail {
 func (qp *QP) WriteWC(p *bth.Packet) cq.WC {
 	return cq.WC{WRID: qp.Msg.RecvID, Status: cq.Success, Opcode: cq.OpRecvRDMAWithImm,
 		ByteLen: uint32(qp.Msg.Total), ImmData: p.ImmDt.Imm(), Flags: cq.FlagWithImm,
-		QPNum: qp.num, SrcQP: qp.path.DestQPN}
+		QPNum: qp.num, SrcQP: qp.Attr.DestQPN}
 }
 
 // PushRecv delivers the receive completion of the current message; false
@@ -273,5 +273,5 @@ func (qp *QP) WriteWC(p *bth.Packet) cq.WC {
 // the QP.
 func (qp *QP) PushRecv(wc cq.WC, solicited bool) bool {
 	qp.Msg.HasRecv = false
-	return qp.cfg.RecvCQ.PushSolicited(wc, solicited)
+	return qp.Config.RecvCQ.PushSolicited(wc, solicited)
 }

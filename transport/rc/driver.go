@@ -216,7 +216,7 @@ func (d *Driver) settleLocked() bool {
 func (d *Driver) timerEarlierLocked() bool {
 	e := d.e
 	for qp := range e.timed {
-		for _, t := range [2]time.Time{qp.retryDeadline, qp.rnrDeadline} {
+		for _, t := range [2]time.Time{qp.RetryDeadline, qp.RNRDeadline} {
 			if !t.IsZero() && (e.sleepUntil.IsZero() || t.Before(e.sleepUntil)) {
 				return true
 			}

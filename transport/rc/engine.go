@@ -104,10 +104,11 @@ func NewEngine(mrs *memreg.Table) *Engine {
 
 // CreateQP makes a QP (RC, UC or UD: cfg.Type) in RESET with a random 24-bit QP number (never
 // 0 or 1, which IBTA reserves for SMI and GSI).
-func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) { return e.createQP(cfg, 0) }
+func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) { return e.CreateQPNum(cfg, 0) }
 
-// createQP makes a QP numbered num, or with a random number if num is 0.
-func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
+// CreateQPNum makes a QP numbered num, or with a random number if num is
+// 0; it fails with ErrQPNumInUse if that number is taken.
+func (e *Engine) CreateQPNum(cfg QPConfig, num uint32) (*QP, error) {
 	newSvc := serviceOf(cfg.Type)
 	if newSvc == nil {
 		return nil, fmt.Errorf("rc: QP type %v is not implemented", cfg.Type)
@@ -143,10 +144,10 @@ func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
 			num = 0
 		}
 	}
-	qp := &QP{e: e, num: num, cfg: cfg, state: qpstate.Reset}
-	qp.sq = make([]sendWQE, cfg.MaxSendWR)
-	for i := range qp.sq {
-		qp.sq[i].sgl = make([]wr.SGE, 0, cfg.MaxSendSGE)
+	qp := &QP{e: e, num: num, Config: cfg, state: qpstate.Reset}
+	qp.SQ = make([]SendWQE, cfg.MaxSendWR)
+	for i := range qp.SQ {
+		qp.SQ[i].SGL = make([]wr.SGE, 0, cfg.MaxSendSGE)
 	}
 	if cfg.SRQ != nil {
 		cfg.SRQ.nQP++
@@ -158,6 +159,10 @@ func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
 	e.qps[num] = qp
 	return qp, nil
 }
+
+// ErrQPNumInUse is returned by CreateQPNum (and so CreateGSI) when the QP
+// number is taken.
+var ErrQPNumInUse = errors.New("rc: QP number in use")
 
 // ErrNoQP is returned by DestroyQP for a QP that is not (or no longer)
 // in the engine.
@@ -176,8 +181,8 @@ func (e *Engine) DestroyQP(qp *QP) error {
 		return ErrNoQP
 	}
 	delete(e.qps, qp.num)
-	if qp.cfg.SRQ != nil {
-		qp.cfg.SRQ.nQP--
+	if qp.Config.SRQ != nil {
+		qp.Config.SRQ.nQP--
 	}
 	qp.destroyed = true
 	qp.state = qpstate.Reset
@@ -239,17 +244,17 @@ func (e *Engine) getBuf() []byte {
 // newPacket appends a packet for qp to the transmit batch and returns its
 // buffer for the caller to fill; the caller then calls qp.sent(n), or
 // e.unbuild() to take it back.
-func (qp *QP) newPacket() []byte {
+func (qp *QP) NewPacket() []byte {
 	e := qp.e
-	e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: qp.path.Remote, Local: qp.path.Local, SrcPort: srcPort(qp.num),
-		HopLimit: qp.path.HopLimit, TClass: qp.path.TrafficClass})
+	e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: qp.Attr.Remote, Local: qp.Attr.Local, SrcPort: SrcPort(qp.num),
+		HopLimit: qp.Attr.HopLimit, TClass: qp.Attr.TrafficClass})
 	e.txQP = append(e.txQP, qp)
 	return e.tx[len(e.tx)-1].Buf
 }
 
 // newPacketTo is newPacket for a packet with the addresses and IP fields
 // of pk rather than the QP's path: a datagram's, from its address handle.
-func (qp *QP) newPacketTo(pk nic.Packet) []byte {
+func (qp *QP) NewPacketTo(pk nic.Packet) []byte {
 	e := qp.e
 	pk.Buf = e.getBuf()
 	e.tx = append(e.tx, pk)
@@ -257,7 +262,7 @@ func (qp *QP) newPacketTo(pk nic.Packet) []byte {
 	return e.tx[len(e.tx)-1].Buf
 }
 
-func (qp *QP) sent(n int) {
+func (qp *QP) Sent(n int) {
 	e := qp.e
 	e.tx[len(e.tx)-1].N = n
 }
@@ -303,7 +308,7 @@ func (e *Engine) purge(qp *QP) {
 
 // srcPort is the UDP source port for a QP: fixed per QP so a flow stays on
 // one ECMP path, in the range rxe uses (0xC000 | 14-bit hash of the QPN).
-func srcPort(qpn uint32) uint16 {
+func SrcPort(qpn uint32) uint16 {
 	return 0xC000 | uint16((qpn*0x61C88647)>>18)&0x3FFF
 }
 
@@ -374,7 +379,7 @@ func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
 	out = e.tx
 	for j := range out {
 		if q := e.txQP[j]; q != nil { // nil: an ACK kept after its QP stopped
-			q.stats.TxPackets++
+			q.Counters.TxPackets++
 		}
 		if e.onPacket != nil {
 			e.onPacket('T', &out[j])
@@ -407,7 +412,7 @@ func (e *Engine) NextDeadline() time.Time {
 	var d time.Time
 	defer func() { e.sleepUntil = d }()
 	for qp := range e.timed {
-		for _, t := range [2]time.Time{qp.retryDeadline, qp.rnrDeadline} {
+		for _, t := range [2]time.Time{qp.RetryDeadline, qp.RNRDeadline} {
 			if !t.IsZero() && (d.IsZero() || t.Before(d)) {
 				d = t
 			}
@@ -416,16 +421,16 @@ func (e *Engine) NextDeadline() time.Time {
 	return d
 }
 
-func (qp *QP) updateTimerSet() {
+func (qp *QP) UpdateTimerSet() {
 	e := qp.e
-	if qp.retryDeadline.IsZero() && qp.rnrDeadline.IsZero() {
+	if qp.RetryDeadline.IsZero() && qp.RNRDeadline.IsZero() {
 		delete(e.timed, qp)
 		return
 	}
 	e.timed[qp] = struct{}{}
 	// A deadline earlier than the one the driver sleeps until (an RNR
 	// wait set while handling a NAK, say) must wake it to re-arm.
-	for _, t := range [2]time.Time{qp.retryDeadline, qp.rnrDeadline} {
+	for _, t := range [2]time.Time{qp.RetryDeadline, qp.RNRDeadline} {
 		if !t.IsZero() && (e.sleepUntil.IsZero() || t.Before(e.sleepUntil)) && e.Wake != nil {
 			e.Wake()
 			return
@@ -442,3 +447,40 @@ func (e *Engine) SignalAllFor(qp *QP, on bool) {
 	qp.sigAll = on
 	e.mu.Unlock()
 }
+
+// The services (rc, uc, ud) reach the engine's state of a QP through
+// these, under the engine lock.
+
+// StateLocked is the QP state, for a caller holding the engine lock.
+func (qp *QP) StateLocked() qpstate.State { return qp.state }
+
+// Now is the time of the Receive or Progress call running.
+func (qp *QP) Now() time.Time { return qp.e.now }
+
+// MRs is the key table the QP's memory accesses go through.
+func (qp *QP) MRs() *memreg.Table { return qp.e.mrs }
+
+// GetBuf takes a packet buffer (MaxPacket bytes) from the engine's pool;
+// PutBuf gives one back.
+func (qp *QP) GetBuf() []byte  { return qp.e.getBuf() }
+func (qp *QP) PutBuf(b []byte) { qp.e.free = append(qp.e.free, b) }
+
+// Batched is how many packets the transmit batch holds: a service's
+// Progress builds while it is below its budget.
+func (qp *QP) Batched() int { return len(qp.e.tx) }
+
+// Unbuild takes back the packet NewPacket built last.
+func (qp *QP) Unbuild() { qp.e.unbuild() }
+
+// EngineStats are the engine's counters, for a service to count a drop.
+func (qp *QP) EngineStats() *EngineStats { return &qp.e.stats }
+
+// RecvHead is the oldest WQE of the QP's own receive queue, nil if it is
+// empty; PopRecv takes it.
+func (qp *QP) RecvHead() *RecvWQE {
+	if qp.rq.count == 0 {
+		return nil
+	}
+	return &qp.rq.wqes[qp.rq.head]
+}
+func (qp *QP) PopRecv() *RecvWQE { return qp.rq.pop() }

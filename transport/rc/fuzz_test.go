@@ -200,8 +200,8 @@ func FuzzCompleter(f *testing.F) {
 			}
 		}
 		progress(false)
-		if bth.PSNDiff(qp.nextPSN, completerPSN) != 13 {
-			t.Fatalf("setup: nextPSN %#x", qp.nextPSN)
+		if bth.PSNDiff(qp.NextPSN, completerPSN) != 13 {
+			t.Fatalf("setup: nextPSN %#x", qp.NextPSN)
 		}
 		lastComp := rcOf(qp).compPSN
 		feed := func(op bth.Opcode, psn uint32, syn bth.Syndrome, plen int, msn byte) {
@@ -248,8 +248,8 @@ func FuzzCompleter(f *testing.F) {
 			if d := bth.PSNDiff(rcOf(qp).compPSN, lastComp); d < 0 {
 				t.Fatalf("compPSN moved backwards: %#x -> %#x", lastComp, rcOf(qp).compPSN)
 			}
-			if bth.PSNDiff(rcOf(qp).compPSN, qp.nextPSN) > 0 {
-				t.Fatalf("compPSN %#x beyond nextPSN %#x", rcOf(qp).compPSN, qp.nextPSN)
+			if bth.PSNDiff(rcOf(qp).compPSN, qp.NextPSN) > 0 {
+				t.Fatalf("compPSN %#x beyond nextPSN %#x", rcOf(qp).compPSN, qp.NextPSN)
 			}
 			lastComp = rcOf(qp).compPSN
 			for n := s.ep[0].scq.Poll(wcs); n > 0; n = s.ep[0].scq.Poll(wcs) {

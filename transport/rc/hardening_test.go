@@ -216,8 +216,8 @@ func TestDestroyQPRemovesEveryTrace(t *testing.T) {
 	// Give it an armed timer and a pending ACK as well.
 	qp := qps[1]
 	e.mu.Lock()
-	qp.retryDeadline = s.now.Add(time.Millisecond)
-	qp.updateTimerSet()
+	qp.RetryDeadline = s.now.Add(time.Millisecond)
+	qp.UpdateTimerSet()
 	rq := rcOf(qp)
 	rq.ackPending, rq.ackPSN = true, 6
 	rq.sendAck() // built, not handed out

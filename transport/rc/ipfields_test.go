@@ -55,7 +55,7 @@ func TestRCHopLimitTClass(t *testing.T) {
 	qps := s.connect(qpOpts{timeout: 14, retry: 7, rnrRetry: 7})
 	sides := [2]ipFields{{5, 0x28}, {9, 0x61}}
 	for i, qp := range qps {
-		p := qp.path
+		p := qp.Attr
 		p.HopLimit, p.TrafficClass = sides[i].hop, sides[i].tc
 		qp.SetPath(p)
 	}

@@ -64,28 +64,28 @@ var (
 	ErrState     = errors.New("rc: QP state does not allow this")
 )
 
-type wqeState uint8
+type WQEState uint8
 
 const (
-	wqeQueued  wqeState = iota // posted, no PSN assigned yet
-	wqeStarted                 // PSNs assigned, (re)transmitting
-	wqeDone                    // completed; waiting to be retired in order
+	WQEQueued  WQEState = iota // posted, no PSN assigned yet
+	WQEStarted                 // PSNs assigned, (re)transmitting
+	WQEDone                    // completed; waiting to be retired in order
 )
 
 // sendWQE is a send-queue slot. Slots are preallocated so posting does not
 // allocate: SGL and inline data are copied into fixed storage.
-type sendWQE struct {
-	wr       wr.SendWR
-	sgl      []wr.SGE
-	inline   []byte
-	isInline bool
-	length   int
-	state    wqeState
-	firstPSN uint32
-	lastPSN  uint32
-	npsn     int
-	readDone int       // READ: bytes of response received in order
-	reRead   int       // READ: response index the latest (re-)issued request starts at
+type SendWQE struct {
+	WR       wr.SendWR
+	SGL      []wr.SGE
+	Inline   []byte
+	IsInline bool
+	Length   int
+	State    WQEState
+	FirstPSN uint32
+	LastPSN  uint32
+	NPSN     int
+	ReadDone int       // READ: bytes of response received in order
+	ReRead   int       // READ: response index the latest (re-)issued request starts at
 	localSt  cq.Status // LOCAL_INV, BIND_MW: the status of its execution
 	localErr string    // and why it failed
 	// bindMW: the type 1 window a bind-MW verb's work request binds
@@ -93,20 +93,20 @@ type sendWQE struct {
 	bindMW *memreg.MW
 }
 
-type recvWQE struct {
-	id  uint64
-	sgl []wr.SGE
-	len int
+type RecvWQE struct {
+	ID  uint64
+	SGL []wr.SGE
+	Len int
 }
 
 // QP is one RC queue pair's transport state.
 type QP struct {
-	e     *Engine
-	svc   Service // the QP's transport service (service.go)
-	num   uint32
-	cfg   QPConfig
-	path  Path
-	state qpstate.State
+	e      *Engine
+	svc    Service // the QP's transport service (service.go)
+	num    uint32
+	Config QPConfig
+	Attr   Path
+	state  qpstate.State
 	// commEst: a packet from the peer arrived since the QP entered RTR
 	// (OnCommEst was called for it).
 	commEst bool
@@ -114,16 +114,16 @@ type QP struct {
 	// send queue ring: [sqHead, sqTail) occupied; sqSend is the next WQE
 	// to transmit from (as an offset from sqHead), sqPkt the packet index
 	// within it.
-	sq                        []sendWQE
-	sqHead, sqTail, sqSendOff int
-	sqCount                   int
-	sqPkt                     int
-	nextPSN                   uint32 // PSN for the next new WQE
-	rdOutstanding             int    // READ and atomic WQEs started and not completed (a fence waits for them)
+	SQ                        []SendWQE
+	SQHead, SQTail, SQSendOff int
+	SQCount                   int
+	SQPkt                     int
+	NextPSN                   uint32 // PSN for the next new WQE
+	RDOutstanding             int    // READ and atomic WQEs started and not completed (a fence waits for them)
 	// The service's timers, in the engine's timer set while armed: RC's
 	// local ACK timeout and RNR wait; UC and UD arm none.
-	retryDeadline time.Time // zero: not armed
-	rnrDeadline   time.Time // zero: not waiting
+	RetryDeadline time.Time // zero: not armed
+	RNRDeadline   time.Time // zero: not waiting
 
 	// receive queue ring (unused with an SRQ)
 	rq recvRing
@@ -137,7 +137,7 @@ type QP struct {
 	sigAll    bool
 	destroyed bool
 
-	stats QPStats
+	Counters QPStats
 }
 
 // QPStats are per-QP counters, in the spirit of rxe's hw counters.
@@ -167,7 +167,7 @@ func (qp *QP) State() qpstate.State {
 func (qp *QP) Stats() QPStats {
 	qp.e.mu.Lock()
 	defer qp.e.mu.Unlock()
-	return qp.stats
+	return qp.Counters
 }
 
 // Modify is a modify-QP validated and applied in one step: it calls check
@@ -190,7 +190,7 @@ func (qp *QP) Modify(check func(cur qpstate.State) (Path, qpstate.State, error))
 }
 
 // Path returns the current path attributes.
-func (qp *QP) Path() Path { return qp.path }
+func (qp *QP) Path() Path { return qp.Attr }
 
 // SetPath installs attributes validated by qpstate.Modify. It is called
 // for INIT->RTR (responder side) and RTR->RTS (requester side).
@@ -204,12 +204,12 @@ func (qp *QP) setPathLocked(p Path) {
 	if qp.destroyed {
 		return
 	}
-	qp.path = p
+	qp.Attr = p
 	if p.MaxDestRDAtomic < 1 {
-		qp.path.MaxDestRDAtomic = 1
+		qp.Attr.MaxDestRDAtomic = 1
 	}
 	if p.MaxRDAtomic < 1 {
-		qp.path.MaxRDAtomic = 1
+		qp.Attr.MaxRDAtomic = 1
 	}
 	qp.svc.PathChanged()
 }
@@ -240,10 +240,10 @@ func (qp *QP) setStateLocked(s qpstate.State) {
 		}
 	case qpstate.RTS:
 		if prev == qpstate.RTR {
-			qp.nextPSN = qp.path.SQPSN & bth.PSNMask
+			qp.NextPSN = qp.Attr.SQPSN & bth.PSNMask
 			qp.svc.EnterRTS()
 		}
-		qp.kick()
+		qp.Kick()
 	case qpstate.Err:
 		if prev != qpstate.Err {
 			qp.stopSending(true)
@@ -260,7 +260,7 @@ func (qp *QP) setStateLocked(s qpstate.State) {
 // event, IBV_EVENT_QP_LAST_WQE_REACHED): the WQE it held, if any, has
 // just been flushed.
 func (qp *QP) lastWQE() {
-	if qp.cfg.SRQ != nil && qp.e.OnLastWQE != nil {
+	if qp.Config.SRQ != nil && qp.e.OnLastWQE != nil {
 		qp.e.OnLastWQE(qp.num)
 	}
 }
@@ -272,8 +272,8 @@ func (qp *QP) lastWQE() {
 // responderToError keeps them).
 func (qp *QP) stopSending(purge bool) {
 	qp.svc.Stop()
-	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
-	qp.updateTimerSet()
+	qp.RetryDeadline, qp.RNRDeadline = time.Time{}, time.Time{}
+	qp.UpdateTimerSet()
 	if purge {
 		qp.e.purge(qp)
 	}
@@ -281,15 +281,15 @@ func (qp *QP) stopSending(purge bool) {
 
 // canSend reports whether the QP may put packets on the wire: only in
 // RTR (responder), RTS and SQD, never in ERR, RESET or once destroyed.
-func (qp *QP) canSend() bool {
+func (qp *QP) CanSend() bool {
 	return !qp.destroyed && (qp.state == qpstate.RTR || qp.state == qpstate.RTS || qp.state == qpstate.SQD)
 }
 
 func (qp *QP) reset() {
-	qp.sqHead, qp.sqTail, qp.sqSendOff, qp.sqCount, qp.sqPkt = 0, 0, 0, 0, 0
+	qp.SQHead, qp.SQTail, qp.SQSendOff, qp.SQCount, qp.SQPkt = 0, 0, 0, 0, 0
 	qp.rq.reset()
-	qp.rdOutstanding = 0
-	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
+	qp.RDOutstanding = 0
+	qp.RetryDeadline, qp.RNRDeadline = time.Time{}, time.Time{}
 	qp.Msg = Message{}
 	qp.svc.Reset()
 }
@@ -297,30 +297,30 @@ func (qp *QP) reset() {
 // flush completes every outstanding work request with WR_FLUSH_ERR. Error
 // completions are generated even for unsignaled WRs (IBA 10.7.3.1).
 func (qp *QP) flush() {
-	for qp.sqCount > 0 {
-		w := &qp.sq[qp.sqHead]
-		if w.state != wqeDone {
-			qp.pushSendWC(w, cq.WRFlushErr, 0)
+	for qp.SQCount > 0 {
+		w := &qp.SQ[qp.SQHead]
+		if w.State != WQEDone {
+			qp.PushSendWC(w, cq.WRFlushErr, 0)
 		}
-		qp.retireHead()
+		qp.RetireHead()
 	}
-	qp.sqSendOff, qp.sqPkt = 0, 0
-	qp.rdOutstanding = 0
+	qp.SQSendOff, qp.SQPkt = 0, 0
+	qp.RDOutstanding = 0
 	// A receive WQE that a multi-packet SEND (or WRITE with immediate) has
 	// already taken is the oldest outstanding one: it is flushed first.
 	if qp.Msg.HasRecv {
-		qp.cfg.RecvCQ.Push(cq.WC{WRID: qp.Msg.RecvID, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
+		qp.Config.RecvCQ.Push(cq.WC{WRID: qp.Msg.RecvID, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
 		qp.Msg.HasRecv = false
 	}
 	// The WQEs of an SRQ belong to the SRQ, not to the QP: they stay for
 	// its other QPs (IBTA §10.2.9).
 	for qp.rq.count > 0 {
 		r := qp.rq.pop()
-		qp.cfg.RecvCQ.Push(cq.WC{WRID: r.id, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
+		qp.Config.RecvCQ.Push(cq.WC{WRID: r.ID, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
 	}
 	qp.Msg = Message{RecvSGL: qp.Msg.RecvSGL}
-	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
-	qp.updateTimerSet()
+	qp.RetryDeadline, qp.RNRDeadline = time.Time{}, time.Time{}
+	qp.UpdateTimerSet()
 }
 
 // CompleteHead completes the oldest WQE with status st (orig: an
@@ -328,25 +328,25 @@ func (qp *QP) flush() {
 // send CQ overran: that is fatal to the QP, as on the receive side (rxe:
 // the completer moves the QP to ERR), which is in ERR now.
 func (qp *QP) CompleteHead(st cq.Status, orig uint64) bool {
-	w := &qp.sq[qp.sqHead]
-	ok := qp.pushSendWC(w, st, orig)
-	w.state = wqeDone
-	qp.retireHead()
+	w := &qp.SQ[qp.SQHead]
+	ok := qp.PushSendWC(w, st, orig)
+	w.State = WQEDone
+	qp.RetireHead()
 	if !ok {
-		qp.toError("send CQ overrun")
+		qp.ToError("send CQ overrun")
 		return false
 	}
 	return true
 }
 
-func (qp *QP) retireHead() {
-	qp.sq[qp.sqHead].state = wqeQueued
-	qp.sqHead = (qp.sqHead + 1) % len(qp.sq)
-	qp.sqCount--
-	if qp.sqSendOff > 0 {
-		qp.sqSendOff--
+func (qp *QP) RetireHead() {
+	qp.SQ[qp.SQHead].State = WQEQueued
+	qp.SQHead = (qp.SQHead + 1) % len(qp.SQ)
+	qp.SQCount--
+	if qp.SQSendOff > 0 {
+		qp.SQSendOff--
 	} else {
-		qp.sqPkt = 0
+		qp.SQPkt = 0
 	}
 }
 
@@ -354,7 +354,7 @@ func (qp *QP) retireHead() {
 // CQ overrun, and tells the owner through the engine's async hook. The QP
 // stops sending at once: what it built and Progress has not handed out is
 // dropped too.
-func (qp *QP) toError(reason string) {
+func (qp *QP) ToError(reason string) {
 	if qp.state == qpstate.Err || qp.destroyed {
 		return
 	}
@@ -373,7 +373,7 @@ func (qp *QP) toError(reason string) {
 // requests (ACKs, READ responses, atomic ACKs) and its fatal NAK, if any,
 // precede the error on the wire as with rxe, so they are kept; nothing
 // else is built from now on.
-func (qp *QP) responderToError(reason string) {
+func (qp *QP) ResponderToError(reason string) {
 	if qp.state == qpstate.Err || qp.destroyed {
 		return
 	}
@@ -438,21 +438,21 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 			return false, fmt.Errorf("%w: post send on QP %d in state %v (needs RTS)", ErrState, qp.num, qp.state)
 		}
 	}
-	if qp.sqCount == len(qp.sq) {
-		return false, fmt.Errorf("%w: send queue of QP %d holds %d WRs (max_send_wr)", ErrQueueFull, qp.num, len(qp.sq))
+	if qp.SQCount == len(qp.SQ) {
+		return false, fmt.Errorf("%w: send queue of QP %d holds %d WRs (max_send_wr)", ErrQueueFull, qp.num, len(qp.SQ))
 	}
-	if len(swr.SGL) > qp.cfg.MaxSendSGE {
-		return false, fmt.Errorf("rc: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(swr.SGL), qp.num, qp.cfg.MaxSendSGE)
+	if len(swr.SGL) > qp.Config.MaxSendSGE {
+		return false, fmt.Errorf("rc: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(swr.SGL), qp.num, qp.Config.MaxSendSGE)
 	}
 	if !swr.Opcode.Known() {
 		return false, fmt.Errorf("rc: opcode %v is not supported on an RC QP", swr.Opcode)
 	}
 	// The service checks the slot's copy: the caller's WR, passed on
 	// through an interface, would escape to the heap.
-	w := &qp.sq[qp.sqTail]
-	w.wr = *swr
-	if err := qp.svc.CheckPost(&w.wr); err != nil {
-		w.wr = wr.SendWR{}
+	w := &qp.SQ[qp.SQTail]
+	w.WR = *swr
+	if err := qp.svc.CheckPost(&w.WR); err != nil {
+		w.WR = wr.SendWR{}
 		return false, err
 	}
 	length := 0
@@ -472,9 +472,9 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 	case length > 1<<31:
 		return false, fmt.Errorf("rc: message of %d bytes exceeds the 2 GiB RC limit", length)
 	}
-	w.sgl = append(w.sgl[:0], swr.SGL...)
-	w.wr.SGL = nil
-	w.isInline = false
+	w.SGL = append(w.SGL[:0], swr.SGL...)
+	w.WR.SGL = nil
+	w.IsInline = false
 	if swr.Opcode.IsLocal() {
 		length = 0
 	}
@@ -485,37 +485,37 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 		if swr.InlineData != nil {
 			length = len(swr.InlineData)
 		}
-		if length > qp.cfg.MaxInline {
-			return false, fmt.Errorf("rc: inline WR of %d bytes exceeds max_inline_data %d", length, qp.cfg.MaxInline)
+		if length > qp.Config.MaxInline {
+			return false, fmt.Errorf("rc: inline WR of %d bytes exceeds max_inline_data %d", length, qp.Config.MaxInline)
 		}
-		if cap(w.inline) < length {
-			w.inline = make([]byte, qp.cfg.MaxInline)
+		if cap(w.Inline) < length {
+			w.Inline = make([]byte, qp.Config.MaxInline)
 		}
-		w.inline = w.inline[:length]
+		w.Inline = w.Inline[:length]
 		if swr.InlineData != nil {
-			copy(w.inline, swr.InlineData)
-		} else if err := gather(e.mrs, qp.cfg.PD, w.sgl, 0, w.inline); err != nil {
+			copy(w.Inline, swr.InlineData)
+		} else if err := Gather(e.mrs, qp.Config.PD, w.SGL, 0, w.Inline); err != nil {
 			return false, fmt.Errorf("rc: inline data: %w", err)
 		}
-		w.isInline = true
+		w.IsInline = true
 	}
-	w.wr.InlineData = nil
+	w.WR.InlineData = nil
 	w.bindMW = bindMW
-	w.length = length
-	w.state = wqeQueued
-	w.readDone = 0
+	w.Length = length
+	w.State = WQEQueued
+	w.ReadDone = 0
 	// A WR on an idle send queue is sent by the poster itself once the
 	// lock is released (the driver's Doorbell), as a doorbell write starts
 	// an RDMA NIC: handing it to another goroutine would cost a wake-up
 	// and a switch on every round trip of a ping-pong. WRs posted behind
 	// outstanding work are left to the driver, which batches them.
-	ring = e.Doorbell != nil && qp.sqCount == 0 && qp.state != qpstate.Err && (e.DoorbellOK == nil || e.DoorbellOK())
+	ring = e.Doorbell != nil && qp.SQCount == 0 && qp.state != qpstate.Err && (e.DoorbellOK == nil || e.DoorbellOK())
 	if ring {
 		e.doorbells++
 	}
-	qp.sqTail = (qp.sqTail + 1) % len(qp.sq)
-	qp.sqCount++
-	qp.kick()
+	qp.SQTail = (qp.SQTail + 1) % len(qp.SQ)
+	qp.SQCount++
+	qp.Kick()
 	if qp.state == qpstate.Err {
 		// Posting to a QP in ERR completes with a flush error at once.
 		qp.flush()
@@ -531,8 +531,8 @@ func (qp *QP) PostRecv(rwr *wr.RecvWR) error {
 	if qp.destroyed {
 		return fmt.Errorf("%w: post recv on destroyed QP %d", ErrState, qp.num)
 	}
-	if qp.cfg.SRQ != nil {
-		return fmt.Errorf("%w: QP %d takes its receives from SRQ %d: post them to the SRQ", ErrState, qp.num, qp.cfg.SRQ.num)
+	if qp.Config.SRQ != nil {
+		return fmt.Errorf("%w: QP %d takes its receives from SRQ %d: post them to the SRQ", ErrState, qp.num, qp.Config.SRQ.num)
 	}
 	if qp.state == qpstate.Reset {
 		return fmt.Errorf("%w: post recv on QP %d in RESET", ErrState, qp.num)
@@ -540,8 +540,8 @@ func (qp *QP) PostRecv(rwr *wr.RecvWR) error {
 	if qp.rq.full() {
 		return fmt.Errorf("%w: receive queue of QP %d holds %d WRs (max_recv_wr)", ErrQueueFull, qp.num, len(qp.rq.wqes))
 	}
-	if len(rwr.SGL) > qp.cfg.MaxRecvSGE {
-		return fmt.Errorf("rc: recv WR has %d SGEs, QP %d allows %d (max_recv_sge)", len(rwr.SGL), qp.num, qp.cfg.MaxRecvSGE)
+	if len(rwr.SGL) > qp.Config.MaxRecvSGE {
+		return fmt.Errorf("rc: recv WR has %d SGEs, QP %d allows %d (max_recv_sge)", len(rwr.SGL), qp.num, qp.Config.MaxRecvSGE)
 	}
 	qp.rq.push(rwr)
 	if qp.state == qpstate.Err {
@@ -551,7 +551,7 @@ func (qp *QP) PostRecv(rwr *wr.RecvWR) error {
 }
 
 // kick marks the QP as having work for the next Progress.
-func (qp *QP) kick() {
+func (qp *QP) Kick() {
 	if !qp.txPending && !qp.destroyed {
 		qp.txPending = true
 		qp.e.pending = append(qp.e.pending, qp)
@@ -564,20 +564,20 @@ func (qp *QP) kick() {
 // pushSendWC delivers a send completion; false when the send CQ overran
 // (the CQ raises IBV_EVENT_CQ_ERR itself), which the caller must treat as
 // fatal for the QP, as the receive side does.
-func (qp *QP) pushSendWC(w *sendWQE, st cq.Status, orig uint64) bool {
-	if st == cq.Success && w.wr.Flags&wr.Signaled == 0 && !qp.sigAll {
+func (qp *QP) PushSendWC(w *SendWQE, st cq.Status, orig uint64) bool {
+	if st == cq.Success && w.WR.Flags&wr.Signaled == 0 && !qp.sigAll {
 		return true
 	}
-	wc := cq.WC{WRID: w.wr.ID, Status: st, Opcode: wcOpcode(w.wr.Opcode), QPNum: qp.num}
+	wc := cq.WC{WRID: w.WR.ID, Status: st, Opcode: wcOpcode(w.WR.Opcode), QPNum: qp.num}
 	if st == cq.Success {
 		switch {
-		case w.wr.Opcode == wr.RDMARead:
-			wc.ByteLen = uint32(w.length)
-		case w.wr.Opcode.IsAtomic():
+		case w.WR.Opcode == wr.RDMARead:
+			wc.ByteLen = uint32(w.Length)
+		case w.WR.Opcode.IsAtomic():
 			wc.ByteLen = 8 // the original value written to the local buffer
 		}
 	}
-	return qp.cfg.SendCQ.Push(wc)
+	return qp.Config.SendCQ.Push(wc)
 }
 
 func wcOpcode(o wr.Opcode) cq.Opcode {

@@ -34,7 +34,7 @@ func (qp *rcQP) Timers()                 { qp.checkTimers() }
 // PathChanged sizes the responder's READ and atomic resources for
 // max_dest_rd_atomic.
 func (qp *rcQP) PathChanged() {
-	if n := pow2(qp.path.MaxDestRDAtomic); len(qp.resp.resources) != n {
+	if n := pow2(qp.Attr.MaxDestRDAtomic); len(qp.resp.resources) != n {
 		qp.resp.resources = make([]rdResource, n)
 		qp.resp.resNext = 0
 		qp.resp.jobs = qp.resp.jobs[:0]
@@ -51,16 +51,16 @@ func pow2(n int) int {
 
 // EnterRTR arms the responder at RQPSN.
 func (qp *rcQP) EnterRTR() {
-	qp.resp.ePSN = qp.path.RQPSN & bth.PSNMask
+	qp.resp.ePSN = qp.Attr.RQPSN & bth.PSNMask
 	qp.resp.msn = 0
 }
 
 // EnterRTS starts the completer at the requester's first PSN, with the
 // full retry counts.
 func (qp *rcQP) EnterRTS() {
-	qp.compPSN = qp.nextPSN
-	qp.retryLeft = int(qp.path.RetryCnt)
-	qp.rnrLeft = int(qp.path.RNRRetry)
+	qp.compPSN = qp.NextPSN
+	qp.retryLeft = int(qp.Attr.RetryCnt)
+	qp.rnrLeft = int(qp.Attr.RNRRetry)
 }
 
 // Reset forgets the round-trip estimate, the retry state and the
@@ -117,7 +117,7 @@ func (qp *rcQP) Receive(pk *nic.Packet, p *bth.Packet) {
 	}
 	if len(qp.resp.jobs) > 0 {
 		if !qp.deferPacket(pk.Bytes()) {
-			qp.stats.Dropped++
+			qp.Counters.Dropped++
 		}
 		return
 	}

@@ -23,91 +23,90 @@ const (
 // send queue until the budget, the PSN window or max_rd_atomic stops it.
 // It reports whether it has nothing more to send right now.
 func (qp *rcQP) transmit(budget int) bool {
-	e := qp.e
-	if qp.state != qpstate.RTS || !qp.rnrDeadline.IsZero() {
+	if qp.StateLocked() != qpstate.RTS || !qp.RNRDeadline.IsZero() {
 		return true
 	}
-	pmtu := qp.path.PMTU
-	for len(e.tx) < budget {
-		if qp.sqSendOff >= qp.sqCount {
+	pmtu := qp.Attr.PMTU
+	for qp.Batched() < budget {
+		if qp.SQSendOff >= qp.SQCount {
 			return true
 		}
-		w := &qp.sq[(qp.sqHead+qp.sqSendOff)%len(qp.sq)]
-		if w.state == wqeDone {
-			qp.sqSendOff++
+		w := &qp.SQ[(qp.SQHead+qp.SQSendOff)%len(qp.SQ)]
+		if w.State == WQEDone {
+			qp.SQSendOff++
 			continue
 		}
-		if w.wr.Opcode.IsLocal() {
-			if qp.stepLocal(w) {
+		if w.WR.Opcode.IsLocal() {
+			if qp.StepLocal(w) {
 				return true
 			}
 			continue
 		}
-		if w.state == wqeQueued {
-			if needsRDResource(w.wr.Opcode) && qp.rdOutstanding >= qp.path.MaxRDAtomic {
+		if w.State == WQEQueued {
+			if needsRDResource(w.WR.Opcode) && qp.RDOutstanding >= qp.Attr.MaxRDAtomic {
 				return true // resumes when a READ/atomic completes
 			}
-			if w.wr.Flags&wr.Fence != 0 && qp.rdOutstanding > 0 {
+			if w.WR.Flags&wr.Fence != 0 && qp.RDOutstanding > 0 {
 				return true // IBV_SEND_FENCE: wait for prior READ/atomics
 			}
-			w.firstPSN = qp.nextPSN
+			w.FirstPSN = qp.NextPSN
 			switch {
-			case w.wr.Opcode.IsAtomic() || w.wr.Opcode == wr.AtomicWrite:
-				w.npsn = 1
+			case w.WR.Opcode.IsAtomic() || w.WR.Opcode == wr.AtomicWrite:
+				w.NPSN = 1
 			default:
 				// A READ request takes as many PSNs as its responses
 				// (IBTA §9.7.1; rxe update_wqe_psn).
-				w.npsn = NPackets(w.length, pmtu)
+				w.NPSN = NPackets(w.Length, pmtu)
 			}
-			w.lastPSN = bth.PSNAdd(w.firstPSN, w.npsn-1)
-			qp.nextPSN = bth.PSNAdd(qp.nextPSN, w.npsn)
-			w.state = wqeStarted
-			w.readDone = 0
-			qp.sqPkt = 0
-			if needsRDResource(w.wr.Opcode) {
-				qp.rdOutstanding++
+			w.LastPSN = bth.PSNAdd(w.FirstPSN, w.NPSN-1)
+			qp.NextPSN = bth.PSNAdd(qp.NextPSN, w.NPSN)
+			w.State = WQEStarted
+			w.ReadDone = 0
+			qp.SQPkt = 0
+			if needsRDResource(w.WR.Opcode) {
+				qp.RDOutstanding++
 			}
 		}
-		psn := bth.PSNAdd(w.firstPSN, qp.sqPkt)
+		psn := bth.PSNAdd(w.FirstPSN, qp.SQPkt)
 		if bth.PSNDiff(psn, qp.compPSN) >= maxUnackedPSNs {
 			return true // window full: an ACK reopens it
 		}
 		if bth.PSNDiff(psn, qp.maxSentPSN) <= 0 && qp.sentAny {
-			qp.stats.Retransmits++
+			qp.Counters.Retransmits++
 		} else {
 			qp.maxSentPSN, qp.sentAny = psn, true
 			qp.rtt.start(qp, psn)
-			if w.wr.Opcode == wr.RDMARead {
-				qp.maxSentPSN = w.lastPSN
+			if w.WR.Opcode == wr.RDMARead {
+				qp.maxSentPSN = w.LastPSN
 			}
 		}
-		if w.wr.Opcode == wr.RDMARead {
-			w.reRead = qp.sqPkt
+		if w.WR.Opcode == wr.RDMARead {
+			w.ReRead = qp.SQPkt
 		}
 		if !qp.buildRequest(w, psn) {
 			return true // the WQE failed locally; the QP is in ERR
 		}
-		lastPkt := w.wr.Opcode == wr.RDMARead || w.wr.Opcode.IsAtomic() || w.wr.Opcode == wr.AtomicWrite || qp.sqPkt+1 >= w.npsn
+		lastPkt := w.WR.Opcode == wr.RDMARead || w.WR.Opcode.IsAtomic() || w.WR.Opcode == wr.AtomicWrite || qp.SQPkt+1 >= w.NPSN
 		if lastPkt {
-			qp.sqSendOff++
-			qp.sqPkt = 0
+			qp.SQSendOff++
+			qp.SQPkt = 0
 		} else {
-			qp.sqPkt++
+			qp.SQPkt++
 		}
-		if qp.retryDeadline.IsZero() && qp.path.Timeout != 0 {
-			qp.retryDeadline = e.now.Add(qp.ackTimeout())
-			qp.updateTimerSet()
+		if qp.RetryDeadline.IsZero() && qp.Attr.Timeout != 0 {
+			qp.RetryDeadline = qp.Now().Add(qp.ackTimeout())
+			qp.UpdateTimerSet()
 		}
 	}
 	return false
 }
 
 // buildRequest writes packet number qp.sqPkt of w at PSN psn.
-func (qp *rcQP) buildRequest(w *sendWQE, psn uint32) bool {
-	pmtu := qp.path.PMTU
-	f := bth.Fields{BTH: bth.BTHFields{PKey: 0xffff, DestQP: qp.path.DestQPN, PSN: psn}}
-	k := qp.sqPkt
-	op := w.wr.Opcode
+func (qp *rcQP) buildRequest(w *SendWQE, psn uint32) bool {
+	pmtu := qp.Attr.PMTU
+	f := bth.Fields{BTH: bth.BTHFields{PKey: 0xffff, DestQP: qp.Attr.DestQPN, PSN: psn}}
+	k := qp.SQPkt
+	op := w.WR.Opcode
 	var off, plen int
 	switch {
 	case op == wr.RDMARead:
@@ -115,56 +114,56 @@ func (qp *rcQP) buildRequest(w *sendWQE, psn uint32) bool {
 		off = k * pmtu
 		f.BTH.Opcode = bth.RCReadRequest
 		f.BTH.AckReq = true
-		f.VA, f.RKey, f.DMALen = w.wr.RemoteAddr+uint64(off), w.wr.RKey, uint32(w.length-off)
+		f.VA, f.RKey, f.DMALen = w.WR.RemoteAddr+uint64(off), w.WR.RKey, uint32(w.Length-off)
 	case op.IsAtomic():
 		f.BTH.Opcode = bth.RCCompareSwap
-		f.SwapAdd, f.Compare = w.wr.Swap, w.wr.CompareAdd
+		f.SwapAdd, f.Compare = w.WR.Swap, w.WR.CompareAdd
 		if op == wr.AtomicFetchAndAdd {
 			f.BTH.Opcode = bth.RCFetchAdd
-			f.SwapAdd, f.Compare = w.wr.CompareAdd, 0
+			f.SwapAdd, f.Compare = w.WR.CompareAdd, 0
 		}
 		f.BTH.AckReq = true
-		f.VA, f.RKey = w.wr.RemoteAddr, w.wr.RKey
+		f.VA, f.RKey = w.WR.RemoteAddr, w.WR.RKey
 	case op == wr.AtomicWrite:
 		f.BTH.Opcode = bth.RCAtomicWrite
 		f.BTH.AckReq = true
-		f.VA, f.RKey, f.DMALen = w.wr.RemoteAddr, w.wr.RKey, 8
+		f.VA, f.RKey, f.DMALen = w.WR.RemoteAddr, w.WR.RKey, 8
 		plen = 8
 	default:
 		off = k * pmtu
-		plen = min(pmtu, w.length-off)
-		first, last := k == 0, k == w.npsn-1
+		plen = min(pmtu, w.Length-off)
+		first, last := k == 0, k == w.NPSN-1
 		f.BTH.Opcode = SegOpcode(op, first, last)
 		f.BTH.AckReq = last || k%ackReqEvery == ackReqEvery-1
-		f.BTH.SE = last && w.wr.Flags&wr.Solicited != 0 && (op.IsSend() || op == wr.RDMAWriteWithImm)
+		f.BTH.SE = last && w.WR.Flags&wr.Solicited != 0 && (op.IsSend() || op == wr.RDMAWriteWithImm)
 		if op.IsWrite() && first {
-			f.VA, f.RKey, f.DMALen = w.wr.RemoteAddr, w.wr.RKey, uint32(w.length)
+			f.VA, f.RKey, f.DMALen = w.WR.RemoteAddr, w.WR.RKey, uint32(w.Length)
 		}
-		f.Imm = w.wr.Imm
-		f.InvRKey = w.wr.InvRKey
+		f.Imm = w.WR.Imm
+		f.InvRKey = w.WR.InvRKey
 	}
-	buf := qp.newPacket()
+	buf := qp.NewPacket()
 	n := bth.WriteHeaders(buf, &f, plen)
 	hdr := f.BTH.Opcode.Info().HdrLen
 	var err error
 	switch {
 	case op == wr.AtomicWrite:
-		copy(buf[hdr:], w.wr.AtomicWrite[:])
+		copy(buf[hdr:], w.WR.AtomicWrite[:])
 	case plen == 0:
-	case w.isInline:
-		copy(buf[hdr:hdr+plen], w.inline[off:])
+	case w.IsInline:
+		copy(buf[hdr:hdr+plen], w.Inline[off:])
 	default:
-		err = gather(qp.e.mrs, qp.cfg.PD, w.sgl, off, buf[hdr:hdr+plen])
+		err = Gather(qp.MRs(), qp.Config.PD, w.SGL, off, buf[hdr:hdr+plen])
 	}
 	if err != nil {
 		// A bad lkey is the local protection error of IBV_WC_LOC_PROT_ERR;
 		// the packet is not sent and the QP goes to ERR (IBTA §10.8.3.1).
-		qp.e.unbuild()
+		qp.Unbuild()
 		qp.completeHead(LocalErrStatus(err), 0)
-		qp.toError("local protection error on send: " + err.Error())
+		qp.ToError("local protection error on send: " + err.Error())
 		return false
 	}
-	qp.sent(n)
+	qp.Sent(n)
 	return true
 }
 

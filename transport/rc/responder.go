@@ -54,7 +54,7 @@ func (qp *rcQP) deferPacket(b []byte) bool {
 	}
 	i := (r.blHead + r.blN) % backlogSlots
 	if r.backlog[i] == nil {
-		r.backlog[i] = qp.e.getBuf()
+		r.backlog[i] = qp.GetBuf()
 	}
 	r.backlogLen[i] = copy(r.backlog[i], b)
 	r.blN++
@@ -67,7 +67,7 @@ func (qp *rcQP) releaseBacklog() {
 	r := &qp.resp
 	for i, b := range r.backlog {
 		if b != nil {
-			qp.e.free = append(qp.e.free, b)
+			qp.PutBuf(b)
 			r.backlog[i] = nil
 		}
 	}
@@ -78,7 +78,7 @@ func (qp *rcQP) releaseBacklog() {
 func (qp *rcQP) drainBacklog() {
 	r := &qp.resp
 	var p bth.Packet
-	for r.blN > 0 && len(r.jobs) == 0 && qp.canSend() {
+	for r.blN > 0 && len(r.jobs) == 0 && qp.CanSend() {
 		i := r.blHead
 		r.blHead = (r.blHead + 1) % backlogSlots
 		r.blN--
@@ -86,7 +86,7 @@ func (qp *rcQP) drainBacklog() {
 			qp.respond(&p)
 		}
 		// respond copied what it keeps (payloads land in memory at once).
-		qp.e.free = append(qp.e.free, r.backlog[i])
+		qp.PutBuf(r.backlog[i])
 		r.backlog[i] = nil
 	}
 	if qp.ackPending {
@@ -130,16 +130,16 @@ func (qp *rcQP) respond(p *bth.Packet) {
 	if d > 0 {
 		// Out of sequence: exactly one NAK per gap, carrying the expected
 		// PSN; later packets of the gap are dropped silently (rxe check_psn).
-		qp.stats.OutOfSeqRequests++
+		qp.Counters.OutOfSeqRequests++
 		if !r.nakSent {
 			r.nakSent = true
-			qp.stats.SeqNAKsSent++
+			qp.Counters.SeqNAKsSent++
 			qp.sendNAK(bth.SyndromePSNSeqError, r.ePSN)
 		}
 		return
 	}
 	if d < 0 {
-		qp.stats.DupRequests++
+		qp.Counters.DupRequests++
 		qp.duplicate(p)
 		return
 	}
@@ -155,7 +155,7 @@ func (qp *rcQP) respond(p *bth.Packet) {
 		qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "opcode sequence: no message started")
 		return
 	}
-	if !PMTULengthOK(info, len(p.Payload), qp.path.PMTU) {
+	if !PMTULengthOK(info, len(p.Payload), qp.Attr.PMTU) {
 		qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "packet length does not fit the path MTU")
 		return
 	}
@@ -178,14 +178,14 @@ func (qp *rcQP) respond(p *bth.Packet) {
 		qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "unsupported opcode "+info.Name)
 		return
 	}
-	if !qp.canSend() {
+	if !qp.CanSend() {
 		return // a receive CQ overrun moved the QP to ERR: no ACK
 	}
 	r.ePSN = bth.PSNAdd(r.ePSN, 1)
 	r.lastAckable, r.hasLastAckable = psn, true
 	if p.BTH.AckReq() {
 		qp.ackPending, qp.ackPSN = true, psn
-		qp.kick()
+		qp.Kick()
 	}
 }
 
@@ -193,8 +193,8 @@ func (qp *rcQP) respond(p *bth.Packet) {
 // for a missing receive WQE, otherwise a fatal NAK and the QP to ERR.
 func (qp *rcQP) rcFail(psn uint32, f RespFail) {
 	if f.Kind == FailRNR {
-		qp.stats.RNRNAKsSent++
-		qp.sendNAK(bth.RNRNAK(qp.path.MinRNRTimer), psn)
+		qp.Counters.RNRNAKsSent++
+		qp.sendNAK(bth.RNRNAK(qp.Attr.MinRNRTimer), psn)
 		return
 	}
 	qp.responderError(f.Syn, psn, f.St, f.Reason())
@@ -225,9 +225,9 @@ func (qp *rcQP) recvSend(p *bth.Packet) bool {
 				qp.resp.msn = bth.PSNAdd(qp.resp.msn, 1)
 				qp.ackPending, qp.ackPSN = true, psn
 				qp.flushAck()
-				qp.cfg.RecvCQ.Push(cq.WC{WRID: qp.Msg.RecvID, Status: cq.RemInvReqErr, Opcode: cq.OpRecv, QPNum: qp.num, SrcQP: qp.path.DestQPN})
+				qp.Config.RecvCQ.Push(cq.WC{WRID: qp.Msg.RecvID, Status: cq.RemInvReqErr, Opcode: cq.OpRecv, QPNum: qp.Num(), SrcQP: qp.Attr.DestQPN})
 				qp.Msg = Message{RecvSGL: qp.Msg.RecvSGL}
-				qp.responderToError("responder: SEND with invalidate: " + err.Error())
+				qp.ResponderToError("responder: SEND with invalidate: " + err.Error())
 				return false
 			}
 			wc.InvalidatedRKey, wc.Flags = rkey, cq.FlagWithInv
@@ -258,7 +258,7 @@ func (qp *rcQP) recvWrite(p *bth.Packet) bool {
 func (qp *rcQP) recvRead(p *bth.Packet) {
 	r := &qp.resp
 	psn := p.BTH.PSN()
-	if qp.path.Access&memreg.AccessRemoteRead == 0 {
+	if qp.Attr.Access&memreg.AccessRemoteRead == 0 {
 		qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "QP does not allow remote read")
 		return
 	}
@@ -272,7 +272,7 @@ func (qp *rcQP) recvRead(p *bth.Packet) {
 		qp.accessError(psn, err)
 		return
 	}
-	n := NPackets(int(length), qp.path.PMTU)
+	n := NPackets(int(length), qp.Attr.PMTU)
 	qp.flushAck() // earlier ACKs go before the READ responses
 	// The MSN counts the READ when it is accepted (IBTA C9-148).
 	r.msn = bth.PSNAdd(r.msn, 1)
@@ -280,7 +280,7 @@ func (qp *rcQP) recvRead(p *bth.Packet) {
 	*res = rdResource{gen: res.gen, op: bth.OpReadRequest, firstPSN: psn, lastPSN: bth.PSNAdd(psn, n-1), va: va, rkey: rkey, length: int(length)}
 	r.addJob(i, psn)
 	r.ePSN = bth.PSNAdd(psn, n)
-	qp.kick()
+	qp.Kick()
 }
 
 func (r *responder) addJob(i int, psn uint32) {
@@ -304,7 +304,7 @@ func (qp *rcQP) recvAtomic(p *bth.Packet) {
 	res := rdResource{op: info.Op, firstPSN: psn, lastPSN: psn}
 	switch info.Op {
 	case bth.OpCompareSwap, bth.OpFetchAdd:
-		if qp.path.Access&memreg.AccessRemoteAtomic == 0 {
+		if qp.Attr.Access&memreg.AccessRemoteAtomic == 0 {
 			qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "QP does not allow remote atomics")
 			return
 		}
@@ -316,7 +316,7 @@ func (qp *rcQP) recvAtomic(p *bth.Packet) {
 		orig, err = mrs.Atomic(a.RKey(), a.VA(), aop, a.SwapAdd(), a.Compare())
 		res.va, res.rkey, res.orig = a.VA(), a.RKey(), orig
 	case bth.OpAtomicWrite:
-		if qp.path.Access&memreg.AccessRemoteWrite == 0 {
+		if qp.Attr.Access&memreg.AccessRemoteWrite == 0 {
 			qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "QP does not allow remote write (ATOMIC_WRITE)")
 			return
 		}
@@ -345,18 +345,18 @@ func (qp *rcQP) recvAtomic(p *bth.Packet) {
 // replyAtomic answers an atomic with its original value, and ATOMIC_WRITE
 // and FLUSH with an empty READ_RESPONSE_ONLY (IBTA 1.5 A19).
 func (qp *rcQP) replyAtomic(res *rdResource) {
-	if !qp.canSend() {
+	if !qp.CanSend() {
 		return
 	}
-	f := bth.Fields{BTH: bth.BTHFields{PKey: 0xffff, DestQP: qp.path.DestQPN, PSN: res.firstPSN},
+	f := bth.Fields{BTH: bth.BTHFields{PKey: 0xffff, DestQP: qp.Attr.DestQPN, PSN: res.firstPSN},
 		Syndrome: bth.SyndromeACKUnlimited, MSN: qp.resp.msn, Orig: res.orig}
 	f.BTH.Opcode = bth.RCAtomicAck
 	if res.op == bth.OpAtomicWrite || res.op == bth.OpFlush {
 		f.BTH.Opcode = bth.RCReadResponseOnly
 	}
 	qp.flushAck()
-	buf := qp.newPacket()
-	qp.sent(bth.WriteHeaders(buf, &f, 0))
+	buf := qp.NewPacket()
+	qp.Sent(bth.WriteHeaders(buf, &f, 0))
 }
 
 // duplicate answers a request whose PSN is behind the expected one
@@ -374,7 +374,7 @@ func (qp *rcQP) duplicate(p *bth.Packet) {
 			ack = r.lastAckable
 		}
 		qp.ackPending, qp.ackPSN = true, ack
-		qp.kick()
+		qp.Kick()
 	case bth.OpReadRequest:
 		for i := range r.resources {
 			res := &r.resources[i]
@@ -389,10 +389,10 @@ func (qp *rcQP) duplicate(p *bth.Packet) {
 				break
 			}
 			r.addJob(i, psn)
-			qp.kick()
+			qp.Kick()
 			return
 		}
-		qp.stats.Dropped++ // no resource: silently dropped (class D)
+		qp.Counters.Dropped++ // no resource: silently dropped (class D)
 	default:
 		for i := range r.resources {
 			res := &r.resources[i]
@@ -403,19 +403,18 @@ func (qp *rcQP) duplicate(p *bth.Packet) {
 				return
 			}
 		}
-		qp.stats.Dropped++
+		qp.Counters.Dropped++
 	}
 }
 
 // transmit sends queued READ responses; it reports whether all are out.
 func (r *responder) transmit(qp *rcQP, budget int) bool {
-	e := qp.e
-	pmtu := qp.path.PMTU
-	if !qp.canSend() {
+	pmtu := qp.Attr.PMTU
+	if !qp.CanSend() {
 		r.jobs = r.jobs[:0]
 		return true
 	}
-	for len(r.jobs) > 0 && len(e.tx) < budget {
+	for len(r.jobs) > 0 && qp.Batched() < budget {
 		j := &r.jobs[0]
 		res := &r.resources[j.res]
 		if res.gen != j.gen || res.op != bth.OpReadRequest {
@@ -437,26 +436,26 @@ func (r *responder) transmit(qp *rcQP, budget int) bool {
 		default:
 			op = bth.RCReadResponseMiddle
 		}
-		f := bth.Fields{BTH: bth.BTHFields{Opcode: op, PKey: 0xffff, DestQP: qp.path.DestQPN, PSN: j.psn},
+		f := bth.Fields{BTH: bth.BTHFields{Opcode: op, PKey: 0xffff, DestQP: qp.Attr.DestQPN, PSN: j.psn},
 			Syndrome: bth.SyndromeACKUnlimited, MSN: r.msn}
-		buf := qp.newPacket()
+		buf := qp.NewPacket()
 		nb := bth.WriteHeaders(buf, &f, plen)
 		if plen > 0 {
 			hdr := op.Info().HdrLen
 			if err := qp.Remote().Read(res.rkey, res.va+uint64(off), buf[hdr:hdr+plen]); err != nil {
-				e.unbuild()
+				qp.Unbuild()
 				r.jobs = r.jobs[:0]
 				qp.accessError(j.psn, err)
 				return true
 			}
 		}
-		qp.sent(nb)
+		qp.Sent(nb)
 		j.psn = bth.PSNAdd(j.psn, 1)
 		if k >= n-1 {
 			r.jobs = append(r.jobs[:0], r.jobs[1:]...)
 		}
 	}
-	if len(r.jobs) == 0 && r.blN > 0 && qp.canSend() {
+	if len(r.jobs) == 0 && r.blN > 0 && qp.CanSend() {
 		qp.drainBacklog()
 	}
 	return len(r.jobs) == 0
@@ -474,10 +473,10 @@ func (qp *rcQP) accessError(psn uint32, err error) {
 func (qp *rcQP) responderError(syn bth.Syndrome, psn uint32, st cq.Status, why string) {
 	qp.sendNAK(syn, psn)
 	if qp.Msg.HasRecv {
-		qp.cfg.RecvCQ.Push(cq.WC{WRID: qp.Msg.RecvID, Status: st, Opcode: cq.OpRecv, QPNum: qp.num, SrcQP: qp.path.DestQPN})
+		qp.Config.RecvCQ.Push(cq.WC{WRID: qp.Msg.RecvID, Status: st, Opcode: cq.OpRecv, QPNum: qp.Num(), SrcQP: qp.Attr.DestQPN})
 		qp.Msg.HasRecv = false
 	}
-	qp.responderToError("responder: " + why)
+	qp.ResponderToError("responder: " + why)
 }
 
 func (qp *rcQP) pushRecvWC(wc cq.WC, solicited bool) {
@@ -485,7 +484,7 @@ func (qp *rcQP) pushRecvWC(wc cq.WC, solicited bool) {
 		// Earlier requests keep their ACK; this one gets none (rxe:
 		// RESPST_ERR_CQ_OVERFLOW, no ACK, QP to ERR).
 		qp.flushAck()
-		qp.responderToError("receive CQ overrun")
+		qp.ResponderToError("receive CQ overrun")
 	}
 }
 
@@ -510,11 +509,11 @@ func (qp *rcQP) sendNAK(syn bth.Syndrome, psn uint32) {
 // ack emits an ACKNOWLEDGE. rxe and ConnectX send credit code 31 (no
 // end-to-end flow control), and so do we.
 func (qp *rcQP) ack(syn bth.Syndrome, psn uint32) {
-	if !qp.canSend() {
+	if !qp.CanSend() {
 		return
 	}
-	f := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCAck, PKey: 0xffff, DestQP: qp.path.DestQPN, PSN: psn},
+	f := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCAck, PKey: 0xffff, DestQP: qp.Attr.DestQPN, PSN: psn},
 		Syndrome: syn, MSN: qp.resp.msn}
-	buf := qp.newPacket()
-	qp.sent(bth.WriteHeaders(buf, &f, 0))
+	buf := qp.NewPacket()
+	qp.Sent(bth.WriteHeaders(buf, &f, 0))
 }

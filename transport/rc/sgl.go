@@ -9,7 +9,7 @@ import (
 )
 
 // gather copies len(dst) bytes starting at byte off of the SGL into dst.
-func gather(mrs *memreg.Table, pd *memreg.PD, sgl []wr.SGE, off int, dst []byte) error {
+func Gather(mrs *memreg.Table, pd *memreg.PD, sgl []wr.SGE, off int, dst []byte) error {
 	for _, s := range sgl {
 		if len(dst) == 0 {
 			return nil
@@ -33,7 +33,7 @@ func gather(mrs *memreg.Table, pd *memreg.PD, sgl []wr.SGE, off int, dst []byte)
 }
 
 // scatter copies src into the SGL starting at byte off.
-func scatter(mrs *memreg.Table, pd *memreg.PD, sgl []wr.SGE, off int, src []byte) error {
+func Scatter(mrs *memreg.Table, pd *memreg.PD, sgl []wr.SGE, off int, src []byte) error {
 	for _, s := range sgl {
 		if len(src) == 0 {
 			return nil

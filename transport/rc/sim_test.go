@@ -292,8 +292,8 @@ func (qp *QP) debug() string {
 		r, compPSN = rq.resp, rq.compPSN
 	}
 	return fmt.Sprintf("QP %d state %v sq=%d sendOff=%d pkt=%d comp=%d next=%d rd=%d/%d retryDL=%v rnrDL=%v | ePSN=%d msn=%d jobs=%d backlog=%d cur=%v txPending=%v",
-		qp.num, qp.state, qp.sqCount, qp.sqSendOff, qp.sqPkt, compPSN, qp.nextPSN, qp.rdOutstanding, qp.path.MaxRDAtomic,
-		!qp.retryDeadline.IsZero(), !qp.rnrDeadline.IsZero(), r.ePSN, r.msn, len(r.jobs), r.blN, qp.Msg.Active, qp.txPending)
+		qp.num, qp.state, qp.SQCount, qp.SQSendOff, qp.SQPkt, compPSN, qp.NextPSN, qp.RDOutstanding, qp.Attr.MaxRDAtomic,
+		!qp.RetryDeadline.IsZero(), !qp.RNRDeadline.IsZero(), r.ePSN, r.msn, len(r.jobs), r.blN, qp.Msg.Active, qp.txPending)
 }
 
 func (s *sim) dump() string {
@@ -301,9 +301,9 @@ func (s *sim) dump() string {
 	for i, ep := range s.ep {
 		for _, qp := range ep.e.qps {
 			out += fmt.Sprintf("ep%d %s\n", i, qp.debug())
-			if qp.sqCount > 0 {
-				w := &qp.sq[qp.sqHead]
-				out += fmt.Sprintf("    head: %v len=%d state=%d psn %d..%d readDone=%d\n", w.wr.Opcode, w.length, w.state, w.firstPSN, w.lastPSN, w.readDone)
+			if qp.SQCount > 0 {
+				w := &qp.SQ[qp.SQHead]
+				out += fmt.Sprintf("    head: %v len=%d state=%d psn %d..%d readDone=%d\n", w.WR.Opcode, w.Length, w.State, w.FirstPSN, w.LastPSN, w.ReadDone)
 			}
 		}
 	}

@@ -9,16 +9,16 @@ import (
 
 // recvRing is a ring of receive WQEs: a QP's own receive queue or an SRQ.
 type recvRing struct {
-	wqes        []recvWQE
+	wqes        []RecvWQE
 	head, count int
 }
 
 func newRecvRing(n, maxSGE int) recvRing {
-	r := recvRing{wqes: make([]recvWQE, n)}
+	r := recvRing{wqes: make([]RecvWQE, n)}
 	// One backing array for every slot's SGL: posting never allocates.
 	sges := make([]wr.SGE, n*maxSGE)
 	for i := range r.wqes {
-		r.wqes[i].sgl = sges[i*maxSGE : i*maxSGE : (i+1)*maxSGE]
+		r.wqes[i].SGL = sges[i*maxSGE : i*maxSGE : (i+1)*maxSGE]
 	}
 	return r
 }
@@ -29,8 +29,8 @@ func (r *recvRing) moveTo(to *recvRing) {
 	for r.count > 0 {
 		w := r.pop()
 		d := &to.wqes[(to.head+to.count)%len(to.wqes)]
-		d.id, d.len = w.id, w.len
-		d.sgl = append(d.sgl[:0], w.sgl...)
+		d.ID, d.Len = w.ID, w.Len
+		d.SGL = append(d.SGL[:0], w.SGL...)
 		to.count++
 	}
 }
@@ -40,17 +40,17 @@ func (r *recvRing) full() bool { return r.count == len(r.wqes) }
 // push copies rwr into the next free slot; the caller checked full().
 func (r *recvRing) push(rwr *wr.RecvWR) {
 	w := &r.wqes[(r.head+r.count)%len(r.wqes)]
-	w.id = rwr.ID
-	w.sgl = append(w.sgl[:0], rwr.SGL...)
-	w.len = 0
+	w.ID = rwr.ID
+	w.SGL = append(w.SGL[:0], rwr.SGL...)
+	w.Len = 0
 	for _, s := range rwr.SGL {
-		w.len += int(s.Length)
+		w.Len += int(s.Length)
 	}
 	r.count++
 }
 
 // pop returns the oldest WQE, valid until the slot is posted to again.
-func (r *recvRing) pop() *recvWQE {
+func (r *recvRing) pop() *RecvWQE {
 	w := &r.wqes[r.head]
 	r.head = (r.head + 1) % len(r.wqes)
 	r.count--
@@ -214,7 +214,7 @@ func (s *SRQ) Query() SRQState {
 
 // take pops the oldest WQE, or returns nil when the SRQ is empty, and
 // fires the limit.
-func (s *SRQ) take() *recvWQE {
+func (s *SRQ) Take() *RecvWQE {
 	if s.ring.count == 0 {
 		return nil
 	}

@@ -30,7 +30,7 @@ func (*ucQP) Transport() bth.Transport { return bth.TransportUC }
 // CheckPost refuses what UC does not carry: READ, atomics, invalidate.
 func (*ucQP) CheckPost(swr *wr.SendWR) error { return uc.CheckPost(swr.Opcode) }
 
-func (qp *ucQP) EnterRTR() { qp.recv.Reset(qp.path.RQPSN) }
+func (qp *ucQP) EnterRTR() { qp.recv.Reset(qp.Attr.RQPSN) }
 
 // PurgeOnError is false: every packet a UC QP has built belongs to a work
 // request that has completed, or is its own failing one: they still
@@ -63,88 +63,87 @@ func (qp *ucQP) Receive(pk *nic.Packet, p *bth.Packet) {
 // the transmit batch even if the QP enters ERR before Progress hands them
 // out, since their WQEs have completed (see toError).
 func (qp *ucQP) transmit(budget int) bool {
-	e := qp.e
-	if qp.state != qpstate.RTS {
+	if qp.StateLocked() != qpstate.RTS {
 		return true
 	}
-	pmtu := qp.path.PMTU
-	for len(e.tx) < budget {
-		if qp.sqSendOff >= qp.sqCount {
+	pmtu := qp.Attr.PMTU
+	for qp.Batched() < budget {
+		if qp.SQSendOff >= qp.SQCount {
 			return true
 		}
-		w := &qp.sq[(qp.sqHead+qp.sqSendOff)%len(qp.sq)]
-		if w.state == wqeDone {
-			qp.sqSendOff++
+		w := &qp.SQ[(qp.SQHead+qp.SQSendOff)%len(qp.SQ)]
+		if w.State == WQEDone {
+			qp.SQSendOff++
 			continue
 		}
-		if w.wr.Opcode.IsLocal() {
-			if qp.stepLocal(w) {
+		if w.WR.Opcode.IsLocal() {
+			if qp.StepLocal(w) {
 				return true
 			}
 			continue
 		}
-		if w.state == wqeQueued {
+		if w.State == WQEQueued {
 			// UC has no READ or atomics: nothing to fence or wait for.
-			w.firstPSN = qp.nextPSN
-			w.npsn = NPackets(w.length, pmtu)
-			w.lastPSN = bth.PSNAdd(w.firstPSN, w.npsn-1)
-			qp.nextPSN = bth.PSNAdd(qp.nextPSN, w.npsn)
-			w.state = wqeStarted
-			w.readDone = 0
-			qp.sqPkt = 0
+			w.FirstPSN = qp.NextPSN
+			w.NPSN = NPackets(w.Length, pmtu)
+			w.LastPSN = bth.PSNAdd(w.FirstPSN, w.NPSN-1)
+			qp.NextPSN = bth.PSNAdd(qp.NextPSN, w.NPSN)
+			w.State = WQEStarted
+			w.ReadDone = 0
+			qp.SQPkt = 0
 		}
-		psn := bth.PSNAdd(w.firstPSN, qp.sqPkt)
+		psn := bth.PSNAdd(w.FirstPSN, qp.SQPkt)
 		if !qp.buildRequest(w, psn) {
 			return true // the WQE failed locally; the QP is in ERR
 		}
-		if qp.sqPkt+1 >= w.npsn {
-			qp.sqSendOff++
-			qp.sqPkt = 0
+		if qp.SQPkt+1 >= w.NPSN {
+			qp.SQSendOff++
+			qp.SQPkt = 0
 			qp.completeHead(cq.Success)
 			continue
 		}
-		qp.sqPkt++
+		qp.SQPkt++
 	}
 	return false
 }
 
 // buildRequest writes packet number qp.sqPkt of w at PSN psn: the RC
 // segment under the UC prefix, never with AckReq.
-func (qp *ucQP) buildRequest(w *sendWQE, psn uint32) bool {
-	pmtu := qp.path.PMTU
-	f := bth.Fields{BTH: bth.BTHFields{PKey: 0xffff, DestQP: qp.path.DestQPN, PSN: psn}}
-	k := qp.sqPkt
-	op := w.wr.Opcode
+func (qp *ucQP) buildRequest(w *SendWQE, psn uint32) bool {
+	pmtu := qp.Attr.PMTU
+	f := bth.Fields{BTH: bth.BTHFields{PKey: 0xffff, DestQP: qp.Attr.DestQPN, PSN: psn}}
+	k := qp.SQPkt
+	op := w.WR.Opcode
 	off := k * pmtu
-	plen := min(pmtu, w.length-off)
-	first, last := k == 0, k == w.npsn-1
+	plen := min(pmtu, w.Length-off)
+	first, last := k == 0, k == w.NPSN-1
 	f.BTH.Opcode = uc.Opcode(SegOpcode(op, first, last))
-	f.BTH.SE = last && w.wr.Flags&wr.Solicited != 0 && (op.IsSend() || op == wr.RDMAWriteWithImm)
+	f.BTH.SE = last && w.WR.Flags&wr.Solicited != 0 && (op.IsSend() || op == wr.RDMAWriteWithImm)
 	if op.IsWrite() && first {
-		f.VA, f.RKey, f.DMALen = w.wr.RemoteAddr, w.wr.RKey, uint32(w.length)
+		f.VA, f.RKey, f.DMALen = w.WR.RemoteAddr, w.WR.RKey, uint32(w.Length)
 	}
-	f.Imm = w.wr.Imm
-	f.InvRKey = w.wr.InvRKey
-	buf := qp.newPacket()
+	f.Imm = w.WR.Imm
+	f.InvRKey = w.WR.InvRKey
+	buf := qp.NewPacket()
 	n := bth.WriteHeaders(buf, &f, plen)
 	hdr := f.BTH.Opcode.Info().HdrLen
 	var err error
 	switch {
 	case plen == 0:
-	case w.isInline:
-		copy(buf[hdr:hdr+plen], w.inline[off:])
+	case w.IsInline:
+		copy(buf[hdr:hdr+plen], w.Inline[off:])
 	default:
-		err = gather(qp.e.mrs, qp.cfg.PD, w.sgl, off, buf[hdr:hdr+plen])
+		err = Gather(qp.MRs(), qp.Config.PD, w.SGL, off, buf[hdr:hdr+plen])
 	}
 	if err != nil {
 		// As RC: the packet is not sent, the WQE completes in error and
 		// the QP goes to ERR (IBTA §10.8.3.1).
-		qp.e.unbuild()
+		qp.Unbuild()
 		qp.completeHead(LocalErrStatus(err))
-		qp.toError("local protection error on send: " + err.Error())
+		qp.ToError("local protection error on send: " + err.Error())
 		return false
 	}
-	qp.sent(n)
+	qp.Sent(n)
 	return true
 }
 
@@ -155,9 +154,9 @@ func (qp *ucQP) completeHead(st cq.Status) {
 		return
 	}
 	if st == cq.Success {
-		qp.drainLocal()
+		qp.DrainLocal()
 	}
-	qp.kick()
+	qp.Kick()
 }
 
 // respond handles one request packet (IBTA §9.8; rxe's UC paths of
@@ -171,13 +170,13 @@ func (qp *ucQP) respond(p *bth.Packet) {
 	}
 	if !v.Execute {
 		if v.Why == uc.PSNError {
-			qp.stats.OutOfSeqRequests++
+			qp.Counters.OutOfSeqRequests++
 		} else {
-			qp.stats.Dropped++
+			qp.Counters.Dropped++
 		}
 		return
 	}
-	if !PMTULengthOK(info, len(p.Payload), qp.path.PMTU) {
+	if !PMTULengthOK(info, len(p.Payload), qp.Attr.PMTU) {
 		qp.fail(RespFail{Kind: FailRequest, Why: "packet length does not fit the path MTU"})
 		return
 	}
@@ -207,7 +206,7 @@ func (qp *ucQP) respond(p *bth.Packet) {
 // the QP to ERR.
 func (qp *ucQP) pushRecvWC(wc cq.WC, solicited bool) {
 	if !qp.PushRecv(wc, solicited) {
-		qp.responderToError("receive CQ overrun")
+		qp.ResponderToError("receive CQ overrun")
 	}
 }
 
@@ -215,8 +214,8 @@ func (qp *ucQP) pushRecvWC(wc cq.WC, solicited bool) {
 // kept for the next message, as rxe resets it (class D1); a WQE of an SRQ
 // completes REM_INV_REQ_ERR instead (class E, as rxe).
 func (qp *ucQP) abandon() {
-	qp.stats.Dropped++
-	if qp.cfg.SRQ != nil {
+	qp.Counters.Dropped++
+	if qp.Config.SRQ != nil {
 		qp.completeHeld(cq.RemInvReqErr)
 	}
 	qp.EndMsg()
@@ -231,15 +230,15 @@ func (qp *ucQP) abandon() {
 // or length error.
 func (qp *ucQP) fail(f RespFail) {
 	qp.recv.Fail()
-	qp.stats.Dropped++
+	qp.Counters.Dropped++
 	switch {
 	case f.Kind == FailLocal:
 		qp.completeHeld(f.St)
-		qp.responderToError("responder: " + f.Reason())
+		qp.ResponderToError("responder: " + f.Reason())
 		return
-	case qp.cfg.SRQ != nil && f.Kind == FailAccess:
+	case qp.Config.SRQ != nil && f.Kind == FailAccess:
 		qp.completeHeld(cq.RemAccessErr)
-	case qp.cfg.SRQ != nil && f.Kind == FailRequest:
+	case qp.Config.SRQ != nil && f.Kind == FailRequest:
 		qp.completeHeld(cq.RemInvReqErr)
 	}
 	qp.EndMsg()
@@ -253,7 +252,7 @@ func (qp *ucQP) completeHeld(st cq.Status) {
 		return
 	}
 	c.HasRecv = false
-	if !qp.cfg.RecvCQ.Push(cq.WC{WRID: c.RecvID, Status: st, Opcode: cq.OpRecv, QPNum: qp.num, SrcQP: qp.path.DestQPN}) {
-		qp.responderToError("receive CQ overrun")
+	if !qp.Config.RecvCQ.Push(cq.WC{WRID: c.RecvID, Status: st, Opcode: cq.OpRecv, QPNum: qp.Num(), SrcQP: qp.Attr.DestQPN}) {
+		qp.ResponderToError("receive CQ overrun")
 	}
 }

@@ -33,7 +33,7 @@ type udQP struct {
 
 // newUDQP makes room for an address vector per send-queue slot, so that
 // posting does not allocate.
-func newUDQP(qp *QP) Service { return &udQP{QP: qp, ah: make([]wr.AH, qp.cfg.MaxSendWR)} }
+func newUDQP(qp *QP) Service { return &udQP{QP: qp, ah: make([]wr.AH, qp.Config.MaxSendWR)} }
 
 func init() { Register(qpstate.UD, newUDQP) }
 
@@ -44,7 +44,7 @@ func (qp *udQP) CheckPost(swr *wr.SendWR) error {
 	if err := qp.checkSendUD(swr); err != nil {
 		return err
 	}
-	qp.ah[qp.sqTail] = *swr.AH
+	qp.ah[qp.SQTail] = *swr.AH
 	return nil
 }
 
@@ -64,16 +64,13 @@ func (*udQP) Destroy()   {}
 // Receive takes a datagram from any sender: no source filter.
 func (qp *udQP) Receive(pk *nic.Packet, p *bth.Packet) { qp.receiveUD(pk, p) }
 
-// ErrQPNumInUse is returned by CreateGSI when QP1 already exists.
-var ErrQPNumInUse = errors.New("rc: QP number in use")
-
-// CreateGSI makes the engine's QP1 (the GSI QP for management datagrams),
+// CreateGSI makes engine e's QP1 (the GSI QP for management datagrams),
 // a UD QP in RESET whose receives accept only Q_Key 0x80010000. There is
 // at most one: a second call fails with ErrQPNumInUse until it is
 // destroyed.
-func (e *Engine) CreateGSI(cfg QPConfig) (*QP, error) {
+func CreateGSI(e *Engine, cfg QPConfig) (*QP, error) {
 	cfg.Type = qpstate.UD
-	return e.createQP(cfg, ud.GSIQPN)
+	return e.CreateQPNum(cfg, ud.GSIQPN)
 }
 
 // checkSendUD checks at post time what a UD send work request must be:
@@ -81,16 +78,16 @@ func (e *Engine) CreateGSI(cfg QPConfig) (*QP, error) {
 // MTU is accepted here and completes without a packet (transmitUD).
 func (qp *udQP) checkSendUD(swr *wr.SendWR) error {
 	if _, err := ud.Opcode(swr.Opcode); err != nil {
-		return fmt.Errorf("rc: UD QP %d: %w", qp.num, err)
+		return fmt.Errorf("rc: UD QP %d: %w", qp.Num(), err)
 	}
 	if swr.AH == nil {
-		return fmt.Errorf("rc: UD QP %d: send work request %d has no address handle", qp.num, swr.ID)
+		return fmt.Errorf("rc: UD QP %d: send work request %d has no address handle", qp.Num(), swr.ID)
 	}
 	if !swr.AH.Remote.IsValid() {
-		return fmt.Errorf("rc: UD QP %d: address handle has no destination", qp.num)
+		return fmt.Errorf("rc: UD QP %d: address handle has no destination", qp.Num())
 	}
 	if swr.RemoteQPN > bth.PSNMask {
-		return fmt.Errorf("rc: UD QP %d: remote QPN %#x is not 24 bits", qp.num, swr.RemoteQPN)
+		return fmt.Errorf("rc: UD QP %d: remote QPN %#x is not 24 bits", qp.Num(), swr.RemoteQPN)
 	}
 	return nil
 }
@@ -100,70 +97,69 @@ func (qp *udQP) checkSendUD(swr *wr.SendWR) error {
 // completion means the message was handed to the link, as with rxe). It
 // reports whether the send queue is empty.
 func (qp *udQP) transmitUD(budget int) bool {
-	e := qp.e
-	if qp.state != qpstate.RTS {
+	if qp.StateLocked() != qpstate.RTS {
 		return true
 	}
-	for len(e.tx) < budget && qp.sqCount > 0 {
-		i := qp.sqHead
-		w := &qp.sq[i]
-		psn := qp.nextPSN
-		qp.nextPSN = bth.PSNAdd(psn, 1)
-		if w.length > qp.path.PMTU {
+	for qp.Batched() < budget && qp.SQCount > 0 {
+		i := qp.SQHead
+		w := &qp.SQ[i]
+		psn := qp.NextPSN
+		qp.NextPSN = bth.PSNAdd(psn, 1)
+		if w.Length > qp.Attr.PMTU {
 			// Longer than the MTU: no packet and no error (IBTA
 			// C10-93.1.1), as rxe does (a successful completion).
-			qp.stats.Dropped++
+			qp.Counters.Dropped++
 			if !qp.completeUD(w, cq.Success) {
 				return true
 			}
 			continue
 		}
 		ah := &qp.ah[i]
-		s := ud.Send{Opcode: w.wr.Opcode, DestQP: w.wr.RemoteQPN, SrcQP: qp.num,
-			QKey: ud.QKeyToSend(qp.num, w.wr.RemoteQKey, qp.path.QKey), PSN: psn, Imm: w.wr.Imm,
-			Solicited: w.wr.Flags&wr.Solicited != 0}
+		s := ud.Send{Opcode: w.WR.Opcode, DestQP: w.WR.RemoteQPN, SrcQP: qp.Num(),
+			QKey: ud.QKeyToSend(qp.Num(), w.WR.RemoteQKey, qp.Attr.QKey), PSN: psn, Imm: w.WR.Imm,
+			Solicited: w.WR.Flags&wr.Solicited != 0}
 		port := uint16(nic.RoCEv2Port)
-		if p := qp.path.Remote.Port(); p != 0 {
+		if p := qp.Attr.Remote.Port(); p != 0 {
 			port = p // SetRemotePort: a peer on another UDP port
 		}
-		buf := qp.newPacketTo(nic.Packet{Remote: netip.AddrPortFrom(ah.Remote.Unmap(), port),
-			Local: ah.Local.Unmap(), SrcPort: ud.SrcPort(ah.FlowLabel, srcPort(qp.num)),
+		buf := qp.NewPacketTo(nic.Packet{Remote: netip.AddrPortFrom(ah.Remote.Unmap(), port),
+			Local: ah.Local.Unmap(), SrcPort: ud.SrcPort(ah.FlowLabel, SrcPort(qp.Num())),
 			HopLimit: ah.HopLimit, TClass: ah.TrafficClass}) // the IP TTL and TOS, as rxe sends
-		n := ud.WriteHeaders(buf, &s, w.length)
-		off := ud.PayloadOffset(w.wr.Opcode)
+		n := ud.WriteHeaders(buf, &s, w.Length)
+		off := ud.PayloadOffset(w.WR.Opcode)
 		var err error
 		switch {
-		case w.length == 0:
-		case w.isInline:
-			copy(buf[off:off+w.length], w.inline)
+		case w.Length == 0:
+		case w.IsInline:
+			copy(buf[off:off+w.Length], w.Inline)
 		default:
-			err = gather(e.mrs, qp.cfg.PD, w.sgl, 0, buf[off:off+w.length])
+			err = Gather(qp.MRs(), qp.Config.PD, w.SGL, 0, buf[off:off+w.Length])
 		}
 		if err != nil {
-			e.unbuild()
+			qp.Unbuild()
 			st := cq.LocProtErr
 			if !errors.Is(err, memreg.ErrLocalProtection) {
 				st = cq.LocLenErr
 			}
 			qp.completeUD(w, st)
-			qp.toError("local protection error on UD send: " + err.Error())
+			qp.ToError("local protection error on UD send: " + err.Error())
 			return true
 		}
-		qp.sent(n)
+		qp.Sent(n)
 		if !qp.completeUD(w, cq.Success) {
 			return true
 		}
 	}
-	return qp.sqCount == 0
+	return qp.SQCount == 0
 }
 
 // completeUD completes the oldest WQE and retires it; false if the QP
 // went to ERR (a send CQ overrun).
-func (qp *udQP) completeUD(w *sendWQE, st cq.Status) bool {
-	ok := qp.pushSendWC(w, st, 0)
-	qp.retireHead()
+func (qp *udQP) completeUD(w *SendWQE, st cq.Status) bool {
+	ok := qp.PushSendWC(w, st, 0)
+	qp.RetireHead()
 	if !ok {
-		qp.toError("send CQ overrun")
+		qp.ToError("send CQ overrun")
 		return false
 	}
 	return true
@@ -175,66 +171,66 @@ func (qp *udQP) completeUD(w *sendWQE, st cq.Status) bool {
 // WQE, a WQE too small for the GRH and payload (with an SRQ that WQE is
 // completed in error instead, class E as rxe does).
 func (qp *udQP) receiveUD(pk *nic.Packet, p *bth.Packet) {
-	e := qp.e
-	switch qp.state {
+	switch qp.StateLocked() {
 	case qpstate.RTR, qpstate.RTS, qpstate.SQD, qpstate.SQE:
 	default:
-		e.stats.RxUnknownQP++
+		qp.EngineStats().RxUnknownQP++
 		return
 	}
-	qp.stats.RxPackets++
-	if !ud.AcceptQKey(qp.num, qp.path.QKey, p.DETH.QKey()) {
-		e.stats.RxBadQKey++
-		qp.stats.Dropped++
+	qp.Counters.RxPackets++
+	if !ud.AcceptQKey(qp.Num(), qp.Attr.QKey, p.DETH.QKey()) {
+		qp.EngineStats().RxBadQKey++
+		qp.Counters.Dropped++
 		return
 	}
 	// A payload above the MTU or one that does not fit the WQE behind
 	// the GRH is dropped (class D); with an SRQ the WQE is taken first
 	// and completes in error (class E), as rxe does.
 	need := ud.GRHLen + len(p.Payload)
-	tooLong := len(p.Payload) > qp.path.PMTU
-	var rw *recvWQE
-	if s := qp.cfg.SRQ; s != nil {
-		if rw = s.take(); rw == nil {
-			e.stats.RxUDNoRecv++
-			qp.stats.Dropped++
+	tooLong := len(p.Payload) > qp.Attr.PMTU
+	var rw *RecvWQE
+	if s := qp.Config.SRQ; s != nil {
+		if rw = s.Take(); rw == nil {
+			qp.EngineStats().RxUDNoRecv++
+			qp.Counters.Dropped++
 			return
 		}
-		if tooLong || rw.len < need {
-			e.stats.RxUDTooLong++
-			qp.stats.Dropped++
-			qp.pushRecvUD(cq.WC{WRID: rw.id, Status: cq.RemInvReqErr, Opcode: cq.OpRecv, QPNum: qp.num}, false)
+		if tooLong || rw.Len < need {
+			qp.EngineStats().RxUDTooLong++
+			qp.Counters.Dropped++
+			qp.pushRecvUD(cq.WC{WRID: rw.ID, Status: cq.RemInvReqErr, Opcode: cq.OpRecv, QPNum: qp.Num()}, false)
 			return
 		}
 	} else {
-		if qp.rq.count == 0 {
-			e.stats.RxUDNoRecv++
-			qp.stats.Dropped++
+		head := qp.RecvHead()
+		if head == nil {
+			qp.EngineStats().RxUDNoRecv++
+			qp.Counters.Dropped++
 			return
 		}
 		// The WQE stays for the next datagram.
-		if tooLong || qp.rq.wqes[qp.rq.head].len < need {
-			e.stats.RxUDTooLong++
-			qp.stats.Dropped++
+		if tooLong || head.Len < need {
+			qp.EngineStats().RxUDTooLong++
+			qp.Counters.Dropped++
 			return
 		}
-		rw = qp.rq.pop()
+		rw = qp.PopRecv()
 	}
 	grh := qp.grh[:]
 	qp.writeGRH(grh, pk)
-	err := scatter(e.mrs, qp.cfg.PD, rw.sgl, 0, grh)
+	err := Scatter(qp.MRs(), qp.Config.PD, rw.SGL, 0, grh)
 	if err == nil && len(p.Payload) > 0 {
-		err = scatter(e.mrs, qp.cfg.PD, rw.sgl, ud.GRHLen, p.Payload)
+		err = Scatter(qp.MRs(), qp.Config.PD, rw.SGL, ud.GRHLen, p.Payload)
 	}
 	if err != nil {
 		// A receive WQE the QP cannot write is a local QP operation
 		// error that stops the QP (rxe: RESPST_ERR_MALFORMED_WQE, class A).
-		qp.stats.Dropped++
-		qp.pushRecvUD(cq.WC{WRID: rw.id, Status: cq.LocQPOpErr, Opcode: cq.OpRecv, QPNum: qp.num}, false)
-		qp.toError("UD receive buffer: " + err.Error())
+		qp.Counters.Dropped++
+		qp.pushRecvUD(cq.WC{WRID: rw.ID, Status: cq.LocQPOpErr, Opcode: cq.OpRecv, QPNum: qp.Num()}, false)
+		qp.ToError("UD receive buffer: " + err.Error())
 		return
 	}
-	wc := cq.WC{WRID: rw.id, Status: cq.Success, Opcode: cq.OpRecv, ByteLen: uint32(need), QPNum: qp.num,
+	wc := cq.WC{WRID: rw.ID, Status: cq.Success, Opcode: cq.OpRecv, ByteLen: uint32(need), QPNum: qp.Num(),
 		SrcQP: p.DETH.SrcQP(), Flags: cq.FlagGRH}
 	if p.Info.Imm {
 		wc.ImmData, wc.Flags = p.ImmDt.Imm(), wc.Flags|cq.FlagWithImm
@@ -264,7 +260,7 @@ const defaultHopLimit = 64
 // pushRecvUD delivers a UD receive completion; a receive CQ overrun moves
 // the QP to ERR (rxe: class G).
 func (qp *udQP) pushRecvUD(wc cq.WC, solicited bool) {
-	if !qp.cfg.RecvCQ.PushSolicited(wc, solicited) {
-		qp.toError("receive CQ overrun")
+	if !qp.Config.RecvCQ.PushSolicited(wc, solicited) {
+		qp.ToError("receive CQ overrun")
 	}
 }

@@ -365,7 +365,7 @@ func TestGSIQP1(t *testing.T) {
 	s := newSim(t, 1, impairment{})
 	var gsi [2]*QP
 	for i, ep := range s.ep {
-		qp, err := ep.e.CreateGSI(QPConfig{PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: 8, MaxRecvWR: 8})
+		qp, err := CreateGSI(ep.e, QPConfig{PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: 8, MaxRecvWR: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -378,7 +378,7 @@ func TestGSIQP1(t *testing.T) {
 		qp.SetState(qpstate.RTS)
 		gsi[i] = qp
 	}
-	if _, err := s.ep[0].e.CreateGSI(QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); !errors.Is(err, ErrQPNumInUse) {
+	if _, err := CreateGSI(s.ep[0].e, QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); !errors.Is(err, ErrQPNumInUse) {
 		t.Fatalf("second GSI: %v", err)
 	}
 	sent := capture(s.ep[0].e)
@@ -424,7 +424,7 @@ func TestGSIQP1(t *testing.T) {
 	if err := s.ep[0].e.DestroyQP(gsi[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.ep[0].e.CreateGSI(QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); err != nil {
+	if _, err := CreateGSI(s.ep[0].e, QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); err != nil {
 		t.Fatal(err)
 	}
 	// Random QP numbers are never 1 (nor 0).
@@ -453,8 +453,8 @@ func TestUDSrcPort(t *testing.T) {
 	w.AH = &wr.AH{Remote: s.ep[1].addr, FlowLabel: 0x12345}
 	mustPost(t, qps[0], w)
 	s.pump(nil, time.Millisecond)
-	if len(ports) != 2 || ports[0] != srcPort(qps[0].Num()) || ports[1] != 0xe341 {
-		t.Fatalf("source ports %#x (QP's %#x)", ports, srcPort(qps[0].Num()))
+	if len(ports) != 2 || ports[0] != SrcPort(qps[0].Num()) || ports[1] != 0xe341 {
+		t.Fatalf("source ports %#x (QP's %#x)", ports, SrcPort(qps[0].Num()))
 	}
 }
 
