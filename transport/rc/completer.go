@@ -2,6 +2,7 @@ package rc
 
 import (
 	"encoding/binary"
+	"github.com/softroce/softroce/transport/engine"
 	"time"
 
 	"github.com/softroce/softroce/bth"
@@ -35,7 +36,7 @@ func (qp *rcQP) complete(p *bth.Packet) {
 	}
 	for qp.SQCount > 0 {
 		w := &qp.SQ[qp.SQHead]
-		if w.State != WQEStarted {
+		if w.State != engine.WQEStarted {
 			return
 		}
 		wop := w.WR.Opcode
@@ -83,7 +84,7 @@ func (qp *rcQP) complete(p *bth.Packet) {
 					// The original value lands in the local buffer in host
 					// order, as rxe and libibverbs users expect.
 					binary.LittleEndian.PutUint64(b[:], orig)
-					if err := Scatter(qp.MRs(), qp.Config.PD, w.SGL, 0, b[:]); err != nil {
+					if err := engine.Scatter(qp.MRs(), qp.Config.PD, w.SGL, 0, b[:]); err != nil {
 						qp.completeHead(cq.LocProtErr, 0)
 						qp.ToError("atomic result: " + err.Error())
 						return
@@ -109,7 +110,7 @@ func (qp *rcQP) complete(p *bth.Packet) {
 // readResponse places one READ response segment. Responses must arrive in
 // PSN order; an out-of-order one re-reads at once from the first missing
 // PSN, as ConnectX does (rxe waits for its timer instead).
-func (qp *rcQP) readResponse(w *SendWQE, p *bth.Packet) {
+func (qp *rcQP) readResponse(w *engine.SendWQE, p *bth.Packet) {
 	pmtu := qp.Attr.PMTU
 	psn := p.BTH.PSN()
 	k := bth.PSNDiff(psn, w.FirstPSN)
@@ -151,7 +152,7 @@ func (qp *rcQP) readResponse(w *SendWQE, p *bth.Packet) {
 		return
 	}
 	if plen > 0 {
-		if err := Scatter(qp.MRs(), qp.Config.PD, w.SGL, k*pmtu, p.Payload); err != nil {
+		if err := engine.Scatter(qp.MRs(), qp.Config.PD, w.SGL, k*pmtu, p.Payload); err != nil {
 			qp.completeHead(cq.LocProtErr, 0)
 			qp.ToError("READ response placement: " + err.Error())
 			return
@@ -169,7 +170,7 @@ func (qp *rcQP) readResponse(w *SendWQE, p *bth.Packet) {
 // A NAK behind compPSN is stale (its PSN was acknowledged since, e.g. a
 // delayed NAK after a retry got through) and is ignored, as rxe drops a
 // response older than its completer PSN: compPSN never moves backwards.
-func (qp *rcQP) handleNAK(w *SendWQE, psn uint32, syn bth.Syndrome) {
+func (qp *rcQP) handleNAK(w *engine.SendWQE, psn uint32, syn bth.Syndrome) {
 	if bth.PSNDiff(psn, qp.compPSN) < 0 {
 		qp.Counters.Dropped++
 		return
@@ -212,7 +213,7 @@ func (qp *rcQP) handleNAK(w *SendWQE, psn uint32, syn bth.Syndrome) {
 // arrive while a retry from the same compPSN is on its way (duplicate
 // ACKs, the rest of a gap) change nothing; only progress or the local ACK
 // timeout allows another. rxe's started_retry plays the same role.
-func (qp *rcQP) retry(w *SendWQE, why string, free bool) {
+func (qp *rcQP) retry(w *engine.SendWQE, why string, free bool) {
 	if qp.retrying && qp.retryFrom == qp.compPSN {
 		return
 	}
@@ -238,7 +239,7 @@ func (qp *rcQP) goBackN() {
 		return
 	}
 	w := &qp.SQ[qp.SQHead]
-	if w.State == WQEStarted {
+	if w.State == engine.WQEStarted {
 		k := bth.PSNDiff(qp.compPSN, w.FirstPSN)
 		switch {
 		case k <= 0 || w.WR.Opcode.IsAtomic() || w.WR.Opcode == wr.AtomicWrite:
@@ -287,7 +288,7 @@ func (qp *rcQP) completeHead(st cq.Status, orig uint64) {
 	if st == cq.Success {
 		qp.progress(bth.PSNAdd(w.LastPSN, 1))
 	}
-	if needsRDResource(w.WR.Opcode) && w.State == WQEStarted {
+	if needsRDResource(w.WR.Opcode) && w.State == engine.WQEStarted {
 		qp.RDOutstanding--
 	}
 	if !qp.CompleteHead(st, orig) {
@@ -327,7 +328,7 @@ func (qp *rcQP) checkTimers() {
 func (qp *rcQP) outstanding() bool {
 	next := qp.NextPSN
 	if qp.SQSendOff < qp.SQCount {
-		if w := &qp.SQ[(qp.SQHead+qp.SQSendOff)%len(qp.SQ)]; w.State == WQEStarted {
+		if w := &qp.SQ[(qp.SQHead+qp.SQSendOff)%len(qp.SQ)]; w.State == engine.WQEStarted {
 			next = bth.PSNAdd(w.FirstPSN, qp.SQPkt)
 		}
 	}

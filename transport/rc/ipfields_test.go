@@ -1,6 +1,7 @@
 package rc
 
 import (
+	"github.com/softroce/softroce/transport/engine"
 	"testing"
 	"time"
 
@@ -12,7 +13,7 @@ type ipFields struct{ hop, tc uint8 }
 
 // traceIPFields records the HopLimit and TClass of the packets an engine
 // hands out.
-func traceIPFields(e *Engine) *[]ipFields {
+func traceIPFields(e *engine.Engine) *[]ipFields {
 	var out []ipFields
 	e.SetPacketTrace(func(dir byte, p *nic.Packet) {
 		if dir == 'T' {

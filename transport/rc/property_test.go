@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"flag"
 	"fmt"
+	"github.com/softroce/softroce/transport/engine"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -83,7 +84,7 @@ func runWorkload(t *testing.T, seed uint64) error {
 	pmtus := []int{256, 512, 1024, 2048, 4096}
 	nqp := 1 + rng.IntN(3)
 	type pair struct {
-		qps     [2]*QP
+		qps     [2]*engine.QP
 		ops     [2][]*propOp
 		counter [2][]byte // 8-byte atomic target on each side
 		ctrMR   [2]*memreg.MR

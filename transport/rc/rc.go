@@ -4,13 +4,14 @@ import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
 // rcQP is an RC QP: the engine's QP and the state of RC's requester
 // (requester.go), completer (completer.go) and responder (responder.go).
 type rcQP struct {
-	*QP
+	*engine.QP
 	compPSN            uint32 // oldest unacknowledged PSN
 	retryLeft, rnrLeft int
 	retryFrom          uint32 // compPSN of the go-back-N in progress
@@ -24,7 +25,7 @@ type rcQP struct {
 	ackPSN     uint32
 }
 
-func init() { Register(qpstate.RC, func(qp *QP) Service { return &rcQP{QP: qp} }) }
+func init() { engine.Register(qpstate.RC, func(qp *engine.QP) engine.Service { return &rcQP{QP: qp} }) }
 
 func (*rcQP) Transport() bth.Transport   { return bth.TransportRC }
 func (*rcQP) CheckPost(*wr.SendWR) error { return nil }

@@ -3,6 +3,7 @@ package rc
 import (
 	"bytes"
 	"encoding/binary"
+	"github.com/softroce/softroce/transport/engine"
 	"strings"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ func fill(b []byte, seed byte) {
 	}
 }
 
-func mustPost(t testing.TB, qp *QP, swr *wr.SendWR) {
+func mustPost(t testing.TB, qp *engine.QP, swr *wr.SendWR) {
 	t.Helper()
 	if err := qp.PostSend(swr); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package rc
 import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -32,7 +33,7 @@ func (qp *rcQP) transmit(budget int) bool {
 			return true
 		}
 		w := &qp.SQ[(qp.SQHead+qp.SQSendOff)%len(qp.SQ)]
-		if w.State == WQEDone {
+		if w.State == engine.WQEDone {
 			qp.SQSendOff++
 			continue
 		}
@@ -42,7 +43,7 @@ func (qp *rcQP) transmit(budget int) bool {
 			}
 			continue
 		}
-		if w.State == WQEQueued {
+		if w.State == engine.WQEQueued {
 			if needsRDResource(w.WR.Opcode) && qp.RDOutstanding >= qp.Attr.MaxRDAtomic {
 				return true // resumes when a READ/atomic completes
 			}
@@ -56,11 +57,11 @@ func (qp *rcQP) transmit(budget int) bool {
 			default:
 				// A READ request takes as many PSNs as its responses
 				// (IBTA §9.7.1; rxe update_wqe_psn).
-				w.NPSN = NPackets(w.Length, pmtu)
+				w.NPSN = engine.NPackets(w.Length, pmtu)
 			}
 			w.LastPSN = bth.PSNAdd(w.FirstPSN, w.NPSN-1)
 			qp.NextPSN = bth.PSNAdd(qp.NextPSN, w.NPSN)
-			w.State = WQEStarted
+			w.State = engine.WQEStarted
 			w.ReadDone = 0
 			qp.SQPkt = 0
 			if needsRDResource(w.WR.Opcode) {
@@ -102,7 +103,7 @@ func (qp *rcQP) transmit(budget int) bool {
 }
 
 // buildRequest writes packet number qp.sqPkt of w at PSN psn.
-func (qp *rcQP) buildRequest(w *SendWQE, psn uint32) bool {
+func (qp *rcQP) buildRequest(w *engine.SendWQE, psn uint32) bool {
 	pmtu := qp.Attr.PMTU
 	f := bth.Fields{BTH: bth.BTHFields{PKey: 0xffff, DestQP: qp.Attr.DestQPN, PSN: psn}}
 	k := qp.SQPkt
@@ -133,7 +134,7 @@ func (qp *rcQP) buildRequest(w *SendWQE, psn uint32) bool {
 		off = k * pmtu
 		plen = min(pmtu, w.Length-off)
 		first, last := k == 0, k == w.NPSN-1
-		f.BTH.Opcode = SegOpcode(op, first, last)
+		f.BTH.Opcode = engine.SegOpcode(op, first, last)
 		f.BTH.AckReq = last || k%ackReqEvery == ackReqEvery-1
 		f.BTH.SE = last && w.WR.Flags&wr.Solicited != 0 && (op.IsSend() || op == wr.RDMAWriteWithImm)
 		if op.IsWrite() && first {
@@ -153,13 +154,13 @@ func (qp *rcQP) buildRequest(w *SendWQE, psn uint32) bool {
 	case w.IsInline:
 		copy(buf[hdr:hdr+plen], w.Inline[off:])
 	default:
-		err = Gather(qp.MRs(), qp.Config.PD, w.SGL, off, buf[hdr:hdr+plen])
+		err = engine.Gather(qp.MRs(), qp.Config.PD, w.SGL, off, buf[hdr:hdr+plen])
 	}
 	if err != nil {
 		// A bad lkey is the local protection error of IBV_WC_LOC_PROT_ERR;
 		// the packet is not sent and the QP goes to ERR (IBTA §10.8.3.1).
 		qp.Unbuild()
-		qp.completeHead(LocalErrStatus(err), 0)
+		qp.completeHead(engine.LocalErrStatus(err), 0)
 		qp.ToError("local protection error on send: " + err.Error())
 		return false
 	}

@@ -4,6 +4,7 @@ import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
+	"github.com/softroce/softroce/transport/engine"
 )
 
 // responder is the receive side of an RC QP (IBTA §9.7.5.2; rxe_resp.c).
@@ -49,7 +50,7 @@ func (qp *rcQP) deferPacket(b []byte) bool {
 		r.backlog = make([][]byte, backlogSlots)
 		r.backlogLen = make([]int, backlogSlots)
 	}
-	if r.blN == backlogSlots || len(b) > MaxPacket {
+	if r.blN == backlogSlots || len(b) > engine.MaxPacket {
 		return false
 	}
 	i := (r.blHead + r.blN) % backlogSlots
@@ -155,7 +156,7 @@ func (qp *rcQP) respond(p *bth.Packet) {
 		qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "opcode sequence: no message started")
 		return
 	}
-	if !PMTULengthOK(info, len(p.Payload), qp.Attr.PMTU) {
+	if !engine.PMTULengthOK(info, len(p.Payload), qp.Attr.PMTU) {
 		qp.responderError(bth.SyndromeInvalidRequest, psn, cq.RemInvReqErr, "packet length does not fit the path MTU")
 		return
 	}
@@ -191,8 +192,8 @@ func (qp *rcQP) respond(p *bth.Packet) {
 
 // rcFail answers a failed SEND or WRITE packet as RC does: an RNR NAK
 // for a missing receive WQE, otherwise a fatal NAK and the QP to ERR.
-func (qp *rcQP) rcFail(psn uint32, f RespFail) {
-	if f.Kind == FailRNR {
+func (qp *rcQP) rcFail(psn uint32, f engine.RespFail) {
+	if f.Kind == engine.FailRNR {
 		qp.Counters.RNRNAKsSent++
 		qp.sendNAK(bth.RNRNAK(qp.Attr.MinRNRTimer), psn)
 		return
@@ -226,14 +227,14 @@ func (qp *rcQP) recvSend(p *bth.Packet) bool {
 				qp.ackPending, qp.ackPSN = true, psn
 				qp.flushAck()
 				qp.Config.RecvCQ.Push(cq.WC{WRID: qp.Msg.RecvID, Status: cq.RemInvReqErr, Opcode: cq.OpRecv, QPNum: qp.Num(), SrcQP: qp.Attr.DestQPN})
-				qp.Msg = Message{RecvSGL: qp.Msg.RecvSGL}
+				qp.Msg = engine.Message{RecvSGL: qp.Msg.RecvSGL}
 				qp.ResponderToError("responder: SEND with invalidate: " + err.Error())
 				return false
 			}
 			wc.InvalidatedRKey, wc.Flags = rkey, cq.FlagWithInv
 		}
 		qp.resp.msn = bth.PSNAdd(qp.resp.msn, 1)
-		qp.Msg = Message{RecvSGL: qp.Msg.RecvSGL}
+		qp.Msg = engine.Message{RecvSGL: qp.Msg.RecvSGL}
 		qp.pushRecvWC(wc, p.BTH.SE())
 	}
 	return true
@@ -250,7 +251,7 @@ func (qp *rcQP) recvWrite(p *bth.Packet) bool {
 		if info.Imm {
 			qp.pushRecvWC(qp.WriteWC(p), p.BTH.SE())
 		}
-		qp.Msg = Message{RecvSGL: qp.Msg.RecvSGL}
+		qp.Msg = engine.Message{RecvSGL: qp.Msg.RecvSGL}
 	}
 	return true
 }
@@ -272,7 +273,7 @@ func (qp *rcQP) recvRead(p *bth.Packet) {
 		qp.accessError(psn, err)
 		return
 	}
-	n := NPackets(int(length), qp.Attr.PMTU)
+	n := engine.NPackets(int(length), qp.Attr.PMTU)
 	qp.flushAck() // earlier ACKs go before the READ responses
 	// The MSN counts the READ when it is accepted (IBTA C9-148).
 	r.msn = bth.PSNAdd(r.msn, 1)
@@ -421,7 +422,7 @@ func (r *responder) transmit(qp *rcQP, budget int) bool {
 			r.jobs = append(r.jobs[:0], r.jobs[1:]...)
 			continue
 		}
-		n := NPackets(res.length, pmtu)
+		n := engine.NPackets(res.length, pmtu)
 		k := bth.PSNDiff(j.psn, res.firstPSN)
 		off := k * pmtu
 		plen := min(pmtu, res.length-off)
@@ -464,7 +465,7 @@ func (r *responder) transmit(qp *rcQP, budget int) bool {
 // accessError NAKs a failed memory access with the class memreg reports:
 // remote access error (0x62) or invalid request (0x61).
 func (qp *rcQP) accessError(psn uint32, err error) {
-	qp.rcFail(psn, AccessFail(err))
+	qp.rcFail(psn, engine.AccessFail(err))
 }
 
 // responderError sends a fatal NAK (class C in rxe) with the PSN of the

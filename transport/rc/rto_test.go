@@ -1,6 +1,7 @@
 package rc
 
 import (
+	"github.com/softroce/softroce/transport/engine"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,7 @@ import (
 // one-way delay is 200 us (a 400 us round trip) with a 65.5 us IBTA local
 // ACK timeout (Timeout 4), and returns the requester's timeouts after the
 // first WRITE and after all of them.
-func slowWrites(t *testing.T, adaptive bool, n int) (first, all uint64, qps [2]*QP) {
+func slowWrites(t *testing.T, adaptive bool, n int) (first, all uint64, qps [2]*engine.QP) {
 	s := newSim(t, 1, impairment{delay: 200 * time.Microsecond})
 	qps = s.connect(qpOpts{pmtu: 1024, timeout: 4, retry: 7, adaptive: adaptive})
 	lmr, _ := s.reg(0, 4096)

@@ -3,6 +3,7 @@ package rc
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/softroce/softroce/transport/engine"
 	"net/netip"
 	"strings"
 	"testing"
@@ -15,7 +16,7 @@ import (
 
 // inject hands one crafted request to endpoint 1's QP and returns the
 // responses it produces, one line each ("ACKNOWLEDGE psn=5 NAK ...").
-func (s *sim) inject(qp *QP, f bth.Fields, payload []byte) []string {
+func (s *sim) inject(qp *engine.QP, f bth.Fields, payload []byte) []string {
 	f.BTH.PKey = 0xffff
 	f.BTH.DestQP = qp.Num()
 	buf := make([]byte, bth.Len(f.BTH.Opcode, len(payload)))

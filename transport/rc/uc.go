@@ -5,6 +5,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/transport/uc"
 	"github.com/softroce/softroce/wr"
 )
@@ -19,11 +20,11 @@ import (
 // ucQP is a UC QP: the engine's QP and the responder's receive
 // sequencing.
 type ucQP struct {
-	*QP
+	*engine.QP
 	recv uc.Receiver
 }
 
-func init() { Register(qpstate.UC, func(qp *QP) Service { return &ucQP{QP: qp} }) }
+func init() { engine.Register(qpstate.UC, func(qp *engine.QP) engine.Service { return &ucQP{QP: qp} }) }
 
 func (*ucQP) Transport() bth.Transport { return bth.TransportUC }
 
@@ -72,7 +73,7 @@ func (qp *ucQP) transmit(budget int) bool {
 			return true
 		}
 		w := &qp.SQ[(qp.SQHead+qp.SQSendOff)%len(qp.SQ)]
-		if w.State == WQEDone {
+		if w.State == engine.WQEDone {
 			qp.SQSendOff++
 			continue
 		}
@@ -82,13 +83,13 @@ func (qp *ucQP) transmit(budget int) bool {
 			}
 			continue
 		}
-		if w.State == WQEQueued {
+		if w.State == engine.WQEQueued {
 			// UC has no READ or atomics: nothing to fence or wait for.
 			w.FirstPSN = qp.NextPSN
-			w.NPSN = NPackets(w.Length, pmtu)
+			w.NPSN = engine.NPackets(w.Length, pmtu)
 			w.LastPSN = bth.PSNAdd(w.FirstPSN, w.NPSN-1)
 			qp.NextPSN = bth.PSNAdd(qp.NextPSN, w.NPSN)
-			w.State = WQEStarted
+			w.State = engine.WQEStarted
 			w.ReadDone = 0
 			qp.SQPkt = 0
 		}
@@ -109,7 +110,7 @@ func (qp *ucQP) transmit(budget int) bool {
 
 // buildRequest writes packet number qp.sqPkt of w at PSN psn: the RC
 // segment under the UC prefix, never with AckReq.
-func (qp *ucQP) buildRequest(w *SendWQE, psn uint32) bool {
+func (qp *ucQP) buildRequest(w *engine.SendWQE, psn uint32) bool {
 	pmtu := qp.Attr.PMTU
 	f := bth.Fields{BTH: bth.BTHFields{PKey: 0xffff, DestQP: qp.Attr.DestQPN, PSN: psn}}
 	k := qp.SQPkt
@@ -117,7 +118,7 @@ func (qp *ucQP) buildRequest(w *SendWQE, psn uint32) bool {
 	off := k * pmtu
 	plen := min(pmtu, w.Length-off)
 	first, last := k == 0, k == w.NPSN-1
-	f.BTH.Opcode = uc.Opcode(SegOpcode(op, first, last))
+	f.BTH.Opcode = uc.Opcode(engine.SegOpcode(op, first, last))
 	f.BTH.SE = last && w.WR.Flags&wr.Solicited != 0 && (op.IsSend() || op == wr.RDMAWriteWithImm)
 	if op.IsWrite() && first {
 		f.VA, f.RKey, f.DMALen = w.WR.RemoteAddr, w.WR.RKey, uint32(w.Length)
@@ -133,13 +134,13 @@ func (qp *ucQP) buildRequest(w *SendWQE, psn uint32) bool {
 	case w.IsInline:
 		copy(buf[hdr:hdr+plen], w.Inline[off:])
 	default:
-		err = Gather(qp.MRs(), qp.Config.PD, w.SGL, off, buf[hdr:hdr+plen])
+		err = engine.Gather(qp.MRs(), qp.Config.PD, w.SGL, off, buf[hdr:hdr+plen])
 	}
 	if err != nil {
 		// As RC: the packet is not sent, the WQE completes in error and
 		// the QP goes to ERR (IBTA §10.8.3.1).
 		qp.Unbuild()
-		qp.completeHead(LocalErrStatus(err))
+		qp.completeHead(engine.LocalErrStatus(err))
 		qp.ToError("local protection error on send: " + err.Error())
 		return false
 	}
@@ -176,11 +177,11 @@ func (qp *ucQP) respond(p *bth.Packet) {
 		}
 		return
 	}
-	if !PMTULengthOK(info, len(p.Payload), qp.Attr.PMTU) {
-		qp.fail(RespFail{Kind: FailRequest, Why: "packet length does not fit the path MTU"})
+	if !engine.PMTULengthOK(info, len(p.Payload), qp.Attr.PMTU) {
+		qp.fail(engine.RespFail{Kind: engine.FailRequest, Why: "packet length does not fit the path MTU"})
 		return
 	}
-	var f RespFail
+	var f engine.RespFail
 	if info.Op == bth.OpSend {
 		f = qp.SendData(p)
 	} else {
@@ -228,17 +229,17 @@ func (qp *ucQP) abandon() {
 // buffer is class A, as rxe: the WQE completes in error and the QP goes
 // to ERR. rxe likewise never moves a UC QP to ERR for an R_Key, access
 // or length error.
-func (qp *ucQP) fail(f RespFail) {
+func (qp *ucQP) fail(f engine.RespFail) {
 	qp.recv.Fail()
 	qp.Counters.Dropped++
 	switch {
-	case f.Kind == FailLocal:
+	case f.Kind == engine.FailLocal:
 		qp.completeHeld(f.St)
 		qp.ResponderToError("responder: " + f.Reason())
 		return
-	case qp.Config.SRQ != nil && f.Kind == FailAccess:
+	case qp.Config.SRQ != nil && f.Kind == engine.FailAccess:
 		qp.completeHeld(cq.RemAccessErr)
-	case qp.Config.SRQ != nil && f.Kind == FailRequest:
+	case qp.Config.SRQ != nil && f.Kind == engine.FailRequest:
 		qp.completeHeld(cq.RemInvReqErr)
 	}
 	qp.EndMsg()

@@ -3,6 +3,7 @@ package rc
 import (
 	"errors"
 	"fmt"
+	"github.com/softroce/softroce/transport/engine"
 	"net/netip"
 
 	"github.com/softroce/softroce/bth"
@@ -23,7 +24,7 @@ import (
 
 // udQP is a UD QP: the engine's QP and UD's own state of it.
 type udQP struct {
-	*QP
+	*engine.QP
 	// ah[i] is the address vector of send-queue slot i, copied at post
 	// time so the caller may reuse or free its address handle.
 	ah []wr.AH
@@ -33,9 +34,11 @@ type udQP struct {
 
 // newUDQP makes room for an address vector per send-queue slot, so that
 // posting does not allocate.
-func newUDQP(qp *QP) Service { return &udQP{QP: qp, ah: make([]wr.AH, qp.Config.MaxSendWR)} }
+func newUDQP(qp *engine.QP) engine.Service {
+	return &udQP{QP: qp, ah: make([]wr.AH, qp.Config.MaxSendWR)}
+}
 
-func init() { Register(qpstate.UD, newUDQP) }
+func init() { engine.Register(qpstate.UD, newUDQP) }
 
 func (*udQP) Transport() bth.Transport { return bth.TransportUD }
 
@@ -68,7 +71,7 @@ func (qp *udQP) Receive(pk *nic.Packet, p *bth.Packet) { qp.receiveUD(pk, p) }
 // a UD QP in RESET whose receives accept only Q_Key 0x80010000. There is
 // at most one: a second call fails with ErrQPNumInUse until it is
 // destroyed.
-func CreateGSI(e *Engine, cfg QPConfig) (*QP, error) {
+func CreateGSI(e *engine.Engine, cfg engine.QPConfig) (*engine.QP, error) {
 	cfg.Type = qpstate.UD
 	return e.CreateQPNum(cfg, ud.GSIQPN)
 }
@@ -123,7 +126,7 @@ func (qp *udQP) transmitUD(budget int) bool {
 			port = p // SetRemotePort: a peer on another UDP port
 		}
 		buf := qp.NewPacketTo(nic.Packet{Remote: netip.AddrPortFrom(ah.Remote.Unmap(), port),
-			Local: ah.Local.Unmap(), SrcPort: ud.SrcPort(ah.FlowLabel, SrcPort(qp.Num())),
+			Local: ah.Local.Unmap(), SrcPort: ud.SrcPort(ah.FlowLabel, engine.SrcPort(qp.Num())),
 			HopLimit: ah.HopLimit, TClass: ah.TrafficClass}) // the IP TTL and TOS, as rxe sends
 		n := ud.WriteHeaders(buf, &s, w.Length)
 		off := ud.PayloadOffset(w.WR.Opcode)
@@ -133,7 +136,7 @@ func (qp *udQP) transmitUD(budget int) bool {
 		case w.IsInline:
 			copy(buf[off:off+w.Length], w.Inline)
 		default:
-			err = Gather(qp.MRs(), qp.Config.PD, w.SGL, 0, buf[off:off+w.Length])
+			err = engine.Gather(qp.MRs(), qp.Config.PD, w.SGL, 0, buf[off:off+w.Length])
 		}
 		if err != nil {
 			qp.Unbuild()
@@ -155,7 +158,7 @@ func (qp *udQP) transmitUD(budget int) bool {
 
 // completeUD completes the oldest WQE and retires it; false if the QP
 // went to ERR (a send CQ overrun).
-func (qp *udQP) completeUD(w *SendWQE, st cq.Status) bool {
+func (qp *udQP) completeUD(w *engine.SendWQE, st cq.Status) bool {
 	ok := qp.PushSendWC(w, st, 0)
 	qp.RetireHead()
 	if !ok {
@@ -188,7 +191,7 @@ func (qp *udQP) receiveUD(pk *nic.Packet, p *bth.Packet) {
 	// and completes in error (class E), as rxe does.
 	need := ud.GRHLen + len(p.Payload)
 	tooLong := len(p.Payload) > qp.Attr.PMTU
-	var rw *RecvWQE
+	var rw *engine.RecvWQE
 	if s := qp.Config.SRQ; s != nil {
 		if rw = s.Take(); rw == nil {
 			qp.EngineStats().RxUDNoRecv++
@@ -218,9 +221,9 @@ func (qp *udQP) receiveUD(pk *nic.Packet, p *bth.Packet) {
 	}
 	grh := qp.grh[:]
 	qp.writeGRH(grh, pk)
-	err := Scatter(qp.MRs(), qp.Config.PD, rw.SGL, 0, grh)
+	err := engine.Scatter(qp.MRs(), qp.Config.PD, rw.SGL, 0, grh)
 	if err == nil && len(p.Payload) > 0 {
-		err = Scatter(qp.MRs(), qp.Config.PD, rw.SGL, ud.GRHLen, p.Payload)
+		err = engine.Scatter(qp.MRs(), qp.Config.PD, rw.SGL, ud.GRHLen, p.Payload)
 	}
 	if err != nil {
 		// A receive WQE the QP cannot write is a local QP operation

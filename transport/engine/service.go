@@ -1,4 +1,4 @@
-package rc
+package engine
 
 import (
 	"github.com/softroce/softroce/bth"

@@ -1,4 +1,4 @@
-package rc
+package engine
 
 import (
 	"errors"
@@ -87,19 +87,19 @@ type SRQ struct {
 // Errors of SRQ operations.
 var (
 	// ErrSRQBusy: DestroySRQ while QPs still use the SRQ.
-	ErrSRQBusy = errors.New("rc: SRQ still has QPs")
+	ErrSRQBusy = errors.New("engine: SRQ still has QPs")
 	// ErrNoSRQ: the SRQ was destroyed, or is another engine's.
-	ErrNoSRQ = errors.New("rc: no such SRQ (already destroyed?)")
+	ErrNoSRQ = errors.New("engine: no such SRQ (already destroyed?)")
 )
 
 // CreateSRQ makes a shared receive queue with room for cfg.MaxWR WQEs.
 func (e *Engine) CreateSRQ(cfg SRQConfig) (*SRQ, error) {
 	if cfg.MaxWR < 1 {
-		return nil, fmt.Errorf("rc: SRQ max_wr must be at least 1 (got %d)", cfg.MaxWR)
+		return nil, fmt.Errorf("engine: SRQ max_wr must be at least 1 (got %d)", cfg.MaxWR)
 	}
 	cfg.MaxSGE = max(cfg.MaxSGE, 1)
 	if cfg.Limit < 0 || cfg.Limit > cfg.MaxWR {
-		return nil, fmt.Errorf("rc: SRQ limit %d outside 0..max_wr %d", cfg.Limit, cfg.MaxWR)
+		return nil, fmt.Errorf("engine: SRQ limit %d outside 0..max_wr %d", cfg.Limit, cfg.MaxWR)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -139,7 +139,7 @@ func (s *SRQ) PostRecv(rwr *wr.RecvWR) error {
 		return fmt.Errorf("%w: SRQ %d holds %d WRs (max_wr)", ErrQueueFull, s.num, len(s.ring.wqes))
 	}
 	if len(rwr.SGL) > s.cfg.MaxSGE {
-		return fmt.Errorf("rc: recv WR has %d SGEs, SRQ %d allows %d (max_sge)", len(rwr.SGL), s.num, s.cfg.MaxSGE)
+		return fmt.Errorf("engine: recv WR has %d SGEs, SRQ %d allows %d (max_sge)", len(rwr.SGL), s.num, s.cfg.MaxSGE)
 	}
 	s.ring.push(rwr)
 	return nil
@@ -180,13 +180,13 @@ func (s *SRQ) Modify(c SRQChange) error {
 	}
 	switch {
 	case c.Resize && size < 1:
-		return fmt.Errorf("rc: resize SRQ %d: max_wr must be at least 1 (got %d)", s.num, size)
+		return fmt.Errorf("engine: resize SRQ %d: max_wr must be at least 1 (got %d)", s.num, size)
 	case c.Resize && size < s.ring.count:
-		return fmt.Errorf("rc: resize SRQ %d to %d: it holds %d posted WQEs", s.num, size, s.ring.count)
+		return fmt.Errorf("engine: resize SRQ %d to %d: it holds %d posted WQEs", s.num, size, s.ring.count)
 	case c.SetLimit && (limit < 0 || limit > size):
-		return fmt.Errorf("rc: SRQ %d limit %d outside 0..max_wr %d", s.num, limit, size)
+		return fmt.Errorf("engine: SRQ %d limit %d outside 0..max_wr %d", s.num, limit, size)
 	case c.Resize && limit > size:
-		return fmt.Errorf("rc: resize SRQ %d to %d: below its armed limit %d", s.num, size, limit)
+		return fmt.Errorf("engine: resize SRQ %d to %d: below its armed limit %d", s.num, size, limit)
 	}
 	if c.Resize && size != len(s.ring.wqes) {
 		r := newRecvRing(size, s.cfg.MaxSGE)

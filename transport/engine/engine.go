@@ -1,4 +1,4 @@
-package rc
+package engine
 
 import (
 	"crypto/rand"
@@ -111,20 +111,20 @@ func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) { return e.CreateQPNum(cfg,
 func (e *Engine) CreateQPNum(cfg QPConfig, num uint32) (*QP, error) {
 	newSvc := serviceOf(cfg.Type)
 	if newSvc == nil {
-		return nil, fmt.Errorf("rc: QP type %v is not implemented", cfg.Type)
+		return nil, fmt.Errorf("engine: QP type %v is not implemented", cfg.Type)
 	}
 	if cfg.SRQ != nil {
 		cfg.MaxRecvWR, cfg.MaxRecvSGE = 0, 0 // the SRQ's WQEs are used
 	} else if cfg.MaxRecvWR < 1 {
-		return nil, fmt.Errorf("rc: max_recv_wr must be at least 1 (got %d)", cfg.MaxRecvWR)
+		return nil, fmt.Errorf("engine: max_recv_wr must be at least 1 (got %d)", cfg.MaxRecvWR)
 	}
 	if cfg.MaxSendWR < 1 {
-		return nil, fmt.Errorf("rc: max_send_wr must be at least 1 (got %d)", cfg.MaxSendWR)
+		return nil, fmt.Errorf("engine: max_send_wr must be at least 1 (got %d)", cfg.MaxSendWR)
 	}
 	cfg.MaxSendSGE = max(cfg.MaxSendSGE, 1)
 	cfg.MaxRecvSGE = max(cfg.MaxRecvSGE, 1)
 	if cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.PD == nil {
-		return nil, fmt.Errorf("rc: create QP needs a PD, a send CQ and a receive CQ")
+		return nil, fmt.Errorf("engine: create QP needs a PD, a send CQ and a receive CQ")
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -162,11 +162,11 @@ func (e *Engine) CreateQPNum(cfg QPConfig, num uint32) (*QP, error) {
 
 // ErrQPNumInUse is returned by CreateQPNum (and so CreateGSI) when the QP
 // number is taken.
-var ErrQPNumInUse = errors.New("rc: QP number in use")
+var ErrQPNumInUse = errors.New("engine: QP number in use")
 
 // ErrNoQP is returned by DestroyQP for a QP that is not (or no longer)
 // in the engine.
-var ErrNoQP = errors.New("rc: no such QP (already destroyed?)")
+var ErrNoQP = errors.New("engine: no such QP (already destroyed?)")
 
 // DestroyQP removes the QP and every trace of it: its number, timers, its
 // place in the transmit schedule, queued READ responses, the request
@@ -196,6 +196,23 @@ func (e *Engine) DestroyQP(qp *QP) error {
 	}
 	qp.txPending = false
 	return nil
+}
+
+// Holds reports where the engine still refers to qp: its timer set, its
+// transmit schedule or batch (scheduled), its QP table (known). A
+// destroyed QP is in none of them.
+func (e *Engine) Holds(qp *QP) (timed, scheduled, known bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, timed = e.timed[qp]
+	for _, p := range e.pending {
+		scheduled = scheduled || p == qp
+	}
+	for _, p := range e.txQP {
+		scheduled = scheduled || p == qp
+	}
+	_, known = e.qps[qp.num]
+	return timed, scheduled, known
 }
 
 // QP finds a QP by number.

@@ -1,4 +1,4 @@
-package rc
+package engine
 
 import (
 	"errors"
@@ -56,7 +56,7 @@ func Scatter(mrs *memreg.Table, pd *memreg.PD, sgl []wr.SGE, off int, src []byte
 	return nil
 }
 
-var errShortSGL = errors.New("rc: data longer than the scatter/gather list")
+var errShortSGL = errors.New("engine: data longer than the scatter/gather list")
 
 // LocalErrStatus is the completion status of a work request whose own
 // buffers could not be read or written: a bad lkey is the local

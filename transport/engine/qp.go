@@ -1,4 +1,4 @@
-package rc
+package engine
 
 import (
 	"errors"
@@ -60,8 +60,8 @@ type Path struct {
 
 // Errors returned by Post*.
 var (
-	ErrQueueFull = errors.New("rc: work queue full")
-	ErrState     = errors.New("rc: QP state does not allow this")
+	ErrQueueFull = errors.New("engine: work queue full")
+	ErrState     = errors.New("engine: QP state does not allow this")
 )
 
 type WQEState uint8
@@ -394,7 +394,7 @@ func (qp *QP) PostSend(swr *wr.SendWR) error {
 		if t, ok := qp.e.mrs.WindowType(swr.Bind.MWKey); ok && t == memreg.MWType1 {
 			// IBTA vol. 1 §10.6.7.2.1: only the bind-MW verb binds a
 			// type 1 window (PostBindMW).
-			return fmt.Errorf("rc: BIND_MW work request for type 1 window %#08x: type 1 windows are bound by the bind-MW verb", swr.Bind.MWKey)
+			return fmt.Errorf("engine: BIND_MW work request for type 1 window %#08x: type 1 windows are bound by the bind-MW verb", swr.Bind.MWKey)
 		}
 	}
 	return qp.postSend(swr, nil)
@@ -408,7 +408,7 @@ func (qp *QP) PostSend(swr *wr.SendWR) error {
 // completes with MW_BIND_ERR and moves the QP to ERR.
 func (qp *QP) PostBindMW(swr *wr.SendWR, mw *memreg.MW) error {
 	if swr.Opcode != wr.BindMW || mw == nil || mw.Type() != memreg.MWType1 {
-		return fmt.Errorf("rc: bind MW verb: needs a BIND_MW work request and a type 1 window")
+		return fmt.Errorf("engine: bind MW verb: needs a BIND_MW work request and a type 1 window")
 	}
 	return qp.postSend(swr, mw)
 }
@@ -442,10 +442,10 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 		return false, fmt.Errorf("%w: send queue of QP %d holds %d WRs (max_send_wr)", ErrQueueFull, qp.num, len(qp.SQ))
 	}
 	if len(swr.SGL) > qp.Config.MaxSendSGE {
-		return false, fmt.Errorf("rc: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(swr.SGL), qp.num, qp.Config.MaxSendSGE)
+		return false, fmt.Errorf("engine: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(swr.SGL), qp.num, qp.Config.MaxSendSGE)
 	}
 	if !swr.Opcode.Known() {
-		return false, fmt.Errorf("rc: opcode %v is not supported on an RC QP", swr.Opcode)
+		return false, fmt.Errorf("engine: opcode %v is not supported on an RC QP", swr.Opcode)
 	}
 	// The service checks the slot's copy: the caller's WR, passed on
 	// through an interface, would escape to the heap.
@@ -462,15 +462,15 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 	switch {
 	case swr.Opcode.IsAtomic():
 		if len(swr.SGL) != 1 || swr.SGL[0].Length != 8 {
-			return false, fmt.Errorf("rc: %v needs exactly one 8-byte SGE for the original value", swr.Opcode)
+			return false, fmt.Errorf("engine: %v needs exactly one 8-byte SGE for the original value", swr.Opcode)
 		}
 		if swr.RemoteAddr&7 != 0 {
-			return false, fmt.Errorf("rc: %v remote address 0x%x is not 8-byte aligned", swr.Opcode, swr.RemoteAddr)
+			return false, fmt.Errorf("engine: %v remote address 0x%x is not 8-byte aligned", swr.Opcode, swr.RemoteAddr)
 		}
 	case swr.Opcode == wr.AtomicWrite:
 		length = 8
 	case length > 1<<31:
-		return false, fmt.Errorf("rc: message of %d bytes exceeds the 2 GiB RC limit", length)
+		return false, fmt.Errorf("engine: message of %d bytes exceeds the 2 GiB RC limit", length)
 	}
 	w.SGL = append(w.SGL[:0], swr.SGL...)
 	w.WR.SGL = nil
@@ -486,7 +486,7 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 			length = len(swr.InlineData)
 		}
 		if length > qp.Config.MaxInline {
-			return false, fmt.Errorf("rc: inline WR of %d bytes exceeds max_inline_data %d", length, qp.Config.MaxInline)
+			return false, fmt.Errorf("engine: inline WR of %d bytes exceeds max_inline_data %d", length, qp.Config.MaxInline)
 		}
 		if cap(w.Inline) < length {
 			w.Inline = make([]byte, qp.Config.MaxInline)
@@ -495,7 +495,7 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 		if swr.InlineData != nil {
 			copy(w.Inline, swr.InlineData)
 		} else if err := Gather(e.mrs, qp.Config.PD, w.SGL, 0, w.Inline); err != nil {
-			return false, fmt.Errorf("rc: inline data: %w", err)
+			return false, fmt.Errorf("engine: inline data: %w", err)
 		}
 		w.IsInline = true
 	}
@@ -541,7 +541,7 @@ func (qp *QP) PostRecv(rwr *wr.RecvWR) error {
 		return fmt.Errorf("%w: receive queue of QP %d holds %d WRs (max_recv_wr)", ErrQueueFull, qp.num, len(qp.rq.wqes))
 	}
 	if len(rwr.SGL) > qp.Config.MaxRecvSGE {
-		return fmt.Errorf("rc: recv WR has %d SGEs, QP %d allows %d (max_recv_sge)", len(rwr.SGL), qp.num, qp.Config.MaxRecvSGE)
+		return fmt.Errorf("engine: recv WR has %d SGEs, QP %d allows %d (max_recv_sge)", len(rwr.SGL), qp.num, qp.Config.MaxRecvSGE)
 	}
 	qp.rq.push(rwr)
 	if qp.state == qpstate.Err {
