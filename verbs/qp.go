@@ -10,7 +10,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/engine"
-	"github.com/softroce/softroce/transport/rc"
+	"github.com/softroce/softroce/transport/ud"
 )
 
 // QPType is the transport service of a QP. softroce implements RC, UC and UD.
@@ -166,7 +166,7 @@ func (pd *PD) createQP(init QPInitAttr, gsi bool) (*QP, error) {
 	var q *engine.QP
 	var err error
 	if gsi {
-		q, err = rc.CreateGSI(pd.d.eng, cfg)
+		q, err = ud.CreateGSI(pd.d.eng, cfg)
 		if errors.Is(err, engine.ErrQPNumInUse) {
 			return nil, &busyError{fmt.Sprintf("verbs: create GSI QP: device %s already has QP1", d.name)}
 		}

@@ -40,6 +40,10 @@ import (
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/engine"
+	// The transport services register with the engine when linked in.
+	_ "github.com/softroce/softroce/transport/rc"
+	_ "github.com/softroce/softroce/transport/uc"
+	_ "github.com/softroce/softroce/transport/ud"
 	"github.com/softroce/softroce/wr"
 )
 

@@ -2,19 +2,19 @@ package engine_test
 
 import (
 	"errors"
-	"github.com/softroce/softroce/bth"
-	"github.com/softroce/softroce/transport/engine"
-	_ "github.com/softroce/softroce/transport/rc" // the QPs are RC's
 	"net"
 	"net/netip"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
+	_ "github.com/softroce/softroce/transport/rc" // the QPs are RC's
 	"github.com/softroce/softroce/wr"
 )
 

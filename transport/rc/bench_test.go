@@ -3,7 +3,6 @@ package rc
 import (
 	"encoding/binary"
 	"fmt"
-	"github.com/softroce/softroce/transport/engine"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 	"golang.org/x/sys/unix"
 )

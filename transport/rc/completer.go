@@ -2,12 +2,12 @@ package rc
 
 import (
 	"encoding/binary"
-	"github.com/softroce/softroce/transport/engine"
 	"time"
 
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 

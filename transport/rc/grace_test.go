@@ -1,7 +1,6 @@
 package rc
 
 import (
-	"github.com/softroce/softroce/transport/engine"
 	"net"
 	"net/netip"
 	"testing"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 

@@ -2,13 +2,13 @@ package rc
 
 import (
 	"bytes"
-	"github.com/softroce/softroce/transport/engine"
 	"testing"
 	"time"
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 

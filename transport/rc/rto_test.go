@@ -1,12 +1,12 @@
 package rc
 
 import (
-	"github.com/softroce/softroce/transport/engine"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 

@@ -3,7 +3,6 @@ package rc
 import (
 	"encoding/binary"
 	"fmt"
-	"github.com/softroce/softroce/transport/engine"
 	"net/netip"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 

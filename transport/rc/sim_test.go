@@ -3,7 +3,6 @@ package rc
 import (
 	"container/heap"
 	"fmt"
-	"github.com/softroce/softroce/transport/engine"
 	"math/rand/v2"
 	"net/netip"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 )
 
 // sim is a deterministic two-endpoint network on simulated time: the

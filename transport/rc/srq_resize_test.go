@@ -1,11 +1,11 @@
 package rc
 
 import (
-	"github.com/softroce/softroce/transport/engine"
 	"testing"
 	"time"
 
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 

@@ -3,7 +3,6 @@ package rc
 import (
 	"bytes"
 	"fmt"
-	"github.com/softroce/softroce/transport/engine"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/transport/uc"
 	"github.com/softroce/softroce/wr"
 )

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"github.com/softroce/softroce/transport/engine"
 	"net/netip"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/transport/ud"
 	"github.com/softroce/softroce/wr"
 )
@@ -366,7 +366,7 @@ func TestGSIQP1(t *testing.T) {
 	s := newSim(t, 1, impairment{})
 	var gsi [2]*engine.QP
 	for i, ep := range s.ep {
-		qp, err := CreateGSI(ep.e, engine.QPConfig{PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: 8, MaxRecvWR: 8})
+		qp, err := ud.CreateGSI(ep.e, engine.QPConfig{PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: 8, MaxRecvWR: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -379,7 +379,7 @@ func TestGSIQP1(t *testing.T) {
 		qp.SetState(qpstate.RTS)
 		gsi[i] = qp
 	}
-	if _, err := CreateGSI(s.ep[0].e, engine.QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); !errors.Is(err, engine.ErrQPNumInUse) {
+	if _, err := ud.CreateGSI(s.ep[0].e, engine.QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); !errors.Is(err, engine.ErrQPNumInUse) {
 		t.Fatalf("second GSI: %v", err)
 	}
 	sent := capture(s.ep[0].e)
@@ -425,7 +425,7 @@ func TestGSIQP1(t *testing.T) {
 	if err := s.ep[0].e.DestroyQP(gsi[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := CreateGSI(s.ep[0].e, engine.QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); err != nil {
+	if _, err := ud.CreateGSI(s.ep[0].e, engine.QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); err != nil {
 		t.Fatal(err)
 	}
 	// Random QP numbers are never 1 (nor 0).

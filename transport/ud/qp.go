@@ -1,9 +1,8 @@
-package rc
+package ud
 
 import (
 	"errors"
 	"fmt"
-	"github.com/softroce/softroce/transport/engine"
 	"net/netip"
 
 	"github.com/softroce/softroce/bth"
@@ -11,16 +10,16 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
-	"github.com/softroce/softroce/transport/ud"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
-// The engine hosts UD QPs next to RC ones: same QP table, send-queue
-// ring, receive ring or SRQ, CQs and transmit batches. What differs is
-// here: a UD send is one packet to the address handle of its work
+// The engine hosts UD QPs next to RC and UC ones: same QP table,
+// send-queue ring, receive ring or SRQ, CQs and transmit batches. What
+// differs is here: a UD send is one packet to the address handle of its work
 // request, completed as it is handed out (no ACK, no retransmission); a
 // UD receive is checked against the QP's Q_Key, lands behind a 40-byte
-// GRH and completes at once. The wire rules themselves are package ud's.
+// GRH and completes at once. The wire rules themselves are in ud.go.
 
 // udQP is a UD QP: the engine's QP and UD's own state of it.
 type udQP struct {
@@ -29,7 +28,7 @@ type udQP struct {
 	// time so the caller may reuse or free its address handle.
 	ah []wr.AH
 	// grh is scratch room for the GRH of a received datagram.
-	grh [ud.GRHLen]byte
+	grh [GRHLen]byte
 }
 
 // newUDQP makes room for an address vector per send-queue slot, so that
@@ -73,24 +72,24 @@ func (qp *udQP) Receive(pk *nic.Packet, p *bth.Packet) { qp.receiveUD(pk, p) }
 // destroyed.
 func CreateGSI(e *engine.Engine, cfg engine.QPConfig) (*engine.QP, error) {
 	cfg.Type = qpstate.UD
-	return e.CreateQPNum(cfg, ud.GSIQPN)
+	return e.CreateQPNum(cfg, GSIQPN)
 }
 
 // checkSendUD checks at post time what a UD send work request must be:
 // SEND or SEND_WITH_IMM with an address handle. A message longer than the
 // MTU is accepted here and completes without a packet (transmitUD).
 func (qp *udQP) checkSendUD(swr *wr.SendWR) error {
-	if _, err := ud.Opcode(swr.Opcode); err != nil {
-		return fmt.Errorf("rc: UD QP %d: %w", qp.Num(), err)
+	if _, err := Opcode(swr.Opcode); err != nil {
+		return fmt.Errorf("ud: UD QP %d: %w", qp.Num(), err)
 	}
 	if swr.AH == nil {
-		return fmt.Errorf("rc: UD QP %d: send work request %d has no address handle", qp.Num(), swr.ID)
+		return fmt.Errorf("ud: UD QP %d: send work request %d has no address handle", qp.Num(), swr.ID)
 	}
 	if !swr.AH.Remote.IsValid() {
-		return fmt.Errorf("rc: UD QP %d: address handle has no destination", qp.Num())
+		return fmt.Errorf("ud: UD QP %d: address handle has no destination", qp.Num())
 	}
 	if swr.RemoteQPN > bth.PSNMask {
-		return fmt.Errorf("rc: UD QP %d: remote QPN %#x is not 24 bits", qp.Num(), swr.RemoteQPN)
+		return fmt.Errorf("ud: UD QP %d: remote QPN %#x is not 24 bits", qp.Num(), swr.RemoteQPN)
 	}
 	return nil
 }
@@ -118,18 +117,18 @@ func (qp *udQP) transmitUD(budget int) bool {
 			continue
 		}
 		ah := &qp.ah[i]
-		s := ud.Send{Opcode: w.WR.Opcode, DestQP: w.WR.RemoteQPN, SrcQP: qp.Num(),
-			QKey: ud.QKeyToSend(qp.Num(), w.WR.RemoteQKey, qp.Attr.QKey), PSN: psn, Imm: w.WR.Imm,
+		s := Send{Opcode: w.WR.Opcode, DestQP: w.WR.RemoteQPN, SrcQP: qp.Num(),
+			QKey: QKeyToSend(qp.Num(), w.WR.RemoteQKey, qp.Attr.QKey), PSN: psn, Imm: w.WR.Imm,
 			Solicited: w.WR.Flags&wr.Solicited != 0}
 		port := uint16(nic.RoCEv2Port)
 		if p := qp.Attr.Remote.Port(); p != 0 {
 			port = p // SetRemotePort: a peer on another UDP port
 		}
 		buf := qp.NewPacketTo(nic.Packet{Remote: netip.AddrPortFrom(ah.Remote.Unmap(), port),
-			Local: ah.Local.Unmap(), SrcPort: ud.SrcPort(ah.FlowLabel, engine.SrcPort(qp.Num())),
+			Local: ah.Local.Unmap(), SrcPort: SrcPort(ah.FlowLabel, engine.SrcPort(qp.Num())),
 			HopLimit: ah.HopLimit, TClass: ah.TrafficClass}) // the IP TTL and TOS, as rxe sends
-		n := ud.WriteHeaders(buf, &s, w.Length)
-		off := ud.PayloadOffset(w.WR.Opcode)
+		n := WriteHeaders(buf, &s, w.Length)
+		off := PayloadOffset(w.WR.Opcode)
 		var err error
 		switch {
 		case w.Length == 0:
@@ -181,7 +180,7 @@ func (qp *udQP) receiveUD(pk *nic.Packet, p *bth.Packet) {
 		return
 	}
 	qp.Counters.RxPackets++
-	if !ud.AcceptQKey(qp.Num(), qp.Attr.QKey, p.DETH.QKey()) {
+	if !AcceptQKey(qp.Num(), qp.Attr.QKey, p.DETH.QKey()) {
 		qp.EngineStats().RxBadQKey++
 		qp.Counters.Dropped++
 		return
@@ -189,7 +188,7 @@ func (qp *udQP) receiveUD(pk *nic.Packet, p *bth.Packet) {
 	// A payload above the MTU or one that does not fit the WQE behind
 	// the GRH is dropped (class D); with an SRQ the WQE is taken first
 	// and completes in error (class E), as rxe does.
-	need := ud.GRHLen + len(p.Payload)
+	need := GRHLen + len(p.Payload)
 	tooLong := len(p.Payload) > qp.Attr.PMTU
 	var rw *engine.RecvWQE
 	if s := qp.Config.SRQ; s != nil {
@@ -223,7 +222,7 @@ func (qp *udQP) receiveUD(pk *nic.Packet, p *bth.Packet) {
 	qp.writeGRH(grh, pk)
 	err := engine.Scatter(qp.MRs(), qp.Config.PD, rw.SGL, 0, grh)
 	if err == nil && len(p.Payload) > 0 {
-		err = engine.Scatter(qp.MRs(), qp.Config.PD, rw.SGL, ud.GRHLen, p.Payload)
+		err = engine.Scatter(qp.MRs(), qp.Config.PD, rw.SGL, GRHLen, p.Payload)
 	}
 	if err != nil {
 		// A receive WQE the QP cannot write is a local QP operation
@@ -246,12 +245,12 @@ func (qp *udQP) receiveUD(pk *nic.Packet, p *bth.Packet) {
 // IPv4 ID (IPKnown false) gets TTL 64 and zeros there; addresses the GRH
 // cannot hold (no local address, mixed families) give a zero GRH.
 func (qp *udQP) writeGRH(grh []byte, pk *nic.Packet) {
-	h := ud.IPHeader{Src: pk.Remote.Addr().Unmap(), Dst: pk.Local.Unmap(), UDPLen: 8 + pk.N,
+	h := IPHeader{Src: pk.Remote.Addr().Unmap(), Dst: pk.Local.Unmap(), UDPLen: 8 + pk.N,
 		TOS: pk.TClass, TTL: pk.HopLimit, ID: pk.IPID, DF: true, FlowLabel: pk.FlowLabel}
 	if !pk.IPKnown {
 		h.TTL = defaultHopLimit
 	}
-	if ud.WriteGRH(grh, &h) != nil {
+	if WriteGRH(grh, &h) != nil {
 		clear(grh)
 	}
 }
