@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softroce/softroce/transport/rc"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -369,4 +369,4 @@ func (d *device) events() {
 
 // isQueueFull reports the transport refusing a WQE over max_send_wr or
 // max_recv_wr: the ring keeps it and the poller retries.
-func isQueueFull(err error) bool { return errors.Is(err, rc.ErrQueueFull) }
+func isQueueFull(err error) bool { return errors.Is(err, engine.ErrQueueFull) }

@@ -9,7 +9,8 @@ import (
 
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
-	"github.com/softroce/softroce/transport/rc"
+	"github.com/softroce/softroce/transport/engine"
+	"github.com/softroce/softroce/transport/ud"
 )
 
 // QPType is the transport service of a QP. softroce implements RC, UC and UD.
@@ -39,7 +40,7 @@ type QPInitAttr struct {
 // QP is a queue pair.
 type QP struct {
 	pd   *PD
-	rc   *rc.QP
+	rc   *engine.QP
 	init QPInitAttr
 
 	// mu guards attr, remotePort and adaptive. It is taken before the
@@ -47,7 +48,7 @@ type QP struct {
 	mu         sync.Mutex
 	attr       QPAttr
 	remotePort uint16
-	adaptive   bool        // rc.Path.AdaptiveTimeout
+	adaptive   bool        // engine.Path.AdaptiveTimeout
 	destroyed  atomic.Bool // set by Destroy under the device's mu
 
 	// estMu guards estCh and estDone; a leaf lock, taken under the
@@ -157,16 +158,16 @@ func (pd *PD) createQP(init QPInitAttr, gsi bool) (*QP, error) {
 	}
 	// Everything that can fail has been checked: from here on the QP is
 	// created and accounted for.
-	cfg := rc.QPConfig{Type: init.Type, PD: pd.pd, SendCQ: init.SendCQ, RecvCQ: init.RecvCQ,
+	cfg := engine.QPConfig{Type: init.Type, PD: pd.pd, SendCQ: init.SendCQ, RecvCQ: init.RecvCQ,
 		MaxSendWR: c.MaxSendWR, MaxRecvWR: c.MaxRecvWR, MaxSendSGE: c.MaxSendSGE, MaxRecvSGE: c.MaxRecvSGE, MaxInline: c.MaxInlineData}
 	if init.SRQ != nil {
 		cfg.SRQ = init.SRQ.rc
 	}
-	var q *rc.QP
+	var q *engine.QP
 	var err error
 	if gsi {
-		q, err = pd.d.eng.CreateGSI(cfg)
-		if errors.Is(err, rc.ErrQPNumInUse) {
+		q, err = ud.CreateGSI(pd.d.eng, cfg)
+		if errors.Is(err, engine.ErrQPNumInUse) {
 			return nil, &busyError{fmt.Sprintf("verbs: create GSI QP: device %s already has QP1", d.name)}
 		}
 	} else {
@@ -195,7 +196,7 @@ func (qp *QP) State() QPState { return qp.rc.State() }
 
 // QPStats are a QP's transport counters, in the spirit of rxe's hw
 // counters.
-type QPStats = rc.QPStats
+type QPStats = engine.QPStats
 
 // Stats returns a snapshot of the QP's counters.
 func (qp *QP) Stats() QPStats { return qp.rc.Stats() }
@@ -215,10 +216,10 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	defer qp.mu.Unlock()
 	// Validated and applied under the engine lock: the transport may move
 	// the QP to ERR at any time.
-	return qp.rc.Modify(func(cur QPState) (rc.Path, QPState, error) {
+	return qp.rc.Modify(func(cur QPState) (engine.Path, QPState, error) {
 		next, err := qp.validate(cur, attr, mask)
 		if err != nil {
-			return rc.Path{}, cur, err
+			return engine.Path{}, cur, err
 		}
 		qp.apply(attr, mask, next)
 		if next == StateRTR && cur != StateRTR {
@@ -283,14 +284,14 @@ func (qp *QP) validate(cur QPState, attr *QPAttr, mask AttrMask) (QPState, error
 }
 
 // path converts the verbs attributes into the transport's path.
-func (qp *QP) path() rc.Path {
+func (qp *QP) path() engine.Path {
 	a := &qp.attr
 	d := qp.pd.d
 	var local netip.Addr
 	if int(a.AV.SGIDIndex) < len(d.gids) {
 		local = d.gids[a.AV.SGIDIndex].Addr
 	}
-	p := rc.Path{DestQPN: a.DestQPN, PMTU: a.PathMTU, RQPSN: a.RQPSN, SQPSN: a.SQPSN, Timeout: a.Timeout,
+	p := engine.Path{DestQPN: a.DestQPN, PMTU: a.PathMTU, RQPSN: a.RQPSN, SQPSN: a.SQPSN, Timeout: a.Timeout,
 		RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry, MinRNRTimer: a.MinRNRTimer, MaxRDAtomic: int(a.MaxRDAtomic),
 		MaxDestRDAtomic: int(a.MaxDestRDAtomic), Access: memreg.Access(a.AccessFlags), Local: local, QKey: a.QKey,
 		AdaptiveTimeout: qp.adaptive, TrafficClass: a.AV.TrafficClass}
@@ -311,7 +312,7 @@ func (qp *QP) path() rc.Path {
 		}
 	}
 	if a.AV.DGID != ([16]byte{}) {
-		p.Remote = rc.Remote(GID(a.AV.DGID).Addr())
+		p.Remote = engine.Remote(GID(a.AV.DGID).Addr())
 		if qp.remotePort != 0 {
 			p.Remote = netip.AddrPortFrom(p.Remote.Addr(), qp.remotePort)
 		}
@@ -368,7 +369,7 @@ func (qp *QP) Destroy() error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	// The engine refuses a QP it no longer has (rc.ErrNoQP), so a second
+	// The engine refuses a QP it no longer has (engine.ErrNoQP), so a second
 	// Destroy fails there and the counts below are released once.
 	if err := qp.pd.d.eng.DestroyQP(qp.rc); err != nil {
 		return fmt.Errorf("verbs: destroy QP %d: %w", qp.Num(), err)

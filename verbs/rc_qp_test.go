@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/cq"
-	"github.com/softroce/softroce/transport/rc"
+	"github.com/softroce/softroce/transport/engine"
 )
 
 // TestDestroyQPTwice: the second Destroy of a QP reports an error.
@@ -22,8 +22,8 @@ func TestDestroyQPTwice(t *testing.T) {
 	if err := qp.Destroy(); err != nil {
 		t.Fatalf("first Destroy: %v", err)
 	}
-	if err := qp.Destroy(); !errors.Is(err, rc.ErrNoQP) {
-		t.Fatalf("second Destroy = %v, want rc.ErrNoQP", err)
+	if err := qp.Destroy(); !errors.Is(err, engine.ErrNoQP) {
+		t.Fatalf("second Destroy = %v, want engine.ErrNoQP", err)
 	}
 }
 

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 
-	"github.com/softroce/softroce/transport/rc"
+	"github.com/softroce/softroce/transport/engine"
 )
 
 // Device limits on shared receive queues (max_srq, max_srq_wr,
@@ -34,7 +34,7 @@ type SRQAttr struct {
 // message arrives on.
 type SRQ struct {
 	pd        *PD
-	rc        *rc.SRQ
+	rc        *engine.SRQ
 	attr      SRQInitAttr
 	destroyed atomic.Bool // set by Destroy under the device's mu
 }
@@ -73,7 +73,7 @@ func (pd *PD) CreateSRQ(attr SRQInitAttr) (*SRQ, error) {
 		return nil, fmt.Errorf("verbs: create SRQ: device %s already has max_srq %d SRQs", d.name, MaxSRQ)
 	}
 	s := &SRQ{pd: pd, attr: attr}
-	r, err := d.eng.CreateSRQ(rc.SRQConfig{MaxWR: attr.MaxWR, MaxSGE: attr.MaxSGE, Limit: attr.Limit,
+	r, err := d.eng.CreateSRQ(engine.SRQConfig{MaxWR: attr.MaxWR, MaxSGE: attr.MaxSGE, Limit: attr.Limit,
 		OnLimit: func() { d.raise(AsyncEvent{Type: EventSRQLimitReached, SRQ: s}) }})
 	if err != nil {
 		return nil, err
@@ -126,7 +126,7 @@ func (s *SRQ) Modify(attr SRQAttr, mask SRQAttrMask) error {
 	case mask&SRQMaxWR != 0 && attr.MaxWR > MaxSRQWR:
 		return fmt.Errorf("verbs: modify SRQ: max_wr %d exceeds the device limit max_srq_wr %d", attr.MaxWR, MaxSRQWR)
 	}
-	c := rc.SRQChange{MaxWR: attr.MaxWR, Limit: attr.Limit, Resize: mask&SRQMaxWR != 0, SetLimit: mask&SRQLimit != 0}
+	c := engine.SRQChange{MaxWR: attr.MaxWR, Limit: attr.Limit, Resize: mask&SRQMaxWR != 0, SetLimit: mask&SRQLimit != 0}
 	if err := s.rc.Modify(c); err != nil {
 		return fmt.Errorf("verbs: modify SRQ: %w", err)
 	}
@@ -150,7 +150,7 @@ func (s *SRQ) Destroy() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.eng.DestroySRQ(s.rc); err != nil {
-		if errors.Is(err, rc.ErrSRQBusy) {
+		if errors.Is(err, engine.ErrSRQBusy) {
 			return &busyError{"verbs: destroy SRQ: " + err.Error()}
 		}
 		return fmt.Errorf("verbs: destroy SRQ %d: %w", s.Num(), err)

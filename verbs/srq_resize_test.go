@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/transport/rc"
+	"github.com/softroce/softroce/transport/engine"
 )
 
 // TestSRQModifyRules: the ibv_modify_srq rules of a resize, without
@@ -61,7 +61,7 @@ func TestSRQModifyRules(t *testing.T) {
 	if q := srq.Query(); q != (SRQAttr{MaxWR: 5, MaxSGE: 1}) {
 		t.Fatalf("after the shrink: %+v", q)
 	}
-	if err := srq.PostRecv(&RecvWR{ID: 9, SGL: []SGE{{Addr: mr.Addr(), Length: 16, LKey: mr.LKey()}}}); !errors.Is(err, rc.ErrQueueFull) {
+	if err := srq.PostRecv(&RecvWR{ID: 9, SGL: []SGE{{Addr: mr.Addr(), Length: 16, LKey: mr.LKey()}}}); !errors.Is(err, engine.ErrQueueFull) {
 		t.Fatalf("post into the full shrunk SRQ: %v", err)
 	}
 }
@@ -129,7 +129,7 @@ func TestSRQResizeWhileConsumed(t *testing.T) {
 					}
 					resizes++
 				}
-			case errors.Is(err, rc.ErrQueueFull):
+			case errors.Is(err, engine.ErrQueueFull):
 				if err := srq.Modify(SRQAttr{MaxWR: srq.Query().MaxWR + 1 + id%5}, SRQMaxWR); err != nil {
 					errc <- err
 					return
@@ -153,7 +153,7 @@ func TestSRQResizeWhileConsumed(t *testing.T) {
 				switch {
 				case err == nil:
 					i++
-				case errors.Is(err, rc.ErrQueueFull):
+				case errors.Is(err, engine.ErrQueueFull):
 					runtime.Gosched()
 				default:
 					errc <- err

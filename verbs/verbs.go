@@ -39,7 +39,11 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
-	"github.com/softroce/softroce/transport/rc"
+	"github.com/softroce/softroce/transport/engine"
+	// The transport services register with the engine when linked in.
+	_ "github.com/softroce/softroce/transport/rc"
+	_ "github.com/softroce/softroce/transport/uc"
+	_ "github.com/softroce/softroce/transport/ud"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -139,12 +143,12 @@ type Options struct {
 	// in QueryDevice); 0 means DefaultMaxQP, DefaultMaxCQ.
 	MaxQP, MaxCQ int
 	// BusyPoll, if positive, makes the device's receive loop poll the
-	// link for up to this long before it sleeps (rc.DriverConfig.BusyPoll):
+	// link for up to this long before it sleeps (engine.DriverConfig.BusyPoll):
 	// lower latency for a core's worth of CPU. Off by default.
 	//
 	// In this mode a Poll of the device's CQs that finds one empty also
 	// runs the device's receive path once on the polling goroutine
-	// (rc.Driver.PollInline): a consumer that spins on CQ.Poll receives
+	// (engine.Driver.PollInline): a consumer that spins on CQ.Poll receives
 	// its completion, and sends what follows from it, without a hand-off
 	// from the receive goroutine, which sleeps while consumers poll. The
 	// goroutine calling Poll must then hold no lock that a completion's
@@ -203,8 +207,8 @@ type Device struct {
 	name         string
 	link         nic.Link
 	mrs          *memreg.Table
-	eng          *rc.Engine
-	drv          *rc.Driver
+	eng          *engine.Engine
+	drv          *engine.Driver
 	gids         []GIDEntry
 	maxQP, maxCQ int
 	busyPoll     bool // Options.BusyPoll > 0: CQ polls run the receive path
@@ -304,7 +308,7 @@ func Open(link nic.Link, opts *Options) (*Device, error) {
 		return nil, fmt.Errorf("verbs: link MTU %d is too small for RoCE (need at least 336 for a 256-byte IB MTU)", link.MTU())
 	}
 	mrs := memreg.NewTable(opts.Limits)
-	d := &Device{name: name, link: link, mrs: mrs, eng: rc.NewEngine(mrs), events: make(chan AsyncEvent, asyncQueueLen),
+	d := &Device{name: name, link: link, mrs: mrs, eng: engine.NewEngine(mrs), events: make(chan AsyncEvent, asyncQueueLen),
 		maxQP: cmp.Or(opts.MaxQP, DefaultMaxQP), maxCQ: cmp.Or(opts.MaxCQ, DefaultMaxCQ), qps: map[uint32]*QP{}, cqs: map[*CQ]int{},
 		busyPoll: opts.BusyPoll > 0}
 	for _, a := range link.Addrs() {
@@ -324,7 +328,7 @@ func Open(link nic.Link, opts *Options) (*Device, error) {
 	d.eng.OnLastWQE = func(qpn uint32) {
 		d.raise(AsyncEvent{Type: EventQPLastWQEReached, QPNum: qpn})
 	}
-	d.drv = rc.NewDriverWith(d.eng, link, rc.DriverConfig{BusyPoll: opts.BusyPoll, OnLinkError: func(err error) {
+	d.drv = engine.NewDriverWith(d.eng, link, engine.DriverConfig{BusyPoll: opts.BusyPoll, OnLinkError: func(err error) {
 		if d.closed.Load() {
 			return // an error from a link being closed is no news
 		}
@@ -390,7 +394,7 @@ func (d *Device) Link() nic.Link { return d.link }
 
 // EngineStats count the packets the device's transport received and sent,
 // and those it dropped and why.
-type EngineStats = rc.EngineStats
+type EngineStats = engine.EngineStats
 
 // Stats returns a snapshot of the transport's counters (QP.Stats has the
 // per-QP ones).
@@ -420,7 +424,7 @@ func (d *Device) AsyncEventsDropped() uint64 { return d.eventsDropped.Load() }
 
 // DriverStats returns the counters of the driver that runs the device on
 // its link (packets the link refused).
-func (d *Device) DriverStats() rc.DriverStats { return d.drv.Stats() }
+func (d *Device) DriverStats() engine.DriverStats { return d.drv.Stats() }
 
 // DeviceAttr is the subset of struct ibv_device_attr that softroce fills.
 type DeviceAttr struct {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/softroce/softroce/conformance/agent"
 	"github.com/softroce/softroce/internal/devsync"
-	"github.com/softroce/softroce/transport/rc"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/verbs"
 )
 
@@ -112,7 +112,7 @@ func TestSRQResizeAgainstRxe(t *testing.T) {
 					done <- r
 					return
 				}
-			case errors.Is(err, rc.ErrQueueFull):
+			case errors.Is(err, engine.ErrQueueFull):
 				if !resized(srq.Modify(verbs.SRQAttr{MaxWR: srq.Query().MaxWR + 1 + id%3}, verbs.SRQMaxWR)) {
 					done <- r
 					return

@@ -11,6 +11,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 	"golang.org/x/sys/unix"
 )
@@ -46,9 +47,9 @@ func newWire(tb testing.TB) *wire {
 	return w
 }
 
-func (w *wire) connect(tb testing.TB, n, pmtu, depth int) [][2]*QP {
+func (w *wire) connect(tb testing.TB, n, pmtu, depth int) [][2]*engine.QP {
 	s := &sim{t: tb, ep: w.ep, now: w.now}
-	var out [][2]*QP
+	var out [][2]*engine.QP
 	for i := 0; i < n; i++ {
 		out = append(out, s.connect(qpOpts{typ: w.typ, pmtu: pmtu, timeout: 14, retry: 7, rnrRetry: 7, depth: depth, maxRD: 16}))
 	}
@@ -81,7 +82,7 @@ func (w *wire) step() int {
 					}
 				}
 				out[j].ICRC = nic.ICRCVerified
-				out[j].Remote = Remote(w.ep[i].addr)
+				out[j].Remote = engine.Remote(w.ep[i].addr)
 				if w.tap != nil {
 					w.tap(i, &out[j])
 				}

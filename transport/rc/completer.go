@@ -7,13 +7,14 @@ import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
 // complete is the completer: it matches an ACK, NAK, READ response or
 // ATOMIC ACKNOWLEDGE to the oldest outstanding work requests (IBTA
 // §9.7.5.1; rxe_comp.c), completing them strictly in posting order.
-func (qp *QP) complete(p *bth.Packet) {
+func (qp *rcQP) complete(p *bth.Packet) {
 	psn := p.BTH.PSN()
 	op := p.Info.Op
 	var syn bth.Syndrome = bth.SyndromeACKUnlimited
@@ -23,33 +24,33 @@ func (qp *QP) complete(p *bth.Packet) {
 	// A READ response or atomic ACK whose AETH is not an ACK is malformed
 	// (rxe moves the QP to ERR); treat it as a bad response.
 	if op != bth.OpAck && !syn.IsACK() {
-		qp.stats.Dropped++
+		qp.Counters.Dropped++
 		return
 	}
 	isNAK := op == bth.OpAck && !syn.IsACK()
 	// A response beyond every PSN we sent is a ghost (IBTA §9.7.6: outside
 	// the outstanding window): it acknowledges nothing.
 	if !qp.sentAny || bth.PSNDiff(psn, qp.maxSentPSN) > 0 {
-		qp.stats.Dropped++
+		qp.Counters.Dropped++
 		return
 	}
-	for qp.sqCount > 0 {
-		w := &qp.sq[qp.sqHead]
-		if w.state != wqeStarted {
+	for qp.SQCount > 0 {
+		w := &qp.SQ[qp.SQHead]
+		if w.State != engine.WQEStarted {
 			return
 		}
-		wop := w.wr.Opcode
+		wop := w.WR.Opcode
 		switch {
 		case wop.IsSend() || wop.IsWrite():
 			// Any response at or beyond the last PSN acknowledges the
 			// message (coalesced and implicit ACKs); a NAK acknowledges
 			// everything before its PSN.
-			if d := bth.PSNDiff(psn, w.lastPSN); d > 0 || d == 0 && !isNAK {
+			if d := bth.PSNDiff(psn, w.LastPSN); d > 0 || d == 0 && !isNAK {
 				qp.completeHead(cq.Success, 0)
 				continue
 			}
 			if isNAK {
-				if bth.PSNDiff(psn, w.firstPSN) >= 0 {
+				if bth.PSNDiff(psn, w.FirstPSN) >= 0 {
 					qp.handleNAK(w, psn, syn)
 				}
 				return
@@ -60,22 +61,22 @@ func (qp *QP) complete(p *bth.Packet) {
 			}
 			return
 		case wop == wr.RDMARead:
-			if op == bth.OpReadResponse && bth.PSNDiff(psn, w.firstPSN) >= 0 && bth.PSNDiff(psn, w.lastPSN) <= 0 {
+			if op == bth.OpReadResponse && bth.PSNDiff(psn, w.FirstPSN) >= 0 && bth.PSNDiff(psn, w.LastPSN) <= 0 {
 				qp.readResponse(w, p)
 				return
 			}
-			if isNAK && bth.PSNDiff(psn, w.firstPSN) >= 0 && bth.PSNDiff(psn, w.lastPSN) <= 0 {
+			if isNAK && bth.PSNDiff(psn, w.FirstPSN) >= 0 && bth.PSNDiff(psn, w.LastPSN) <= 0 {
 				qp.handleNAK(w, psn, syn)
 				return
 			}
-			if bth.PSNDiff(psn, w.lastPSN) > 0 {
+			if bth.PSNDiff(psn, w.LastPSN) > 0 {
 				// Implied NAK: a later response means this READ's
 				// responses were lost (rxe check_psn); re-read now.
 				qp.retry(w, "implied NAK on READ", false)
 			}
 			return
 		default: // atomics, ATOMIC_WRITE
-			if psn == w.firstPSN {
+			if psn == w.FirstPSN {
 				switch {
 				case op == bth.OpAtomicAck && wop.IsAtomic():
 					orig := p.AtomicAckETH.Orig()
@@ -83,9 +84,9 @@ func (qp *QP) complete(p *bth.Packet) {
 					// The original value lands in the local buffer in host
 					// order, as rxe and libibverbs users expect.
 					binary.LittleEndian.PutUint64(b[:], orig)
-					if err := scatter(qp.e.mrs, qp.cfg.PD, w.sgl, 0, b[:]); err != nil {
+					if err := engine.Scatter(qp.MRs(), qp.Config.PD, w.SGL, 0, b[:]); err != nil {
 						qp.completeHead(cq.LocProtErr, 0)
-						qp.toError("atomic result: " + err.Error())
+						qp.ToError("atomic result: " + err.Error())
 						return
 					}
 					qp.completeHead(cq.Success, orig)
@@ -98,7 +99,7 @@ func (qp *QP) complete(p *bth.Packet) {
 					return
 				}
 			}
-			if bth.PSNDiff(psn, w.lastPSN) > 0 {
+			if bth.PSNDiff(psn, w.LastPSN) > 0 {
 				qp.retry(w, "implied NAK on atomic", false)
 			}
 			return
@@ -109,13 +110,13 @@ func (qp *QP) complete(p *bth.Packet) {
 // readResponse places one READ response segment. Responses must arrive in
 // PSN order; an out-of-order one re-reads at once from the first missing
 // PSN, as ConnectX does (rxe waits for its timer instead).
-func (qp *QP) readResponse(w *sendWQE, p *bth.Packet) {
-	pmtu := qp.path.PMTU
+func (qp *rcQP) readResponse(w *engine.SendWQE, p *bth.Packet) {
+	pmtu := qp.Attr.PMTU
 	psn := p.BTH.PSN()
-	k := bth.PSNDiff(psn, w.firstPSN)
-	want := w.readDone / pmtu
-	if w.readDone == w.length && w.length > 0 {
-		want = w.npsn
+	k := bth.PSNDiff(psn, w.FirstPSN)
+	want := w.ReadDone / pmtu
+	if w.ReadDone == w.Length && w.Length > 0 {
+		want = w.NPSN
 	}
 	switch {
 	case k < want:
@@ -124,12 +125,12 @@ func (qp *QP) readResponse(w *sendWQE, p *bth.Packet) {
 		qp.retry(w, "READ response gap", true)
 		return
 	}
-	last := k == w.npsn-1
+	last := k == w.NPSN-1
 	// Response opcode sequence (IBTA §9.7.6): FIRST (or ONLY) where a
 	// request's responses start, MIDDLE inside, LAST (or ONLY) at the
 	// READ's last PSN. A re-read may start with FIRST, as a new request,
 	// or with MIDDLE, as rxe replays it.
-	start := k == 0 || k == w.reRead
+	start := k == 0 || k == w.ReRead
 	pos := p.Info.Pos
 	ok := false
 	switch {
@@ -140,24 +141,24 @@ func (qp *QP) readResponse(w *sendWQE, p *bth.Packet) {
 	}
 	if !ok {
 		qp.completeHead(cq.BadRespErr, 0)
-		qp.toError("READ response " + p.Info.Name + " out of sequence")
+		qp.ToError("READ response " + p.Info.Name + " out of sequence")
 		return
 	}
 	plen := len(p.Payload)
-	wantLen := min(pmtu, w.length-k*pmtu)
+	wantLen := min(pmtu, w.Length-k*pmtu)
 	if plen != wantLen {
 		qp.completeHead(cq.BadRespErr, 0)
-		qp.toError("READ response of wrong length")
+		qp.ToError("READ response of wrong length")
 		return
 	}
 	if plen > 0 {
-		if err := scatter(qp.e.mrs, qp.cfg.PD, w.sgl, k*pmtu, p.Payload); err != nil {
+		if err := engine.Scatter(qp.MRs(), qp.Config.PD, w.SGL, k*pmtu, p.Payload); err != nil {
 			qp.completeHead(cq.LocProtErr, 0)
-			qp.toError("READ response placement: " + err.Error())
+			qp.ToError("READ response placement: " + err.Error())
 			return
 		}
 	}
-	w.readDone += plen
+	w.ReadDone += plen
 	if last {
 		qp.completeHead(cq.Success, 0)
 		return
@@ -169,28 +170,28 @@ func (qp *QP) readResponse(w *sendWQE, p *bth.Packet) {
 // A NAK behind compPSN is stale (its PSN was acknowledged since, e.g. a
 // delayed NAK after a retry got through) and is ignored, as rxe drops a
 // response older than its completer PSN: compPSN never moves backwards.
-func (qp *QP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
+func (qp *rcQP) handleNAK(w *engine.SendWQE, psn uint32, syn bth.Syndrome) {
 	if bth.PSNDiff(psn, qp.compPSN) < 0 {
-		qp.stats.Dropped++
+		qp.Counters.Dropped++
 		return
 	}
 	qp.progress(psn) // everything before the NAKed PSN arrived
 	switch {
 	case syn.IsRNRNAK():
-		qp.stats.RNRNAKsRecv++
-		if qp.path.RNRRetry != 7 {
+		qp.Counters.RNRNAKsRecv++
+		if qp.Attr.RNRRetry != 7 {
 			if qp.rnrLeft == 0 {
 				qp.completeHead(cq.RNRRetryExcErr, 0)
-				qp.toError("RNR retry count exceeded")
+				qp.ToError("RNR retry count exceeded")
 				return
 			}
 			qp.rnrLeft--
 		}
-		qp.rnrDeadline = qp.e.now.Add(max(bth.RNRTimer(syn.Value()), time.Microsecond))
-		qp.retryDeadline = time.Time{}
-		qp.updateTimerSet()
+		qp.RNRDeadline = qp.Now().Add(max(bth.RNRTimer(syn.Value()), time.Microsecond))
+		qp.RetryDeadline = time.Time{}
+		qp.UpdateTimerSet()
 	case syn.Value() == bth.NAKPSNSeqError:
-		qp.stats.SeqNAKsRecv++
+		qp.Counters.SeqNAKsRecv++
 		qp.retry(w, "PSN sequence error NAK", false)
 	default:
 		st := cq.RemOpErr
@@ -201,7 +202,7 @@ func (qp *QP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
 			st = cq.RemAccessErr
 		}
 		qp.completeHead(st, 0)
-		qp.toError("remote NAK: " + syn.String())
+		qp.ToError("remote NAK: " + syn.String())
 	}
 }
 
@@ -212,7 +213,7 @@ func (qp *QP) handleNAK(w *sendWQE, psn uint32, syn bth.Syndrome) {
 // arrive while a retry from the same compPSN is on its way (duplicate
 // ACKs, the rest of a gap) change nothing; only progress or the local ACK
 // timeout allows another. rxe's started_retry plays the same role.
-func (qp *QP) retry(w *sendWQE, why string, free bool) {
+func (qp *rcQP) retry(w *engine.SendWQE, why string, free bool) {
 	if qp.retrying && qp.retryFrom == qp.compPSN {
 		return
 	}
@@ -220,7 +221,7 @@ func (qp *QP) retry(w *sendWQE, why string, free bool) {
 	if !free {
 		if qp.retryLeft == 0 {
 			qp.completeHead(cq.RetryExcErr, 0)
-			qp.toError("transport retry counter exceeded (" + why + ")")
+			qp.ToError("transport retry counter exceeded (" + why + ")")
 			return
 		}
 		qp.retryLeft--
@@ -231,33 +232,33 @@ func (qp *QP) retry(w *sendWQE, why string, free bool) {
 // goBackN rewinds the requester to the oldest unacknowledged PSN. A SEND
 // or WRITE resumes mid-message with a MIDDLE or LAST packet; a READ is
 // re-issued for the missing part only (rxe req_retry).
-func (qp *QP) goBackN() {
-	qp.sqSendOff, qp.sqPkt = 0, 0
+func (qp *rcQP) goBackN() {
+	qp.SQSendOff, qp.SQPkt = 0, 0
 	qp.rtt.timing = false // Karn: an ACK may now answer either copy
-	if qp.sqCount == 0 {
+	if qp.SQCount == 0 {
 		return
 	}
-	w := &qp.sq[qp.sqHead]
-	if w.state == wqeStarted {
-		k := bth.PSNDiff(qp.compPSN, w.firstPSN)
+	w := &qp.SQ[qp.SQHead]
+	if w.State == engine.WQEStarted {
+		k := bth.PSNDiff(qp.compPSN, w.FirstPSN)
 		switch {
-		case k <= 0 || w.wr.Opcode.IsAtomic() || w.wr.Opcode == wr.AtomicWrite:
+		case k <= 0 || w.WR.Opcode.IsAtomic() || w.WR.Opcode == wr.AtomicWrite:
 			k = 0
-		case k >= w.npsn:
-			k = w.npsn - 1
+		case k >= w.NPSN:
+			k = w.NPSN - 1
 		}
-		if w.wr.Opcode == wr.RDMARead {
-			k = w.readDone / qp.path.PMTU
+		if w.WR.Opcode == wr.RDMARead {
+			k = w.ReadDone / qp.Attr.PMTU
 		}
-		qp.sqPkt = k
+		qp.SQPkt = k
 	}
-	qp.retryDeadline = time.Time{}
-	qp.updateTimerSet()
-	qp.kick()
+	qp.RetryDeadline = time.Time{}
+	qp.UpdateTimerSet()
+	qp.Kick()
 }
 
 // progress records that every PSN before next has been acknowledged.
-func (qp *QP) progress(next uint32) {
+func (qp *rcQP) progress(next uint32) {
 	if bth.PSNDiff(next, qp.compPSN) <= 0 {
 		return
 	}
@@ -269,72 +270,66 @@ func (qp *QP) progress(next uint32) {
 		// longer than the IBTA timeout would never be sampled (Karn).
 		qp.rtt.shift = 0
 	}
-	qp.retryLeft = int(qp.path.RetryCnt)
-	qp.rnrLeft = int(qp.path.RNRRetry)
+	qp.retryLeft = int(qp.Attr.RetryCnt)
+	qp.rnrLeft = int(qp.Attr.RNRRetry)
 	qp.retrying = false
-	if qp.outstanding() && qp.path.Timeout != 0 {
-		qp.retryDeadline = qp.e.now.Add(qp.ackTimeout())
+	if qp.outstanding() && qp.Attr.Timeout != 0 {
+		qp.RetryDeadline = qp.Now().Add(qp.ackTimeout())
 	} else {
-		qp.retryDeadline = time.Time{}
+		qp.RetryDeadline = time.Time{}
 	}
-	qp.updateTimerSet()
-	qp.kick()
+	qp.UpdateTimerSet()
+	qp.Kick()
 }
 
 // completeHead completes the oldest WQE with status st and retires it.
-func (qp *QP) completeHead(st cq.Status, orig uint64) {
-	w := &qp.sq[qp.sqHead]
+func (qp *rcQP) completeHead(st cq.Status, orig uint64) {
+	w := &qp.SQ[qp.SQHead]
 	if st == cq.Success {
-		qp.progress(bth.PSNAdd(w.lastPSN, 1))
+		qp.progress(bth.PSNAdd(w.LastPSN, 1))
 	}
-	if needsRDResource(w.wr.Opcode) && w.state == wqeStarted {
-		qp.rdOutstanding--
+	if needsRDResource(w.WR.Opcode) && w.State == engine.WQEStarted {
+		qp.RDOutstanding--
 	}
-	ok := qp.pushSendWC(w, st, orig)
-	w.state = wqeDone
-	qp.retireHead()
-	if !ok {
-		// A send CQ overrun is fatal to the QP, as on the receive side
-		// (rxe: the completer moves the QP to ERR).
-		qp.toError("send CQ overrun")
+	if !qp.CompleteHead(st, orig) {
 		return
 	}
 	if !qp.outstanding() {
-		qp.retryDeadline = time.Time{}
-		qp.updateTimerSet()
+		qp.RetryDeadline = time.Time{}
+		qp.UpdateTimerSet()
 	}
 	if st == cq.Success {
-		qp.drainLocal() // local work requests it was holding back
+		qp.DrainLocal() // local work requests it was holding back
 	}
-	qp.kick()
+	qp.Kick()
 }
 
 // checkTimers fires the RNR wait and the local ACK timeout.
-func (qp *QP) checkTimers() {
-	now := qp.e.now
-	if !qp.rnrDeadline.IsZero() && !now.Before(qp.rnrDeadline) {
-		qp.rnrDeadline = time.Time{}
+func (qp *rcQP) checkTimers() {
+	now := qp.Now()
+	if !qp.RNRDeadline.IsZero() && !now.Before(qp.RNRDeadline) {
+		qp.RNRDeadline = time.Time{}
 		qp.goBackN()
 	}
-	if !qp.retryDeadline.IsZero() && !now.Before(qp.retryDeadline) {
-		qp.retryDeadline = time.Time{}
-		qp.stats.Timeouts++
+	if !qp.RetryDeadline.IsZero() && !now.Before(qp.RetryDeadline) {
+		qp.RetryDeadline = time.Time{}
+		qp.Counters.Timeouts++
 		qp.rtt.backoff()
-		if qp.outstanding() && qp.state == qpstate.RTS {
+		if qp.outstanding() && qp.StateLocked() == qpstate.RTS {
 			qp.retrying = false // a timeout always retries
-			qp.retry(&qp.sq[qp.sqHead], "local ACK timeout", false)
+			qp.retry(&qp.SQ[qp.SQHead], "local ACK timeout", false)
 		}
 	}
-	qp.updateTimerSet()
+	qp.UpdateTimerSet()
 }
 
 // outstanding reports whether packets have been sent and not acknowledged:
 // the next PSN to transmit is ahead of the oldest unacknowledged one.
-func (qp *QP) outstanding() bool {
-	next := qp.nextPSN
-	if qp.sqSendOff < qp.sqCount {
-		if w := &qp.sq[(qp.sqHead+qp.sqSendOff)%len(qp.sq)]; w.state == wqeStarted {
-			next = bth.PSNAdd(w.firstPSN, qp.sqPkt)
+func (qp *rcQP) outstanding() bool {
+	next := qp.NextPSN
+	if qp.SQSendOff < qp.SQCount {
+		if w := &qp.SQ[(qp.SQHead+qp.SQSendOff)%len(qp.SQ)]; w.State == engine.WQEStarted {
+			next = bth.PSNAdd(w.FirstPSN, qp.SQPkt)
 		}
 	}
 	return bth.PSNDiff(next, qp.compPSN) > 0
@@ -365,21 +360,21 @@ type rttEstimator struct {
 }
 
 // start times psn, sent for the first time now, unless a sample runs.
-func (r *rttEstimator) start(qp *QP, psn uint32) {
-	if !qp.path.AdaptiveTimeout || r.timing {
+func (r *rttEstimator) start(qp *rcQP, psn uint32) {
+	if !qp.Attr.AdaptiveTimeout || r.timing {
 		return
 	}
-	r.timing, r.psn, r.sent = true, psn, qp.e.now
+	r.timing, r.psn, r.sent = true, psn, qp.Now()
 }
 
 // acked takes a sample when every PSN before next is acknowledged and the
 // timed one is among them.
-func (r *rttEstimator) acked(qp *QP, next uint32) {
+func (r *rttEstimator) acked(qp *rcQP, next uint32) {
 	if !r.timing || bth.PSNDiff(next, r.psn) <= 0 {
 		return
 	}
 	r.timing = false
-	m := qp.e.now.Sub(r.sent)
+	m := qp.Now().Sub(r.sent)
 	if m < 0 {
 		return
 	}
@@ -406,10 +401,10 @@ func (r *rttEstimator) backoff() {
 // ackTimeout is the time the requester waits for an ACK before it
 // retries: the IBTA local ACK timeout, or with AdaptiveTimeout the
 // estimate above, never less than the IBTA one.
-func (qp *QP) ackTimeout() time.Duration {
-	base := localAckTimeout(qp.path.Timeout)
+func (qp *rcQP) ackTimeout() time.Duration {
+	base := localAckTimeout(qp.Attr.Timeout)
 	r := &qp.rtt
-	if !qp.path.AdaptiveTimeout || !r.valid && r.shift == 0 {
+	if !qp.Attr.AdaptiveTimeout || !r.valid && r.shift == 0 {
 		return base
 	}
 	t := base
@@ -418,4 +413,12 @@ func (qp *QP) ackTimeout() time.Duration {
 	}
 	t = min(t<<r.shift, max(maxAdaptiveTimeout, base))
 	return max(t, base)
+}
+
+// localAckTimeout is 4.096 us * 2^timeout (IBTA §9.7.6.1.3); 0 = never.
+func localAckTimeout(t uint8) time.Duration {
+	if t == 0 {
+		return 0
+	}
+	return time.Duration(4096<<t) * time.Nanosecond
 }

@@ -6,12 +6,15 @@
 // them in order), after IBTA vol. 1 ch. 9.7 and the behaviour of the
 // kernel's rdma_rxe. The work requests it runs are package wr's.
 //
-// The same engine runs Unreliable Connection QPs (uc.go): RC's
-// segmentation and memory placement without ACKs, retransmission or
-// timers, sequenced by the rules of package transport/uc.
+// The paths run on the shared engine of package transport/engine, which
+// holds the QP table, queues, SRQs, batches and timers and calls each QP's
+// service value; RC's (rcQP, rc.go) holds the state of RC's three paths
+// for its QP and registers with engine.Register when this package is
+// linked in. This is the split of rxe, whose rxe_req.c, rxe_resp.c and
+// rxe_comp.c run over one rxe_qp.c.
 //
-// The package does no I/O and reads no clock: an Engine is fed received
-// packet batches and the current time, and hands back packet batches to
-// send and the next time it wants to be woken. Driver runs an Engine on a
-// nic.Link with real time; tests run it on simulated time.
+// Unreliable Connection QPs are, for now, served from here too (uc.go):
+// the connected services' segmentation and memory placement without ACKs,
+// retransmission or timers, sequenced by the rules of package
+// transport/uc.
 package rc

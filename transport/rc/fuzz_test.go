@@ -200,10 +200,10 @@ func FuzzCompleter(f *testing.F) {
 			}
 		}
 		progress(false)
-		if bth.PSNDiff(qp.nextPSN, completerPSN) != 13 {
-			t.Fatalf("setup: nextPSN %#x", qp.nextPSN)
+		if bth.PSNDiff(qp.NextPSN, completerPSN) != 13 {
+			t.Fatalf("setup: nextPSN %#x", qp.NextPSN)
 		}
-		lastComp := qp.compPSN
+		lastComp := rcOf(qp).compPSN
 		feed := func(op bth.Opcode, psn uint32, syn bth.Syndrome, plen int, msn byte) {
 			fl := bth.Fields{BTH: bth.BTHFields{Opcode: op, PSN: psn & bth.PSNMask}, Syndrome: syn, MSN: uint32(msn),
 				Orig: uint64(psn) * 0x0101010101}
@@ -245,13 +245,13 @@ func FuzzCompleter(f *testing.F) {
 			}
 			progress(wasErr)
 			// Invariants after every record.
-			if d := bth.PSNDiff(qp.compPSN, lastComp); d < 0 {
-				t.Fatalf("compPSN moved backwards: %#x -> %#x", lastComp, qp.compPSN)
+			if d := bth.PSNDiff(rcOf(qp).compPSN, lastComp); d < 0 {
+				t.Fatalf("compPSN moved backwards: %#x -> %#x", lastComp, rcOf(qp).compPSN)
 			}
-			if bth.PSNDiff(qp.compPSN, qp.nextPSN) > 0 {
-				t.Fatalf("compPSN %#x beyond nextPSN %#x", qp.compPSN, qp.nextPSN)
+			if bth.PSNDiff(rcOf(qp).compPSN, qp.NextPSN) > 0 {
+				t.Fatalf("compPSN %#x beyond nextPSN %#x", rcOf(qp).compPSN, qp.NextPSN)
 			}
-			lastComp = qp.compPSN
+			lastComp = rcOf(qp).compPSN
 			for n := s.ep[0].scq.Poll(wcs); n > 0; n = s.ep[0].scq.Poll(wcs) {
 				for _, wc := range wcs[:n] {
 					if wc.WRID != nextID {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -35,7 +36,7 @@ func (l *handLink) Recv(pkts []nic.Packet) (int, error) {
 	select {
 	case b := <-l.in:
 		pkts[0].N = copy(pkts[0].Buf, b)
-		pkts[0].Remote = Remote(l.peer)
+		pkts[0].Remote = engine.Remote(l.peer)
 		pkts[0].Local = netip.MustParseAddr("10.0.0.1")
 		pkts[0].ICRC = nic.ICRCVerified
 		return 1, nil
@@ -74,7 +75,7 @@ func TestDueTimerLetsArrivedACKIn(t *testing.T) {
 	link := newHandLink(s.ep[1].addr)
 	// A grace far longer than the test: while the timer goroutine holds
 	// back, only the receive side can have acted.
-	d := NewDriverWith(s.ep[0].e, link, DriverConfig{timerGrace: time.Hour})
+	d := engine.NewDriverWith(s.ep[0].e, link, engine.DriverConfig{TimerGrace: time.Hour})
 	defer d.Close()
 	if err := qps[1].PostRecv(&wr.RecvWR{ID: 9}); err != nil {
 		t.Fatal(err)
@@ -84,7 +85,7 @@ func TestDueTimerLetsArrivedACKIn(t *testing.T) {
 	req := link.next(t, "SEND")
 	// The responder answers at once; the ACK reaches the link only after
 	// the deadline has passed.
-	s.ep[1].e.Receive(time.Now(), []nic.Packet{{Buf: req, N: len(req), Remote: Remote(s.ep[0].addr), Local: s.ep[1].addr, ICRC: nic.ICRCVerified}})
+	s.ep[1].e.Receive(time.Now(), []nic.Packet{{Buf: req, N: len(req), Remote: engine.Remote(s.ep[0].addr), Local: s.ep[1].addr, ICRC: nic.ICRCVerified}})
 	out, _ := s.ep[1].e.Progress(time.Now())
 	if len(out) != 1 {
 		t.Fatalf("responder sent %d packets, want one ACK", len(out))
@@ -114,7 +115,7 @@ func TestDueTimerLetsArrivedACKIn(t *testing.T) {
 	s2 := newSim(t, 2, impairment{})
 	qps2 := s2.connect(qpOpts{timeout: 10, retry: 7, rnrRetry: 7})
 	link2 := newHandLink(s2.ep[1].addr)
-	d2 := NewDriverWith(s2.ep[0].e, link2, DriverConfig{})
+	d2 := engine.NewDriverWith(s2.ep[0].e, link2, engine.DriverConfig{})
 	defer d2.Close()
 	mustPost(t, qps2[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled})
 	d2.Kick()

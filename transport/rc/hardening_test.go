@@ -14,12 +14,13 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
 // feed hands one crafted packet to endpoint i's QP without running
 // Progress: what the engine builds in answer stays in its transmit batch.
-func (s *sim) feed(i int, qp *QP, f bth.Fields, payload []byte) {
+func (s *sim) feed(i int, qp *engine.QP, f bth.Fields, payload []byte) {
 	f.BTH.PKey = 0xffff
 	f.BTH.DestQP = qp.Num()
 	buf := make([]byte, bth.Len(f.BTH.Opcode, len(payload)))
@@ -107,7 +108,7 @@ func TestRemoteInvalidateOfUserMRIsClassJ(t *testing.T) {
 
 // readThenStop sets up a 512 KiB READ at MTU 256 (2048 responses) against
 // endpoint 1 and lets the responder send one batch of it.
-func readThenStop(t *testing.T) (*sim, [2]*QP) {
+func readThenStop(t *testing.T) (*sim, [2]*engine.QP) {
 	s := newSim(t, 1, impairment{})
 	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{7, 0}, timeout: 14, retry: 7})
 	rmr, _ := s.reg(1, 512<<10)
@@ -119,8 +120,8 @@ func readThenStop(t *testing.T) (*sim, [2]*QP) {
 	// A WRITE with AckReq waits in the backlog behind the READ.
 	swr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 7 + 2048, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 4}
 	s.feed(1, qps[1], swr, []byte{1, 2, 3, 4})
-	if qps[1].resp.blN != 1 || len(qps[1].resp.jobs) != 1 {
-		t.Fatalf("setup: backlog %d jobs %d", qps[1].resp.blN, len(qps[1].resp.jobs))
+	if rcOf(qps[1]).resp.blN != 1 || len(rcOf(qps[1]).resp.jobs) != 1 {
+		t.Fatalf("setup: backlog %d jobs %d", rcOf(qps[1]).resp.blN, len(rcOf(qps[1]).resp.jobs))
 	}
 	return s, qps
 }
@@ -154,8 +155,8 @@ func TestErrKeepsBuiltACKs(t *testing.T) {
 	rmr, _ := s.reg(1, 4096)
 	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 3, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 4}, []byte{1, 2, 3, 4})
 	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCFetchAdd, PSN: 4, AckReq: true}, VA: rmr.Addr() + 8, RKey: rmr.RKey(), SwapAdd: 1}, nil)
-	if len(s.ep[1].e.tx) != 2 {
-		t.Fatalf("setup: %d packets built", len(s.ep[1].e.tx))
+	if n := qps[1].Batched(); n != 2 {
+		t.Fatalf("setup: %d packets built", n)
 	}
 	qps[1].SetState(qpstate.Err)
 	lines := s.drain(1)
@@ -186,10 +187,11 @@ func TestErrStopsRequester(t *testing.T) {
 	}
 	// Some packets of the WRITE are built and waiting (a second batch).
 	e := s.ep[0].e
-	e.mu.Lock()
-	qps[0].transmit(len(e.tx) + 5)
-	built := len(e.tx)
-	e.mu.Unlock()
+	var built int
+	e.Sync(func() {
+		rcOf(qps[0]).transmit(qps[0].Batched() + 5)
+		built = qps[0].Batched()
+	})
 	if built == 0 {
 		t.Fatal("setup: nothing built")
 	}
@@ -215,12 +217,13 @@ func TestDestroyQPRemovesEveryTrace(t *testing.T) {
 	e := s.ep[1].e
 	// Give it an armed timer and a pending ACK as well.
 	qp := qps[1]
-	e.mu.Lock()
-	qp.retryDeadline = s.now.Add(time.Millisecond)
-	qp.updateTimerSet()
-	qp.ackPending, qp.ackPSN = true, 6
-	qp.sendAck() // built, not handed out
-	e.mu.Unlock()
+	e.Sync(func() {
+		qp.RetryDeadline = s.now.Add(time.Millisecond)
+		qp.UpdateTimerSet()
+		rq := rcOf(qp)
+		rq.ackPending, rq.ackPSN = true, 6
+		rq.sendAck() // built, not handed out
+	})
 	if err := e.DestroyQP(qp); err != nil {
 		t.Fatal(err)
 	}
@@ -230,30 +233,20 @@ func TestDestroyQPRemovesEveryTrace(t *testing.T) {
 	if lines := s.drain(1); len(lines) != 1 || !strings.HasPrefix(lines[0], "ACKNOWLEDGE psn=6 ") {
 		t.Fatalf("packets after DestroyQP: %q, want only the ACK built before", lines)
 	}
-	e.mu.Lock()
-	_, timed := e.timed[qp]
-	inPending := false
-	for _, p := range e.pending {
-		inPending = inPending || p == qp
-	}
-	for _, p := range e.txQP {
-		inPending = inPending || p == qp
-	}
-	_, known := e.qps[qp.num]
-	e.mu.Unlock()
-	if timed || inPending || known || qp.resp.blN != 0 || len(qp.resp.jobs) != 0 {
-		t.Fatalf("traces left: timed %v pending/tx %v known %v backlog %d jobs %d", timed, inPending, known, qp.resp.blN, len(qp.resp.jobs))
+	timed, inPending, known := e.Holds(qp)
+	if timed || inPending || known || rcOf(qp).resp.blN != 0 || len(rcOf(qp).resp.jobs) != 0 {
+		t.Fatalf("traces left: timed %v pending/tx %v known %v backlog %d jobs %d", timed, inPending, known, rcOf(qp).resp.blN, len(rcOf(qp).resp.jobs))
 	}
 	if !e.NextDeadline().IsZero() {
 		t.Fatal("a deadline is still reported")
 	}
-	if err := e.DestroyQP(qp); !errors.Is(err, ErrNoQP) {
+	if err := e.DestroyQP(qp); !errors.Is(err, engine.ErrNoQP) {
 		t.Fatalf("second DestroyQP = %v, want ErrNoQP", err)
 	}
-	if err := qp.PostSend(&wr.SendWR{Opcode: wr.Send}); !errors.Is(err, ErrState) {
+	if err := qp.PostSend(&wr.SendWR{Opcode: wr.Send}); !errors.Is(err, engine.ErrState) {
 		t.Fatalf("PostSend after destroy = %v", err)
 	}
-	if err := qp.PostRecv(&wr.RecvWR{}); !errors.Is(err, ErrState) {
+	if err := qp.PostRecv(&wr.RecvWR{}); !errors.Is(err, engine.ErrState) {
 		t.Fatalf("PostRecv after destroy = %v", err)
 	}
 	// A state change after destroy does nothing (no flush, no schedule).
@@ -286,12 +279,12 @@ func TestStaleNAKKeepsCompPSN(t *testing.T) {
 				t.Fatalf("sent %q", lines)
 			}
 			s.feed(0, qps[0], ackTo(bth.RCAck, 104, bth.SyndromeACKUnlimited), nil)
-			if qps[0].compPSN != 105 {
-				t.Fatalf("compPSN %d after ACK 104", qps[0].compPSN)
+			if rcOf(qps[0]).compPSN != 105 {
+				t.Fatalf("compPSN %d after ACK 104", rcOf(qps[0]).compPSN)
 			}
 			s.feed(0, qps[0], ackTo(bth.RCAck, 102, syn), nil)
-			if qps[0].compPSN != 105 {
-				t.Fatalf("compPSN moved back to %d by a stale %v at 102", qps[0].compPSN, syn)
+			if rcOf(qps[0]).compPSN != 105 {
+				t.Fatalf("compPSN moved back to %d by a stale %v at 102", rcOf(qps[0]).compPSN, syn)
 			}
 			if lines := s.drain(0); len(lines) != 0 {
 				t.Fatalf("stale NAK caused a retransmission: %q", lines)
@@ -376,10 +369,10 @@ func TestSGELimitsSplit(t *testing.T) {
 	mrs := memreg.NewTable(memreg.Limits{})
 	pd, _ := mrs.AllocPD()
 	c, _ := cq.New(16)
-	e := NewEngine(mrs)
+	e := engine.NewEngine(mrs)
 	sges := func(n int) []wr.SGE { return make([]wr.SGE, n) }
 	for _, tc := range []struct{ send, recv int }{{1, 3}, {3, 1}} {
-		qp, err := e.CreateQP(QPConfig{PD: pd, SendCQ: c, RecvCQ: c, MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: tc.send, MaxRecvSGE: tc.recv})
+		qp, err := e.CreateQP(engine.QPConfig{PD: pd, SendCQ: c, RecvCQ: c, MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: tc.send, MaxRecvSGE: tc.recv})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -424,8 +417,8 @@ func TestResetForgetsSentPSNs(t *testing.T) {
 	if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success || wc.WRID != 2 {
 		t.Fatalf("completion %+v", wc)
 	}
-	if qps[0].Stats().Retransmits != 0 || qps[0].maxSentPSN != 10 {
-		t.Fatalf("after RESET: %d retransmits counted, maxSentPSN %d", qps[0].Stats().Retransmits, qps[0].maxSentPSN)
+	if qps[0].Stats().Retransmits != 0 || rcOf(qps[0]).maxSentPSN != 10 {
+		t.Fatalf("after RESET: %d retransmits counted, maxSentPSN %d", qps[0].Stats().Retransmits, rcOf(qps[0]).maxSentPSN)
 	}
 }
 
@@ -471,9 +464,9 @@ func TestErrFlushesReceiveInProgress(t *testing.T) {
 }
 
 // backlogBuffers counts the packet buffers a QP's backlog holds.
-func backlogBuffers(qp *QP) int {
+func backlogBuffers(qp *engine.QP) int {
 	n := 0
-	for _, b := range qp.resp.backlog {
+	for _, b := range rcOf(qp).resp.backlog {
 		if b != nil {
 			n++
 		}
@@ -493,8 +486,8 @@ func TestBacklogHoldsBuffersOnlyWhileDeferred(t *testing.T) {
 	if len(lines) == 0 || !strings.HasPrefix(lines[len(lines)-1], "ACKNOWLEDGE psn=2055 ") {
 		t.Fatalf("deferred WRITE not answered last: %d packets, last %q", len(lines), lines[len(lines)-1])
 	}
-	if n := backlogBuffers(qps[1]); n != 0 || qps[1].resp.blN != 0 {
-		t.Fatalf("after the drain: %d buffers held, %d deferred", n, qps[1].resp.blN)
+	if n := backlogBuffers(qps[1]); n != 0 || rcOf(qps[1]).resp.blN != 0 {
+		t.Fatalf("after the drain: %d buffers held, %d deferred", n, rcOf(qps[1]).resp.blN)
 	}
 	_, qps2 := readThenStop(t)
 	qps2[1].SetState(qpstate.Err)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -12,7 +13,7 @@ type ipFields struct{ hop, tc uint8 }
 
 // traceIPFields records the HopLimit and TClass of the packets an engine
 // hands out.
-func traceIPFields(e *Engine) *[]ipFields {
+func traceIPFields(e *engine.Engine) *[]ipFields {
 	var out []ipFields
 	e.SetPacketTrace(func(dir byte, p *nic.Packet) {
 		if dir == 'T' {
@@ -55,7 +56,7 @@ func TestRCHopLimitTClass(t *testing.T) {
 	qps := s.connect(qpOpts{timeout: 14, retry: 7, rnrRetry: 7})
 	sides := [2]ipFields{{5, 0x28}, {9, 0x61}}
 	for i, qp := range qps {
-		p := qp.path
+		p := qp.Attr
 		p.HopLimit, p.TrafficClass = sides[i].hop, sides[i].tc
 		qp.SetPath(p)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -15,7 +16,7 @@ import (
 // be bound to, and a type 2 window.
 type mwSim struct {
 	s          *sim
-	qps        [2]*QP
+	qps        [2]*engine.QP
 	lmr, rmr   *memreg.MR
 	local, rem []byte
 	mw         *memreg.MW
@@ -42,7 +43,7 @@ const rw = uint32(memreg.AccessRemoteRead | memreg.AccessRemoteWrite)
 
 // bind posts a signaled BIND_MW of [off, off+n) of the remote region on
 // endpoint 1's QP and waits for its completion; it returns the new rkey.
-func (m *mwSim) bind(t *testing.T, qp *QP, off, n uint64, lowKey byte) uint32 {
+func (m *mwSim) bind(t *testing.T, qp *engine.QP, off, n uint64, lowKey byte) uint32 {
 	t.Helper()
 	k := m.mw.RKey()&^0xFF | uint32(lowKey)
 	mustPost(t, qp, &wr.SendWR{ID: 100, Opcode: wr.BindMW, Flags: wr.Signaled, Bind: wr.MWBind{MWKey: m.mw.RKey(), RKey: k,
@@ -58,7 +59,7 @@ func (m *mwSim) bind(t *testing.T, qp *QP, off, n uint64, lowKey byte) uint32 {
 }
 
 // op posts one signaled WRITE or READ from endpoint 0 and returns its status.
-func (m *mwSim) op(t *testing.T, qp *QP, o wr.Opcode, loff int, n uint32, raddr uint64, rkey uint32) cq.Status {
+func (m *mwSim) op(t *testing.T, qp *engine.QP, o wr.Opcode, loff int, n uint32, raddr uint64, rkey uint32) cq.Status {
 	t.Helper()
 	mustPost(t, qp, &wr.SendWR{ID: 7, Opcode: o, Flags: wr.Signaled,
 		SGL: []wr.SGE{{Addr: m.lmr.Addr() + uint64(loff), Length: n, LKey: m.lmr.LKey()}}, RemoteAddr: raddr, RKey: rkey})
@@ -150,7 +151,7 @@ func TestMWBoundToQP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, qp := range []*QP{m.qps[0], b[0]} {
+	for _, qp := range []*engine.QP{m.qps[0], b[0]} {
 		if st := m.op(t, qp, wr.RDMARead, 0, 64, m.rmr.Addr(), k1); st != cq.Success {
 			t.Fatalf("type 1 window from QP %d: %v", qp.Num(), st)
 		}

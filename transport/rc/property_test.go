@@ -13,6 +13,7 @@ import (
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -83,7 +84,7 @@ func runWorkload(t *testing.T, seed uint64) error {
 	pmtus := []int{256, 512, 1024, 2048, 4096}
 	nqp := 1 + rng.IntN(3)
 	type pair struct {
-		qps     [2]*QP
+		qps     [2]*engine.QP
 		ops     [2][]*propOp
 		counter [2][]byte // 8-byte atomic target on each side
 		ctrMR   [2]*memreg.MR

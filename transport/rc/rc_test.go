@@ -11,6 +11,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -31,7 +32,7 @@ func fill(b []byte, seed byte) {
 	}
 }
 
-func mustPost(t testing.TB, qp *QP, swr *wr.SendWR) {
+func mustPost(t testing.TB, qp *engine.QP, swr *wr.SendWR) {
 	t.Helper()
 	if err := qp.PostSend(swr); err != nil {
 		t.Fatal(err)

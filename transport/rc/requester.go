@@ -1,134 +1,113 @@
 package rc
 
 import (
-	"errors"
-
 	"github.com/softroce/softroce/bth"
-	"github.com/softroce/softroce/cq"
-	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
-	"github.com/softroce/softroce/transport/uc"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
-// npackets is how many packets (and PSNs) a message of n bytes takes at
-// the given path MTU: at least one, even for zero bytes.
-func npackets(n, pmtu int) int {
-	if n <= pmtu {
-		return 1
-	}
-	return (n + pmtu - 1) / pmtu
-}
+// Defaults follow rxe where IBTA leaves a choice.
+const (
+	// maxUnackedPSNs bounds the requester's window of unacknowledged PSNs
+	// (rxe: RXE_MAX_UNACKED_PSNS).
+	maxUnackedPSNs = 128
+	// ackReqEvery sets AckReq inside long messages so the window keeps
+	// moving: every 64th packet, as rxe does, two per window of
+	// maxUnackedPSNs. Each ACK costs the responder a send and its guest
+	// kernel's receive work for what arrived meanwhile; every 32nd doubled
+	// the ACKs of a 64 KiB message and was slower across two guests.
+	ackReqEvery = 64
+)
 
 // transmit is the requester: it sends new and go-back-N packets from the
 // send queue until the budget, the PSN window or max_rd_atomic stops it.
 // It reports whether it has nothing more to send right now.
-func (qp *QP) transmit(budget int) bool {
-	e := qp.e
-	if qp.state != qpstate.RTS || !qp.rnrDeadline.IsZero() {
+func (qp *rcQP) transmit(budget int) bool {
+	if qp.StateLocked() != qpstate.RTS || !qp.RNRDeadline.IsZero() {
 		return true
 	}
-	pmtu := qp.path.PMTU
-	for len(e.tx) < budget {
-		if qp.sqSendOff >= qp.sqCount {
+	pmtu := qp.Attr.PMTU
+	for qp.Batched() < budget {
+		if qp.SQSendOff >= qp.SQCount {
 			return true
 		}
-		w := &qp.sq[(qp.sqHead+qp.sqSendOff)%len(qp.sq)]
-		if w.state == wqeDone {
-			qp.sqSendOff++
+		w := &qp.SQ[(qp.SQHead+qp.SQSendOff)%len(qp.SQ)]
+		if w.State == engine.WQEDone {
+			qp.SQSendOff++
 			continue
 		}
-		if w.wr.Opcode.IsLocal() {
-			if w.state == wqeQueued {
-				if w.wr.Flags&wr.Fence != 0 && qp.rdOutstanding > 0 {
-					return true // IBV_SEND_FENCE: wait for prior READ/atomics
-				}
-				qp.execLocal(w)
-			}
-			switch {
-			case qp.sqSendOff == 0:
-				qp.drainLocal() // nothing before it: complete it now
-				if qp.state != qpstate.RTS {
-					return true
-				}
-			case w.localSt != cq.Success:
-				return true // completes in error once it is the oldest
-			default:
-				qp.sqSendOff++
+		if w.WR.Opcode.IsLocal() {
+			if qp.StepLocal(w) {
+				return true
 			}
 			continue
 		}
-		if w.state == wqeQueued {
-			if needsRDResource(w.wr.Opcode) && qp.rdOutstanding >= qp.path.MaxRDAtomic {
+		if w.State == engine.WQEQueued {
+			if needsRDResource(w.WR.Opcode) && qp.RDOutstanding >= qp.Attr.MaxRDAtomic {
 				return true // resumes when a READ/atomic completes
 			}
-			if w.wr.Flags&wr.Fence != 0 && qp.rdOutstanding > 0 {
+			if w.WR.Flags&wr.Fence != 0 && qp.RDOutstanding > 0 {
 				return true // IBV_SEND_FENCE: wait for prior READ/atomics
 			}
-			w.firstPSN = qp.nextPSN
+			w.FirstPSN = qp.NextPSN
 			switch {
-			case w.wr.Opcode.IsAtomic() || w.wr.Opcode == wr.AtomicWrite:
-				w.npsn = 1
+			case w.WR.Opcode.IsAtomic() || w.WR.Opcode == wr.AtomicWrite:
+				w.NPSN = 1
 			default:
 				// A READ request takes as many PSNs as its responses
 				// (IBTA §9.7.1; rxe update_wqe_psn).
-				w.npsn = npackets(w.length, pmtu)
+				w.NPSN = engine.NPackets(w.Length, pmtu)
 			}
-			w.lastPSN = bth.PSNAdd(w.firstPSN, w.npsn-1)
-			qp.nextPSN = bth.PSNAdd(qp.nextPSN, w.npsn)
-			w.state = wqeStarted
-			w.readDone = 0
-			qp.sqPkt = 0
-			if needsRDResource(w.wr.Opcode) {
-				qp.rdOutstanding++
+			w.LastPSN = bth.PSNAdd(w.FirstPSN, w.NPSN-1)
+			qp.NextPSN = bth.PSNAdd(qp.NextPSN, w.NPSN)
+			w.State = engine.WQEStarted
+			w.ReadDone = 0
+			qp.SQPkt = 0
+			if needsRDResource(w.WR.Opcode) {
+				qp.RDOutstanding++
 			}
 		}
-		psn := bth.PSNAdd(w.firstPSN, qp.sqPkt)
-		if bth.PSNDiff(psn, qp.compPSN) >= maxUnackedPSNs && !qp.isUC() {
+		psn := bth.PSNAdd(w.FirstPSN, qp.SQPkt)
+		if bth.PSNDiff(psn, qp.compPSN) >= maxUnackedPSNs {
 			return true // window full: an ACK reopens it
 		}
 		if bth.PSNDiff(psn, qp.maxSentPSN) <= 0 && qp.sentAny {
-			qp.stats.Retransmits++
+			qp.Counters.Retransmits++
 		} else {
 			qp.maxSentPSN, qp.sentAny = psn, true
 			qp.rtt.start(qp, psn)
-			if w.wr.Opcode == wr.RDMARead {
-				qp.maxSentPSN = w.lastPSN
+			if w.WR.Opcode == wr.RDMARead {
+				qp.maxSentPSN = w.LastPSN
 			}
 		}
-		if w.wr.Opcode == wr.RDMARead {
-			w.reRead = qp.sqPkt
+		if w.WR.Opcode == wr.RDMARead {
+			w.ReRead = qp.SQPkt
 		}
 		if !qp.buildRequest(w, psn) {
 			return true // the WQE failed locally; the QP is in ERR
 		}
-		lastPkt := w.wr.Opcode == wr.RDMARead || w.wr.Opcode.IsAtomic() || w.wr.Opcode == wr.AtomicWrite || qp.sqPkt+1 >= w.npsn
+		lastPkt := w.WR.Opcode == wr.RDMARead || w.WR.Opcode.IsAtomic() || w.WR.Opcode == wr.AtomicWrite || qp.SQPkt+1 >= w.NPSN
 		if lastPkt {
-			qp.sqSendOff++
-			qp.sqPkt = 0
+			qp.SQSendOff++
+			qp.SQPkt = 0
 		} else {
-			qp.sqPkt++
+			qp.SQPkt++
 		}
-		if qp.isUC() { // UC: complete on the last packet; no ACK timer
-			if lastPkt {
-				qp.ucSent()
-			}
-			continue
-		}
-		if qp.retryDeadline.IsZero() && qp.path.Timeout != 0 {
-			qp.retryDeadline = e.now.Add(qp.ackTimeout())
-			qp.updateTimerSet()
+		if qp.RetryDeadline.IsZero() && qp.Attr.Timeout != 0 {
+			qp.RetryDeadline = qp.Now().Add(qp.ackTimeout())
+			qp.UpdateTimerSet()
 		}
 	}
 	return false
 }
 
 // buildRequest writes packet number qp.sqPkt of w at PSN psn.
-func (qp *QP) buildRequest(w *sendWQE, psn uint32) bool {
-	pmtu := qp.path.PMTU
-	f := bth.Fields{BTH: bth.BTHFields{PKey: 0xffff, DestQP: qp.path.DestQPN, PSN: psn}}
-	k := qp.sqPkt
-	op := w.wr.Opcode
+func (qp *rcQP) buildRequest(w *engine.SendWQE, psn uint32) bool {
+	pmtu := qp.Attr.PMTU
+	f := bth.Fields{BTH: bth.BTHFields{PKey: 0xffff, DestQP: qp.Attr.DestQPN, PSN: psn}}
+	k := qp.SQPkt
+	op := w.WR.Opcode
 	var off, plen int
 	switch {
 	case op == wr.RDMARead:
@@ -136,146 +115,58 @@ func (qp *QP) buildRequest(w *sendWQE, psn uint32) bool {
 		off = k * pmtu
 		f.BTH.Opcode = bth.RCReadRequest
 		f.BTH.AckReq = true
-		f.VA, f.RKey, f.DMALen = w.wr.RemoteAddr+uint64(off), w.wr.RKey, uint32(w.length-off)
+		f.VA, f.RKey, f.DMALen = w.WR.RemoteAddr+uint64(off), w.WR.RKey, uint32(w.Length-off)
 	case op.IsAtomic():
 		f.BTH.Opcode = bth.RCCompareSwap
-		f.SwapAdd, f.Compare = w.wr.Swap, w.wr.CompareAdd
+		f.SwapAdd, f.Compare = w.WR.Swap, w.WR.CompareAdd
 		if op == wr.AtomicFetchAndAdd {
 			f.BTH.Opcode = bth.RCFetchAdd
-			f.SwapAdd, f.Compare = w.wr.CompareAdd, 0
+			f.SwapAdd, f.Compare = w.WR.CompareAdd, 0
 		}
 		f.BTH.AckReq = true
-		f.VA, f.RKey = w.wr.RemoteAddr, w.wr.RKey
+		f.VA, f.RKey = w.WR.RemoteAddr, w.WR.RKey
 	case op == wr.AtomicWrite:
 		f.BTH.Opcode = bth.RCAtomicWrite
 		f.BTH.AckReq = true
-		f.VA, f.RKey, f.DMALen = w.wr.RemoteAddr, w.wr.RKey, 8
+		f.VA, f.RKey, f.DMALen = w.WR.RemoteAddr, w.WR.RKey, 8
 		plen = 8
 	default:
 		off = k * pmtu
-		plen = min(pmtu, w.length-off)
-		first, last := k == 0, k == w.npsn-1
-		f.BTH.Opcode = segOpcode(op, first, last)
+		plen = min(pmtu, w.Length-off)
+		first, last := k == 0, k == w.NPSN-1
+		f.BTH.Opcode = engine.SegOpcode(op, first, last)
 		f.BTH.AckReq = last || k%ackReqEvery == ackReqEvery-1
-		f.BTH.SE = last && w.wr.Flags&wr.Solicited != 0 && (op.IsSend() || op == wr.RDMAWriteWithImm)
-		if qp.isUC() { // UC: the same segment under the UC prefix, never AckReq
-			f.BTH.Opcode, f.BTH.AckReq = uc.Opcode(f.BTH.Opcode), false
-		}
+		f.BTH.SE = last && w.WR.Flags&wr.Solicited != 0 && (op.IsSend() || op == wr.RDMAWriteWithImm)
 		if op.IsWrite() && first {
-			f.VA, f.RKey, f.DMALen = w.wr.RemoteAddr, w.wr.RKey, uint32(w.length)
+			f.VA, f.RKey, f.DMALen = w.WR.RemoteAddr, w.WR.RKey, uint32(w.Length)
 		}
-		f.Imm = w.wr.Imm
-		f.InvRKey = w.wr.InvRKey
+		f.Imm = w.WR.Imm
+		f.InvRKey = w.WR.InvRKey
 	}
-	buf := qp.newPacket()
+	buf := qp.NewPacket()
 	n := bth.WriteHeaders(buf, &f, plen)
 	hdr := f.BTH.Opcode.Info().HdrLen
 	var err error
 	switch {
 	case op == wr.AtomicWrite:
-		copy(buf[hdr:], w.wr.AtomicWrite[:])
+		copy(buf[hdr:], w.WR.AtomicWrite[:])
 	case plen == 0:
-	case w.isInline:
-		copy(buf[hdr:hdr+plen], w.inline[off:])
+	case w.IsInline:
+		copy(buf[hdr:hdr+plen], w.Inline[off:])
 	default:
-		err = gather(qp.e.mrs, qp.cfg.PD, w.sgl, off, buf[hdr:hdr+plen])
+		err = engine.Gather(qp.MRs(), qp.Config.PD, w.SGL, off, buf[hdr:hdr+plen])
 	}
 	if err != nil {
 		// A bad lkey is the local protection error of IBV_WC_LOC_PROT_ERR;
 		// the packet is not sent and the QP goes to ERR (IBTA §10.8.3.1).
-		qp.e.unbuild()
-		st := cq.LocProtErr
-		if !errors.Is(err, memreg.ErrLocalProtection) {
-			st = cq.LocLenErr
-		}
-		qp.completeHead(st, 0)
-		qp.toError("local protection error on send: " + err.Error())
+		qp.Unbuild()
+		qp.completeHead(engine.LocalErrStatus(err), 0)
+		qp.ToError("local protection error on send: " + err.Error())
 		return false
 	}
-	qp.sent(n)
+	qp.Sent(n)
 	return true
 }
-
-// segOpcode picks the RC opcode for a SEND or WRITE segment.
-func segOpcode(op wr.Opcode, first, last bool) bth.Opcode {
-	only := first && last
-	switch op {
-	case wr.Send:
-		return pick(only, first, last, bth.RCSendOnly, bth.RCSendFirst, bth.RCSendLast)
-	case wr.SendWithImm:
-		return pick(only, first, last, bth.RCSendOnlyImm, bth.RCSendFirst, bth.RCSendLastImm)
-	case wr.SendWithInv:
-		return pick(only, first, last, bth.RCSendOnlyInv, bth.RCSendFirst, bth.RCSendLastInv)
-	case wr.RDMAWrite:
-		return pick(only, first, last, bth.RCWriteOnly, bth.RCWriteFirst, bth.RCWriteLast)
-	case wr.RDMAWriteWithImm:
-		return pick(only, first, last, bth.RCWriteOnlyImm, bth.RCWriteFirst, bth.RCWriteLastImm)
-	}
-	panic("rc: segOpcode on " + op.String())
-}
-
-func pick(only, first, last bool, o, f, l bth.Opcode) bth.Opcode {
-	switch {
-	case only:
-		return o
-	case first:
-		return f
-	case last:
-		return l
-	}
-	// MIDDLE is FIRST+1 for both SEND and WRITE.
-	return f + 1
-}
-
-// gather copies len(dst) bytes starting at byte off of the SGL into dst.
-func gather(mrs *memreg.Table, pd *memreg.PD, sgl []wr.SGE, off int, dst []byte) error {
-	for _, s := range sgl {
-		if len(dst) == 0 {
-			return nil
-		}
-		l := int(s.Length)
-		if off >= l {
-			off -= l
-			continue
-		}
-		n := min(l-off, len(dst))
-		if err := mrs.LocalRead(pd, s.LKey, s.Addr+uint64(off), dst[:n]); err != nil {
-			return err
-		}
-		dst = dst[n:]
-		off = 0
-	}
-	if len(dst) != 0 {
-		return errShortSGL
-	}
-	return nil
-}
-
-// scatter copies src into the SGL starting at byte off.
-func scatter(mrs *memreg.Table, pd *memreg.PD, sgl []wr.SGE, off int, src []byte) error {
-	for _, s := range sgl {
-		if len(src) == 0 {
-			return nil
-		}
-		l := int(s.Length)
-		if off >= l {
-			off -= l
-			continue
-		}
-		n := min(l-off, len(src))
-		if err := mrs.LocalWrite(pd, s.LKey, s.Addr+uint64(off), src[:n]); err != nil {
-			return err
-		}
-		src = src[n:]
-		off = 0
-	}
-	if len(src) != 0 {
-		return errShortSGL
-	}
-	return nil
-}
-
-var errShortSGL = errors.New("rc: data longer than the scatter/gather list")
 
 // needsRDResource: operations limited by max_rd_atomic (IBTA §9.5: RDMA
 // READ and atomics; IBTA 1.5 adds ATOMIC_WRITE).

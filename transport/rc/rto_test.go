@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -13,7 +14,7 @@ import (
 // one-way delay is 200 us (a 400 us round trip) with a 65.5 us IBTA local
 // ACK timeout (Timeout 4), and returns the requester's timeouts after the
 // first WRITE and after all of them.
-func slowWrites(t *testing.T, adaptive bool, n int) (first, all uint64, qps [2]*QP) {
+func slowWrites(t *testing.T, adaptive bool, n int) (first, all uint64, qps [2]*engine.QP) {
 	s := newSim(t, 1, impairment{delay: 200 * time.Microsecond})
 	qps = s.connect(qpOpts{pmtu: 1024, timeout: 4, retry: 7, adaptive: adaptive})
 	lmr, _ := s.reg(0, 4096)
@@ -52,11 +53,11 @@ func TestAdaptiveTimeoutFollowsSlowRTT(t *testing.T) {
 		t.Fatalf("adaptive: %d expiries after the first WRITE's %d", all-first, first)
 	}
 	base := localAckTimeout(4)
-	got := qps[0].ackTimeout()
+	got := rcOf(qps[0]).ackTimeout()
 	if got <= 400*time.Microsecond || got > maxAdaptiveTimeout {
 		t.Fatalf("adaptive timeout %v after a 400 us round trip (IBTA %v, cap %v)", got, base, maxAdaptiveTimeout)
 	}
-	if r := qps[0].rtt; r.srtt < 400*time.Microsecond || r.srtt > 450*time.Microsecond {
+	if r := rcOf(qps[0]).rtt; r.srtt < 400*time.Microsecond || r.srtt > 450*time.Microsecond {
 		t.Fatalf("srtt %v, want about 400 us", r.srtt)
 	}
 }
@@ -75,15 +76,15 @@ func TestAdaptiveTimeoutNeverBelowIBTA(t *testing.T) {
 			t.Fatalf("status %v", wc.Status)
 		}
 	}
-	if !qps[0].rtt.valid || qps[0].rtt.srtt >= localAckTimeout(10) {
-		t.Fatalf("no fast sample: %+v", qps[0].rtt)
+	if !rcOf(qps[0]).rtt.valid || rcOf(qps[0]).rtt.srtt >= localAckTimeout(10) {
+		t.Fatalf("no fast sample: %+v", rcOf(qps[0]).rtt)
 	}
-	if got := qps[0].ackTimeout(); got != localAckTimeout(10) {
+	if got := rcOf(qps[0]).ackTimeout(); got != localAckTimeout(10) {
 		t.Fatalf("timeout %v, want the IBTA %v", got, localAckTimeout(10))
 	}
 	// The backed-off timeout is still capped.
-	qps[0].rtt.shift = 16
-	if got := qps[0].ackTimeout(); got != maxAdaptiveTimeout {
+	rcOf(qps[0]).rtt.shift = 16
+	if got := rcOf(qps[0]).ackTimeout(); got != maxAdaptiveTimeout {
 		t.Fatalf("backed-off timeout %v, want the cap %v", got, maxAdaptiveTimeout)
 	}
 }
@@ -109,7 +110,7 @@ func TestAdaptiveTimeoutRecoversLoss(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		write(uint64(i))
 	}
-	rto := qps[0].ackTimeout()
+	rto := rcOf(qps[0]).ackTimeout()
 	before := qps[0].Stats()
 	// The next WRITE's last packet (10 WRITEs of 4 packets came before):
 	// nothing follows it, so only the timeout can recover it.

@@ -10,12 +10,13 @@ import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
 // inject hands one crafted request to endpoint 1's QP and returns the
 // responses it produces, one line each ("ACKNOWLEDGE psn=5 NAK ...").
-func (s *sim) inject(qp *QP, f bth.Fields, payload []byte) []string {
+func (s *sim) inject(qp *engine.QP, f bth.Fields, payload []byte) []string {
 	f.BTH.PKey = 0xffff
 	f.BTH.DestQP = qp.Num()
 	buf := make([]byte, bth.Len(f.BTH.Opcode, len(payload)))

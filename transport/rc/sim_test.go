@@ -15,6 +15,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 )
 
 // sim is a deterministic two-endpoint network on simulated time: the
@@ -61,12 +62,13 @@ type flight struct {
 }
 
 type simEP struct {
-	e    *Engine
+	e    *engine.Engine
 	mrs  *memreg.Table
 	pd   *memreg.PD
 	addr netip.Addr
 	scq  *cq.CQ
 	rcq  *cq.CQ
+	qps  []*engine.QP // the QPs connect made, for dump
 }
 
 var simEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -90,7 +92,7 @@ func newSimCQ(t testing.TB, seed uint64, imp impairment, cqDepth int) *sim {
 		}
 		scq, _ := cq.New(cqDepth)
 		rcq, _ := cq.New(cqDepth)
-		s.ep[i] = &simEP{e: NewEngine(mrs), mrs: mrs, pd: pd, addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), scq: scq, rcq: rcq}
+		s.ep[i] = &simEP{e: engine.NewEngine(mrs), mrs: mrs, pd: pd, addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), scq: scq, rcq: rcq}
 	}
 	return s
 }
@@ -103,13 +105,13 @@ type qpOpts struct {
 	minRNR          uint8
 	maxRD           int
 	depth           int
-	srq             [2]*SRQ      // the SRQ each side's QP is created on (nil: its own receive queue)
-	typ             qpstate.Type // service of both QPs (zero: RC)
-	adaptive        bool         // Path.AdaptiveTimeout on both QPs
+	srq             [2]*engine.SRQ // the SRQ each side's QP is created on (nil: its own receive queue)
+	typ             qpstate.Type   // service of both QPs (zero: RC)
+	adaptive        bool           // Path.AdaptiveTimeout on both QPs
 }
 
 // connect makes an RC QP on each endpoint and brings both to RTS.
-func (s *sim) connect(o qpOpts) [2]*QP {
+func (s *sim) connect(o qpOpts) [2]*engine.QP {
 	if o.pmtu == 0 {
 		o.pmtu = 1024
 	}
@@ -119,18 +121,19 @@ func (s *sim) connect(o qpOpts) [2]*QP {
 	if o.maxRD == 0 {
 		o.maxRD = 16
 	}
-	var qps [2]*QP
+	var qps [2]*engine.QP
 	for i, ep := range s.ep {
-		qp, err := ep.e.CreateQP(QPConfig{Type: o.typ, PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: o.depth, MaxRecvWR: o.depth, MaxSendSGE: 4, MaxRecvSGE: 4, MaxInline: 256, SRQ: o.srq[i]})
+		qp, err := ep.e.CreateQP(engine.QPConfig{Type: o.typ, PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: o.depth, MaxRecvWR: o.depth, MaxSendSGE: 4, MaxRecvSGE: 4, MaxInline: 256, SRQ: o.srq[i]})
 		if err != nil {
 			s.t.Fatal(err)
 		}
 		qps[i] = qp
+		ep.qps = append(ep.qps, qp)
 	}
 	for i, qp := range qps {
 		peer := 1 - i
 		qp.SetState(qpstate.Init)
-		qp.SetPath(Path{Remote: Remote(s.ep[peer].addr), Local: s.ep[i].addr, DestQPN: qps[peer].Num(), PMTU: o.pmtu,
+		qp.SetPath(engine.Path{Remote: engine.Remote(s.ep[peer].addr), Local: s.ep[i].addr, DestQPN: qps[peer].Num(), PMTU: o.pmtu,
 			RQPSN: o.psn[peer], SQPSN: o.psn[i], Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnrRetry,
 			MinRNRTimer: o.minRNR, MaxRDAtomic: o.maxRD, MaxDestRDAtomic: o.maxRD,
 			Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic | memreg.AccessLocalWrite, AdaptiveTimeout: o.adaptive || simAdaptive})
@@ -265,7 +268,7 @@ func (s *sim) pump(done func() bool, limit time.Duration) {
 			if !s.icrcOK(f) {
 				continue // a corrupted packet fails the ICRC: the link drops it
 			}
-			batches[f.to] = append(batches[f.to], nic.Packet{Buf: f.data, N: len(f.data), Remote: Remote(s.ep[1-f.to].addr), Local: s.ep[f.to].addr, ICRC: nic.ICRCVerified})
+			batches[f.to] = append(batches[f.to], nic.Packet{Buf: f.data, N: len(f.data), Remote: engine.Remote(s.ep[1-f.to].addr), Local: s.ep[f.to].addr, ICRC: nic.ICRCVerified})
 		}
 		for i, b := range batches {
 			if len(b) > 0 {
@@ -282,21 +285,28 @@ func (s *sim) icrcOK(f flight) bool {
 	return err == nil && c == icrc.Wire(f.data)
 }
 
-func (qp *QP) debug() string {
-	r := &qp.resp
-	return fmt.Sprintf("QP %d state %v sq=%d sendOff=%d pkt=%d comp=%d next=%d rd=%d/%d retryDL=%v rnrDL=%v | ePSN=%d msn=%d jobs=%d backlog=%d cur=%v txPending=%v",
-		qp.num, qp.state, qp.sqCount, qp.sqSendOff, qp.sqPkt, qp.compPSN, qp.nextPSN, qp.rdOutstanding, qp.path.MaxRDAtomic,
-		!qp.retryDeadline.IsZero(), !qp.rnrDeadline.IsZero(), r.ePSN, r.msn, len(r.jobs), r.blN, r.cur.active, qp.txPending)
+// rcOf is the RC service state of qp.
+func rcOf(qp *engine.QP) *rcQP { return qp.Service().(*rcQP) }
+
+func debug(qp *engine.QP) string {
+	var r responder
+	var compPSN uint32
+	if rq, ok := qp.Service().(*rcQP); ok {
+		r, compPSN = rq.resp, rq.compPSN
+	}
+	return fmt.Sprintf("QP %d state %v sq=%d sendOff=%d pkt=%d comp=%d next=%d rd=%d/%d retryDL=%v rnrDL=%v | ePSN=%d msn=%d jobs=%d backlog=%d cur=%v",
+		qp.Num(), qp.StateLocked(), qp.SQCount, qp.SQSendOff, qp.SQPkt, compPSN, qp.NextPSN, qp.RDOutstanding, qp.Attr.MaxRDAtomic,
+		!qp.RetryDeadline.IsZero(), !qp.RNRDeadline.IsZero(), r.ePSN, r.msn, len(r.jobs), r.blN, qp.Msg.Active)
 }
 
 func (s *sim) dump() string {
 	out := ""
 	for i, ep := range s.ep {
-		for _, qp := range ep.e.qps {
-			out += fmt.Sprintf("ep%d %s\n", i, qp.debug())
-			if qp.sqCount > 0 {
-				w := &qp.sq[qp.sqHead]
-				out += fmt.Sprintf("    head: %v len=%d state=%d psn %d..%d readDone=%d\n", w.wr.Opcode, w.length, w.state, w.firstPSN, w.lastPSN, w.readDone)
+		for _, qp := range ep.qps {
+			out += fmt.Sprintf("ep%d %s\n", i, debug(qp))
+			if qp.SQCount > 0 {
+				w := &qp.SQ[qp.SQHead]
+				out += fmt.Sprintf("    head: %v len=%d state=%d psn %d..%d readDone=%d\n", w.WR.Opcode, w.Length, w.State, w.FirstPSN, w.LastPSN, w.ReadDone)
 			}
 		}
 	}

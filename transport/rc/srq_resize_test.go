@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -26,14 +27,14 @@ func TestSRQResize(t *testing.T) {
 	if err := f.srq.PostRecv(f.recvWR(999)); err == nil {
 		t.Fatal("post past max_wr accepted")
 	}
-	if err := f.srq.Modify(SRQChange{MaxWR: 10, Resize: true}); err != nil {
+	if err := f.srq.Modify(engine.SRQChange{MaxWR: 10, Resize: true}); err != nil {
 		t.Fatal(err)
 	}
 	post(6)
 	if q := f.srq.Query(); q.MaxWR != 10 || q.Posted != 10 {
 		t.Fatalf("after growing: %+v", q)
 	}
-	for _, c := range []SRQChange{
+	for _, c := range []engine.SRQChange{
 		{MaxWR: 9, Resize: true},                             // below the posted WQEs
 		{MaxWR: 0, Resize: true},                             // below 1
 		{MaxWR: 12, Limit: 13, Resize: true, SetLimit: true}, // limit above the new size
@@ -56,14 +57,14 @@ func TestSRQResize(t *testing.T) {
 		t.Fatalf("after refused modifies: %+v", q)
 	}
 	// Shrink and lower the limit at once.
-	if err := f.srq.Modify(SRQChange{MaxWR: 10, Limit: 1, Resize: true, SetLimit: true}); err != nil {
+	if err := f.srq.Modify(engine.SRQChange{MaxWR: 10, Limit: 1, Resize: true, SetLimit: true}); err != nil {
 		t.Fatal(err)
 	}
 	// Three SENDs, then shrink to exactly what is left, then the rest.
 	order := []int{1, 0, 0, 1, 0, 1, 1, 0, 0, 1}
 	for i, k := range order {
 		if i == 3 {
-			if err := f.srq.Modify(SRQChange{MaxWR: 7, Resize: true}); err != nil {
+			if err := f.srq.Modify(engine.SRQChange{MaxWR: 7, Resize: true}); err != nil {
 				t.Fatal(err)
 			}
 			if err := f.srq.PostRecv(f.recvWR(999)); err == nil {
@@ -94,7 +95,7 @@ func TestSRQResize(t *testing.T) {
 // Posting to a resized SRQ does not allocate.
 func TestSRQResizedPostNoAlloc(t *testing.T) {
 	f := newSRQFixture(t, 4)
-	if err := f.srq.Modify(SRQChange{MaxWR: 64, Resize: true}); err != nil {
+	if err := f.srq.Modify(engine.SRQChange{MaxWR: 64, Resize: true}); err != nil {
 		t.Fatal(err)
 	}
 	rwr := f.recvWR(1)

@@ -11,6 +11,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -18,8 +19,8 @@ import (
 // to a QP of endpoint 0.
 type srqFixture struct {
 	s      *sim
-	srq    *SRQ
-	qps    [2][2]*QP // qps[k][0] sends to qps[k][1], which is on the SRQ
+	srq    *engine.SRQ
+	qps    [2][2]*engine.QP // qps[k][0] sends to qps[k][1], which is on the SRQ
 	limits int
 	last   []uint32
 	lmr    *memreg.MR
@@ -32,13 +33,13 @@ func newSRQFixture(t *testing.T, maxWR int) *srqFixture {
 	f := &srqFixture{s: newSim(t, 1, impairment{})}
 	f.s.keep = true
 	var err error
-	f.srq, err = f.s.ep[1].e.CreateSRQ(SRQConfig{MaxWR: maxWR, MaxSGE: 2, OnLimit: func() { f.limits++ }})
+	f.srq, err = f.s.ep[1].e.CreateSRQ(engine.SRQConfig{MaxWR: maxWR, MaxSGE: 2, OnLimit: func() { f.limits++ }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.s.ep[1].e.OnLastWQE = func(qpn uint32) { f.last = append(f.last, qpn) }
 	for k := range f.qps {
-		f.qps[k] = f.s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{uint32(k) * 1000, 0xfffffe}, timeout: 14, retry: 7, rnrRetry: 7, minRNR: 1, srq: [2]*SRQ{nil, f.srq}})
+		f.qps[k] = f.s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{uint32(k) * 1000, 0xfffffe}, timeout: 14, retry: 7, rnrRetry: 7, minRNR: 1, srq: [2]*engine.SRQ{nil, f.srq}})
 	}
 	f.lmr, f.local = f.s.reg(0, 64<<10)
 	f.rmr, f.remote = f.s.reg(1, 64<<10)
@@ -158,7 +159,7 @@ func TestSRQQPErr(t *testing.T) {
 	f := newSRQFixture(t, 8)
 	a, b := f.qps[0][1], f.qps[1][1]
 	err := a.PostRecv(&wr.RecvWR{ID: 1, SGL: []wr.SGE{{Addr: f.rmr.Addr(), Length: 10, LKey: f.rmr.LKey()}}})
-	if !errors.Is(err, ErrState) || !strings.Contains(err.Error(), "SRQ") {
+	if !errors.Is(err, engine.ErrState) || !strings.Contains(err.Error(), "SRQ") {
 		t.Fatalf("PostRecv on a QP with an SRQ: %v", err)
 	}
 	for i := range 3 {
@@ -202,7 +203,7 @@ func TestSRQQPErr(t *testing.T) {
 func TestSRQDestroyBusy(t *testing.T) {
 	f := newSRQFixture(t, 2)
 	e := f.s.ep[1].e
-	if err := e.DestroySRQ(f.srq); !errors.Is(err, ErrSRQBusy) {
+	if err := e.DestroySRQ(f.srq); !errors.Is(err, engine.ErrSRQBusy) {
 		t.Fatalf("destroy with QPs: %v", err)
 	}
 	f.postSRQ(t, 1, 0, 10)
@@ -214,16 +215,16 @@ func TestSRQDestroyBusy(t *testing.T) {
 	if err := e.DestroySRQ(f.srq); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.DestroySRQ(f.srq); !errors.Is(err, ErrNoSRQ) {
+	if err := e.DestroySRQ(f.srq); !errors.Is(err, engine.ErrNoSRQ) {
 		t.Fatalf("second destroy: %v", err)
 	}
 	if err := f.srq.PostRecv(&wr.RecvWR{ID: 2}); err == nil {
 		t.Fatal("post to a destroyed SRQ accepted")
 	}
-	if _, err := e.CreateQP(QPConfig{PD: f.s.ep[1].pd, SendCQ: f.s.ep[1].scq, RecvCQ: f.s.ep[1].rcq, MaxSendWR: 1, SRQ: f.srq}); !errors.Is(err, ErrNoSRQ) {
+	if _, err := e.CreateQP(engine.QPConfig{PD: f.s.ep[1].pd, SendCQ: f.s.ep[1].scq, RecvCQ: f.s.ep[1].rcq, MaxSendWR: 1, SRQ: f.srq}); !errors.Is(err, engine.ErrNoSRQ) {
 		t.Fatalf("create QP on a destroyed SRQ: %v", err)
 	}
-	if _, err := f.s.ep[0].e.CreateSRQ(SRQConfig{MaxWR: 0}); err == nil {
+	if _, err := f.s.ep[0].e.CreateSRQ(engine.SRQConfig{MaxWR: 0}); err == nil {
 		t.Fatal("SRQ with max_wr 0 created")
 	}
 }
@@ -233,7 +234,7 @@ func TestSRQPostLimits(t *testing.T) {
 	f := newSRQFixture(t, 2)
 	f.postSRQ(t, 1, 0, 10)
 	f.postSRQ(t, 2, 0, 10)
-	if err := f.srq.PostRecv(&wr.RecvWR{ID: 3}); !errors.Is(err, ErrQueueFull) {
+	if err := f.srq.PostRecv(&wr.RecvWR{ID: 3}); !errors.Is(err, engine.ErrQueueFull) {
 		t.Fatalf("third WR on an SRQ of 2: %v", err)
 	}
 	g := newSRQFixture(t, 4)

@@ -12,6 +12,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/transport/uc"
 	"github.com/softroce/softroce/wr"
 )
@@ -19,7 +20,7 @@ import (
 // ucSim connects a UC QP on each side at PMTU 256 and checks every packet
 // either engine hands out: UC opcodes only, never AckReq, and nothing at
 // all from the receiving side 1.
-func ucSim(t *testing.T, o qpOpts) (*sim, [2]*QP) {
+func ucSim(t *testing.T, o qpOpts) (*sim, [2]*engine.QP) {
 	t.Helper()
 	s := newSim(t, 1, impairment{})
 	s.keep = true
@@ -41,7 +42,7 @@ func ucSim(t *testing.T, o qpOpts) (*sim, [2]*QP) {
 
 func ucOp(rc bth.Opcode) int { return int(uc.Opcode(rc)) }
 
-func (s *sim) postRecv(qp *QP, id uint64, mrAddr uint64, n uint32, lkey uint32) {
+func (s *sim) postRecv(qp *engine.QP, id uint64, mrAddr uint64, n uint32, lkey uint32) {
 	s.t.Helper()
 	if err := qp.PostRecv(&wr.RecvWR{ID: id, SGL: []wr.SGE{{Addr: mrAddr, Length: n, LKey: lkey}}}); err != nil {
 		s.t.Fatal(err)
@@ -109,7 +110,7 @@ func TestUCExchange(t *testing.T) {
 	if got := qps[0].Stats().TxPackets; got != 23 {
 		t.Fatalf("requester sent %d packets, want 23", got)
 	}
-	if e := qps[1].ucRecv.ExpectedPSN(); e != bth.PSNAdd(0xfffffe, 23) {
+	if e := qps[1].Service().(*ucQP).recv.ExpectedPSN(); e != bth.PSNAdd(0xfffffe, 23) {
 		t.Fatalf("receiver expects PSN %d", e)
 	}
 }
@@ -185,7 +186,7 @@ func TestUCWriteGap(t *testing.T) {
 
 // ucFeed hands crafted UC packets to endpoint 1 and checks it answers
 // nothing.
-func ucFeed(s *sim, qp *QP, op bth.Opcode, psn uint32, payload []byte, f bth.Fields) {
+func ucFeed(s *sim, qp *engine.QP, op bth.Opcode, psn uint32, payload []byte, f bth.Fields) {
 	s.t.Helper()
 	f.BTH.Opcode, f.BTH.PSN = uc.Opcode(op), psn
 	s.feed(1, qp, f, payload)
@@ -269,7 +270,7 @@ func TestUCSilentErrors(t *testing.T) {
 		t.Fatalf("receive completions %+v", wcs[:n])
 	}
 	// Remote write not enabled on the QP.
-	qps[1].SetPath(func() Path { p := qps[1].Path(); p.Access = 0; return p }())
+	qps[1].SetPath(func() engine.Path { p := qps[1].Path(); p.Access = 0; return p }())
 	ucFeed(s, qps[1], bth.RCWriteOnly, 13, []byte("no"), bth.Fields{VA: rmr.Addr() + 200, RKey: rmr.RKey(), DMALen: 2})
 	if remote[200] != 0 {
 		t.Fatal("WRITE placed on a QP without remote write")
@@ -306,11 +307,11 @@ func TestUCReceiveBufferErrorIsFatal(t *testing.T) {
 // starts (rxe: class E), and the next message takes a new WQE.
 func TestUCSRQAbandonCompletesInError(t *testing.T) {
 	s := newSim(t, 1, impairment{})
-	srq, err := s.ep[1].e.CreateSRQ(SRQConfig{MaxWR: 8, MaxSGE: 1})
+	srq, err := s.ep[1].e.CreateSRQ(engine.SRQConfig{MaxWR: 8, MaxSGE: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	qps := s.connect(qpOpts{typ: qpstate.UC, pmtu: 256, srq: [2]*SRQ{nil, srq}})
+	qps := s.connect(qpOpts{typ: qpstate.UC, pmtu: 256, srq: [2]*engine.SRQ{nil, srq}})
 	rmr, remote := s.reg(1, 8192)
 	for i := range 2 {
 		if err := srq.PostRecv(&wr.RecvWR{ID: uint64(60 + i), SGL: []wr.SGE{{Addr: rmr.Addr() + uint64(i)*2048, Length: 2048, LKey: rmr.LKey()}}}); err != nil {
@@ -458,7 +459,7 @@ func FuzzUCResponder(f *testing.F) {
 				op := uc.Opcode(ucFuzzOps[r[0]%12])
 				payload := bytes.Repeat([]byte{r[1]}, ucFuzzLens[r[2]&7])
 				f := bth.Fields{BTH: bth.BTHFields{Opcode: op, PKey: 0xffff, DestQP: qp.Num(),
-					PSN: bth.PSNAdd(qp.ucRecv.ExpectedPSN(), int(int8(r[1])))}}
+					PSN: bth.PSNAdd(qp.Service().(*ucQP).recv.ExpectedPSN(), int(int8(r[1])))}}
 				f.VA, f.RKey, f.DMALen = mr.Addr()+uint64(r[3]>>1)*64, mr.RKey(), uint32(len(payload))
 				if r[3]&1 != 0 {
 					f.RKey ^= 0x100
@@ -470,7 +471,7 @@ func FuzzUCResponder(f *testing.F) {
 				}
 				pkt = pkt[:n]
 			}
-			s.ep[1].e.Receive(s.now, []nic.Packet{{Buf: pkt, N: len(pkt), Remote: Remote(s.ep[0].addr)}})
+			s.ep[1].e.Receive(s.now, []nic.Packet{{Buf: pkt, N: len(pkt), Remote: engine.Remote(s.ep[0].addr)}})
 			if out := s.drain(1); len(out) != 0 {
 				t.Fatalf("UC responder sent %v", out)
 			}
@@ -658,7 +659,7 @@ func TestUCBadKeyAllocs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pk := []nic.Packet{{Buf: buf, N: n, Remote: Remote(s.ep[0].addr)}}
+	pk := []nic.Packet{{Buf: buf, N: n, Remote: engine.Remote(s.ep[0].addr)}}
 	if a := testing.AllocsPerRun(100, func() { s.ep[1].e.Receive(s.now, pk) }); a > 1 {
 		t.Logf("%.1f", a)
 		t.Fatalf("%.1f allocations per dropped UC packet, want at most 1", a)

@@ -13,6 +13,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/transport/ud"
 	"github.com/softroce/softroce/wr"
 )
@@ -22,18 +23,18 @@ const testQKey = 0x11223344
 // udOpts tune udQPs.
 type udOpts struct {
 	qkey [2]uint32
-	srq  [2]*SRQ
+	srq  [2]*engine.SRQ
 	pmtu int
 }
 
 // udQPs makes a UD QP on each endpoint and brings both to RTS.
-func (s *sim) udQPs(o udOpts) [2]*QP {
+func (s *sim) udQPs(o udOpts) [2]*engine.QP {
 	if o.pmtu == 0 {
 		o.pmtu = 1024
 	}
-	var qps [2]*QP
+	var qps [2]*engine.QP
 	for i, ep := range s.ep {
-		qp, err := ep.e.CreateQP(QPConfig{Type: qpstate.UD, PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: 64, MaxRecvWR: 64,
+		qp, err := ep.e.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: 64, MaxRecvWR: 64,
 			MaxSendSGE: 2, MaxRecvSGE: 2, MaxInline: 64, SRQ: o.srq[i]})
 		if err != nil {
 			s.t.Fatal(err)
@@ -43,7 +44,7 @@ func (s *sim) udQPs(o udOpts) [2]*QP {
 			qk = testQKey
 		}
 		qp.SetState(qpstate.Init)
-		qp.SetPath(Path{PMTU: o.pmtu, QKey: qk, SQPSN: uint32(100 * (i + 1))})
+		qp.SetPath(engine.Path{PMTU: o.pmtu, QKey: qk, SQPSN: uint32(100 * (i + 1))})
 		qp.SetState(qpstate.RTR)
 		qp.SetState(qpstate.RTS)
 		qps[i] = qp
@@ -52,12 +53,12 @@ func (s *sim) udQPs(o udOpts) [2]*QP {
 }
 
 // udSend is a UD SEND work request from endpoint from to qp dst.
-func (s *sim) udSend(from int, dst *QP, id uint64, sge wr.SGE) *wr.SendWR {
+func (s *sim) udSend(from int, dst *engine.QP, id uint64, sge wr.SGE) *wr.SendWR {
 	return &wr.SendWR{ID: id, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{sge},
 		AH: &wr.AH{Remote: s.ep[1-from].addr}, RemoteQPN: dst.Num(), RemoteQKey: testQKey}
 }
 
-func postRecv(t *testing.T, qp *QP, id uint64, sge wr.SGE) {
+func postRecv(t *testing.T, qp *engine.QP, id uint64, sge wr.SGE) {
 	t.Helper()
 	if err := qp.PostRecv(&wr.RecvWR{ID: id, SGL: []wr.SGE{sge}}); err != nil {
 		t.Fatal(err)
@@ -111,7 +112,7 @@ func TestUDExchange(t *testing.T) {
 }
 
 // capture records the packets an engine hands out.
-func capture(e *Engine) *[][]byte {
+func capture(e *engine.Engine) *[][]byte {
 	var out [][]byte
 	e.SetPacketTrace(func(dir byte, p *nic.Packet) {
 		if dir == 'T' {
@@ -230,10 +231,10 @@ func TestUDPostChecks(t *testing.T) {
 		t.Error("no address handle accepted")
 	}
 	// A UD QP in RTR receives but does not send.
-	qp, _ := s.ep[0].e.CreateQP(QPConfig{Type: qpstate.UD, PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 4, MaxRecvWR: 4})
+	qp, _ := s.ep[0].e.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 4, MaxRecvWR: 4})
 	qp.SetState(qpstate.Init)
 	qp.SetState(qpstate.RTR)
-	if err := qp.PostSend(s.udSend(0, qps[1], 1, sge)); !errors.Is(err, ErrState) {
+	if err := qp.PostSend(s.udSend(0, qps[1], 1, sge)); !errors.Is(err, engine.ErrState) {
 		t.Errorf("post send in RTR: %v", err)
 	}
 }
@@ -246,9 +247,9 @@ func TestUDStates(t *testing.T) {
 	lmr, _ := s.reg(0, 256)
 	rmr, _ := s.reg(1, 256)
 	e1 := s.ep[1].e
-	qp, _ := e1.CreateQP(QPConfig{Type: qpstate.UD, PD: s.ep[1].pd, SendCQ: s.ep[1].scq, RecvCQ: s.ep[1].rcq, MaxSendWR: 4, MaxRecvWR: 4})
+	qp, _ := e1.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: s.ep[1].pd, SendCQ: s.ep[1].scq, RecvCQ: s.ep[1].rcq, MaxSendWR: 4, MaxRecvWR: 4})
 	qp.SetState(qpstate.Init)
-	qp.SetPath(Path{PMTU: 1024, QKey: testQKey})
+	qp.SetPath(engine.Path{PMTU: 1024, QKey: testQKey})
 	postRecv(t, qp, 1, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
 	mustPost(t, qps[0], s.udSend(0, qp, 1, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
 	s.pump(nil, time.Millisecond)
@@ -272,7 +273,7 @@ func TestUDStates(t *testing.T) {
 
 // udPacket builds a UD SEND_ONLY to dst as a link would deliver it.
 func udPacket(_ testing.TB, from, to netip.AddrPort, local netip.Addr, dst, src, qkey uint32, payload []byte) nic.Packet {
-	buf := make([]byte, MaxPacket)
+	buf := make([]byte, engine.MaxPacket)
 	n := ud.WriteHeaders(buf, &ud.Send{Opcode: wr.Send, DestQP: dst, SrcQP: src, QKey: qkey}, len(payload))
 	copy(buf[ud.PayloadOffset(wr.Send):], payload)
 	return nic.Packet{Buf: buf, N: n, Remote: from, Local: local, ICRC: nic.ICRCVerified}
@@ -326,11 +327,11 @@ func TestUDGRHBytes(t *testing.T) {
 // rxe) and the QP keeps working; UD QPs share the SRQ with RC ones.
 func TestUDSRQTooLongCompletesInError(t *testing.T) {
 	s := newSim(t, 1, impairment{})
-	srq, err := s.ep[1].e.CreateSRQ(SRQConfig{MaxWR: 8})
+	srq, err := s.ep[1].e.CreateSRQ(engine.SRQConfig{MaxWR: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
-	qps := s.udQPs(udOpts{srq: [2]*SRQ{nil, srq}})
+	qps := s.udQPs(udOpts{srq: [2]*engine.SRQ{nil, srq}})
 	if err := qps[1].PostRecv(&wr.RecvWR{ID: 1}); err == nil {
 		t.Fatal("PostRecv on a QP of an SRQ accepted")
 	}
@@ -363,9 +364,9 @@ func TestUDSRQTooLongCompletesInError(t *testing.T) {
 // QP 1 and Q_Key 0x80010000 whatever the work request says.
 func TestGSIQP1(t *testing.T) {
 	s := newSim(t, 1, impairment{})
-	var gsi [2]*QP
+	var gsi [2]*engine.QP
 	for i, ep := range s.ep {
-		qp, err := ep.e.CreateGSI(QPConfig{PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: 8, MaxRecvWR: 8})
+		qp, err := ud.CreateGSI(ep.e, engine.QPConfig{PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: 8, MaxRecvWR: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -373,12 +374,12 @@ func TestGSIQP1(t *testing.T) {
 			t.Fatalf("GSI QP number %d", qp.Num())
 		}
 		qp.SetState(qpstate.Init)
-		qp.SetPath(Path{PMTU: 1024, QKey: ud.GSIQKey})
+		qp.SetPath(engine.Path{PMTU: 1024, QKey: ud.GSIQKey})
 		qp.SetState(qpstate.RTR)
 		qp.SetState(qpstate.RTS)
 		gsi[i] = qp
 	}
-	if _, err := s.ep[0].e.CreateGSI(QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); !errors.Is(err, ErrQPNumInUse) {
+	if _, err := ud.CreateGSI(s.ep[0].e, engine.QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); !errors.Is(err, engine.ErrQPNumInUse) {
 		t.Fatalf("second GSI: %v", err)
 	}
 	sent := capture(s.ep[0].e)
@@ -392,9 +393,9 @@ func TestGSIQP1(t *testing.T) {
 			AH: &wr.AH{Remote: s.ep[1].addr}, RemoteQPN: 1, RemoteQKey: qkey}
 	}
 	// From an ordinary UD QP whose Q_Key is not QP1's: dropped.
-	other, _ := s.ep[0].e.CreateQP(QPConfig{Type: qpstate.UD, PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8})
+	other, _ := s.ep[0].e.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8})
 	other.SetState(qpstate.Init)
-	other.SetPath(Path{PMTU: 1024, QKey: 0x12345678})
+	other.SetPath(engine.Path{PMTU: 1024, QKey: 0x12345678})
 	other.SetState(qpstate.RTR)
 	other.SetState(qpstate.RTS)
 	mustPost(t, other, mad(0x12345678))
@@ -424,12 +425,12 @@ func TestGSIQP1(t *testing.T) {
 	if err := s.ep[0].e.DestroyQP(gsi[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.ep[0].e.CreateGSI(QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); err != nil {
+	if _, err := ud.CreateGSI(s.ep[0].e, engine.QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); err != nil {
 		t.Fatal(err)
 	}
 	// Random QP numbers are never 1 (nor 0).
 	for range 100 {
-		qp, err := s.ep[1].e.CreateQP(QPConfig{Type: qpstate.UD, PD: s.ep[1].pd, SendCQ: s.ep[1].scq, RecvCQ: s.ep[1].rcq, MaxSendWR: 1, MaxRecvWR: 1})
+		qp, err := s.ep[1].e.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: s.ep[1].pd, SendCQ: s.ep[1].scq, RecvCQ: s.ep[1].rcq, MaxSendWR: 1, MaxRecvWR: 1})
 		if err != nil || qp.Num() <= 1 {
 			t.Fatalf("QP %v %v", qp, err)
 		}
@@ -453,8 +454,8 @@ func TestUDSrcPort(t *testing.T) {
 	w.AH = &wr.AH{Remote: s.ep[1].addr, FlowLabel: 0x12345}
 	mustPost(t, qps[0], w)
 	s.pump(nil, time.Millisecond)
-	if len(ports) != 2 || ports[0] != srcPort(qps[0].Num()) || ports[1] != 0xe341 {
-		t.Fatalf("source ports %#x (QP's %#x)", ports, srcPort(qps[0].Num()))
+	if len(ports) != 2 || ports[0] != engine.SrcPort(qps[0].Num()) || ports[1] != 0xe341 {
+		t.Fatalf("source ports %#x (QP's %#x)", ports, engine.SrcPort(qps[0].Num()))
 	}
 }
 
@@ -565,7 +566,7 @@ func TestUDNoPacketsWhenStopped(t *testing.T) {
 	if w := s.waitWC(s.ep[1].rcq, 1, time.Second); w[0].WRID != 3 || w[0].Status != cq.WRFlushErr {
 		t.Fatalf("flush %+v", w)
 	}
-	pk := udPacket(t, Remote(s.ep[0].addr), netip.AddrPort{}, s.ep[1].addr, qps[1].Num(), 5, testQKey, []byte("x"))
+	pk := udPacket(t, engine.Remote(s.ep[0].addr), netip.AddrPort{}, s.ep[1].addr, qps[1].Num(), 5, testQKey, []byte("x"))
 	before := s.ep[1].e.Stats().RxUnknownQP
 	s.ep[1].e.Receive(s.now, []nic.Packet{pk})
 	if got := s.ep[1].e.Stats().RxUnknownQP; got != before+1 || s.ep[1].rcq.Len() != 0 {
@@ -582,7 +583,7 @@ func TestUDMalformed(t *testing.T) {
 	s := newSim(t, 1, impairment{})
 	qps := s.udQPs(udOpts{})
 	e := s.ep[1].e
-	good := udPacket(t, Remote(s.ep[0].addr), netip.AddrPort{}, s.ep[1].addr, qps[1].Num(), 5, testQKey, []byte("abcd"))
+	good := udPacket(t, engine.Remote(s.ep[0].addr), netip.AddrPort{}, s.ep[1].addr, qps[1].Num(), 5, testQKey, []byte("abcd"))
 	var batch []nic.Packet
 	for n := 0; n < good.N; n++ {
 		p := good
@@ -626,7 +627,7 @@ func FuzzUDReceive(f *testing.F) {
 			bth.BTH(q).SetDestQP(qps[1].Num())
 			binary.BigEndian.PutUint32(q[bth.BTHLen:], testQKey)
 		}
-		s.ep[1].e.Receive(s.now, []nic.Packet{{Buf: q, N: len(q), Remote: Remote(s.ep[0].addr), Local: s.ep[1].addr}})
+		s.ep[1].e.Receive(s.now, []nic.Packet{{Buf: q, N: len(q), Remote: engine.Remote(s.ep[0].addr), Local: s.ep[1].addr}})
 		if out, _ := s.ep[1].e.Progress(s.now); len(out) != 0 {
 			t.Fatalf("a UD QP answered with %d packets", len(out))
 		}

@@ -7,9 +7,10 @@
 // request completes once its last packet is handed to the link; the
 // responder checks PSNs and opcode sequence and, when a packet is missing,
 // silently drops the rest of the message and starts again at the next
-// FIRST or ONLY packet, whatever its PSN. The engine that runs UC QPs
-// (segmentation, memory access, completions) is transport/rc's, shared
-// with RC.
+// FIRST or ONLY packet, whatever its PSN. UC QPs run on the shared
+// engine of transport/engine (queues, segmentation opcodes, memory
+// placement, completions); their requester and responder are, for now,
+// transport/rc/uc.go.
 package uc
 
 import (

@@ -1,4 +1,4 @@
-package rc
+package engine
 
 import (
 	"errors"
@@ -9,16 +9,16 @@ import (
 
 // recvRing is a ring of receive WQEs: a QP's own receive queue or an SRQ.
 type recvRing struct {
-	wqes        []recvWQE
+	wqes        []RecvWQE
 	head, count int
 }
 
 func newRecvRing(n, maxSGE int) recvRing {
-	r := recvRing{wqes: make([]recvWQE, n)}
+	r := recvRing{wqes: make([]RecvWQE, n)}
 	// One backing array for every slot's SGL: posting never allocates.
 	sges := make([]wr.SGE, n*maxSGE)
 	for i := range r.wqes {
-		r.wqes[i].sgl = sges[i*maxSGE : i*maxSGE : (i+1)*maxSGE]
+		r.wqes[i].SGL = sges[i*maxSGE : i*maxSGE : (i+1)*maxSGE]
 	}
 	return r
 }
@@ -29,8 +29,8 @@ func (r *recvRing) moveTo(to *recvRing) {
 	for r.count > 0 {
 		w := r.pop()
 		d := &to.wqes[(to.head+to.count)%len(to.wqes)]
-		d.id, d.len = w.id, w.len
-		d.sgl = append(d.sgl[:0], w.sgl...)
+		d.ID, d.Len = w.ID, w.Len
+		d.SGL = append(d.SGL[:0], w.SGL...)
 		to.count++
 	}
 }
@@ -40,17 +40,17 @@ func (r *recvRing) full() bool { return r.count == len(r.wqes) }
 // push copies rwr into the next free slot; the caller checked full().
 func (r *recvRing) push(rwr *wr.RecvWR) {
 	w := &r.wqes[(r.head+r.count)%len(r.wqes)]
-	w.id = rwr.ID
-	w.sgl = append(w.sgl[:0], rwr.SGL...)
-	w.len = 0
+	w.ID = rwr.ID
+	w.SGL = append(w.SGL[:0], rwr.SGL...)
+	w.Len = 0
 	for _, s := range rwr.SGL {
-		w.len += int(s.Length)
+		w.Len += int(s.Length)
 	}
 	r.count++
 }
 
 // pop returns the oldest WQE, valid until the slot is posted to again.
-func (r *recvRing) pop() *recvWQE {
+func (r *recvRing) pop() *RecvWQE {
 	w := &r.wqes[r.head]
 	r.head = (r.head + 1) % len(r.wqes)
 	r.count--
@@ -87,19 +87,19 @@ type SRQ struct {
 // Errors of SRQ operations.
 var (
 	// ErrSRQBusy: DestroySRQ while QPs still use the SRQ.
-	ErrSRQBusy = errors.New("rc: SRQ still has QPs")
+	ErrSRQBusy = errors.New("engine: SRQ still has QPs")
 	// ErrNoSRQ: the SRQ was destroyed, or is another engine's.
-	ErrNoSRQ = errors.New("rc: no such SRQ (already destroyed?)")
+	ErrNoSRQ = errors.New("engine: no such SRQ (already destroyed?)")
 )
 
 // CreateSRQ makes a shared receive queue with room for cfg.MaxWR WQEs.
 func (e *Engine) CreateSRQ(cfg SRQConfig) (*SRQ, error) {
 	if cfg.MaxWR < 1 {
-		return nil, fmt.Errorf("rc: SRQ max_wr must be at least 1 (got %d)", cfg.MaxWR)
+		return nil, fmt.Errorf("engine: SRQ max_wr must be at least 1 (got %d)", cfg.MaxWR)
 	}
 	cfg.MaxSGE = max(cfg.MaxSGE, 1)
 	if cfg.Limit < 0 || cfg.Limit > cfg.MaxWR {
-		return nil, fmt.Errorf("rc: SRQ limit %d outside 0..max_wr %d", cfg.Limit, cfg.MaxWR)
+		return nil, fmt.Errorf("engine: SRQ limit %d outside 0..max_wr %d", cfg.Limit, cfg.MaxWR)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -139,7 +139,7 @@ func (s *SRQ) PostRecv(rwr *wr.RecvWR) error {
 		return fmt.Errorf("%w: SRQ %d holds %d WRs (max_wr)", ErrQueueFull, s.num, len(s.ring.wqes))
 	}
 	if len(rwr.SGL) > s.cfg.MaxSGE {
-		return fmt.Errorf("rc: recv WR has %d SGEs, SRQ %d allows %d (max_sge)", len(rwr.SGL), s.num, s.cfg.MaxSGE)
+		return fmt.Errorf("engine: recv WR has %d SGEs, SRQ %d allows %d (max_sge)", len(rwr.SGL), s.num, s.cfg.MaxSGE)
 	}
 	s.ring.push(rwr)
 	return nil
@@ -180,13 +180,13 @@ func (s *SRQ) Modify(c SRQChange) error {
 	}
 	switch {
 	case c.Resize && size < 1:
-		return fmt.Errorf("rc: resize SRQ %d: max_wr must be at least 1 (got %d)", s.num, size)
+		return fmt.Errorf("engine: resize SRQ %d: max_wr must be at least 1 (got %d)", s.num, size)
 	case c.Resize && size < s.ring.count:
-		return fmt.Errorf("rc: resize SRQ %d to %d: it holds %d posted WQEs", s.num, size, s.ring.count)
+		return fmt.Errorf("engine: resize SRQ %d to %d: it holds %d posted WQEs", s.num, size, s.ring.count)
 	case c.SetLimit && (limit < 0 || limit > size):
-		return fmt.Errorf("rc: SRQ %d limit %d outside 0..max_wr %d", s.num, limit, size)
+		return fmt.Errorf("engine: SRQ %d limit %d outside 0..max_wr %d", s.num, limit, size)
 	case c.Resize && limit > size:
-		return fmt.Errorf("rc: resize SRQ %d to %d: below its armed limit %d", s.num, size, limit)
+		return fmt.Errorf("engine: resize SRQ %d to %d: below its armed limit %d", s.num, size, limit)
 	}
 	if c.Resize && size != len(s.ring.wqes) {
 		r := newRecvRing(size, s.cfg.MaxSGE)
@@ -214,7 +214,7 @@ func (s *SRQ) Query() SRQState {
 
 // take pops the oldest WQE, or returns nil when the SRQ is empty, and
 // fires the limit.
-func (s *SRQ) take() *recvWQE {
+func (s *SRQ) Take() *RecvWQE {
 	if s.ring.count == 0 {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package rc
+package engine_test
 
 import (
 	"errors"
@@ -8,10 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/engine"
+	_ "github.com/softroce/softroce/transport/rc" // the QPs are RC's
 	"github.com/softroce/softroce/wr"
 )
 
@@ -52,7 +55,7 @@ func (l *fakeLink) Stats() nic.Stats               { return nic.Stats{} }
 func (l *fakeLink) Close() error                   { return nil }
 
 type driverFixture struct {
-	e        *Engine
+	e        *engine.Engine
 	pd       *memreg.PD
 	scq, rcq *cq.CQ
 }
@@ -65,17 +68,17 @@ func newDriverFixture(t *testing.T) *driverFixture {
 	}
 	scq, _ := cq.New(64)
 	rcq, _ := cq.New(64)
-	return &driverFixture{e: NewEngine(mrs), pd: pd, scq: scq, rcq: rcq}
+	return &driverFixture{e: engine.NewEngine(mrs), pd: pd, scq: scq, rcq: rcq}
 }
 
 // rtsQP makes a QP in RTS that sends to remote.
-func (f *driverFixture) rtsQP(t *testing.T, remote string) *QP {
-	qp, err := f.e.CreateQP(QPConfig{PD: f.pd, SendCQ: f.scq, RecvCQ: f.rcq, MaxSendWR: 8, MaxRecvWR: 8})
+func (f *driverFixture) rtsQP(t *testing.T, remote string) *engine.QP {
+	qp, err := f.e.CreateQP(engine.QPConfig{PD: f.pd, SendCQ: f.scq, RecvCQ: f.rcq, MaxSendWR: 8, MaxRecvWR: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
 	qp.SetState(qpstate.Init)
-	qp.SetPath(Path{Remote: Remote(netip.MustParseAddr(remote)), DestQPN: 0x100, PMTU: 1024, Timeout: 14, RetryCnt: 7, RNRRetry: 7})
+	qp.SetPath(engine.Path{Remote: engine.Remote(netip.MustParseAddr(remote)), DestQPN: 0x100, PMTU: 1024, Timeout: 14, RetryCnt: 7, RNRRetry: 7})
 	qp.SetState(qpstate.RTR)
 	qp.SetState(qpstate.RTS)
 	return qp
@@ -87,7 +90,7 @@ func (f *driverFixture) rtsQP(t *testing.T, remote string) *QP {
 func TestSendErrorSkipsOnlyThatPacket(t *testing.T) {
 	f := newDriverFixture(t)
 	link := &fakeLink{bad: netip.MustParseAddr("10.0.0.9"), recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
-	d := newDriver(f.e, link, DriverConfig{})
+	d := engine.NewDriverStopped(f.e, link, engine.DriverConfig{})
 	// Posting order is transmission order: B's packets, then the
 	// unreachable peer's, then C's, all in one batch.
 	for _, remote := range []string{"10.0.0.2", "10.0.0.9", "10.0.0.3"} {
@@ -98,7 +101,7 @@ func TestSendErrorSkipsOnlyThatPacket(t *testing.T) {
 			}
 		}
 	}
-	d.flush()
+	d.Flush()
 	for _, a := range []string{"10.0.0.2", "10.0.0.3"} {
 		if n := link.sent[netip.MustParseAddr(a)]; n != 2 {
 			t.Errorf("%s got %d packets, want 2", a, n)
@@ -116,10 +119,10 @@ func TestSendErrorSkipsOnlyThatPacket(t *testing.T) {
 func TestLinkFailureErrorsEveryQP(t *testing.T) {
 	f := newDriverFixture(t)
 	link := &fakeLink{recvErr: errBroken, sent: map[netip.Addr]int{}}
-	var qps []*QP
+	var qps []*engine.QP
 	var seen error
 	var statesAtCallback []qpstate.State
-	d := newDriver(f.e, link, DriverConfig{OnLinkError: func(err error) {
+	d := engine.NewDriverStopped(f.e, link, engine.DriverConfig{OnLinkError: func(err error) {
 		seen = err
 		for _, qp := range qps {
 			statesAtCallback = append(statesAtCallback, qp.State())
@@ -135,9 +138,8 @@ func TestLinkFailureErrorsEveryQP(t *testing.T) {
 		}
 		qps = append(qps, qp)
 	}
-	d.flush() // the SENDs are in flight when the link dies
-	d.wg.Add(1)
-	d.recvLoop()
+	d.Flush() // the SENDs are in flight when the link dies
+	d.RunRecvLoop()
 	if !errors.Is(d.Err(), errBroken) || !errors.Is(seen, errBroken) {
 		t.Fatalf("Err() = %v, OnLinkError saw %v; want %v", d.Err(), seen, errBroken)
 	}
@@ -166,10 +168,9 @@ func TestLinkClosedIsNotAFailure(t *testing.T) {
 	f := newDriverFixture(t)
 	link := &fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
 	called := false
-	d := newDriver(f.e, link, DriverConfig{OnLinkError: func(error) { called = true }})
+	d := engine.NewDriverStopped(f.e, link, engine.DriverConfig{OnLinkError: func(error) { called = true }})
 	qp := f.rtsQP(t, "10.0.0.2")
-	d.wg.Add(1)
-	d.recvLoop()
+	d.RunRecvLoop()
 	if d.Err() != nil || called || qp.State() != qpstate.RTS {
 		t.Fatalf("Err() = %v, OnLinkError called %v, QP %v", d.Err(), called, qp.State())
 	}
@@ -180,12 +181,20 @@ func TestLinkClosedIsNotAFailure(t *testing.T) {
 func TestCloseSendsBuiltACKs(t *testing.T) {
 	f := newDriverFixture(t)
 	link := &fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
-	d := newDriver(f.e, link, DriverConfig{})
+	d := engine.NewDriverStopped(f.e, link, engine.DriverConfig{})
 	qp := f.rtsQP(t, "10.0.0.2")
-	f.e.mu.Lock()
-	qp.ackPending, qp.ackPSN = true, 5
-	qp.sendAck() // built, not yet handed out
-	f.e.mu.Unlock()
+	if err := qp.PostRecv(&wr.RecvWR{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// A SEND asking for an ACK: the ACK is built as the batch ends, and
+	// not yet handed out.
+	req := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PKey: 0xffff, DestQP: qp.Num(), PSN: 0, AckReq: true}}
+	buf := make([]byte, bth.Len(req.BTH.Opcode, 0))
+	n, err := bth.Build(buf, &req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.e.Receive(time.Now(), []nic.Packet{{Buf: buf, N: n, Remote: engine.Remote(netip.MustParseAddr("10.0.0.2"))}})
 	d.ErrorAllQPs()
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
@@ -197,10 +206,10 @@ func TestCloseSendsBuiltACKs(t *testing.T) {
 
 // takeWakes returns how many wake-ups of d's timer goroutine are pending
 // (0 or 1) and takes them.
-func takeWakes(d *Driver) int {
-	n := len(d.wake)
+func takeWakes(d *engine.Driver) int {
+	n := len(d.Wakes())
 	select {
-	case <-d.wake:
+	case <-d.Wakes():
 	default:
 	}
 	return n
@@ -213,7 +222,7 @@ func takeWakes(d *Driver) int {
 func TestBatchWakesTimerOnlyWhenNeeded(t *testing.T) {
 	f := newDriverFixture(t)
 	link := &fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
-	d := newDriver(f.e, link, DriverConfig{})
+	d := engine.NewDriverStopped(f.e, link, engine.DriverConfig{})
 	qp := f.rtsQP(t, "10.0.0.2")
 	post := func(id uint64) {
 		t.Helper()
@@ -221,31 +230,31 @@ func TestBatchWakesTimerOnlyWhenNeeded(t *testing.T) {
 	}
 	// Sending the first WRITE arms the ACK timer: the timer goroutine,
 	// sleeping with no deadline, must hear of it.
-	d.beginBatch()
+	d.BeginBatch()
 	post(1)
-	d.flush()
-	d.endBatch()
+	d.Flush()
+	d.EndBatch()
 	if n := takeWakes(d); n != 1 {
 		t.Fatalf("new timer: %d wake-ups, want 1", n)
 	}
 	f.e.NextDeadline() // the timer goroutine re-arms
 	// A second WRITE sent by the same flush changes nothing for it.
-	d.beginBatch()
+	d.BeginBatch()
 	post(2)
-	d.flush()
-	d.endBatch()
+	d.Flush()
+	d.EndBatch()
 	if n := takeWakes(d); n != 0 {
 		t.Fatalf("work done in the batch: %d wake-ups, want 0", n)
 	}
 	// Work posted after the batch's flush is left for the timer goroutine.
-	d.beginBatch()
+	d.BeginBatch()
 	post(3)
-	d.endBatch()
+	d.EndBatch()
 	if n := takeWakes(d); n != 1 {
 		t.Fatalf("work left over: %d wake-ups, want 1", n)
 	}
 	// Outside a batch every wake-up goes through.
-	d.flush()
+	d.Flush()
 	post(4)
 	if n := takeWakes(d); n != 1 {
 		t.Fatalf("posted outside a batch: %d wake-ups, want 1", n)
@@ -261,7 +270,7 @@ func TestBatchWakesTimerOnlyWhenNeeded(t *testing.T) {
 func TestBatchSendsOnTheCallersGoroutine(t *testing.T) {
 	f := newDriverFixture(t)
 	link := &fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
-	d := newDriver(f.e, link, DriverConfig{})
+	d := engine.NewDriverStopped(f.e, link, engine.DriverConfig{})
 	qp := f.rtsQP(t, "10.0.0.2")
 	post := func() {
 		if err := qp.PostSend(&wr.SendWR{Opcode: wr.Send, Flags: wr.Signaled}); err != nil {
@@ -274,31 +283,31 @@ func TestBatchSendsOnTheCallersGoroutine(t *testing.T) {
 	}
 	// The timer goroutine is woken once, to arm the retransmission timer
 	// the first send started; as it would, it then sleeps until that.
-	if len(d.wake) != 1 {
+	if len(d.Wakes()) != 1 {
 		t.Fatal("the timer goroutine was not told of the new retransmission deadline")
 	}
-	<-d.wake
+	<-d.Wakes()
 	f.e.NextDeadline()
 	d.Batch(post)
 	if n := link.sent[netip.MustParseAddr("10.0.0.2")]; n != 2 {
 		t.Fatalf("after a second Batch the link has %d packets, want 2", n)
 	}
-	if len(d.wake) != 0 {
+	if len(d.Wakes()) != 0 {
 		t.Fatal("Batch woke the timer goroutine for work it sent itself")
 	}
 	post()
-	if n := link.sent[netip.MustParseAddr("10.0.0.2")]; n != 2 || len(d.wake) != 1 {
-		t.Fatalf("a post outside Batch: %d packets on the link, %d wake-ups; want 2 and 1", n, len(d.wake))
+	if n := link.sent[netip.MustParseAddr("10.0.0.2")]; n != 2 || len(d.Wakes()) != 1 {
+		t.Fatalf("a post outside Batch: %d packets on the link, %d wake-ups; want 2 and 1", n, len(d.Wakes()))
 	}
-	<-d.wake
-	d.flush()
+	<-d.Wakes()
+	d.Flush()
 	// A post from elsewhere while a batch runs is sent by that batch's
 	// flush or, if left over, woken for when the last batch ends.
 	d.Batch(func() { d.Batch(func() {}) }) // nested batches end cleanly
-	d.beginBatch()
+	d.BeginBatch()
 	post()
-	d.endBatch()
-	if len(d.wake) != 1 {
+	d.EndBatch()
+	if len(d.Wakes()) != 1 {
 		t.Fatal("work posted during a batch that did not flush it was not woken for")
 	}
 }
@@ -311,7 +320,7 @@ func TestBatchSendsOnTheCallersGoroutine(t *testing.T) {
 func TestDoorbellSendsOnThePoster(t *testing.T) {
 	f := newDriverFixture(t)
 	link := &fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}
-	d := newDriver(f.e, link, DriverConfig{})
+	d := engine.NewDriverStopped(f.e, link, engine.DriverConfig{})
 	a, b := f.rtsQP(t, "10.0.0.2"), f.rtsQP(t, "10.0.0.3")
 	write := &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, RemoteAddr: 0x1000, RKey: 1}
 	sent := func(ip string) int {
@@ -319,7 +328,7 @@ func TestDoorbellSendsOnThePoster(t *testing.T) {
 		defer link.mu.Unlock()
 		return link.sent[netip.MustParseAddr(ip)]
 	}
-	d.flush() // what entering RTS queued, as the timer goroutine would
+	d.Flush() // what entering RTS queued, as the timer goroutine would
 	takeWakes(d)
 	mustPost(t, a, write)
 	if n := sent("10.0.0.2"); n != 1 {
@@ -348,14 +357,14 @@ func TestDoorbellSendsOnThePoster(t *testing.T) {
 	if n := takeWakes(d); n != 1 {
 		t.Fatalf("busy queue: %d wake-ups, want 1", n)
 	}
-	d.flush()
+	d.Flush()
 	if n := sent("10.0.0.2"); n != 2 {
 		t.Fatalf("after the timer goroutine's flush: %d packets, want 2", n)
 	}
 	// Inside Batch the doorbell does not ring: the posts leave together
 	// in Batch's flush.
 	c := f.rtsQP(t, "10.0.0.4")
-	d.flush()
+	d.Flush()
 	takeWakes(d)
 	d.Batch(func() {
 		mustPost(t, c, write)
@@ -366,9 +375,7 @@ func TestDoorbellSendsOnThePoster(t *testing.T) {
 	if n := sent("10.0.0.4"); n != 1 {
 		t.Fatalf("after Batch: %d packets, want 1", n)
 	}
-	f.e.mu.Lock()
-	left, held := f.e.doorbells, d.held
-	f.e.mu.Unlock()
+	left, held := d.Doorbells()
 	if left != 0 || held != 0 {
 		t.Fatalf("%d doorbells, %d batches still counted", left, held)
 	}
@@ -388,27 +395,34 @@ func (l *pollLink) TryRecv([]nic.Packet) (int, error) { l.tries++; return 0, nil
 func TestPollInline(t *testing.T) {
 	f := newDriverFixture(t)
 	link := &pollLink{fakeLink: fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}}
-	if d := newDriver(f.e, link, DriverConfig{}); d.PollInline() || link.tries != 0 {
+	if d := engine.NewDriverStopped(f.e, link, engine.DriverConfig{}); d.PollInline() || link.tries != 0 {
 		t.Fatalf("without BusyPoll: PollInline tried the link %d times", link.tries)
 	}
-	d := newDriver(f.e, link, DriverConfig{BusyPoll: time.Millisecond})
+	d := engine.NewDriverStopped(f.e, link, engine.DriverConfig{BusyPoll: time.Millisecond})
 	if d.PollInline() || link.tries != 1 {
 		t.Fatalf("busy-poll: %d tries, want 1", link.tries)
 	}
-	d.own.Lock()
-	seq := d.pollSeq.Load()
-	if d.PollInline() || link.tries != 1 || d.pollSeq.Load() != seq+1 {
-		t.Fatalf("receive path owned elsewhere: %d tries (want 1), poll count %d (want %d)", link.tries, d.pollSeq.Load(), seq+1)
+	d.ReceiveSide().Lock()
+	seq := d.PollSeq()
+	if d.PollInline() || link.tries != 1 || d.PollSeq() != seq+1 {
+		t.Fatalf("receive path owned elsewhere: %d tries (want 1), poll count %d (want %d)", link.tries, d.PollSeq(), seq+1)
 	}
-	d.own.Unlock()
+	d.ReceiveSide().Unlock()
 }
 
 // TestPollInlineNoAlloc: an inline poll that finds nothing allocates nothing.
 func TestPollInlineNoAlloc(t *testing.T) {
 	f := newDriverFixture(t)
 	link := &pollLink{fakeLink: fakeLink{recvErr: net.ErrClosed, sent: map[netip.Addr]int{}}}
-	d := newDriver(f.e, link, DriverConfig{BusyPoll: time.Millisecond})
+	d := engine.NewDriverStopped(f.e, link, engine.DriverConfig{BusyPoll: time.Millisecond})
 	if a := testing.AllocsPerRun(100, func() { d.PollInline() }); a != 0 {
 		t.Fatalf("%v allocations per PollInline", a)
+	}
+}
+
+func mustPost(t testing.TB, qp *engine.QP, swr *wr.SendWR) {
+	t.Helper()
+	if err := qp.PostSend(swr); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,4 +1,4 @@
-package rc
+package engine
 
 import (
 	"crypto/rand"
@@ -77,7 +77,6 @@ type Engine struct {
 	stats   EngineStats
 	srqNext uint32 // number of the last SRQ created
 
-	ud udEngine // UD's scratch state (ud.go)
 	// rx is the packet Receive is handling, a field rather than a local
 	// because the services it goes to are called through an interface.
 	rx bth.Packet
@@ -105,26 +104,27 @@ func NewEngine(mrs *memreg.Table) *Engine {
 
 // CreateQP makes a QP (RC, UC or UD: cfg.Type) in RESET with a random 24-bit QP number (never
 // 0 or 1, which IBTA reserves for SMI and GSI).
-func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) { return e.createQP(cfg, 0) }
+func (e *Engine) CreateQP(cfg QPConfig) (*QP, error) { return e.CreateQPNum(cfg, 0) }
 
-// createQP makes a QP numbered num, or with a random number if num is 0.
-func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
-	svc := serviceOf(cfg.Type)
-	if svc == nil {
-		return nil, fmt.Errorf("rc: QP type %v is not implemented", cfg.Type)
+// CreateQPNum makes a QP numbered num, or with a random number if num is
+// 0; it fails with ErrQPNumInUse if that number is taken.
+func (e *Engine) CreateQPNum(cfg QPConfig, num uint32) (*QP, error) {
+	newSvc := serviceOf(cfg.Type)
+	if newSvc == nil {
+		return nil, fmt.Errorf("engine: QP type %v is not implemented", cfg.Type)
 	}
 	if cfg.SRQ != nil {
 		cfg.MaxRecvWR, cfg.MaxRecvSGE = 0, 0 // the SRQ's WQEs are used
 	} else if cfg.MaxRecvWR < 1 {
-		return nil, fmt.Errorf("rc: max_recv_wr must be at least 1 (got %d)", cfg.MaxRecvWR)
+		return nil, fmt.Errorf("engine: max_recv_wr must be at least 1 (got %d)", cfg.MaxRecvWR)
 	}
 	if cfg.MaxSendWR < 1 {
-		return nil, fmt.Errorf("rc: max_send_wr must be at least 1 (got %d)", cfg.MaxSendWR)
+		return nil, fmt.Errorf("engine: max_send_wr must be at least 1 (got %d)", cfg.MaxSendWR)
 	}
 	cfg.MaxSendSGE = max(cfg.MaxSendSGE, 1)
 	cfg.MaxRecvSGE = max(cfg.MaxRecvSGE, 1)
 	if cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.PD == nil {
-		return nil, fmt.Errorf("rc: create QP needs a PD, a send CQ and a receive CQ")
+		return nil, fmt.Errorf("engine: create QP needs a PD, a send CQ and a receive CQ")
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -144,25 +144,29 @@ func (e *Engine) createQP(cfg QPConfig, num uint32) (*QP, error) {
 			num = 0
 		}
 	}
-	qp := &QP{e: e, svc: svc, num: num, cfg: cfg, state: qpstate.Reset}
-	qp.sq = make([]sendWQE, cfg.MaxSendWR)
-	for i := range qp.sq {
-		qp.sq[i].sgl = make([]wr.SGE, 0, cfg.MaxSendSGE)
+	qp := &QP{e: e, num: num, Config: cfg, state: qpstate.Reset}
+	qp.SQ = make([]SendWQE, cfg.MaxSendWR)
+	for i := range qp.SQ {
+		qp.SQ[i].SGL = make([]wr.SGE, 0, cfg.MaxSendSGE)
 	}
 	if cfg.SRQ != nil {
 		cfg.SRQ.nQP++
 	} else {
 		qp.rq = newRecvRing(cfg.MaxRecvWR, cfg.MaxRecvSGE)
 	}
-	svc.init(qp)
+	qp.svc = newSvc(qp)
 	qp.setPathLocked(Path{PMTU: 1024})
 	e.qps[num] = qp
 	return qp, nil
 }
 
+// ErrQPNumInUse is returned by CreateQPNum (and so CreateGSI) when the QP
+// number is taken.
+var ErrQPNumInUse = errors.New("engine: QP number in use")
+
 // ErrNoQP is returned by DestroyQP for a QP that is not (or no longer)
 // in the engine.
-var ErrNoQP = errors.New("rc: no such QP (already destroyed?)")
+var ErrNoQP = errors.New("engine: no such QP (already destroyed?)")
 
 // DestroyQP removes the QP and every trace of it: its number, timers, its
 // place in the transmit schedule, queued READ responses, the request
@@ -177,13 +181,13 @@ func (e *Engine) DestroyQP(qp *QP) error {
 		return ErrNoQP
 	}
 	delete(e.qps, qp.num)
-	if qp.cfg.SRQ != nil {
-		qp.cfg.SRQ.nQP--
+	if qp.Config.SRQ != nil {
+		qp.Config.SRQ.nQP--
 	}
 	qp.destroyed = true
 	qp.state = qpstate.Reset
 	qp.stopSending(true)
-	qp.svc.destroy(qp)
+	qp.svc.Destroy()
 	for i := 0; i < len(e.pending); i++ {
 		if e.pending[i] == qp {
 			e.pending = append(e.pending[:i], e.pending[i+1:]...)
@@ -192,6 +196,23 @@ func (e *Engine) DestroyQP(qp *QP) error {
 	}
 	qp.txPending = false
 	return nil
+}
+
+// Holds reports where the engine still refers to qp: its timer set, its
+// transmit schedule or batch (scheduled), its QP table (known). A
+// destroyed QP is in none of them.
+func (e *Engine) Holds(qp *QP) (timed, scheduled, known bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, timed = e.timed[qp]
+	for _, p := range e.pending {
+		scheduled = scheduled || p == qp
+	}
+	for _, p := range e.txQP {
+		scheduled = scheduled || p == qp
+	}
+	_, known = e.qps[qp.num]
+	return timed, scheduled, known
 }
 
 // QP finds a QP by number.
@@ -240,15 +261,25 @@ func (e *Engine) getBuf() []byte {
 // newPacket appends a packet for qp to the transmit batch and returns its
 // buffer for the caller to fill; the caller then calls qp.sent(n), or
 // e.unbuild() to take it back.
-func (qp *QP) newPacket() []byte {
+func (qp *QP) NewPacket() []byte {
 	e := qp.e
-	e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: qp.path.Remote, Local: qp.path.Local, SrcPort: srcPort(qp.num),
-		HopLimit: qp.path.HopLimit, TClass: qp.path.TrafficClass})
+	e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: qp.Attr.Remote, Local: qp.Attr.Local, SrcPort: SrcPort(qp.num),
+		HopLimit: qp.Attr.HopLimit, TClass: qp.Attr.TrafficClass})
 	e.txQP = append(e.txQP, qp)
 	return e.tx[len(e.tx)-1].Buf
 }
 
-func (qp *QP) sent(n int) {
+// newPacketTo is newPacket for a packet with the addresses and IP fields
+// of pk rather than the QP's path: a datagram's, from its address handle.
+func (qp *QP) NewPacketTo(pk nic.Packet) []byte {
+	e := qp.e
+	pk.Buf = e.getBuf()
+	e.tx = append(e.tx, pk)
+	e.txQP = append(e.txQP, qp)
+	return e.tx[len(e.tx)-1].Buf
+}
+
+func (qp *QP) Sent(n int) {
 	e := qp.e
 	e.tx[len(e.tx)-1].N = n
 }
@@ -294,7 +325,7 @@ func (e *Engine) purge(qp *QP) {
 
 // srcPort is the UDP source port for a QP: fixed per QP so a flow stays on
 // one ECMP path, in the range rxe uses (0xC000 | 14-bit hash of the QPN).
-func srcPort(qpn uint32) uint16 {
+func SrcPort(qpn uint32) uint16 {
 	return 0xC000 | uint16((qpn*0x61C88647)>>18)&0x3FFF
 }
 
@@ -328,15 +359,15 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 		}
 		// A packet of another service than the QP's is silently dropped
 		// (IBTA §9.6.1.5.1: the opcode must match the QP's transport).
-		if p.Info.Transport != qp.svc.transport() {
+		if p.Info.Transport != qp.svc.Transport() {
 			e.stats.RxBadHeader++
 			continue
 		}
-		qp.svc.receive(qp, pk, p)
+		qp.svc.Receive(pk, p)
 	}
 	// Answers coalesced over the batch (RC's ACKs) leave now.
 	for _, qp := range e.pending {
-		qp.svc.batchDone(qp)
+		qp.svc.BatchDone()
 	}
 }
 
@@ -348,13 +379,13 @@ func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
 	defer e.mu.Unlock()
 	e.now = now
 	for qp := range e.timed {
-		qp.svc.timers(qp)
+		qp.svc.Timers()
 	}
 	budget := e.MaxBatch
 	i := 0
 	for ; i < len(e.pending) && len(e.tx) < budget; i++ {
 		qp := e.pending[i]
-		if qp.svc.progress(qp, budget) {
+		if qp.svc.Progress(budget) {
 			qp.txPending = false
 		} else {
 			// Budget ran out: keep it pending for the next call.
@@ -365,7 +396,7 @@ func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
 	out = e.tx
 	for j := range out {
 		if q := e.txQP[j]; q != nil { // nil: an ACK kept after its QP stopped
-			q.stats.TxPackets++
+			q.Counters.TxPackets++
 		}
 		if e.onPacket != nil {
 			e.onPacket('T', &out[j])
@@ -398,7 +429,7 @@ func (e *Engine) NextDeadline() time.Time {
 	var d time.Time
 	defer func() { e.sleepUntil = d }()
 	for qp := range e.timed {
-		for _, t := range [2]time.Time{qp.retryDeadline, qp.rnrDeadline} {
+		for _, t := range [2]time.Time{qp.RetryDeadline, qp.RNRDeadline} {
 			if !t.IsZero() && (d.IsZero() || t.Before(d)) {
 				d = t
 			}
@@ -407,29 +438,21 @@ func (e *Engine) NextDeadline() time.Time {
 	return d
 }
 
-func (qp *QP) updateTimerSet() {
+func (qp *QP) UpdateTimerSet() {
 	e := qp.e
-	if qp.retryDeadline.IsZero() && qp.rnrDeadline.IsZero() {
+	if qp.RetryDeadline.IsZero() && qp.RNRDeadline.IsZero() {
 		delete(e.timed, qp)
 		return
 	}
 	e.timed[qp] = struct{}{}
 	// A deadline earlier than the one the driver sleeps until (an RNR
 	// wait set while handling a NAK, say) must wake it to re-arm.
-	for _, t := range [2]time.Time{qp.retryDeadline, qp.rnrDeadline} {
+	for _, t := range [2]time.Time{qp.RetryDeadline, qp.RNRDeadline} {
 		if !t.IsZero() && (e.sleepUntil.IsZero() || t.Before(e.sleepUntil)) && e.Wake != nil {
 			e.Wake()
 			return
 		}
 	}
-}
-
-// localAckTimeout is 4.096 us * 2^timeout (IBTA §9.7.6.1.3); 0 = never.
-func localAckTimeout(t uint8) time.Duration {
-	if t == 0 {
-		return 0
-	}
-	return time.Duration(4096<<t) * time.Nanosecond
 }
 
 // Remote builds the address a QP sends to from an IP address.
@@ -441,3 +464,40 @@ func (e *Engine) SignalAllFor(qp *QP, on bool) {
 	qp.sigAll = on
 	e.mu.Unlock()
 }
+
+// The services (rc, uc, ud) reach the engine's state of a QP through
+// these, under the engine lock.
+
+// StateLocked is the QP state, for a caller holding the engine lock.
+func (qp *QP) StateLocked() qpstate.State { return qp.state }
+
+// Now is the time of the Receive or Progress call running.
+func (qp *QP) Now() time.Time { return qp.e.now }
+
+// MRs is the key table the QP's memory accesses go through.
+func (qp *QP) MRs() *memreg.Table { return qp.e.mrs }
+
+// GetBuf takes a packet buffer (MaxPacket bytes) from the engine's pool;
+// PutBuf gives one back.
+func (qp *QP) GetBuf() []byte  { return qp.e.getBuf() }
+func (qp *QP) PutBuf(b []byte) { qp.e.free = append(qp.e.free, b) }
+
+// Batched is how many packets the transmit batch holds: a service's
+// Progress builds while it is below its budget.
+func (qp *QP) Batched() int { return len(qp.e.tx) }
+
+// Unbuild takes back the packet NewPacket built last.
+func (qp *QP) Unbuild() { qp.e.unbuild() }
+
+// EngineStats are the engine's counters, for a service to count a drop.
+func (qp *QP) EngineStats() *EngineStats { return &qp.e.stats }
+
+// RecvHead is the oldest WQE of the QP's own receive queue, nil if it is
+// empty; PopRecv takes it.
+func (qp *QP) RecvHead() *RecvWQE {
+	if qp.rq.count == 0 {
+		return nil
+	}
+	return &qp.rq.wqes[qp.rq.head]
+}
+func (qp *QP) PopRecv() *RecvWQE { return qp.rq.pop() }

@@ -1,4 +1,4 @@
-package rc
+package engine
 
 import (
 	"errors"
@@ -10,21 +10,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
-	"github.com/softroce/softroce/transport/uc"
 	"github.com/softroce/softroce/wr"
-)
-
-// Defaults follow rxe where IBTA leaves a choice.
-const (
-	// maxUnackedPSNs bounds the requester's window of unacknowledged PSNs
-	// (rxe: RXE_MAX_UNACKED_PSNS).
-	maxUnackedPSNs = 128
-	// ackReqEvery sets AckReq inside long messages so the window keeps
-	// moving: every 64th packet, as rxe does, two per window of
-	// maxUnackedPSNs. Each ACK costs the responder a send and its guest
-	// kernel's receive work for what arrived meanwhile; every 32nd doubled
-	// the ACKs of a 64 KiB message and was slower across two guests.
-	ackReqEvery = 64
 )
 
 // QPConfig is fixed at creation.
@@ -74,32 +60,32 @@ type Path struct {
 
 // Errors returned by Post*.
 var (
-	ErrQueueFull = errors.New("rc: work queue full")
-	ErrState     = errors.New("rc: QP state does not allow this")
+	ErrQueueFull = errors.New("engine: work queue full")
+	ErrState     = errors.New("engine: QP state does not allow this")
 )
 
-type wqeState uint8
+type WQEState uint8
 
 const (
-	wqeQueued  wqeState = iota // posted, no PSN assigned yet
-	wqeStarted                 // PSNs assigned, (re)transmitting
-	wqeDone                    // completed; waiting to be retired in order
+	WQEQueued  WQEState = iota // posted, no PSN assigned yet
+	WQEStarted                 // PSNs assigned, (re)transmitting
+	WQEDone                    // completed; waiting to be retired in order
 )
 
 // sendWQE is a send-queue slot. Slots are preallocated so posting does not
 // allocate: SGL and inline data are copied into fixed storage.
-type sendWQE struct {
-	wr       wr.SendWR
-	sgl      []wr.SGE
-	inline   []byte
-	isInline bool
-	length   int
-	state    wqeState
-	firstPSN uint32
-	lastPSN  uint32
-	npsn     int
-	readDone int       // READ: bytes of response received in order
-	reRead   int       // READ: response index the latest (re-)issued request starts at
+type SendWQE struct {
+	WR       wr.SendWR
+	SGL      []wr.SGE
+	Inline   []byte
+	IsInline bool
+	Length   int
+	State    WQEState
+	FirstPSN uint32
+	LastPSN  uint32
+	NPSN     int
+	ReadDone int       // READ: bytes of response received in order
+	ReRead   int       // READ: response index the latest (re-)issued request starts at
 	localSt  cq.Status // LOCAL_INV, BIND_MW: the status of its execution
 	localErr string    // and why it failed
 	// bindMW: the type 1 window a bind-MW verb's work request binds
@@ -107,20 +93,20 @@ type sendWQE struct {
 	bindMW *memreg.MW
 }
 
-type recvWQE struct {
-	id  uint64
-	sgl []wr.SGE
-	len int
+type RecvWQE struct {
+	ID  uint64
+	SGL []wr.SGE
+	Len int
 }
 
 // QP is one RC queue pair's transport state.
 type QP struct {
-	e     *Engine
-	svc   service // the QP's transport service (service.go)
-	num   uint32
-	cfg   QPConfig
-	path  Path
-	state qpstate.State
+	e      *Engine
+	svc    Service // the QP's transport service (service.go)
+	num    uint32
+	Config QPConfig
+	Attr   Path
+	state  qpstate.State
 	// commEst: a packet from the peer arrived since the QP entered RTR
 	// (OnCommEst was called for it).
 	commEst bool
@@ -128,39 +114,30 @@ type QP struct {
 	// send queue ring: [sqHead, sqTail) occupied; sqSend is the next WQE
 	// to transmit from (as an offset from sqHead), sqPkt the packet index
 	// within it.
-	sq                        []sendWQE
-	sqHead, sqTail, sqSendOff int
-	sqCount                   int
-	sqPkt                     int
-	nextPSN                   uint32 // PSN for the next new WQE
-	compPSN                   uint32 // oldest unacknowledged PSN
-	rdOutstanding             int
-	retryLeft, rnrLeft        int
-	retryDeadline             time.Time // zero: not armed
-	rnrDeadline               time.Time // zero: not waiting
-	retryFrom                 uint32    // compPSN of the go-back-N in progress
-	retrying                  bool
-	rtt                       rttEstimator // Path.AdaptiveTimeout
-	maxSentPSN                uint32       // highest PSN sent (a READ: its last response PSN); beyond it, responses are ghosts
-	sentAny                   bool
+	SQ                        []SendWQE
+	SQHead, SQTail, SQSendOff int
+	SQCount                   int
+	SQPkt                     int
+	NextPSN                   uint32 // PSN for the next new WQE
+	RDOutstanding             int    // READ and atomic WQEs started and not completed (a fence waits for them)
+	// The service's timers, in the engine's timer set while armed: RC's
+	// local ACK timeout and RNR wait; UC and UD arm none.
+	RetryDeadline time.Time // zero: not armed
+	RNRDeadline   time.Time // zero: not waiting
 
 	// receive queue ring (unused with an SRQ)
 	rq recvRing
 
-	resp responder
-	// UC: the responder's receive sequencing (unused on RC).
-	ucRecv uc.Receiver
+	// Msg is the message a connected responder has in progress
+	// (connected.go).
+	Msg Message
 
 	// scheduling flags
-	txPending  bool // requester or responder may have packets to send
-	ackPending bool
-	ackPSN     uint32
-	sigAll     bool
-	destroyed  bool
+	txPending bool // requester or responder may have packets to send
+	sigAll    bool
+	destroyed bool
 
-	stats QPStats
-
-	ud udQP // UD's per-QP state (ud.go)
+	Counters QPStats
 }
 
 // QPStats are per-QP counters, in the spirit of rxe's hw counters.
@@ -190,7 +167,7 @@ func (qp *QP) State() qpstate.State {
 func (qp *QP) Stats() QPStats {
 	qp.e.mu.Lock()
 	defer qp.e.mu.Unlock()
-	return qp.stats
+	return qp.Counters
 }
 
 // Modify is a modify-QP validated and applied in one step: it calls check
@@ -213,7 +190,7 @@ func (qp *QP) Modify(check func(cur qpstate.State) (Path, qpstate.State, error))
 }
 
 // Path returns the current path attributes.
-func (qp *QP) Path() Path { return qp.path }
+func (qp *QP) Path() Path { return qp.Attr }
 
 // SetPath installs attributes validated by qpstate.Modify. It is called
 // for INIT->RTR (responder side) and RTR->RTS (requester side).
@@ -227,26 +204,14 @@ func (qp *QP) setPathLocked(p Path) {
 	if qp.destroyed {
 		return
 	}
-	qp.path = p
+	qp.Attr = p
 	if p.MaxDestRDAtomic < 1 {
-		qp.path.MaxDestRDAtomic = 1
+		qp.Attr.MaxDestRDAtomic = 1
 	}
 	if p.MaxRDAtomic < 1 {
-		qp.path.MaxRDAtomic = 1
+		qp.Attr.MaxRDAtomic = 1
 	}
-	if n := pow2(qp.path.MaxDestRDAtomic); len(qp.resp.resources) != n {
-		qp.resp.resources = make([]rdResource, n)
-		qp.resp.resNext = 0
-		qp.resp.jobs = qp.resp.jobs[:0]
-	}
-}
-
-func pow2(n int) int {
-	p := 1
-	for p < n {
-		p <<= 1
-	}
-	return p
+	qp.svc.PathChanged()
 }
 
 // SetState moves the transport to s (already validated by qpstate).
@@ -271,18 +236,14 @@ func (qp *QP) setStateLocked(s qpstate.State) {
 	case qpstate.RTR:
 		if prev != qpstate.RTR {
 			qp.commEst = false
-			qp.resp.ePSN = qp.path.RQPSN & bth.PSNMask
-			qp.resp.msn = 0
-			qp.svc.enterRTR(qp)
+			qp.svc.EnterRTR()
 		}
 	case qpstate.RTS:
 		if prev == qpstate.RTR {
-			qp.nextPSN = qp.path.SQPSN & bth.PSNMask
-			qp.compPSN = qp.nextPSN
-			qp.retryLeft = int(qp.path.RetryCnt)
-			qp.rnrLeft = int(qp.path.RNRRetry)
+			qp.NextPSN = qp.Attr.SQPSN & bth.PSNMask
+			qp.svc.EnterRTS()
 		}
-		qp.kick()
+		qp.Kick()
 	case qpstate.Err:
 		if prev != qpstate.Err {
 			qp.stopSending(true)
@@ -299,20 +260,20 @@ func (qp *QP) setStateLocked(s qpstate.State) {
 // event, IBV_EVENT_QP_LAST_WQE_REACHED): the WQE it held, if any, has
 // just been flushed.
 func (qp *QP) lastWQE() {
-	if qp.cfg.SRQ != nil && qp.e.OnLastWQE != nil {
+	if qp.Config.SRQ != nil && qp.e.OnLastWQE != nil {
 		qp.e.OnLastWQE(qp.num)
 	}
 }
 
 // stopSending silences the QP at once, on entering ERR or RESET and on
-// destroy: queued READ responses, the request backlog and a pending ACK
-// are dropped, the retransmission and RNR timers disarmed, and the packets
+// destroy: the service drops what it has queued (RC: READ responses, the
+// request backlog and a pending ACK), the timers are disarmed, and the packets
 // it built that Progress has not handed out yet are taken back (if purge;
 // responderToError keeps them).
 func (qp *QP) stopSending(purge bool) {
-	qp.svc.stop(qp)
-	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
-	qp.updateTimerSet()
+	qp.svc.Stop()
+	qp.RetryDeadline, qp.RNRDeadline = time.Time{}, time.Time{}
+	qp.UpdateTimerSet()
 	if purge {
 		qp.e.purge(qp)
 	}
@@ -320,58 +281,72 @@ func (qp *QP) stopSending(purge bool) {
 
 // canSend reports whether the QP may put packets on the wire: only in
 // RTR (responder), RTS and SQD, never in ERR, RESET or once destroyed.
-func (qp *QP) canSend() bool {
+func (qp *QP) CanSend() bool {
 	return !qp.destroyed && (qp.state == qpstate.RTR || qp.state == qpstate.RTS || qp.state == qpstate.SQD)
 }
 
 func (qp *QP) reset() {
-	qp.sqHead, qp.sqTail, qp.sqSendOff, qp.sqCount, qp.sqPkt = 0, 0, 0, 0, 0
+	qp.SQHead, qp.SQTail, qp.SQSendOff, qp.SQCount, qp.SQPkt = 0, 0, 0, 0, 0
 	qp.rq.reset()
-	qp.rdOutstanding = 0
-	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
-	qp.retrying, qp.sentAny, qp.maxSentPSN = false, false, 0
-	qp.rtt = rttEstimator{}
-	qp.resp = responder{resources: qp.resp.resources, backlog: qp.resp.backlog, backlogLen: qp.resp.backlogLen}
-	clear(qp.resp.resources)
+	qp.RDOutstanding = 0
+	qp.RetryDeadline, qp.RNRDeadline = time.Time{}, time.Time{}
+	qp.Msg = Message{}
+	qp.svc.Reset()
 }
 
 // flush completes every outstanding work request with WR_FLUSH_ERR. Error
 // completions are generated even for unsignaled WRs (IBA 10.7.3.1).
 func (qp *QP) flush() {
-	for qp.sqCount > 0 {
-		w := &qp.sq[qp.sqHead]
-		if w.state != wqeDone {
-			qp.pushSendWC(w, cq.WRFlushErr, 0)
+	for qp.SQCount > 0 {
+		w := &qp.SQ[qp.SQHead]
+		if w.State != WQEDone {
+			qp.PushSendWC(w, cq.WRFlushErr, 0)
 		}
-		qp.retireHead()
+		qp.RetireHead()
 	}
-	qp.sqSendOff, qp.sqPkt = 0, 0
-	qp.rdOutstanding = 0
+	qp.SQSendOff, qp.SQPkt = 0, 0
+	qp.RDOutstanding = 0
 	// A receive WQE that a multi-packet SEND (or WRITE with immediate) has
 	// already taken is the oldest outstanding one: it is flushed first.
-	if qp.resp.cur.hasRecv {
-		qp.cfg.RecvCQ.Push(cq.WC{WRID: qp.resp.cur.recvID, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
-		qp.resp.cur.hasRecv = false
+	if qp.Msg.HasRecv {
+		qp.Config.RecvCQ.Push(cq.WC{WRID: qp.Msg.RecvID, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
+		qp.Msg.HasRecv = false
 	}
 	// The WQEs of an SRQ belong to the SRQ, not to the QP: they stay for
 	// its other QPs (IBTA §10.2.9).
 	for qp.rq.count > 0 {
 		r := qp.rq.pop()
-		qp.cfg.RecvCQ.Push(cq.WC{WRID: r.id, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
+		qp.Config.RecvCQ.Push(cq.WC{WRID: r.ID, Status: cq.WRFlushErr, Opcode: cq.OpRecv, QPNum: qp.num})
 	}
-	qp.resp.cur = curMsg{recvSGL: qp.resp.cur.recvSGL}
-	qp.retryDeadline, qp.rnrDeadline = time.Time{}, time.Time{}
-	qp.updateTimerSet()
+	qp.Msg = Message{RecvSGL: qp.Msg.RecvSGL}
+	qp.RetryDeadline, qp.RNRDeadline = time.Time{}, time.Time{}
+	qp.UpdateTimerSet()
 }
 
-func (qp *QP) retireHead() {
-	qp.sq[qp.sqHead].state = wqeQueued
-	qp.sqHead = (qp.sqHead + 1) % len(qp.sq)
-	qp.sqCount--
-	if qp.sqSendOff > 0 {
-		qp.sqSendOff--
+// CompleteHead completes the oldest WQE with status st (orig: an
+// atomic's original value) and retires it. It reports false when the
+// send CQ overran: that is fatal to the QP, as on the receive side (rxe:
+// the completer moves the QP to ERR), which is in ERR now.
+func (qp *QP) CompleteHead(st cq.Status, orig uint64) bool {
+	w := &qp.SQ[qp.SQHead]
+	ok := qp.PushSendWC(w, st, orig)
+	w.State = WQEDone
+	qp.RetireHead()
+	if !ok {
+		qp.ToError("send CQ overrun")
+		return false
+	}
+	return true
+}
+
+func (qp *QP) RetireHead() {
+	qp.SQ[qp.SQHead].State = WQEQueued
+	qp.SQHead = (qp.SQHead + 1) % len(qp.SQ)
+	qp.SQCount--
+	if qp.SQSendOff > 0 {
+		qp.SQSendOff--
 	} else {
-		qp.sqPkt = 0
+		qp.SQPkt = 0
 	}
 }
 
@@ -379,13 +354,13 @@ func (qp *QP) retireHead() {
 // CQ overrun, and tells the owner through the engine's async hook. The QP
 // stops sending at once: what it built and Progress has not handed out is
 // dropped too.
-func (qp *QP) toError(reason string) {
+func (qp *QP) ToError(reason string) {
 	if qp.state == qpstate.Err || qp.destroyed {
 		return
 	}
 	qp.state = qpstate.Err
-	// UC keeps what it built (ucService.purgeOnError).
-	qp.stopSending(qp.svc.purgeOnError())
+	// UC keeps what it built (its PurgeOnError).
+	qp.stopSending(qp.svc.PurgeOnError())
 	qp.flush()
 	if qp.e.OnAsyncError != nil {
 		qp.e.OnAsyncError(qp.num, reason)
@@ -398,7 +373,7 @@ func (qp *QP) toError(reason string) {
 // requests (ACKs, READ responses, atomic ACKs) and its fatal NAK, if any,
 // precede the error on the wire as with rxe, so they are kept; nothing
 // else is built from now on.
-func (qp *QP) responderToError(reason string) {
+func (qp *QP) ResponderToError(reason string) {
 	if qp.state == qpstate.Err || qp.destroyed {
 		return
 	}
@@ -419,7 +394,7 @@ func (qp *QP) PostSend(swr *wr.SendWR) error {
 		if t, ok := qp.e.mrs.WindowType(swr.Bind.MWKey); ok && t == memreg.MWType1 {
 			// IBTA vol. 1 §10.6.7.2.1: only the bind-MW verb binds a
 			// type 1 window (PostBindMW).
-			return fmt.Errorf("rc: BIND_MW work request for type 1 window %#08x: type 1 windows are bound by the bind-MW verb", swr.Bind.MWKey)
+			return fmt.Errorf("engine: BIND_MW work request for type 1 window %#08x: type 1 windows are bound by the bind-MW verb", swr.Bind.MWKey)
 		}
 	}
 	return qp.postSend(swr, nil)
@@ -433,7 +408,7 @@ func (qp *QP) PostSend(swr *wr.SendWR) error {
 // completes with MW_BIND_ERR and moves the QP to ERR.
 func (qp *QP) PostBindMW(swr *wr.SendWR, mw *memreg.MW) error {
 	if swr.Opcode != wr.BindMW || mw == nil || mw.Type() != memreg.MWType1 {
-		return fmt.Errorf("rc: bind MW verb: needs a BIND_MW work request and a type 1 window")
+		return fmt.Errorf("engine: bind MW verb: needs a BIND_MW work request and a type 1 window")
 	}
 	return qp.postSend(swr, mw)
 }
@@ -463,21 +438,21 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 			return false, fmt.Errorf("%w: post send on QP %d in state %v (needs RTS)", ErrState, qp.num, qp.state)
 		}
 	}
-	if qp.sqCount == len(qp.sq) {
-		return false, fmt.Errorf("%w: send queue of QP %d holds %d WRs (max_send_wr)", ErrQueueFull, qp.num, len(qp.sq))
+	if qp.SQCount == len(qp.SQ) {
+		return false, fmt.Errorf("%w: send queue of QP %d holds %d WRs (max_send_wr)", ErrQueueFull, qp.num, len(qp.SQ))
 	}
-	if len(swr.SGL) > qp.cfg.MaxSendSGE {
-		return false, fmt.Errorf("rc: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(swr.SGL), qp.num, qp.cfg.MaxSendSGE)
+	if len(swr.SGL) > qp.Config.MaxSendSGE {
+		return false, fmt.Errorf("engine: send WR has %d SGEs, QP %d allows %d (max_send_sge)", len(swr.SGL), qp.num, qp.Config.MaxSendSGE)
 	}
 	if !swr.Opcode.Known() {
-		return false, fmt.Errorf("rc: opcode %v is not supported on an RC QP", swr.Opcode)
+		return false, fmt.Errorf("engine: opcode %v is not supported on an RC QP", swr.Opcode)
 	}
 	// The service checks the slot's copy: the caller's WR, passed on
 	// through an interface, would escape to the heap.
-	w := &qp.sq[qp.sqTail]
-	w.wr = *swr
-	if err := qp.svc.checkPost(qp, &w.wr); err != nil {
-		w.wr = wr.SendWR{}
+	w := &qp.SQ[qp.SQTail]
+	w.WR = *swr
+	if err := qp.svc.CheckPost(&w.WR); err != nil {
+		w.WR = wr.SendWR{}
 		return false, err
 	}
 	length := 0
@@ -487,19 +462,19 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 	switch {
 	case swr.Opcode.IsAtomic():
 		if len(swr.SGL) != 1 || swr.SGL[0].Length != 8 {
-			return false, fmt.Errorf("rc: %v needs exactly one 8-byte SGE for the original value", swr.Opcode)
+			return false, fmt.Errorf("engine: %v needs exactly one 8-byte SGE for the original value", swr.Opcode)
 		}
 		if swr.RemoteAddr&7 != 0 {
-			return false, fmt.Errorf("rc: %v remote address 0x%x is not 8-byte aligned", swr.Opcode, swr.RemoteAddr)
+			return false, fmt.Errorf("engine: %v remote address 0x%x is not 8-byte aligned", swr.Opcode, swr.RemoteAddr)
 		}
 	case swr.Opcode == wr.AtomicWrite:
 		length = 8
 	case length > 1<<31:
-		return false, fmt.Errorf("rc: message of %d bytes exceeds the 2 GiB RC limit", length)
+		return false, fmt.Errorf("engine: message of %d bytes exceeds the 2 GiB RC limit", length)
 	}
-	w.sgl = append(w.sgl[:0], swr.SGL...)
-	w.wr.SGL = nil
-	w.isInline = false
+	w.SGL = append(w.SGL[:0], swr.SGL...)
+	w.WR.SGL = nil
+	w.IsInline = false
 	if swr.Opcode.IsLocal() {
 		length = 0
 	}
@@ -510,37 +485,37 @@ func (qp *QP) postSendLocked(swr *wr.SendWR, bindMW *memreg.MW) (ring bool, _ er
 		if swr.InlineData != nil {
 			length = len(swr.InlineData)
 		}
-		if length > qp.cfg.MaxInline {
-			return false, fmt.Errorf("rc: inline WR of %d bytes exceeds max_inline_data %d", length, qp.cfg.MaxInline)
+		if length > qp.Config.MaxInline {
+			return false, fmt.Errorf("engine: inline WR of %d bytes exceeds max_inline_data %d", length, qp.Config.MaxInline)
 		}
-		if cap(w.inline) < length {
-			w.inline = make([]byte, qp.cfg.MaxInline)
+		if cap(w.Inline) < length {
+			w.Inline = make([]byte, qp.Config.MaxInline)
 		}
-		w.inline = w.inline[:length]
+		w.Inline = w.Inline[:length]
 		if swr.InlineData != nil {
-			copy(w.inline, swr.InlineData)
-		} else if err := gather(e.mrs, qp.cfg.PD, w.sgl, 0, w.inline); err != nil {
-			return false, fmt.Errorf("rc: inline data: %w", err)
+			copy(w.Inline, swr.InlineData)
+		} else if err := Gather(e.mrs, qp.Config.PD, w.SGL, 0, w.Inline); err != nil {
+			return false, fmt.Errorf("engine: inline data: %w", err)
 		}
-		w.isInline = true
+		w.IsInline = true
 	}
-	w.wr.InlineData = nil
+	w.WR.InlineData = nil
 	w.bindMW = bindMW
-	w.length = length
-	w.state = wqeQueued
-	w.readDone = 0
+	w.Length = length
+	w.State = WQEQueued
+	w.ReadDone = 0
 	// A WR on an idle send queue is sent by the poster itself once the
 	// lock is released (the driver's Doorbell), as a doorbell write starts
 	// an RDMA NIC: handing it to another goroutine would cost a wake-up
 	// and a switch on every round trip of a ping-pong. WRs posted behind
 	// outstanding work are left to the driver, which batches them.
-	ring = e.Doorbell != nil && qp.sqCount == 0 && qp.state != qpstate.Err && (e.DoorbellOK == nil || e.DoorbellOK())
+	ring = e.Doorbell != nil && qp.SQCount == 0 && qp.state != qpstate.Err && (e.DoorbellOK == nil || e.DoorbellOK())
 	if ring {
 		e.doorbells++
 	}
-	qp.sqTail = (qp.sqTail + 1) % len(qp.sq)
-	qp.sqCount++
-	qp.kick()
+	qp.SQTail = (qp.SQTail + 1) % len(qp.SQ)
+	qp.SQCount++
+	qp.Kick()
 	if qp.state == qpstate.Err {
 		// Posting to a QP in ERR completes with a flush error at once.
 		qp.flush()
@@ -556,8 +531,8 @@ func (qp *QP) PostRecv(rwr *wr.RecvWR) error {
 	if qp.destroyed {
 		return fmt.Errorf("%w: post recv on destroyed QP %d", ErrState, qp.num)
 	}
-	if qp.cfg.SRQ != nil {
-		return fmt.Errorf("%w: QP %d takes its receives from SRQ %d: post them to the SRQ", ErrState, qp.num, qp.cfg.SRQ.num)
+	if qp.Config.SRQ != nil {
+		return fmt.Errorf("%w: QP %d takes its receives from SRQ %d: post them to the SRQ", ErrState, qp.num, qp.Config.SRQ.num)
 	}
 	if qp.state == qpstate.Reset {
 		return fmt.Errorf("%w: post recv on QP %d in RESET", ErrState, qp.num)
@@ -565,8 +540,8 @@ func (qp *QP) PostRecv(rwr *wr.RecvWR) error {
 	if qp.rq.full() {
 		return fmt.Errorf("%w: receive queue of QP %d holds %d WRs (max_recv_wr)", ErrQueueFull, qp.num, len(qp.rq.wqes))
 	}
-	if len(rwr.SGL) > qp.cfg.MaxRecvSGE {
-		return fmt.Errorf("rc: recv WR has %d SGEs, QP %d allows %d (max_recv_sge)", len(rwr.SGL), qp.num, qp.cfg.MaxRecvSGE)
+	if len(rwr.SGL) > qp.Config.MaxRecvSGE {
+		return fmt.Errorf("engine: recv WR has %d SGEs, QP %d allows %d (max_recv_sge)", len(rwr.SGL), qp.num, qp.Config.MaxRecvSGE)
 	}
 	qp.rq.push(rwr)
 	if qp.state == qpstate.Err {
@@ -576,7 +551,7 @@ func (qp *QP) PostRecv(rwr *wr.RecvWR) error {
 }
 
 // kick marks the QP as having work for the next Progress.
-func (qp *QP) kick() {
+func (qp *QP) Kick() {
 	if !qp.txPending && !qp.destroyed {
 		qp.txPending = true
 		qp.e.pending = append(qp.e.pending, qp)
@@ -589,20 +564,20 @@ func (qp *QP) kick() {
 // pushSendWC delivers a send completion; false when the send CQ overran
 // (the CQ raises IBV_EVENT_CQ_ERR itself), which the caller must treat as
 // fatal for the QP, as the receive side does.
-func (qp *QP) pushSendWC(w *sendWQE, st cq.Status, orig uint64) bool {
-	if st == cq.Success && w.wr.Flags&wr.Signaled == 0 && !qp.sigAll {
+func (qp *QP) PushSendWC(w *SendWQE, st cq.Status, orig uint64) bool {
+	if st == cq.Success && w.WR.Flags&wr.Signaled == 0 && !qp.sigAll {
 		return true
 	}
-	wc := cq.WC{WRID: w.wr.ID, Status: st, Opcode: wcOpcode(w.wr.Opcode), QPNum: qp.num}
+	wc := cq.WC{WRID: w.WR.ID, Status: st, Opcode: wcOpcode(w.WR.Opcode), QPNum: qp.num}
 	if st == cq.Success {
 		switch {
-		case w.wr.Opcode == wr.RDMARead:
-			wc.ByteLen = uint32(w.length)
-		case w.wr.Opcode.IsAtomic():
+		case w.WR.Opcode == wr.RDMARead:
+			wc.ByteLen = uint32(w.Length)
+		case w.WR.Opcode.IsAtomic():
 			wc.ByteLen = 8 // the original value written to the local buffer
 		}
 	}
-	return qp.cfg.SendCQ.Push(wc)
+	return qp.Config.SendCQ.Push(wc)
 }
 
 func wcOpcode(o wr.Opcode) cq.Opcode {

@@ -1,4 +1,4 @@
-package rc
+package engine
 
 import (
 	"errors"
@@ -70,8 +70,10 @@ type DriverConfig struct {
 	// core). It needs a link with TryRecv (nic/udp); others ignore it.
 	BusyPoll time.Duration
 
-	// timerGrace replaces timerGrace (tests).
-	timerGrace time.Duration
+	// TimerGrace, if set, replaces timerGrace: how long the timer
+	// goroutine lets the receive side take what arrived before it acts on
+	// a due deadline.
+	TimerGrace time.Duration
 }
 
 // tryRecver is a link that can receive without waiting.
@@ -216,7 +218,7 @@ func (d *Driver) settleLocked() bool {
 func (d *Driver) timerEarlierLocked() bool {
 	e := d.e
 	for qp := range e.timed {
-		for _, t := range [2]time.Time{qp.retryDeadline, qp.rnrDeadline} {
+		for _, t := range [2]time.Time{qp.RetryDeadline, qp.RNRDeadline} {
 			if !t.IsZero() && (e.sleepUntil.IsZero() || t.Before(e.sleepUntil)) {
 				return true
 			}
@@ -453,8 +455,8 @@ func (d *Driver) timerLoop() {
 const timerGrace = 200 * time.Microsecond
 
 func (d *Driver) grace() time.Duration {
-	if d.cfg.timerGrace != 0 {
-		return d.cfg.timerGrace
+	if d.cfg.TimerGrace != 0 {
+		return d.cfg.TimerGrace
 	}
 	return timerGrace
 }
@@ -493,7 +495,7 @@ func (d *Driver) send(out []nic.Packet) {
 		switch {
 		case err == nil && n == 0:
 			// Nothing taken and no reason given: do not spin on it.
-			d.dropped(uint64(len(out)-sent), errors.New("rc: link sent nothing and reported no error"))
+			d.dropped(uint64(len(out)-sent), errors.New("engine: link sent nothing and reported no error"))
 			return
 		case err == nil:
 		case errors.Is(err, net.ErrClosed):
