@@ -20,6 +20,9 @@ type command struct {
 
 var commands = map[string]command{}
 
+// hidden are commands softroce runs itself, left out of the usage.
+var hidden = map[string]func(args []string) int{}
+
 func register(name, summary string, run func(args []string) int) {
 	commands[name] = command{summary: summary, run: run}
 }
@@ -44,6 +47,9 @@ func main() {
 			os.Exit(2)
 		}
 		return
+	}
+	if h, ok := hidden[os.Args[1]]; ok {
+		os.Exit(h(os.Args[2:]))
 	}
 	c, ok := commands[os.Args[1]]
 	if !ok {
