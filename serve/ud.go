@@ -95,11 +95,15 @@ func (c *client) createAH(b []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: RoCE needs a GRH (is_global)", syscall.EINVAL)
 	case port > 1: // one port; 0 is taken as port 1
 		return nil, fmt.Errorf("%w: port %d", syscall.EINVAL, port)
-	case sgid > 255 || hop > 255 || tc > 255 || sl > 15 || fl > 0xfffff:
+	case sgid > 255 || hop > 255 || tc > 255 || sl > 15:
 		return nil, fmt.Errorf("%w: AH attribute out of range", syscall.EINVAL)
 	case len(c.ahs) >= c.lim().AHsPerConn:
 		return nil, c.limited(c.s.led.count(syscall.ENOMEM, limAHs, c.lim().AHsPerConn))
 	}
+	// The kernel takes any 32-bit flow label (uverbs and rxe store it as
+	// given, mlx5 uses its low 20 bits, IB_GRH_FLOWLABEL_MASK) and the
+	// GRH holds 20 bits: keep those, as MODIFY_QP does. UCX passes ~0.
+	fl &= 0xfffff
 	var a verbs.AHAttr
 	copy(a.DGID[:], b[32:48])
 	a.SGIDIndex, a.FlowLabel, a.HopLimit, a.TrafficClass, a.SL = int(sgid), fl, uint8(hop), uint8(tc), uint8(sl)
