@@ -2,6 +2,7 @@ package serve
 
 import (
 	"fmt"
+	"net/netip"
 	"syscall"
 
 	"github.com/softroce/softroce/verbs"
@@ -81,6 +82,20 @@ func (c *client) handleUD(r request) (resp []byte, rfds []int, err error, ok boo
 		return nil, nil, nil, false
 	}
 	return resp, rfds, err, true
+}
+
+// rocePktType is the sl of a successful UD receive completion on a device
+// of address gid: the RoCE packet type, as mlx5 reports it there (bit 3: a
+// UDP header, RoCEv2; bits 2-0: the L3 header, 2 IPv4, 1 IPv6). rxe leaves
+// sl 0; UCX's ud_verbs takes sl&7 == 2 to find the IPv4 destination in the
+// GRH's last 4 bytes, and without it compares the last 16 bytes with its
+// GIDs and drops every IPv4 datagram. sl means nothing else on RoCE: it
+// is not on the wire.
+func rocePktType(gid [16]byte) uint8 {
+	if netip.AddrFrom16(gid).Is4In6() {
+		return 0x8 | 0x2
+	}
+	return 0x8 | 0x1
 }
 
 func (c *client) createAH(b []byte) ([]byte, error) {
