@@ -1,11 +1,14 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -58,16 +61,24 @@ func newNobodyRig(t *testing.T) *nobodyRig {
 	if _, err := abi.Build(r.abiDir); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{dir, filepath.Dir(r.sock)} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
 	os.Chmod(dir, 0o755)
-	os.Chown(filepath.Dir(r.sock), 65534, 65534)
-	os.Chmod(filepath.Dir(r.sock), 0o700)
+	r.sockDir(t, "sock")
 	filepath.Walk(r.abiDir, func(p string, _ os.FileInfo, _ error) error { return os.Lchown(p, 65534, 65534) })
 	return r
+}
+
+// sockDir makes dir/name, nobody's own (mode 0700), and returns the path
+// of a socket in it.
+func (r *nobodyRig) sockDir(t *testing.T, name string) string {
+	t.Helper()
+	d := filepath.Join(r.dir, name)
+	if err := os.Mkdir(d, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(d, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(d, "softroce.sock")
 }
 
 // cmd is argv run as nobody:nogroup inside ns (ip netns exec), with the
@@ -76,24 +87,38 @@ func (r *nobodyRig) cmd(ns *netnstest.NS, argv ...string) *exec.Cmd {
 	args := []string{"netns", "exec", ns.Name, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"}
 	cmd := exec.Command("ip", append(args, argv...)...)
 	cmd.Env = append(os.Environ(), "SOFTROCE_TEST_AS_MAIN=1", "SOFTROCE_ABI_DIR="+r.abiDir, "HOME="+r.dir)
+	// Its own process group, so that a kill reaches the program under
+	// ip, setpriv and softroce run; and Wait returns even if one of them
+	// keeps the output open.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 5 * time.Second
 	return cmd
 }
+
+// kill kills cmd's process group.
+func kill(cmd *exec.Cmd) { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 
 // daemon starts `softroce serve` as nobody in ns on addr and waits for
 // its socket.
 func (r *nobodyRig) daemon(t *testing.T, ns *netnstest.NS, addr string) {
 	t.Helper()
-	d := r.cmd(ns, r.bin, "serve", "-q", "--socket", r.sock, "--addr", addr)
+	r.daemonOn(t, ns, addr, r.sock)
+}
+
+// daemonOn is daemon on socket sock.
+func (r *nobodyRig) daemonOn(t *testing.T, ns *netnstest.NS, addr, sock string) {
+	t.Helper()
+	d := r.cmd(ns, r.bin, "serve", "-q", "--socket", sock, "--addr", addr)
 	d.Stderr = os.Stderr
 	if err := d.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		d.Process.Signal(syscall.SIGTERM)
+		syscall.Kill(-d.Process.Pid, syscall.SIGTERM)
 		d.Wait()
 	})
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(r.sock); err == nil {
+		if _, err := os.Stat(sock); err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -198,4 +223,128 @@ func lastLine(out, prefix string) string {
 		}
 	}
 	return l
+}
+
+// syncBuf is an output buffer two goroutines share.
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// UCX host to host, unprivileged: two network namespaces joined by a veth,
+// a daemon of nobody's in each, and ucx_perftest through `softroce run` as
+// nobody on both sides (its own TCP rendezvous over the veth), with UCX's
+// verbs transports: rc_verbs and ud_verbs together, and ud_verbs alone.
+func TestRunUCXPerftestTwoHosts(t *testing.T) {
+	if _, err := exec.LookPath("ucx_perftest"); err != nil {
+		t.Skip("ucx_perftest is not installed (Debian: apt-get install ucx-utils)")
+	}
+	netnstest.Require(t)
+	r := newNobodyRig(t)
+	v := netnstest.Pair(t, netnstest.VethConfig{})
+	sa, sb := r.sockDir(t, "a"), r.sockDir(t, "b")
+	r.daemonOn(t, v.A.NS, v.A.Addr().String(), sa)
+	r.daemonOn(t, v.B.NS, v.B.Addr().String(), sb)
+	port := 13337
+	for _, tls := range []string{"rc_verbs,ud_verbs,self", "ud_verbs"} {
+		for _, c := range []struct {
+			test  string
+			iters int
+			size  int
+		}{
+			{"tag_lat", 200, 8},
+			{"ucp_put_bw", 200, 65536},
+		} {
+			t.Run(tls+"/"+c.test, func(t *testing.T) {
+				port++
+				p := strconv.Itoa(port)
+				srv := r.cmd(v.A.NS, r.bin, "run", "--socket", sa, "--", "ucx_perftest", "-p", p)
+				srv.Env = append(srv.Env, "UCX_TLS="+tls)
+				var so syncBuf
+				srv.Stdout, srv.Stderr = &so, &so
+				if err := srv.Start(); err != nil {
+					t.Fatal(err)
+				}
+				srvDone := make(chan error, 1)
+				go func() { srvDone <- srv.Wait() }()
+				defer func() {
+					kill(srv)
+					<-srvDone
+				}()
+				for deadline := time.Now().Add(20 * time.Second); !tcpListening(t, v.A.NS, port); time.Sleep(20 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("the ucx_perftest server did not listen:\n%s", so.String())
+					}
+				}
+				cli := r.cmd(v.B.NS, r.bin, "run", "--socket", sb, "--", "ucx_perftest", v.A.Addr().String(), "-p", p,
+					"-t", c.test, "-n", strconv.Itoa(c.iters), "-s", strconv.Itoa(c.size))
+				cli.Env = append(cli.Env, "UCX_TLS="+tls)
+				var co syncBuf
+				cli.Stdout, cli.Stderr = &co, &co
+				if err := cli.Start(); err != nil {
+					t.Fatal(err)
+				}
+				cliDone := make(chan error, 1)
+				go func() { cliDone <- cli.Wait() }()
+				select {
+				case err := <-cliDone:
+					if err != nil {
+						t.Fatalf("ucx_perftest client: %v\n%s\nserver:\n%s", err, co.String(), so.String())
+					}
+				case <-time.After(2 * time.Minute):
+					kill(cli)
+					<-cliDone
+					t.Fatalf("ucx_perftest client did not finish in 2 minutes:\n%s\nserver:\n%s", co.String(), so.String())
+				}
+				select {
+				case err := <-srvDone:
+					srvDone <- err
+					if err != nil {
+						t.Errorf("ucx_perftest server: %v\n%s", err, so.String())
+					}
+				case <-time.After(30 * time.Second):
+					t.Errorf("ucx_perftest server did not finish:\n%s", so.String())
+				}
+				out := co.String()
+				final := lastLine(out, "Final:")
+				if f := strings.Fields(final); len(f) < 2 || f[1] != strconv.Itoa(c.iters) || !strings.Contains(out, "| # iterations |") {
+					t.Fatalf("ucx_perftest printed no result table:\n%s", out)
+				}
+				if strings.Contains(out, "softroce run:") || strings.Contains(so.String(), "softroce run:") {
+					t.Errorf("softroce run complained:\n%s\n%s", out, so.String())
+				}
+				t.Logf("%s", final)
+			})
+		}
+	}
+}
+
+// tcpListening says whether a TCP socket listens on port in ns (its stdout
+// a pipe, ucx_perftest's "Waiting for connection" comes only at exit).
+func tcpListening(t *testing.T, ns *netnstest.NS, port int) bool {
+	var b []byte
+	ns.Run(t, func() (err error) {
+		b, err = os.ReadFile("/proc/thread-self/net/tcp")
+		return err
+	})
+	want := fmt.Sprintf(":%04X ", port)
+	for _, l := range strings.Split(string(b), "\n") {
+		// sl local_address rem_address st: LISTEN is 0A.
+		if f := strings.Fields(l); len(f) > 3 && strings.HasSuffix(f[1]+" ", want) && f[3] == "0A" {
+			return true
+		}
+	}
+	return false
 }
