@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/verbs"
 )
@@ -66,6 +67,7 @@ type device struct {
 	drainWork bool   // what drainAll found
 
 	sendCQ, recvCQ *verbs.CQ
+	udSL           uint8 // the sl of UD receive completions: rocePktType
 	cm             cmDev // rdma_cm's CM on QP1, opened on first use (serve/cm.go)
 	wcs            [64]verbs.WC
 
@@ -90,6 +92,7 @@ func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
 		// An EUI-64-like GUID from the first address: stable per address.
 		a := g[0].GID
 		d.guid = 0x0200000000000000 | uint64(a[12])<<24 | uint64(a[13])<<16 | uint64(a[14])<<8 | uint64(a[15]) | uint64(a[11])<<32
+		d.udSL = rocePktType(a)
 	}
 	var err error
 	if d.sendCQ, err = v.CreateCQ(goCQDepth); err != nil {
@@ -292,6 +295,9 @@ func (d *device) route(wc *verbs.WC, recv bool) {
 	c := q.sendCQ
 	if recv {
 		c = q.recvCQ
+		if q.typ == verbs.QPTypeUD && wc.Status == cq.Success {
+			wc.SL = d.udSL
+		}
 	}
 	if !c.push(wc) {
 		d.s.overruns.Add(1)

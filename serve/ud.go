@@ -2,6 +2,7 @@ package serve
 
 import (
 	"fmt"
+	"net/netip"
 	"syscall"
 
 	"github.com/softroce/softroce/verbs"
@@ -83,6 +84,20 @@ func (c *client) handleUD(r request) (resp []byte, rfds []int, err error, ok boo
 	return resp, rfds, err, true
 }
 
+// rocePktType is the sl of a successful UD receive completion on a device
+// of address gid: the RoCE packet type, as mlx5 reports it there (bit 3: a
+// UDP header, RoCEv2; bits 2-0: the L3 header, 2 IPv4, 1 IPv6). rxe leaves
+// sl 0; UCX's ud_verbs takes sl&7 == 2 to find the IPv4 destination in the
+// GRH's last 4 bytes, and without it compares the last 16 bytes with its
+// GIDs and drops every IPv4 datagram. sl means nothing else on RoCE: it
+// is not on the wire.
+func rocePktType(gid [16]byte) uint8 {
+	if netip.AddrFrom16(gid).Is4In6() {
+		return 0x8 | 0x2
+	}
+	return 0x8 | 0x1
+}
+
 func (c *client) createAH(b []byte) ([]byte, error) {
 	pdH, global, sgid, fl := u32(b, 0), u32(b, 1), u32(b, 2), u32(b, 3)
 	hop, tc, sl, port := u32(b, 4), u32(b, 5), u32(b, 6), u32(b, 7)
@@ -95,11 +110,15 @@ func (c *client) createAH(b []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: RoCE needs a GRH (is_global)", syscall.EINVAL)
 	case port > 1: // one port; 0 is taken as port 1
 		return nil, fmt.Errorf("%w: port %d", syscall.EINVAL, port)
-	case sgid > 255 || hop > 255 || tc > 255 || sl > 15 || fl > 0xfffff:
+	case sgid > 255 || hop > 255 || tc > 255 || sl > 15:
 		return nil, fmt.Errorf("%w: AH attribute out of range", syscall.EINVAL)
 	case len(c.ahs) >= c.lim().AHsPerConn:
 		return nil, c.limited(c.s.led.count(syscall.ENOMEM, limAHs, c.lim().AHsPerConn))
 	}
+	// The kernel takes any 32-bit flow label (uverbs and rxe store it as
+	// given, mlx5 uses its low 20 bits, IB_GRH_FLOWLABEL_MASK) and the
+	// GRH holds 20 bits: keep those, as MODIFY_QP does. UCX passes ~0.
+	fl &= 0xfffff
 	var a verbs.AHAttr
 	copy(a.DGID[:], b[32:48])
 	a.SGIDIndex, a.FlowLabel, a.HopLimit, a.TrafficClass, a.SL = int(sgid), fl, uint8(hop), uint8(tc), uint8(sl)

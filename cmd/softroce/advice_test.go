@@ -66,6 +66,7 @@ var adviceSources = map[string][]string{
 	"main.go":                          nil,
 	"serve.go":                         {"serve"}, // abi's and status's messages name no flag
 	"run.go":                           {"run"},
+	"run_devnode.go":                   {"run"},
 	"../../tools/perftest/proto.go":    {"perftest"},
 	"../../tools/perftest/run.go":      {"perftest"},
 	"../../tools/perftest/traffic.go":  {"perftest"},

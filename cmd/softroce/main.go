@@ -24,6 +24,9 @@ type command struct {
 
 var commands = map[string]command{}
 
+// hidden are commands softroce runs itself, left out of the usage.
+var hidden = map[string]func(args []string) int{}
+
 func register(name, summary string, run func(args []string) int) {
 	commands[name] = command{summary: summary, run: run}
 }
@@ -124,6 +127,9 @@ func run(args []string) int {
 	case name == "version" || name == "--version" || name == "-version":
 		fmt.Println(version(debug.ReadBuildInfo()))
 		return 0
+	}
+	if h, ok := hidden[name]; ok {
+		return h(rest)
 	}
 	c, ok := commands[name]
 	if !ok {

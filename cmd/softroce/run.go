@@ -27,6 +27,7 @@ func runRun(args []string) int {
 	addr := fs.String("addr", "", "address of the private daemon started when none is running")
 	backend := fs.String("backend", "udp", "backend of the private daemon")
 	port := fs.Int("udp-port", 0, "UDP port of the private daemon (default 4791)")
+	devNodes := fs.Bool("dev-nodes", true, "give the program /dev/infiniband/uverbsN nodes (UCX looks for them) in a mount and user namespace of its own")
 	daemonUID := fs.String("daemon-uid", "", "use the daemon of this uid or user (a shared --group daemon): look on its default socket and accept it; sets "+serve.DaemonUIDEnv+" for the program too")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce run [--socket PATH] [--daemon-uid UID] [--addr IP] -- PROGRAM ARGS...\n\n"+
@@ -109,20 +110,36 @@ func runRun(args []string) int {
 		fmt.Fprintf(os.Stderr, "softroce run: %v\n", err)
 		return 127
 	}
-	if daemon == nil {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	var cmd *exec.Cmd
+	if ndev := devNodeCount(path); ndev > 0 && *devNodes {
+		self, err := os.Executable()
+		if err == nil {
+			cmd = devNodeCommand(self, ndev, bin, prog)
+			cmd.Env, cmd.Stdin, cmd.Stdout, cmd.Stderr = env, os.Stdin, os.Stdout, os.Stderr
+			if err = cmd.Start(); err != nil {
+				cmd = nil
+			}
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "softroce run: no namespace for /dev/infiniband (%v); programs that look for the device node there (UCX) will not see softroce's devices\n", err)
+		}
+	}
+	if cmd == nil && daemon == nil {
 		// Nothing to clean up afterwards: become the program.
 		err := syscall.Exec(bin, prog, env)
 		fmt.Fprintf(os.Stderr, "softroce run: exec %s: %v\n", bin, err)
 		return 126
 	}
-	cmd := exec.Command(bin, prog[1:]...)
-	cmd.Args[0] = prog[0]
-	cmd.Env, cmd.Stdin, cmd.Stdout, cmd.Stderr = env, os.Stdin, os.Stdout, os.Stderr
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(os.Stderr, "softroce run: %v\n", err)
-		return 126
+	if cmd == nil {
+		cmd = exec.Command(bin, prog[1:]...)
+		cmd.Args[0] = prog[0]
+		cmd.Env, cmd.Stdin, cmd.Stdout, cmd.Stderr = env, os.Stdin, os.Stdout, os.Stderr
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintf(os.Stderr, "softroce run: %v\n", err)
+			return 126
+		}
 	}
 	go func() {
 		for s := range sig {
