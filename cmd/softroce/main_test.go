@@ -28,7 +28,7 @@ func TestHelpExitsZero(t *testing.T) {
 		}
 	}
 	// Help asked for after other flags, or after perftest's test word.
-	for _, args := range [][]string{{"demo", "--mtu", "512", "-h"}, {"perftest", "write", "-h"}, {"bw", "--backend", "pipe", "--help"}, {"inspect", "--json", "-h"}} {
+	for _, args := range [][]string{{"demo", "--mtu", "512", "-h"}, {"perftest", "write", "-h"}, {"bw", "--backend", "pipe", "--help"}, {"inspect", "--json", "-h"}, {"serve", "--bind", "127.0.0.1", "-h"}, {"status", "--json", "-h"}, {"run", "--dev-nodes=false", "-h"}} {
 		var code int
 		runOut(t, func() { code = run(args) })
 		if code != 0 {

@@ -36,8 +36,8 @@ func runRun(args []string) int {
 			"When no such daemon answers on the socket, a private one is started for the program and stopped after it.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
 	}
 	prog := fs.Args()
 	if len(prog) == 0 {

@@ -53,8 +53,8 @@ func runServe(args []string) int {
 			"their network namespace: run one daemon per namespace; a second one in a namespace needs --socket.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
 	}
 	if len(addrs) == 0 {
 		addrs = addrList{""}
@@ -157,8 +157,8 @@ func runABI(args []string) int {
 		fs.Usage()
 		return 2
 	}
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args[1:]); !ok {
+		return code
 	}
 	d := *dir
 	if d == "" {
@@ -177,8 +177,8 @@ func runStatus(args []string) int {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	sock := fs.String("socket", "", "the daemon's socket (default as softroce serve)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
 	}
 	p := *sock
 	if p == "" {
