@@ -1,4 +1,4 @@
-package rc
+package uc
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/transport/internal/enginetest"
-	"github.com/softroce/softroce/transport/uc"
+	_ "github.com/softroce/softroce/transport/rc" // the RC QPs UC is compared and mixed with
 	"github.com/softroce/softroce/wr"
 )
 
@@ -41,7 +41,7 @@ func ucSim(t *testing.T, o enginetest.QPOpts) (*enginetest.Sim, [2]*engine.QP) {
 	return s, qps
 }
 
-func ucOp(rc bth.Opcode) int { return int(uc.Opcode(rc)) }
+func ucOp(rc bth.Opcode) int { return int(Opcode(rc)) }
 
 // TestUCExchange: multi-packet SEND, SEND with immediate, WRITE and WRITE
 // with immediate arrive intact; each send completes once its last packet
@@ -182,7 +182,7 @@ func TestUCWriteGap(t *testing.T) {
 // nothing.
 func ucFeed(s *enginetest.Sim, qp *engine.QP, op bth.Opcode, psn uint32, payload []byte, f bth.Fields) {
 	s.T.Helper()
-	f.BTH.Opcode, f.BTH.PSN = uc.Opcode(op), psn
+	f.BTH.Opcode, f.BTH.PSN = Opcode(op), psn
 	s.Feed(1, qp, f, payload)
 	if out := s.Drain(1); len(out) != 0 {
 		s.T.Fatalf("UC responder answered %v", out)
@@ -386,7 +386,7 @@ func TestUCAndRCDoNotMix(t *testing.T) {
 	rmr, remote := s.Reg(1, 4096)
 	s.Feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 2}, []byte("rc"))
 	rcQPs := s.Connect(enginetest.QPOpts{})
-	s.Feed(1, rcQPs[1], bth.Fields{BTH: bth.BTHFields{Opcode: uc.Opcode(bth.RCWriteOnly)}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 2}, []byte("uc"))
+	s.Feed(1, rcQPs[1], bth.Fields{BTH: bth.BTHFields{Opcode: Opcode(bth.RCWriteOnly)}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 2}, []byte("uc"))
 	if remote[0] != 0 || s.EP[1].E.Stats().RxBadHeader != 2 {
 		t.Fatalf("mixed services: %+v", s.EP[1].E.Stats())
 	}
@@ -450,7 +450,7 @@ func FuzzUCResponder(f *testing.F) {
 					bth.BTH(pkt).SetDestQP(qp.Num())
 				}
 			} else {
-				op := uc.Opcode(ucFuzzOps[r[0]%12])
+				op := Opcode(ucFuzzOps[r[0]%12])
 				payload := bytes.Repeat([]byte{r[1]}, ucFuzzLens[r[2]&7])
 				f := bth.Fields{BTH: bth.BTHFields{Opcode: op, PKey: 0xffff, DestQP: qp.Num(),
 					PSN: bth.PSNAdd(qp.Service().(*ucQP).recv.ExpectedPSN(), int(int8(r[1])))}}
@@ -647,7 +647,7 @@ func TestUCBadKeyAllocs(t *testing.T) {
 	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
 	qps := s.Connect(enginetest.QPOpts{Type: qpstate.UC, PMTU: 256})
 	rmr, _ := s.Reg(1, 4096)
-	f := bth.Fields{BTH: bth.BTHFields{Opcode: uc.Opcode(bth.RCWriteOnly), PKey: 0xffff, DestQP: qps[1].Num()}, VA: rmr.Addr(), RKey: rmr.RKey() ^ 0x80, DMALen: 2}
+	f := bth.Fields{BTH: bth.BTHFields{Opcode: Opcode(bth.RCWriteOnly), PKey: 0xffff, DestQP: qps[1].Num()}, VA: rmr.Addr(), RKey: rmr.RKey() ^ 0x80, DMALen: 2}
 	buf := make([]byte, bth.Len(f.BTH.Opcode, 2))
 	n, err := bth.Build(buf, &f, []byte("xx"))
 	if err != nil {
