@@ -1,4 +1,4 @@
-package rc
+package ud
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/transport/internal/enginetest"
-	"github.com/softroce/softroce/transport/ud"
+	_ "github.com/softroce/softroce/transport/rc" // the RC QPs UD packets must not reach
 	"github.com/softroce/softroce/wr"
 )
 
@@ -54,7 +54,7 @@ func TestUDExchange(t *testing.T) {
 	if !bytes.Equal(remote[40:1040], local[:1000]) || !bytes.Equal(remote[2048+40:2048+140], local[1000:1100]) {
 		t.Fatal("payload not behind the GRH")
 	}
-	if a, err := ud.SourceOfGRH(remote[:40]); err != nil || a != s.EP[0].Addr {
+	if a, err := SourceOfGRH(remote[:40]); err != nil || a != s.EP[0].Addr {
 		t.Fatalf("GRH source %v %v", a, err)
 	}
 	if st := s.EP[1].E.Stats(); st.TxPackets != 0 {
@@ -164,7 +164,7 @@ func TestUDPostChecks(t *testing.T) {
 	for _, op := range []wr.Opcode{wr.RDMAWrite, wr.RDMARead, wr.AtomicCmpAndSwp, wr.SendWithInv} {
 		w := s.UDSend(0, qps[1], 1, sge)
 		w.Opcode = op
-		if err := qps[0].PostSend(w); !errors.Is(err, ud.ErrOpcode) {
+		if err := qps[0].PostSend(w); !errors.Is(err, ErrOpcode) {
 			t.Errorf("%v on UD: %v", op, err)
 		}
 	}
@@ -217,8 +217,8 @@ func TestUDStates(t *testing.T) {
 // udPacket builds a UD SEND_ONLY to dst as a link would deliver it.
 func udPacket(_ testing.TB, from, to netip.AddrPort, local netip.Addr, dst, src, qkey uint32, payload []byte) nic.Packet {
 	buf := make([]byte, engine.MaxPacket)
-	n := ud.WriteHeaders(buf, &ud.Send{Opcode: wr.Send, DestQP: dst, SrcQP: src, QKey: qkey}, len(payload))
-	copy(buf[ud.PayloadOffset(wr.Send):], payload)
+	n := WriteHeaders(buf, &Send{Opcode: wr.Send, DestQP: dst, SrcQP: src, QKey: qkey}, len(payload))
+	copy(buf[PayloadOffset(wr.Send):], payload)
 	return nic.Packet{Buf: buf, N: n, Remote: from, Local: local, ICRC: nic.ICRCVerified}
 }
 
@@ -309,7 +309,7 @@ func TestGSIQP1(t *testing.T) {
 	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
 	var gsi [2]*engine.QP
 	for i, ep := range s.EP {
-		qp, err := ud.CreateGSI(ep.E, engine.QPConfig{PD: ep.PD, SendCQ: ep.SCQ, RecvCQ: ep.RCQ, MaxSendWR: 8, MaxRecvWR: 8})
+		qp, err := CreateGSI(ep.E, engine.QPConfig{PD: ep.PD, SendCQ: ep.SCQ, RecvCQ: ep.RCQ, MaxSendWR: 8, MaxRecvWR: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -317,12 +317,12 @@ func TestGSIQP1(t *testing.T) {
 			t.Fatalf("GSI QP number %d", qp.Num())
 		}
 		qp.SetState(qpstate.Init)
-		qp.SetPath(engine.Path{PMTU: 1024, QKey: ud.GSIQKey})
+		qp.SetPath(engine.Path{PMTU: 1024, QKey: GSIQKey})
 		qp.SetState(qpstate.RTR)
 		qp.SetState(qpstate.RTS)
 		gsi[i] = qp
 	}
-	if _, err := ud.CreateGSI(s.EP[0].E, engine.QPConfig{PD: s.EP[0].PD, SendCQ: s.EP[0].SCQ, RecvCQ: s.EP[0].RCQ, MaxSendWR: 8, MaxRecvWR: 8}); !errors.Is(err, engine.ErrQPNumInUse) {
+	if _, err := CreateGSI(s.EP[0].E, engine.QPConfig{PD: s.EP[0].PD, SendCQ: s.EP[0].SCQ, RecvCQ: s.EP[0].RCQ, MaxSendWR: 8, MaxRecvWR: 8}); !errors.Is(err, engine.ErrQPNumInUse) {
 		t.Fatalf("second GSI: %v", err)
 	}
 	sent := enginetest.Capture(s.EP[0].E)
@@ -357,7 +357,7 @@ func TestGSIQP1(t *testing.T) {
 			continue
 		}
 		found = true
-		if p.DETH.QKey() != ud.GSIQKey || p.BTH.DestQP() != 1 {
+		if p.DETH.QKey() != GSIQKey || p.BTH.DestQP() != 1 {
 			t.Fatalf("MAD packet: %+v", p.Fields())
 		}
 	}
@@ -368,7 +368,7 @@ func TestGSIQP1(t *testing.T) {
 	if err := s.EP[0].E.DestroyQP(gsi[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ud.CreateGSI(s.EP[0].E, engine.QPConfig{PD: s.EP[0].PD, SendCQ: s.EP[0].SCQ, RecvCQ: s.EP[0].RCQ, MaxSendWR: 8, MaxRecvWR: 8}); err != nil {
+	if _, err := CreateGSI(s.EP[0].E, engine.QPConfig{PD: s.EP[0].PD, SendCQ: s.EP[0].SCQ, RecvCQ: s.EP[0].RCQ, MaxSendWR: 8, MaxRecvWR: 8}); err != nil {
 		t.Fatal(err)
 	}
 	// Random QP numbers are never 1 (nor 0).
