@@ -20,6 +20,7 @@
 // The engine does no I/O and reads no clock: it is fed received packet
 // batches and the current time, and hands back packet batches to send and
 // the next time it wants to be woken. Driver runs it on a nic.Link with
-// real time; tests run it on simulated time. One mutex guards an Engine
-// and all its QPs; the services run under it.
+// real time; tests run it on simulated time, on the harness of package
+// transport/internal/enginetest that the tests of every service share. One
+// mutex guards an Engine and all its QPs; the services run under it.
 package engine

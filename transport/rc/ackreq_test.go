@@ -8,6 +8,7 @@ import (
 
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/transport/internal/enginetest"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -16,12 +17,12 @@ import (
 // AckReq with at most one ACK: four for the message, where every 32nd
 // packet asked for seven.
 func TestAckReqEvery64(t *testing.T) {
-	s := newSim(t, 1, impairment{})
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
 	const start = 0xffffc0 // the PSNs wrap inside the message
-	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{start, 5}})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 256, PSN: [2]uint32{start, 5}})
 	var asked []int
 	acks := 0
-	s.traceSent(func(i int, pk *bth.Packet) {
+	s.TraceSent(func(i int, pk *bth.Packet) {
 		switch {
 		case i == 0 && pk.BTH.AckReq():
 			asked = append(asked, bth.PSNDiff(pk.BTH.PSN(), start))
@@ -30,12 +31,12 @@ func TestAckReqEvery64(t *testing.T) {
 		}
 	})
 	const n = 200 * 256
-	lmr, local := s.reg(0, n)
-	rmr, remote := s.reg(1, n)
-	fill(local, 3)
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+	lmr, local := s.Reg(0, n)
+	rmr, remote := s.Reg(1, n)
+	enginetest.Fill(local, 3)
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
 		SGL: []wr.SGE{{Addr: lmr.Addr(), Length: n, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-	if wc := s.waitWC(s.ep[0].scq, 1, time.Second); wc[0].Status != cq.Success {
+	if wc := s.WaitWC(s.EP[0].SCQ, 1, time.Second); wc[0].Status != cq.Success {
 		t.Fatalf("completion %+v", wc[0])
 	}
 	if !bytes.Equal(local, remote) {

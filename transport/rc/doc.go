@@ -11,10 +11,7 @@
 // service value; RC's (rcQP, rc.go) holds the state of RC's three paths
 // for its QP and registers with engine.Register when this package is
 // linked in. This is the split of rxe, whose rxe_req.c, rxe_resp.c and
-// rxe_comp.c run over one rxe_qp.c.
-//
-// Unreliable Connection QPs are, for now, served from here too (uc.go):
-// the connected services' segmentation and memory placement without ACKs,
-// retransmission or timers, sequenced by the rules of package
-// transport/uc.
+// rxe_comp.c run over one rxe_qp.c. The other services are packages of
+// their own, transport/uc and transport/ud, so that this one holds RC
+// alone and each service's rules sit beside the paths that follow them.
 package rc

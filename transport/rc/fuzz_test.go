@@ -11,6 +11,7 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/internal/enginetest"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -27,14 +28,14 @@ func FuzzResponder(f *testing.F) {
 		seed(bth.Fields{BTH: bth.BTHFields{Opcode: op, PKey: 0xffff, PSN: 100}, VA: 0x1000, RKey: 1, DMALen: 64}, make([]byte, 64))
 	}
 	f.Fuzz(func(t *testing.T, p1, p2 []byte) {
-		s := newSim(t, 1, impairment{})
-		qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{0, 100}, timeout: 14, retry: 7, rnrRetry: 7})
+		s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+		qps := s.Connect(enginetest.QPOpts{PMTU: 256, PSN: [2]uint32{0, 100}, Timeout: 14, Retry: 7, RNRRetry: 7})
 		backing := make([]byte, 3*4096)
 		for i := range backing {
 			backing[i] = 0xA5
 		}
 		region := backing[4096 : 2*4096]
-		mr, err := s.ep[1].mrs.RegMR(s.ep[1].pd, region, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessRemoteAtomic)
+		mr, err := s.EP[1].MRs.RegMR(s.EP[1].PD, region, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessRemoteAtomic)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,16 +58,16 @@ func FuzzResponder(f *testing.F) {
 				}
 				p = q
 			}
-			s.ep[1].e.Receive(s.now, []nic.Packet{{Buf: p, N: len(p), Remote: netip.AddrPortFrom(s.ep[0].addr, 4791)}})
-			s.now = s.now.Add(time.Millisecond)
-			out, _ := s.ep[1].e.Progress(s.now)
+			s.EP[1].E.Receive(s.Now, []nic.Packet{{Buf: p, N: len(p), Remote: netip.AddrPortFrom(s.EP[0].Addr, 4791)}})
+			s.Now = s.Now.Add(time.Millisecond)
+			out, _ := s.EP[1].E.Progress(s.Now)
 			for i := range out {
 				var pk bth.Packet
 				if err := bth.Parse(&pk, out[i].Bytes()); err != nil {
 					t.Fatalf("responder sent a malformed packet: %v", err)
 				}
 			}
-			s.ep[1].e.Release(out)
+			s.EP[1].E.Release(out)
 		}
 		if !bytes.Equal(backing[:4096], bytes.Repeat([]byte{0xA5}, 4096)) || !bytes.Equal(backing[2*4096:], bytes.Repeat([]byte{0xA5}, 4096)) {
 			t.Fatal("memory outside the registered region changed")
@@ -139,15 +140,15 @@ func FuzzCompleter(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		// Small CQs and queues keep each execution cheap; 16 CQ entries
 		// hold every completion.
-		s := newSimCQ(t, 1, impairment{}, 16)
-		qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{completerPSN, 0}, timeout: 14, retry: 3, rnrRetry: 3, maxRD: 16, depth: 16})
+		s := enginetest.NewSimCQ(t, 1, enginetest.Impairment{}, 16)
+		qps := s.Connect(enginetest.QPOpts{PMTU: 256, PSN: [2]uint32{completerPSN, 0}, Timeout: 14, Retry: 3, RNRRetry: 3, MaxRD: 16, Depth: 16})
 		qp := qps[0]
 		backing := make([]byte, 4096+8192+4096)
 		for i := range backing {
 			backing[i] = byte(i*7 + i>>9)
 		}
 		region := backing[4096 : 4096+8192]
-		mr, err := s.ep[0].mrs.RegMR(s.ep[0].pd, region, memreg.AccessLocalWrite)
+		mr, err := s.EP[0].MRs.RegMR(s.EP[0].PD, region, memreg.AccessLocalWrite)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -183,7 +184,7 @@ func FuzzCompleter(f *testing.F) {
 		// built as it enters ERR, may still go out).
 		progress := func(wasErr bool) {
 			for {
-				out, more := s.ep[0].e.Progress(s.now)
+				out, more := s.EP[0].E.Progress(s.Now)
 				if wasErr && len(out) > 0 {
 					t.Fatalf("QP in ERR handed out %d packets", len(out))
 				}
@@ -193,7 +194,7 @@ func FuzzCompleter(f *testing.F) {
 						t.Fatalf("requester sent a malformed packet: %v", err)
 					}
 				}
-				s.ep[0].e.Release(out)
+				s.EP[0].E.Release(out)
 				if !more {
 					return
 				}
@@ -211,7 +212,7 @@ func FuzzCompleter(f *testing.F) {
 			for i := range payload {
 				payload[i] = byte(psn) ^ byte(i)
 			}
-			s.feed(0, qp, fl, payload)
+			s.Feed(0, qp, fl, payload)
 		}
 		for len(data) > 0 {
 			wasErr := qp.State() == qpstate.Err
@@ -228,7 +229,7 @@ func FuzzCompleter(f *testing.F) {
 				b := arg(4)
 				feed(completerOps[kind], bth.PSNAdd(completerPSN, int(int8(b[0]))), bth.Syndrome(b[1]), completerLens[b[2]&7], b[3])
 			case kind == 6:
-				s.now = s.now.Add(time.Duration(arg(1)[0]) * time.Millisecond)
+				s.Now = s.Now.Add(time.Duration(arg(1)[0]) * time.Millisecond)
 			case kind == 7:
 				// Progress only (below).
 			case kind == 8:
@@ -237,7 +238,7 @@ func FuzzCompleter(f *testing.F) {
 				if len(p) >= bth.BTHLen {
 					bth.BTH(p).SetDestQP(qp.Num())
 				}
-				s.ep[0].e.Receive(s.now, []nic.Packet{{Buf: p, N: len(p), Remote: netip.AddrPortFrom(s.ep[1].addr, 4791)}})
+				s.EP[0].E.Receive(s.Now, []nic.Packet{{Buf: p, N: len(p), Remote: netip.AddrPortFrom(s.EP[1].Addr, 4791)}})
 			case kind == 9:
 				b := arg(4)
 				psn := uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
@@ -252,7 +253,7 @@ func FuzzCompleter(f *testing.F) {
 				t.Fatalf("compPSN %#x beyond nextPSN %#x", rcOf(qp).compPSN, qp.NextPSN)
 			}
 			lastComp = rcOf(qp).compPSN
-			for n := s.ep[0].scq.Poll(wcs); n > 0; n = s.ep[0].scq.Poll(wcs) {
+			for n := s.EP[0].SCQ.Poll(wcs); n > 0; n = s.EP[0].SCQ.Poll(wcs) {
 				for _, wc := range wcs[:n] {
 					if wc.WRID != nextID {
 						t.Fatalf("completion of WR %d (%v), want WR %d next", wc.WRID, wc.Status, nextID)

@@ -9,6 +9,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/transport/engine"
+	"github.com/softroce/softroce/transport/internal/enginetest"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -69,33 +70,33 @@ func (l *handLink) next(t *testing.T, what string) []byte {
 // completes without a timeout or a retransmission. With nothing arriving
 // the timeout still fires after the grace.
 func TestDueTimerLetsArrivedACKIn(t *testing.T) {
-	s := newSim(t, 1, impairment{})
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
 	// Timeout 10: 4.2 ms.
-	qps := s.connect(qpOpts{timeout: 10, retry: 7, rnrRetry: 7})
-	link := newHandLink(s.ep[1].addr)
+	qps := s.Connect(enginetest.QPOpts{Timeout: 10, Retry: 7, RNRRetry: 7})
+	link := newHandLink(s.EP[1].Addr)
 	// A grace far longer than the test: while the timer goroutine holds
 	// back, only the receive side can have acted.
-	d := engine.NewDriverWith(s.ep[0].e, link, engine.DriverConfig{TimerGrace: time.Hour})
+	d := engine.NewDriverWith(s.EP[0].E, link, engine.DriverConfig{TimerGrace: time.Hour})
 	defer d.Close()
 	if err := qps[1].PostRecv(&wr.RecvWR{ID: 9}); err != nil {
 		t.Fatal(err)
 	}
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled})
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled})
 	d.Kick()
 	req := link.next(t, "SEND")
 	// The responder answers at once; the ACK reaches the link only after
 	// the deadline has passed.
-	s.ep[1].e.Receive(time.Now(), []nic.Packet{{Buf: req, N: len(req), Remote: engine.Remote(s.ep[0].addr), Local: s.ep[1].addr, ICRC: nic.ICRCVerified}})
-	out, _ := s.ep[1].e.Progress(time.Now())
+	s.EP[1].E.Receive(time.Now(), []nic.Packet{{Buf: req, N: len(req), Remote: engine.Remote(s.EP[0].Addr), Local: s.EP[1].Addr, ICRC: nic.ICRCVerified}})
+	out, _ := s.EP[1].E.Progress(time.Now())
 	if len(out) != 1 {
 		t.Fatalf("responder sent %d packets, want one ACK", len(out))
 	}
 	ack := append([]byte(nil), out[0].Bytes()...)
-	s.ep[1].e.Release(out)
+	s.EP[1].E.Release(out)
 	time.Sleep(50 * time.Millisecond) // > 4.2 ms: the deadline is due
 	link.in <- ack
 	wcs := make([]cq.WC, 1)
-	for s.ep[0].scq.Poll(wcs) == 0 {
+	for s.EP[0].SCQ.Poll(wcs) == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	if wcs[0].WRID != 1 || wcs[0].Status != cq.Success {
@@ -112,12 +113,12 @@ func TestDueTimerLetsArrivedACKIn(t *testing.T) {
 
 	// No ACK at all: after the (default) grace the timeout fires and the
 	// request goes out again.
-	s2 := newSim(t, 2, impairment{})
-	qps2 := s2.connect(qpOpts{timeout: 10, retry: 7, rnrRetry: 7})
-	link2 := newHandLink(s2.ep[1].addr)
-	d2 := engine.NewDriverWith(s2.ep[0].e, link2, engine.DriverConfig{})
+	s2 := enginetest.NewSim(t, 2, enginetest.Impairment{})
+	qps2 := s2.Connect(enginetest.QPOpts{Timeout: 10, Retry: 7, RNRRetry: 7})
+	link2 := newHandLink(s2.EP[1].Addr)
+	d2 := engine.NewDriverWith(s2.EP[0].E, link2, engine.DriverConfig{})
 	defer d2.Close()
-	mustPost(t, qps2[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled})
+	enginetest.MustPost(t, qps2[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled})
 	d2.Kick()
 	first := link2.next(t, "SEND")
 	again := link2.next(t, "retransmission")

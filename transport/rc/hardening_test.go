@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -12,93 +11,47 @@ import (
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
-	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/engine"
+	"github.com/softroce/softroce/transport/internal/enginetest"
 	"github.com/softroce/softroce/wr"
 )
-
-// feed hands one crafted packet to endpoint i's QP without running
-// Progress: what the engine builds in answer stays in its transmit batch.
-func (s *sim) feed(i int, qp *engine.QP, f bth.Fields, payload []byte) {
-	f.BTH.PKey = 0xffff
-	f.BTH.DestQP = qp.Num()
-	buf := make([]byte, bth.Len(f.BTH.Opcode, len(payload)))
-	n, err := bth.Build(buf, &f, payload)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	s.ep[i].e.Receive(s.now, []nic.Packet{{Buf: buf, N: n, Remote: netip.AddrPortFrom(s.ep[1-i].addr, 4791)}})
-}
-
-// drain runs endpoint i's Progress until it has nothing more and returns
-// one line per packet it handed out.
-func (s *sim) drain(i int) []string {
-	var lines []string
-	for {
-		out, more := s.ep[i].e.Progress(s.now)
-		for j := range out {
-			var p bth.Packet
-			if err := bth.Parse(&p, out[j].Bytes()); err != nil {
-				s.t.Fatal(err)
-			}
-			l := fmt.Sprintf("%s psn=%d", shortOp(p.BTH.Opcode()), p.BTH.PSN())
-			if p.AETH != nil {
-				l += " " + p.AETH.Syndrome().String()
-			}
-			lines = append(lines, l)
-		}
-		s.ep[i].e.Release(out)
-		if !more {
-			return lines
-		}
-	}
-}
-
-// progressOnce runs one Progress call on endpoint i and returns how many
-// packets it handed out.
-func (s *sim) progressOnce(i int) int {
-	out, _ := s.ep[i].e.Progress(s.now)
-	n := len(out)
-	s.ep[i].e.Release(out)
-	return n
-}
 
 // TestRemoteInvalidateOfUserMRIsClassJ: a peer's SEND_ONLY_WITH_INVALIDATE
 // naming the rkey of an ordinary MR must not invalidate it. As rxe (class
 // J): no NAK goes out (the SEND is ACKed), the receive completes REM_INV_REQ_ERR, the QP moves
 // to ERR; the MR stays writable through another QP.
 func TestRemoteInvalidateOfUserMRIsClassJ(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{40, 0}, timeout: 14, retry: 7})
-	rmr, rbuf := s.reg(1, 4096)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024, PSN: [2]uint32{40, 0}, Timeout: 14, Retry: 7})
+	rmr, rbuf := s.Reg(1, 4096)
 	var fatal []string
-	s.ep[1].e.OnAsyncError = func(qpn uint32, reason string) { fatal = append(fatal, reason) }
+	s.EP[1].E.OnAsyncError = func(qpn uint32, reason string) { fatal = append(fatal, reason) }
 	if err := qps[1].PostRecv(&wr.RecvWR{ID: 5, SGL: []wr.SGE{{Addr: rmr.Addr(), Length: 64, LKey: rmr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
 	// A WRITE first, in the same batch: its ACK is owed and still goes out.
 	swr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 40, AckReq: true}, VA: rmr.Addr() + 100, RKey: rmr.RKey(), DMALen: 4}
-	s.feed(1, qps[1], swr, []byte{1, 2, 3, 4})
+	s.Feed(1, qps[1], swr, []byte{1, 2, 3, 4})
 	inv := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnlyInv, PSN: 41, AckReq: true}, InvRKey: rmr.RKey()}
-	s.feed(1, qps[1], inv, []byte("hello"))
-	lines := s.drain(1)
-	expectLines(t, "answers to WRITE + SEND_WITH_INV(user MR)", lines, "ACKNOWLEDGE psn=40 ACK (credits unlimited)",
+	s.Feed(1, qps[1], inv, []byte("hello"))
+	lines := s.Drain(1)
+	enginetest.ExpectLines(t, "answers to WRITE + SEND_WITH_INV(user MR)", lines, "ACKNOWLEDGE psn=40 ACK (credits unlimited)",
 		"ACKNOWLEDGE psn=41 ACK (credits unlimited)")
 	wcs := make([]cq.WC, 4)
-	if n := s.ep[1].rcq.Poll(wcs); n != 1 || wcs[0].WRID != 5 || wcs[0].Status != cq.RemInvReqErr || wcs[0].Flags&cq.FlagWithInv != 0 {
+	if n := s.EP[1].RCQ.Poll(wcs); n != 1 || wcs[0].WRID != 5 || wcs[0].Status != cq.RemInvReqErr || wcs[0].Flags&cq.FlagWithInv != 0 {
 		t.Fatalf("receive completions %+v", wcs[:n])
 	}
 	if qps[1].State() != qpstate.Err || len(fatal) != 1 {
 		t.Fatalf("state %v, fatal events %q", qps[1].State(), fatal)
 	}
 	// The MR survives: a WRITE through a fresh QP pair lands.
-	qps2 := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7})
-	lmr, lbuf := s.reg(0, 4096)
-	fill(lbuf, 11)
-	mustPost(t, qps2[0], &wr.SendWR{ID: 9, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 256, LKey: lmr.LKey()}},
+	qps2 := s.Connect(enginetest.QPOpts{PMTU: 1024, Timeout: 14, Retry: 7})
+	lmr, lbuf := s.Reg(0, 4096)
+	enginetest.Fill(lbuf, 11)
+	enginetest.MustPost(t, qps2[0], &wr.SendWR{ID: 9, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 256, LKey: lmr.LKey()}},
 		RemoteAddr: rmr.Addr() + 1024, RKey: rmr.RKey()})
-	if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success {
+	if wc := s.WaitWC(s.EP[0].SCQ, 1, time.Second)[0]; wc.Status != cq.Success {
 		t.Fatalf("WRITE to the MR after the refused invalidate: %v", wc.Status)
 	}
 	if !bytes.Equal(rbuf[1024:1280], lbuf[:256]) {
@@ -108,18 +61,18 @@ func TestRemoteInvalidateOfUserMRIsClassJ(t *testing.T) {
 
 // readThenStop sets up a 512 KiB READ at MTU 256 (2048 responses) against
 // endpoint 1 and lets the responder send one batch of it.
-func readThenStop(t *testing.T) (*sim, [2]*engine.QP) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{7, 0}, timeout: 14, retry: 7})
-	rmr, _ := s.reg(1, 512<<10)
+func readThenStop(t *testing.T) (*enginetest.Sim, [2]*engine.QP) {
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 256, PSN: [2]uint32{7, 0}, Timeout: 14, Retry: 7})
+	rmr, _ := s.Reg(1, 512<<10)
 	rd := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCReadRequest, PSN: 7, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 512 << 10}
-	s.feed(1, qps[1], rd, nil)
-	if n := s.progressOnce(1); n == 0 {
+	s.Feed(1, qps[1], rd, nil)
+	if n := s.ProgressOnce(1); n == 0 {
 		t.Fatal("no READ responses")
 	}
 	// A WRITE with AckReq waits in the backlog behind the READ.
 	swr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 7 + 2048, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 4}
-	s.feed(1, qps[1], swr, []byte{1, 2, 3, 4})
+	s.Feed(1, qps[1], swr, []byte{1, 2, 3, 4})
 	if rcOf(qps[1]).resp.blN != 1 || len(rcOf(qps[1]).resp.jobs) != 1 {
 		t.Fatalf("setup: backlog %d jobs %d", rcOf(qps[1]).resp.blN, len(rcOf(qps[1]).resp.jobs))
 	}
@@ -132,16 +85,16 @@ func readThenStop(t *testing.T) (*sim, [2]*engine.QP) {
 func TestErrStopsReadResponses(t *testing.T) {
 	s, qps := readThenStop(t)
 	qps[1].SetState(qpstate.Err)
-	s.now = s.now.Add(time.Second)
-	if lines := s.drain(1); len(lines) != 0 {
+	s.Now = s.Now.Add(time.Second)
+	if lines := s.Drain(1); len(lines) != 0 {
 		t.Fatalf("%d packets after ERR, first %q", len(lines), lines[0])
 	}
-	if !s.ep[1].e.NextDeadline().IsZero() {
+	if !s.EP[1].E.NextDeadline().IsZero() {
 		t.Fatal("a timer is still armed")
 	}
 	// Requests arriving in ERR are dropped silently, too.
-	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: 7 + 2049, AckReq: true}}, nil)
-	if lines := s.drain(1); len(lines) != 0 {
+	s.Feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: 7 + 2049, AckReq: true}}, nil)
+	if lines := s.Drain(1); len(lines) != 0 {
 		t.Fatalf("answer in ERR: %q", lines)
 	}
 }
@@ -150,24 +103,24 @@ func TestErrStopsReadResponses(t *testing.T) {
 // requests it executed still go out once the QP is in ERR (their
 // completions may already be visible); they are not the QP's any more.
 func TestErrKeepsBuiltACKs(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{3, 0}})
-	rmr, _ := s.reg(1, 4096)
-	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 3, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 4}, []byte{1, 2, 3, 4})
-	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCFetchAdd, PSN: 4, AckReq: true}, VA: rmr.Addr() + 8, RKey: rmr.RKey(), SwapAdd: 1}, nil)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024, PSN: [2]uint32{3, 0}})
+	rmr, _ := s.Reg(1, 4096)
+	s.Feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 3, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 4}, []byte{1, 2, 3, 4})
+	s.Feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCFetchAdd, PSN: 4, AckReq: true}, VA: rmr.Addr() + 8, RKey: rmr.RKey(), SwapAdd: 1}, nil)
 	if n := qps[1].Batched(); n != 2 {
 		t.Fatalf("setup: %d packets built", n)
 	}
 	qps[1].SetState(qpstate.Err)
-	lines := s.drain(1)
+	lines := s.Drain(1)
 	if len(lines) != 2 || !strings.HasPrefix(lines[0], "ACKNOWLEDGE psn=3 ") || !strings.HasPrefix(lines[1], "ATOMIC_ACKNOWLEDGE psn=4 ") {
 		t.Fatalf("packets after ERR: %q, want the ACK of PSN 3 and the atomic ACK of PSN 4", lines)
 	}
 	if qps[1].Stats().TxPackets != 0 {
 		t.Fatalf("kept ACKs counted on the stopped QP: %d", qps[1].Stats().TxPackets)
 	}
-	s.now = s.now.Add(time.Second)
-	if lines := s.drain(1); len(lines) != 0 {
+	s.Now = s.Now.Add(time.Second)
+	if lines := s.Drain(1); len(lines) != 0 {
 		t.Fatalf("more packets later: %q", lines)
 	}
 }
@@ -176,17 +129,17 @@ func TestErrKeepsBuiltACKs(t *testing.T) {
 // more (not the rest of the message, no retransmission after its timer)
 // and flushes its WQEs with WR_FLUSH_ERR.
 func TestErrStopsRequester(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{pmtu: 256, timeout: 8, retry: 7})
-	lmr, _ := s.reg(0, 64<<10)
-	rmr, _ := s.reg(1, 64<<10)
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 32 << 10, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-	mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMARead, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 64, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-	if n := s.progressOnce(0); n == 0 {
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 256, Timeout: 8, Retry: 7})
+	lmr, _ := s.Reg(0, 64<<10)
+	rmr, _ := s.Reg(1, 64<<10)
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 32 << 10, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMARead, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 64, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	if n := s.ProgressOnce(0); n == 0 {
 		t.Fatal("nothing sent")
 	}
 	// Some packets of the WRITE are built and waiting (a second batch).
-	e := s.ep[0].e
+	e := s.EP[0].E
 	var built int
 	e.Sync(func() {
 		rcOf(qps[0]).transmit(qps[0].Batched() + 5)
@@ -196,15 +149,15 @@ func TestErrStopsRequester(t *testing.T) {
 		t.Fatal("setup: nothing built")
 	}
 	qps[0].SetState(qpstate.Err)
-	s.now = s.now.Add(time.Second)
-	if lines := s.drain(0); len(lines) != 0 {
+	s.Now = s.Now.Add(time.Second)
+	if lines := s.Drain(0); len(lines) != 0 {
 		t.Fatalf("%d packets after ERR, first %q", len(lines), lines[0])
 	}
-	if !s.ep[0].e.NextDeadline().IsZero() {
+	if !s.EP[0].E.NextDeadline().IsZero() {
 		t.Fatal("retransmission timer still armed")
 	}
 	wcs := make([]cq.WC, 4)
-	if n := s.ep[0].scq.Poll(wcs); n != 2 || wcs[0].Status != cq.WRFlushErr || wcs[1].Status != cq.WRFlushErr || wcs[0].WRID != 1 {
+	if n := s.EP[0].SCQ.Poll(wcs); n != 2 || wcs[0].Status != cq.WRFlushErr || wcs[1].Status != cq.WRFlushErr || wcs[0].WRID != 1 {
 		t.Fatalf("completions %+v", wcs[:n])
 	}
 }
@@ -214,11 +167,11 @@ func TestErrStopsRequester(t *testing.T) {
 // destroy fails.
 func TestDestroyQPRemovesEveryTrace(t *testing.T) {
 	s, qps := readThenStop(t)
-	e := s.ep[1].e
+	e := s.EP[1].E
 	// Give it an armed timer and a pending ACK as well.
 	qp := qps[1]
 	e.Sync(func() {
-		qp.RetryDeadline = s.now.Add(time.Millisecond)
+		qp.RetryDeadline = s.Now.Add(time.Millisecond)
 		qp.UpdateTimerSet()
 		rq := rcOf(qp)
 		rq.ackPending, rq.ackPSN = true, 6
@@ -227,10 +180,10 @@ func TestDestroyQPRemovesEveryTrace(t *testing.T) {
 	if err := e.DestroyQP(qp); err != nil {
 		t.Fatal(err)
 	}
-	s.now = s.now.Add(time.Second)
+	s.Now = s.Now.Add(time.Second)
 	// The ACK it had built still goes out (kept, not the QP's any more);
 	// nothing else does.
-	if lines := s.drain(1); len(lines) != 1 || !strings.HasPrefix(lines[0], "ACKNOWLEDGE psn=6 ") {
+	if lines := s.Drain(1); len(lines) != 1 || !strings.HasPrefix(lines[0], "ACKNOWLEDGE psn=6 ") {
 		t.Fatalf("packets after DestroyQP: %q, want only the ACK built before", lines)
 	}
 	timed, inPending, known := e.Holds(qp)
@@ -254,7 +207,7 @@ func TestDestroyQPRemovesEveryTrace(t *testing.T) {
 	if qp.State() != qpstate.Reset {
 		t.Fatalf("state after destroy %v", qp.State())
 	}
-	if other := s.ep[0].e; other.DestroyQP(qp) == nil {
+	if other := s.EP[0].E; other.DestroyQP(qp) == nil {
 		t.Fatal("DestroyQP of another engine's QP succeeded")
 	}
 }
@@ -270,28 +223,28 @@ func ackTo(op bth.Opcode, psn uint32, syn bth.Syndrome) bth.Fields {
 func TestStaleNAKKeepsCompPSN(t *testing.T) {
 	for _, syn := range []bth.Syndrome{bth.SyndromePSNSeqError, bth.RNRNAK(1)} {
 		t.Run(syn.String(), func(t *testing.T) {
-			s := newSim(t, 1, impairment{})
-			qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{100, 0}, timeout: 14, retry: 7, rnrRetry: 7})
-			lmr, _ := s.reg(0, 4096)
-			rmr, _ := s.reg(1, 4096)
-			mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 2048, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-			if lines := s.drain(0); len(lines) != 8 {
+			s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+			qps := s.Connect(enginetest.QPOpts{PMTU: 256, PSN: [2]uint32{100, 0}, Timeout: 14, Retry: 7, RNRRetry: 7})
+			lmr, _ := s.Reg(0, 4096)
+			rmr, _ := s.Reg(1, 4096)
+			enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 2048, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+			if lines := s.Drain(0); len(lines) != 8 {
 				t.Fatalf("sent %q", lines)
 			}
-			s.feed(0, qps[0], ackTo(bth.RCAck, 104, bth.SyndromeACKUnlimited), nil)
+			s.Feed(0, qps[0], ackTo(bth.RCAck, 104, bth.SyndromeACKUnlimited), nil)
 			if rcOf(qps[0]).compPSN != 105 {
 				t.Fatalf("compPSN %d after ACK 104", rcOf(qps[0]).compPSN)
 			}
-			s.feed(0, qps[0], ackTo(bth.RCAck, 102, syn), nil)
+			s.Feed(0, qps[0], ackTo(bth.RCAck, 102, syn), nil)
 			if rcOf(qps[0]).compPSN != 105 {
 				t.Fatalf("compPSN moved back to %d by a stale %v at 102", rcOf(qps[0]).compPSN, syn)
 			}
-			if lines := s.drain(0); len(lines) != 0 {
+			if lines := s.Drain(0); len(lines) != 0 {
 				t.Fatalf("stale NAK caused a retransmission: %q", lines)
 			}
-			s.feed(0, qps[0], ackTo(bth.RCAck, 107, bth.SyndromeACKUnlimited), nil)
+			s.Feed(0, qps[0], ackTo(bth.RCAck, 107, bth.SyndromeACKUnlimited), nil)
 			wcs := make([]cq.WC, 2)
-			if n := s.ep[0].scq.Poll(wcs); n != 1 || wcs[0].Status != cq.Success {
+			if n := s.EP[0].SCQ.Poll(wcs); n != 1 || wcs[0].Status != cq.Success {
 				t.Fatalf("completions %+v", wcs[:n])
 			}
 		})
@@ -301,19 +254,19 @@ func TestStaleNAKKeepsCompPSN(t *testing.T) {
 // TestDuplicateReadRangeWraps: a duplicate READ whose va+len wraps past
 // 2^64 is not a subset of the original and is not replayed.
 func TestDuplicateReadRangeWraps(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{10, 0}})
-	rmr, _ := s.reg(1, 4096)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 256, PSN: [2]uint32{10, 0}})
+	rmr, _ := s.Reg(1, 4096)
 	rd := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCReadRequest, PSN: 10, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 512}
-	expectLines(t, "READ", s.inject(qps[1], rd, nil),
+	enginetest.ExpectLines(t, "READ", s.Inject(qps[1], rd, nil),
 		"RDMA_READ_RESPONSE_FIRST psn=10 ACK (credits unlimited) msn=1 len=256",
 		"RDMA_READ_RESPONSE_LAST psn=11 ACK (credits unlimited) msn=1 len=256")
 	dup := rd
 	dup.VA, dup.DMALen = ^uint64(0)-7, 16 // va+len wraps to 8
-	expectLines(t, "duplicate READ with a wrapping range", s.inject(qps[1], dup, nil))
+	enginetest.ExpectLines(t, "duplicate READ with a wrapping range", s.Inject(qps[1], dup, nil))
 	// A genuine subset is still replayed.
 	dup.BTH.PSN, dup.VA, dup.DMALen = 11, rmr.Addr()+256, 256
-	expectLines(t, "duplicate READ of the second half", s.inject(qps[1], dup, nil),
+	enginetest.ExpectLines(t, "duplicate READ of the second half", s.Inject(qps[1], dup, nil),
 		"RDMA_READ_RESPONSE_LAST psn=11 ACK (credits unlimited) msn=1 len=256")
 }
 
@@ -321,18 +274,18 @@ func TestDuplicateReadRangeWraps(t *testing.T) {
 // CQ_ERR event, and the QP goes to ERR with the QP-fatal hook, as the
 // receive side does.
 func TestSendCQOverrun(t *testing.T) {
-	s := newSim(t, 1, impairment{})
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
 	small, _ := cq.New(1)
-	s.ep[0].scq = small
+	s.EP[0].SCQ = small
 	var fatal []string
-	s.ep[0].e.OnAsyncError = func(qpn uint32, reason string) { fatal = append(fatal, fmt.Sprintf("%d %s", qpn, reason)) }
-	qps := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7})
-	lmr, _ := s.reg(0, 4096)
-	rmr, _ := s.reg(1, 4096)
+	s.EP[0].E.OnAsyncError = func(qpn uint32, reason string) { fatal = append(fatal, fmt.Sprintf("%d %s", qpn, reason)) }
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024, Timeout: 14, Retry: 7})
+	lmr, _ := s.Reg(0, 4096)
+	rmr, _ := s.Reg(1, 4096)
 	for i := 0; i < 3; i++ {
-		mustPost(t, qps[0], &wr.SendWR{ID: uint64(i), Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+		enginetest.MustPost(t, qps[0], &wr.SendWR{ID: uint64(i), Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
 	}
-	s.pump(nil, 100*time.Millisecond)
+	s.Pump(nil, 100*time.Millisecond)
 	select {
 	case ev := <-small.Events():
 		if ev.Type != cq.EventCQErr {
@@ -351,13 +304,13 @@ func TestSendCQOverrun(t *testing.T) {
 
 // TestAtomicByteLen: CAS and FAA completions report 8 bytes (cq.WC).
 func TestAtomicByteLen(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7})
-	lmr, _ := s.reg(0, 4096)
-	rmr, _ := s.reg(1, 4096)
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey(), CompareAdd: 1})
-	mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.AtomicCmpAndSwp, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr() + 8, Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey(), CompareAdd: 1, Swap: 5})
-	for _, wc := range s.waitWC(s.ep[0].scq, 2, time.Second) {
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024, Timeout: 14, Retry: 7})
+	lmr, _ := s.Reg(0, 4096)
+	rmr, _ := s.Reg(1, 4096)
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey(), CompareAdd: 1})
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.AtomicCmpAndSwp, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr() + 8, Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey(), CompareAdd: 1, Swap: 5})
+	for _, wc := range s.WaitWC(s.EP[0].SCQ, 2, time.Second) {
 		if wc.Status != cq.Success || wc.ByteLen != 8 {
 			t.Errorf("%v completion: status %v byte_len %d, want 8", wc.Opcode, wc.Status, wc.ByteLen)
 		}
@@ -398,12 +351,12 @@ func TestSGELimitsSplit(t *testing.T) {
 // with an SQPSN behind the PSNs of its previous life must not count its
 // new packets as retransmissions, nor take its old high PSN as a bound.
 func TestResetForgetsSentPSNs(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{5000, 0}, timeout: 14, retry: 7})
-	lmr, _ := s.reg(0, 4096)
-	rmr, _ := s.reg(1, 4096)
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-	s.waitWC(s.ep[0].scq, 1, time.Second)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024, PSN: [2]uint32{5000, 0}, Timeout: 14, Retry: 7})
+	lmr, _ := s.Reg(0, 4096)
+	rmr, _ := s.Reg(1, 4096)
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	s.WaitWC(s.EP[0].SCQ, 1, time.Second)
 	for i, qp := range qps {
 		qp.SetState(qpstate.Reset)
 		qp.SetState(qpstate.Init)
@@ -413,8 +366,8 @@ func TestResetForgetsSentPSNs(t *testing.T) {
 		qp.SetState(qpstate.RTR)
 		qp.SetState(qpstate.RTS)
 	}
-	mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-	if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success || wc.WRID != 2 {
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	if wc := s.WaitWC(s.EP[0].SCQ, 1, time.Second)[0]; wc.Status != cq.Success || wc.WRID != 2 {
 		t.Fatalf("completion %+v", wc)
 	}
 	if qps[0].Stats().Retransmits != 0 || rcOf(qps[0]).maxSentPSN != 10 {
@@ -426,17 +379,17 @@ func TestResetForgetsSentPSNs(t *testing.T) {
 // CQ is not acknowledged (the requester must not see it as delivered);
 // the SEND before it keeps its ACK, and the QP goes to ERR.
 func TestRecvCQOverrunNotAcked(t *testing.T) {
-	s := newSimCQ(t, 1, impairment{}, 1)
-	qps := s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{20, 0}})
-	rmr, _ := s.reg(1, 4096)
+	s := enginetest.NewSimCQ(t, 1, enginetest.Impairment{}, 1)
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024, PSN: [2]uint32{20, 0}})
+	rmr, _ := s.Reg(1, 4096)
 	for i := 0; i < 2; i++ {
 		if err := qps[1].PostRecv(&wr.RecvWR{ID: uint64(i), SGL: []wr.SGE{{Addr: rmr.Addr() + uint64(i)*64, Length: 64, LKey: rmr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: 20, AckReq: true}}, []byte("one"))
-	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: 21, AckReq: true}}, []byte("two"))
-	expectLines(t, "answers", s.drain(1), "ACKNOWLEDGE psn=20 ACK (credits unlimited)")
+	s.Feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: 20, AckReq: true}}, []byte("one"))
+	s.Feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: 21, AckReq: true}}, []byte("two"))
+	enginetest.ExpectLines(t, "answers", s.Drain(1), "ACKNOWLEDGE psn=20 ACK (credits unlimited)")
 	if qps[1].State() != qpstate.Err {
 		t.Fatalf("state %v", qps[1].State())
 	}
@@ -446,18 +399,18 @@ func TestRecvCQOverrunNotAcked(t *testing.T) {
 // has taken (FIRST arrived, LAST not yet) is flushed with WR_FLUSH_ERR when
 // the QP enters ERR, before the WQEs still queued behind it.
 func TestErrFlushesReceiveInProgress(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{9, 0}})
-	rmr, _ := s.reg(1, 4096)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 256, PSN: [2]uint32{9, 0}})
+	rmr, _ := s.Reg(1, 4096)
 	for id := uint64(1); id <= 2; id++ {
 		if err := qps[1].PostRecv(&wr.RecvWR{ID: id, SGL: []wr.SGE{{Addr: rmr.Addr(), Length: 1024, LKey: rmr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendFirst, PSN: 9}}, make([]byte, 256))
+	s.Feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendFirst, PSN: 9}}, make([]byte, 256))
 	qps[1].SetState(qpstate.Err)
 	wcs := make([]cq.WC, 4)
-	n := s.ep[1].rcq.Poll(wcs)
+	n := s.EP[1].RCQ.Poll(wcs)
 	if n != 2 || wcs[0].WRID != 1 || wcs[1].WRID != 2 || wcs[0].Status != cq.WRFlushErr || wcs[1].Status != cq.WRFlushErr {
 		t.Fatalf("receive completions %+v, want WR 1 then WR 2, both WR_FLUSH_ERR", wcs[:n])
 	}
@@ -482,7 +435,7 @@ func TestBacklogHoldsBuffersOnlyWhileDeferred(t *testing.T) {
 	if n := backlogBuffers(qps[1]); n != 1 {
 		t.Fatalf("%d buffers held for 1 deferred request", n)
 	}
-	lines := s.drain(1) // the rest of the READ, then the deferred WRITE's ACK
+	lines := s.Drain(1) // the rest of the READ, then the deferred WRITE's ACK
 	if len(lines) == 0 || !strings.HasPrefix(lines[len(lines)-1], "ACKNOWLEDGE psn=2055 ") {
 		t.Fatalf("deferred WRITE not answered last: %d packets, last %q", len(lines), lines[len(lines)-1])
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
+	"github.com/softroce/softroce/transport/internal/enginetest"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -24,16 +25,16 @@ func verbBind(id uint64, flags wr.SendFlags, key uint32, mr *memreg.MR, off, n u
 // the new binding, and an earlier key fails.
 func TestMWType1VerbBind(t *testing.T) {
 	m := newMWSim(t)
-	ep := m.s.ep[1]
+	ep := m.s.EP[1]
 	q := m.qps[1]
-	mw1, err := ep.mrs.AllocMW(ep.pd, memreg.MWType1)
+	mw1, err := ep.MRs.AllocMW(ep.PD, memreg.MWType1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	k0 := mw1.RKey()
 	k1 := k0&^0xFF | (k0+1)&0xFF
 	// Endpoint 1 WRITEs 3000 bytes into endpoint 0's region, then binds.
-	mustPost(t, q, &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+	enginetest.MustPost(t, q, &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
 		SGL: []wr.SGE{{Addr: m.rmr.Addr(), Length: 3000, LKey: m.rmr.LKey()}}, RemoteAddr: m.lmr.Addr(), RKey: m.lmr.LKey()})
 	b := verbBind(2, wr.Signaled, k1, m.rmr, 0, 4096)
 	if err := q.PostBindMW(&b, mw1); err != nil {
@@ -42,7 +43,7 @@ func TestMWType1VerbBind(t *testing.T) {
 	if mw1.RKey() != k0 {
 		t.Fatal("the bind ran when posted")
 	}
-	wcs := m.s.waitWC(ep.scq, 2, time.Second)
+	wcs := m.s.WaitWC(ep.SCQ, 2, time.Second)
 	if wcs[0].WRID != 1 || wcs[0].Opcode != cq.OpRDMAWrite || wcs[1].WRID != 2 || wcs[1].Opcode != cq.OpBindMW ||
 		wcs[1].Status != cq.Success || wcs[1].QPNum != q.Num() {
 		t.Fatalf("completions %+v", wcs)
@@ -59,25 +60,25 @@ func TestMWType1VerbBind(t *testing.T) {
 	if err := q.PostBindMW(&b, mw1); err != nil {
 		t.Fatal(err)
 	}
-	mustPost(t, q, &wr.SendWR{ID: 4, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+	enginetest.MustPost(t, q, &wr.SendWR{ID: 4, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
 		SGL: []wr.SGE{{Addr: m.rmr.Addr(), Length: 8, LKey: m.rmr.LKey()}}, RemoteAddr: m.lmr.Addr(), RKey: m.lmr.LKey()})
-	if wc := m.s.waitWC(ep.scq, 1, time.Second)[0]; wc.WRID != 4 || wc.Status != cq.Success {
+	if wc := m.s.WaitWC(ep.SCQ, 1, time.Second)[0]; wc.WRID != 4 || wc.Status != cq.Success {
 		t.Fatalf("completion %+v", wc)
 	}
-	if n := ep.scq.Poll(make([]cq.WC, 4)); n != 0 {
+	if n := ep.SCQ.Poll(make([]cq.WC, 4)); n != 0 {
 		t.Fatalf("%d completions for an unsignaled bind", n)
 	}
 	if _, _, length, _, ok := mw1.Bound(); !ok || length != 64 || mw1.RKey() != k2 {
 		t.Fatalf("window after the unsignaled bind: %v %d %#x", ok, length, mw1.RKey())
 	}
 	// With sq_sig_all an unsignaled bind completes too.
-	m.s.ep[1].e.SignalAllFor(q, true)
+	m.s.EP[1].E.SignalAllFor(q, true)
 	k3 := incKey(k2)
 	b = verbBind(5, 0, k3, m.rmr, 0, 128)
 	if err := q.PostBindMW(&b, mw1); err != nil {
 		t.Fatal(err)
 	}
-	if wc := m.s.waitWC(ep.scq, 1, time.Second)[0]; wc.WRID != 5 || wc.Opcode != cq.OpBindMW || wc.Status != cq.Success || mw1.RKey() != k3 {
+	if wc := m.s.WaitWC(ep.SCQ, 1, time.Second)[0]; wc.WRID != 5 || wc.Opcode != cq.OpBindMW || wc.Status != cq.Success || mw1.RKey() != k3 {
 		t.Fatalf("sq_sig_all bind completion %+v", wc)
 	}
 	if st := m.op(t, m.qps[0], wr.RDMARead, 0, 64, m.rmr.Addr(), k1); st != cq.RemAccessErr {
@@ -92,9 +93,9 @@ func TestMWType1VerbBind(t *testing.T) {
 // path refuses a type 2 window.
 func TestMWType1VerbBindError(t *testing.T) {
 	m := newMWSim(t)
-	ep := m.s.ep[1]
+	ep := m.s.EP[1]
 	q := m.qps[1]
-	mw1, _ := ep.mrs.AllocMW(ep.pd, memreg.MWType1)
+	mw1, _ := ep.MRs.AllocMW(ep.PD, memreg.MWType1)
 	k0 := mw1.RKey()
 	direct := wr.SendWR{ID: 9, Opcode: wr.BindMW, Bind: wr.MWBind{MWKey: k0, RKey: k0 ^ 1, MRKey: m.rmr.LKey(), Addr: m.rmr.Addr(), Length: 8, Access: rw}}
 	if err := q.PostSend(&direct); err == nil || !strings.Contains(err.Error(), "type 1") {
@@ -104,15 +105,15 @@ func TestMWType1VerbBindError(t *testing.T) {
 	if err := q.PostBindMW(&b, m.mw); err == nil {
 		t.Fatal("the bind-MW verb path took a type 2 window")
 	}
-	mustPost(t, q, &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+	enginetest.MustPost(t, q, &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
 		SGL: []wr.SGE{{Addr: m.rmr.Addr(), Length: 2000, LKey: m.rmr.LKey()}}, RemoteAddr: m.lmr.Addr(), RKey: m.lmr.LKey()})
 	b = verbBind(2, 0, incKey(k0), m.rmr, 8000, 500) // unsignaled: errors complete anyway
 	if err := q.PostBindMW(&b, mw1); err != nil {
 		t.Fatal(err)
 	}
-	mustPost(t, q, &wr.SendWR{ID: 3, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+	enginetest.MustPost(t, q, &wr.SendWR{ID: 3, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
 		SGL: []wr.SGE{{Addr: m.rmr.Addr(), Length: 8, LKey: m.rmr.LKey()}}, RemoteAddr: m.lmr.Addr(), RKey: m.lmr.LKey()})
-	wcs := m.s.waitWC(ep.scq, 3, time.Second)
+	wcs := m.s.WaitWC(ep.SCQ, 3, time.Second)
 	if wcs[0].WRID != 1 || wcs[0].Status != cq.Success || wcs[1].WRID != 2 || wcs[1].Status != cq.MWBindErr ||
 		wcs[1].Opcode != cq.OpBindMW || wcs[2].WRID != 3 || wcs[2].Status != cq.WRFlushErr {
 		t.Fatalf("completions %+v", wcs)
@@ -128,14 +129,14 @@ func TestMWType1VerbBindError(t *testing.T) {
 // A type 1 bind of a window of another PD than the QP's completes in error.
 func TestMWType1VerbBindOtherPD(t *testing.T) {
 	m := newMWSim(t)
-	ep := m.s.ep[1]
-	other, _ := ep.mrs.AllocPD()
-	mw1, _ := ep.mrs.AllocMW(other, memreg.MWType1)
+	ep := m.s.EP[1]
+	other, _ := ep.MRs.AllocPD()
+	mw1, _ := ep.MRs.AllocMW(other, memreg.MWType1)
 	b := verbBind(5, wr.Signaled, incKey(mw1.RKey()), m.rmr, 0, 64)
 	if err := m.qps[1].PostBindMW(&b, mw1); err != nil {
 		t.Fatal(err)
 	}
-	if wc := m.s.waitWC(ep.scq, 1, time.Second)[0]; wc.Status != cq.MWBindErr || m.qps[1].State() != qpstate.Err {
+	if wc := m.s.WaitWC(ep.SCQ, 1, time.Second)[0]; wc.Status != cq.MWBindErr || m.qps[1].State() != qpstate.Err {
 		t.Fatalf("completion %+v, state %v", wc, m.qps[1].State())
 	}
 }

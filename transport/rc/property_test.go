@@ -14,6 +14,7 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/transport/engine"
+	"github.com/softroce/softroce/transport/internal/enginetest"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -21,6 +22,9 @@ var (
 	propSeeds = flag.Int("rc.seeds", 1000, "number of seeded random workloads in TestPropertyLossy")
 	propSeed  = flag.Int64("rc.seed", -1, "replay only this seed of TestPropertyLossy")
 )
+
+// propAdaptive turns Path.AdaptiveTimeout on for the QPs of runWorkload.
+var propAdaptive bool
 
 // op is one work request of a random workload and what it must produce.
 type propOp struct {
@@ -41,7 +45,7 @@ func TestPropertyLossy(t *testing.T) {
 	n := *propSeeds
 	if testing.Short() {
 		n = 50
-	} else if raceEnabled && n > 100 {
+	} else if enginetest.RaceEnabled && n > 100 {
 		// The race detector makes each run ~10x slower; .ci/run also runs
 		// the full set without it.
 		n = 100
@@ -57,26 +61,14 @@ func TestPropertyLossy(t *testing.T) {
 	}
 }
 
-// propFill fills b with a PRNG stream keyed by seed. Nothing repeats, so
-// bytes placed at a wrong offset (by a packet, a page or 64 KiB, whose
-// multiples a byte pattern of the position repeats at) never match.
-func propFill(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
-	var w [8]byte
-	for i := 0; i < len(b); i += 8 {
-		binary.LittleEndian.PutUint64(w[:], r.Uint64())
-		copy(b[i:], w[:])
-	}
-}
-
 func runWorkload(t *testing.T, seed uint64) error {
-	s := newSim(t, seed, impairment{loss: 0.10, dup: 0.05, reorder: 0.10, corrupt: 0.01, delay: 2 * time.Microsecond})
-	s.keep = *propSeed >= 0
-	s.verbose = s.keep
+	s := enginetest.NewSim(t, seed, enginetest.Impairment{Loss: 0.10, Dup: 0.05, Reorder: 0.10, Corrupt: 0.01, Delay: 2 * time.Microsecond})
+	s.Keep = *propSeed >= 0
+	s.Verbose = s.Keep
 	defer func() {
-		if s.keep {
+		if s.Keep {
 			if f := os.Getenv("RC_TRACE_FILE"); f != "" {
-				os.WriteFile(f, []byte(strings.Join(s.trace, "\n")+"\n"+s.dump()), 0o644)
+				os.WriteFile(f, []byte(strings.Join(s.Trace, "\n")+"\n"+s.Dump(debug)), 0o644)
 			}
 		}
 	}()
@@ -93,9 +85,9 @@ func runWorkload(t *testing.T, seed uint64) error {
 	pairs := make([]*pair, nqp)
 	for i := range pairs {
 		psn := [2]uint32{uint32(rng.IntN(1 << 24)), 0xffffff - uint32(rng.IntN(64))}
-		pr := &pair{qps: s.connect(qpOpts{pmtu: pmtus[rng.IntN(len(pmtus))], psn: psn, timeout: 10, retry: 7, rnrRetry: 7, minRNR: 1, maxRD: 1 << rng.IntN(4)})}
+		pr := &pair{qps: s.Connect(enginetest.QPOpts{PMTU: pmtus[rng.IntN(len(pmtus))], PSN: psn, Timeout: 10, Retry: 7, RNRRetry: 7, MinRNR: 1, MaxRD: 1 << rng.IntN(4), Adaptive: propAdaptive})}
 		for side := 0; side < 2; side++ {
-			pr.ctrMR[side], pr.counter[side] = s.reg(side, 8)
+			pr.ctrMR[side], pr.counter[side] = s.Reg(side, 8)
 		}
 		pairs[i] = pr
 	}
@@ -119,10 +111,10 @@ func runWorkload(t *testing.T, seed uint64) error {
 			for k := 0; k < nops; k++ {
 				op := &propOp{side: side}
 				n := size()
-				lmr, local := s.reg(side, max(n, 1))
-				rmr, remote := s.reg(peer, max(n, 1))
-				propFill(local[:n], rng.Uint64())
-				propFill(remote[:n], rng.Uint64())
+				lmr, local := s.Reg(side, max(n, 1))
+				rmr, remote := s.Reg(peer, max(n, 1))
+				enginetest.FillRandom(local[:n], rng.Uint64())
+				enginetest.FillRandom(remote[:n], rng.Uint64())
 				id := uint64(k + 1)
 				sgl := []wr.SGE{{Addr: lmr.Addr(), Length: uint32(n), LKey: lmr.LKey()}}
 				if n > 8 && rng.IntN(3) == 0 { // split the local side into two SGEs
@@ -147,7 +139,7 @@ func runWorkload(t *testing.T, seed uint64) error {
 					// The receive buffer: the peer's region, posted up front.
 				case 4, 5:
 					add := uint64(rng.IntN(1000) + 1)
-					res, _ := s.reg(side, 8)
+					res, _ := s.Reg(side, 8)
 					op.wr = wr.SendWR{ID: id, Opcode: wr.AtomicFetchAndAdd, SGL: []wr.SGE{{Addr: res.Addr(), Length: 8, LKey: res.LKey()}},
 						RemoteAddr: pr.ctrMR[peer].Addr(), RKey: pr.ctrMR[peer].RKey(), CompareAdd: add}
 					op.add = add
@@ -177,17 +169,17 @@ func runWorkload(t *testing.T, seed uint64) error {
 	var wcs [2][]cq.WC
 	var rwcs [2][]cq.WC
 	buf := make([]cq.WC, 256)
-	s.pump(func() bool {
+	s.Pump(func() bool {
 		for i := 0; i < 2; i++ {
-			n := s.ep[i].scq.Poll(buf)
+			n := s.EP[i].SCQ.Poll(buf)
 			wcs[i] = append(wcs[i], buf[:n]...)
-			n = s.ep[i].rcq.Poll(buf)
+			n = s.EP[i].RCQ.Poll(buf)
 			rwcs[i] = append(rwcs[i], buf[:n]...)
 		}
 		return len(wcs[0])+len(wcs[1]) >= total
 	}, 120*time.Second)
 	if got := len(wcs[0]) + len(wcs[1]); got != total {
-		return fmt.Errorf("%d of %d work requests completed after %v simulated\n%s", got, total, s.now.Sub(simEpoch), s.dump())
+		return fmt.Errorf("%d of %d work requests completed after %v simulated\n%s", got, total, s.Now.Sub(enginetest.Epoch), s.Dump(debug))
 	}
 	for _, pr := range pairs {
 		for side := 0; side < 2; side++ {

@@ -11,79 +11,40 @@ import (
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
-	"github.com/softroce/softroce/transport/engine"
+	"github.com/softroce/softroce/transport/internal/enginetest"
 	"github.com/softroce/softroce/wr"
 )
 
-const allAccess = memreg.AccessLocalWrite | memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic
-
-func (s *sim) reg(i int, n int) (*memreg.MR, []byte) {
-	buf := make([]byte, n)
-	mr, err := s.ep[i].mrs.RegMR(s.ep[i].pd, buf, allAccess)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	return mr, buf
-}
-
-func fill(b []byte, seed byte) {
-	for i := range b {
-		b[i] = seed + byte(i*7) + byte(i>>8)
-	}
-}
-
-func mustPost(t testing.TB, qp *engine.QP, swr *wr.SendWR) {
-	t.Helper()
-	if err := qp.PostSend(swr); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// waitWC pumps until cq has n completions and returns them.
-func (s *sim) waitWC(c *cq.CQ, n int, limit time.Duration) []cq.WC {
-	var got []cq.WC
-	buf := make([]cq.WC, 64)
-	s.pump(func() bool {
-		k := c.Poll(buf)
-		got = append(got, buf[:k]...)
-		return len(got) >= n
-	}, limit)
-	if len(got) < n {
-		s.t.Fatalf("got %d completions, want %d (now +%v); trace:\n%s", len(got), n, s.now.Sub(simEpoch), strings.Join(s.trace, "\n"))
-	}
-	return got
-}
-
 func TestAllOperations(t *testing.T) {
 	for _, pmtu := range []int{256, 1024, 4096} {
-		s := newSim(t, 1, impairment{})
-		s.keep = true
-		qps := s.connect(qpOpts{pmtu: pmtu, psn: [2]uint32{0xfffff0, 100}, timeout: 14, retry: 7, rnrRetry: 7})
-		lmr, local := s.reg(0, 64<<10)
-		rmr, remote := s.reg(1, 64<<10)
-		fill(local, 3)
+		s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+		s.Keep = true
+		qps := s.Connect(enginetest.QPOpts{PMTU: pmtu, PSN: [2]uint32{0xfffff0, 100}, Timeout: 14, Retry: 7, RNRRetry: 7})
+		lmr, local := s.Reg(0, 64<<10)
+		rmr, remote := s.Reg(1, 64<<10)
+		enginetest.Fill(local, 3)
 		// WRITE 10000 bytes, then READ them back elsewhere.
-		mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+		enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
 			SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 10000, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 8, RKey: rmr.RKey()})
-		mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMARead, Flags: wr.Signaled,
+		enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMARead, Flags: wr.Signaled,
 			SGL:        []wr.SGE{{Addr: lmr.Addr() + 20000, Length: 5000, LKey: lmr.LKey()}, {Addr: lmr.Addr() + 30000, Length: 5000, LKey: lmr.LKey()}},
 			RemoteAddr: rmr.Addr() + 8, RKey: rmr.RKey()})
 		// Atomics on an 8-byte aligned word.
 		binary.LittleEndian.PutUint64(remote[40000:], 5)
-		mustPost(t, qps[0], &wr.SendWR{ID: 3, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled,
+		enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 3, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled,
 			SGL: []wr.SGE{{Addr: lmr.Addr() + 40000, Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 40000, RKey: rmr.RKey(), CompareAdd: 10})
-		mustPost(t, qps[0], &wr.SendWR{ID: 4, Opcode: wr.AtomicCmpAndSwp, Flags: wr.Signaled,
+		enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 4, Opcode: wr.AtomicCmpAndSwp, Flags: wr.Signaled,
 			SGL: []wr.SGE{{Addr: lmr.Addr() + 40008, Length: 8, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 40000, RKey: rmr.RKey(), CompareAdd: 15, Swap: 99})
 		// SEND with immediate into a posted receive.
 		if err := qps[1].PostRecv(&wr.RecvWR{ID: 77, SGL: []wr.SGE{{Addr: rmr.Addr() + 50000, Length: 8000, LKey: rmr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
-		mustPost(t, qps[0], &wr.SendWR{ID: 5, Opcode: wr.SendWithImm, Flags: wr.Signaled, Imm: 0xdeadbeef,
+		enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 5, Opcode: wr.SendWithImm, Flags: wr.Signaled, Imm: 0xdeadbeef,
 			SGL: []wr.SGE{{Addr: lmr.Addr() + 100, Length: 3001, LKey: lmr.LKey()}}})
-		wcs := s.waitWC(s.ep[0].scq, 5, time.Second)
+		wcs := s.WaitWC(s.EP[0].SCQ, 5, time.Second)
 		for i, wc := range wcs {
 			if wc.Status != cq.Success || wc.WRID != uint64(i+1) {
-				t.Fatalf("pmtu %d: completion %d = %+v\n%s", pmtu, i, wc, strings.Join(s.trace, "\n"))
+				t.Fatalf("pmtu %d: completion %d = %+v\n%s", pmtu, i, wc, strings.Join(s.Trace, "\n"))
 			}
 		}
 		if !bytes.Equal(remote[8:10008], local[:10000]) {
@@ -101,7 +62,7 @@ func TestAllOperations(t *testing.T) {
 		if got := binary.LittleEndian.Uint64(remote[40000:]); got != 99 {
 			t.Fatalf("remote word = %d, want 99", got)
 		}
-		rw := s.waitWC(s.ep[1].rcq, 1, time.Second)[0]
+		rw := s.WaitWC(s.EP[1].RCQ, 1, time.Second)[0]
 		if rw.WRID != 77 || rw.ByteLen != 3001 || rw.ImmData != 0xdeadbeef || rw.Flags&cq.FlagWithImm == 0 || rw.Opcode != cq.OpRecv {
 			t.Fatalf("recv completion %+v", rw)
 		}
@@ -115,16 +76,16 @@ func TestAllOperations(t *testing.T) {
 // responder sends exactly one PSN sequence error NAK, the requester goes
 // back to the NAKed PSN with a MIDDLE packet, and the data arrives intact.
 func TestSeqErrorOneNAK(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	s.keep = true
-	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{1000, 5000}, timeout: 14, retry: 3})
-	lmr, local := s.reg(0, 4096)
-	rmr, remote := s.reg(1, 4096)
-	fill(local, 9)
-	s.rules = []rule{{from: 0, opcode: -1, psn: 1002, nth: 1, action: "drop"}}
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	s.Keep = true
+	qps := s.Connect(enginetest.QPOpts{PMTU: 256, PSN: [2]uint32{1000, 5000}, Timeout: 14, Retry: 3})
+	lmr, local := s.Reg(0, 4096)
+	rmr, remote := s.Reg(1, 4096)
+	enginetest.Fill(local, 9)
+	s.Rules = []enginetest.Rule{{From: 0, Opcode: -1, PSN: 1002, Nth: 1, Action: "drop"}}
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
 		SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 2048, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-	wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]
+	wc := s.WaitWC(s.EP[0].SCQ, 1, time.Second)[0]
 	if wc.Status != cq.Success {
 		t.Fatalf("status %v", wc.Status)
 	}
@@ -138,12 +99,12 @@ func TestSeqErrorOneNAK(t *testing.T) {
 		"0>1 RDMA_WRITE_MIDDLE psn=1003",
 	}
 	for i, w := range want {
-		if s.trace[i] != w {
-			t.Fatalf("trace[%d] = %q, want %q\n%s", i, s.trace[i], w, strings.Join(s.trace, "\n"))
+		if s.Trace[i] != w {
+			t.Fatalf("trace[%d] = %q, want %q\n%s", i, s.Trace[i], w, strings.Join(s.Trace, "\n"))
 		}
 	}
 	naks := 0
-	for _, l := range s.trace {
+	for _, l := range s.Trace {
 		if strings.Contains(l, "PSN sequence error") {
 			naks++
 			if !strings.Contains(l, "psn=1002") {
@@ -152,13 +113,13 @@ func TestSeqErrorOneNAK(t *testing.T) {
 		}
 	}
 	if naks != 1 {
-		t.Fatalf("%d sequence NAKs, want exactly 1:\n%s", naks, strings.Join(s.trace, "\n"))
+		t.Fatalf("%d sequence NAKs, want exactly 1:\n%s", naks, strings.Join(s.Trace, "\n"))
 	}
 	// The retry resumes at 1002 with a MIDDLE (no RETH), as rxe does.
 	found := false
-	for i, l := range s.trace {
+	for i, l := range s.Trace {
 		if strings.Contains(l, "PSN sequence error") {
-			for _, m := range s.trace[i+1:] {
+			for _, m := range s.Trace[i+1:] {
 				if strings.HasPrefix(m, "0>1") {
 					found = m == "0>1 RDMA_WRITE_MIDDLE psn=1002"
 					break
@@ -167,7 +128,7 @@ func TestSeqErrorOneNAK(t *testing.T) {
 		}
 	}
 	if !found {
-		t.Fatalf("retransmission does not resume at PSN 1002:\n%s", strings.Join(s.trace, "\n"))
+		t.Fatalf("retransmission does not resume at PSN 1002:\n%s", strings.Join(s.Trace, "\n"))
 	}
 	if qps[1].Stats().SeqNAKsSent != 1 || qps[0].Stats().SeqNAKsRecv != 1 {
 		t.Fatalf("NAK counters: sent %d recv %d", qps[1].Stats().SeqNAKsSent, qps[0].Stats().SeqNAKsRecv)
@@ -178,40 +139,40 @@ func TestSeqErrorOneNAK(t *testing.T) {
 // responder's min RNR timer; once a receive is posted, the retry after the
 // timer succeeds.
 func TestRNR(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	s.keep = true
-	qps := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7, rnrRetry: 7, minRNR: 14}) // 1.28 ms
-	lmr, _ := s.reg(0, 4096)
-	rmr, _ := s.reg(1, 4096)
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
-	s.pump(nil, 500*time.Microsecond)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	s.Keep = true
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024, Timeout: 14, Retry: 7, RNRRetry: 7, MinRNR: 14}) // 1.28 ms
+	lmr, _ := s.Reg(0, 4096)
+	rmr, _ := s.Reg(1, 4096)
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
+	s.Pump(nil, 500*time.Microsecond)
 	if qps[0].Stats().RNRNAKsRecv != 1 {
-		t.Fatalf("RNR NAKs received = %d, want 1\n%s", qps[0].Stats().RNRNAKsRecv, strings.Join(s.trace, "\n"))
+		t.Fatalf("RNR NAKs received = %d, want 1\n%s", qps[0].Stats().RNRNAKsRecv, strings.Join(s.Trace, "\n"))
 	}
-	t0 := s.now
+	t0 := s.Now
 	if err := qps[1].PostRecv(&wr.RecvWR{ID: 9, SGL: []wr.SGE{{Addr: rmr.Addr(), Length: 4096, LKey: rmr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]
+	wc := s.WaitWC(s.EP[0].SCQ, 1, time.Second)[0]
 	if wc.Status != cq.Success {
 		t.Fatalf("status %v", wc.Status)
 	}
-	if waited := s.now.Sub(simEpoch); waited < bth.RNRTimer(14) {
-		t.Fatalf("retried after %v, before the RNR timer %v (posted at %v)", waited, bth.RNRTimer(14), t0.Sub(simEpoch))
+	if waited := s.Now.Sub(enginetest.Epoch); waited < bth.RNRTimer(14) {
+		t.Fatalf("retried after %v, before the RNR timer %v (posted at %v)", waited, bth.RNRTimer(14), t0.Sub(enginetest.Epoch))
 	}
-	if !strings.Contains(strings.Join(s.trace, "\n"), "RNR NAK (timer 14") {
-		t.Fatalf("no RNR NAK with timer 14 in trace:\n%s", strings.Join(s.trace, "\n"))
+	if !strings.Contains(strings.Join(s.Trace, "\n"), "RNR NAK (timer 14") {
+		t.Fatalf("no RNR NAK with timer 14 in trace:\n%s", strings.Join(s.Trace, "\n"))
 	}
 }
 
 // TestRNRRetryExceeded: rnr_retry 2 gives up after three RNR NAKs.
 func TestRNRRetryExceeded(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7, rnrRetry: 2, minRNR: 1})
-	lmr, _ := s.reg(0, 4096)
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
-	mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.Send, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
-	wcs := s.waitWC(s.ep[0].scq, 2, time.Second)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024, Timeout: 14, Retry: 7, RNRRetry: 2, MinRNR: 1})
+	lmr, _ := s.Reg(0, 4096)
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.Send, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}})
+	wcs := s.WaitWC(s.EP[0].SCQ, 2, time.Second)
 	if wcs[0].Status != cq.RNRRetryExcErr || wcs[1].Status != cq.WRFlushErr || wcs[1].WRID != 2 {
 		t.Fatalf("completions %+v", wcs)
 	}
@@ -242,15 +203,15 @@ func TestRemoteAccessError(t *testing.T) {
 		}, cq.RemAccessErr},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newSim(t, 1, impairment{})
-			qps := s.connect(qpOpts{pmtu: 1024, timeout: 14, retry: 7})
-			lmr, _ := s.reg(0, 4096)
-			rmr, _ := s.reg(1, 4096)
+			s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+			qps := s.Connect(enginetest.QPOpts{PMTU: 1024, Timeout: 14, Retry: 7})
+			lmr, _ := s.Reg(0, 4096)
+			rmr, _ := s.Reg(1, 4096)
 			swr := tc.wr(lmr, rmr)
 			swr.ID, swr.Flags = 1, wr.Signaled
-			mustPost(t, qps[0], &swr)
-			mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.Send, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 1, LKey: lmr.LKey()}}})
-			wcs := s.waitWC(s.ep[0].scq, 2, time.Second)
+			enginetest.MustPost(t, qps[0], &swr)
+			enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.Send, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 1, LKey: lmr.LKey()}}})
+			wcs := s.WaitWC(s.EP[0].SCQ, 2, time.Second)
 			if wcs[0].Status != tc.st || wcs[1].Status != cq.WRFlushErr {
 				t.Fatalf("completions %v %v", wcs[0].Status, wcs[1].Status)
 			}
@@ -265,38 +226,38 @@ func TestRemoteAccessError(t *testing.T) {
 // local ACK timeout, resends, and the responder re-ACKs the duplicate
 // without executing it twice.
 func TestAckLostTimeout(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	s.keep = true
-	qps := s.connect(qpOpts{pmtu: 1024, timeout: 10, retry: 3, psn: [2]uint32{0xffffff, 0}}) // 4.2 ms
-	lmr, _ := s.reg(0, 4096)
-	rmr, _ := s.reg(1, 4096)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	s.Keep = true
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024, Timeout: 10, Retry: 3, PSN: [2]uint32{0xffffff, 0}}) // 4.2 ms
+	lmr, _ := s.Reg(0, 4096)
+	rmr, _ := s.Reg(1, 4096)
 	if err := qps[1].PostRecv(&wr.RecvWR{ID: 9, SGL: []wr.SGE{{Addr: rmr.Addr(), Length: 4096, LKey: rmr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	s.rules = []rule{{from: 1, opcode: int(bth.RCAck), psn: 0xffffff, nth: 1, action: "drop"}}
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 10, LKey: lmr.LKey()}}})
-	wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]
+	s.Rules = []enginetest.Rule{{From: 1, Opcode: int(bth.RCAck), PSN: 0xffffff, Nth: 1, Action: "drop"}}
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 10, LKey: lmr.LKey()}}})
+	wc := s.WaitWC(s.EP[0].SCQ, 1, time.Second)[0]
 	if wc.Status != cq.Success {
 		t.Fatalf("status %v", wc.Status)
 	}
-	if el := s.now.Sub(simEpoch); el < localAckTimeout(10) {
+	if el := s.Now.Sub(enginetest.Epoch); el < localAckTimeout(10) {
 		t.Fatalf("completed after %v, before the %v timeout", el, localAckTimeout(10))
 	}
 	if qps[0].Stats().Timeouts != 1 || qps[1].Stats().DupRequests != 1 {
-		t.Fatalf("timeouts %d dups %d\n%s", qps[0].Stats().Timeouts, qps[1].Stats().DupRequests, strings.Join(s.trace, "\n"))
+		t.Fatalf("timeouts %d dups %d\n%s", qps[0].Stats().Timeouts, qps[1].Stats().DupRequests, strings.Join(s.Trace, "\n"))
 	}
-	if n := s.ep[1].rcq.Poll(make([]cq.WC, 4)); n != 1 {
+	if n := s.EP[1].RCQ.Poll(make([]cq.WC, 4)); n != 1 {
 		t.Fatalf("%d receive completions, want exactly 1", n)
 	}
 }
 
 // TestRetryExceeded: a peer that never answers exhausts retry_cnt.
 func TestRetryExceeded(t *testing.T) {
-	s := newSim(t, 1, impairment{loss: 1})
-	qps := s.connect(qpOpts{pmtu: 1024, timeout: 8, retry: 2})
-	lmr, _ := s.reg(0, 4096)
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 10, LKey: lmr.LKey()}}, RemoteAddr: 0, RKey: 1})
-	wc := s.waitWC(s.ep[0].scq, 1, 10*time.Second)[0]
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{Loss: 1})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024, Timeout: 8, Retry: 2})
+	lmr, _ := s.Reg(0, 4096)
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 10, LKey: lmr.LKey()}}, RemoteAddr: 0, RKey: 1})
+	wc := s.WaitWC(s.EP[0].SCQ, 1, 10*time.Second)[0]
 	if wc.Status != cq.RetryExcErr {
 		t.Fatalf("status %v", wc.Status)
 	}

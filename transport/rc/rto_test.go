@@ -7,6 +7,7 @@ import (
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/transport/engine"
+	"github.com/softroce/softroce/transport/internal/enginetest"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -15,14 +16,14 @@ import (
 // ACK timeout (Timeout 4), and returns the requester's timeouts after the
 // first WRITE and after all of them.
 func slowWrites(t *testing.T, adaptive bool, n int) (first, all uint64, qps [2]*engine.QP) {
-	s := newSim(t, 1, impairment{delay: 200 * time.Microsecond})
-	qps = s.connect(qpOpts{pmtu: 1024, timeout: 4, retry: 7, adaptive: adaptive})
-	lmr, _ := s.reg(0, 4096)
-	rmr, _ := s.reg(1, 4096*n)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{Delay: 200 * time.Microsecond})
+	qps = s.Connect(enginetest.QPOpts{PMTU: 1024, Timeout: 4, Retry: 7, Adaptive: adaptive})
+	lmr, _ := s.Reg(0, 4096)
+	rmr, _ := s.Reg(1, 4096*n)
 	for i := 0; i < n; i++ {
-		mustPost(t, qps[0], &wr.SendWR{ID: uint64(i), Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+		enginetest.MustPost(t, qps[0], &wr.SendWR{ID: uint64(i), Opcode: wr.RDMAWrite, Flags: wr.Signaled,
 			SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 4096, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + uint64(4096*i), RKey: rmr.RKey()})
-		wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]
+		wc := s.WaitWC(s.EP[0].SCQ, 1, time.Second)[0]
 		if wc.Status != cq.Success {
 			t.Fatalf("WRITE %d: %v", i, wc.Status)
 		}
@@ -65,14 +66,14 @@ func TestAdaptiveTimeoutFollowsSlowRTT(t *testing.T) {
 // TestAdaptiveTimeoutNeverBelowIBTA: on a fast path the estimate falls far
 // below the IBTA timeout, which stays the floor.
 func TestAdaptiveTimeoutNeverBelowIBTA(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{pmtu: 1024, timeout: 10, retry: 3, adaptive: true})
-	lmr, _ := s.reg(0, 4096)
-	rmr, _ := s.reg(1, 4096)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024, Timeout: 10, Retry: 3, Adaptive: true})
+	lmr, _ := s.Reg(0, 4096)
+	rmr, _ := s.Reg(1, 4096)
 	for i := 0; i < 10; i++ {
-		mustPost(t, qps[0], &wr.SendWR{ID: uint64(i), Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+		enginetest.MustPost(t, qps[0], &wr.SendWR{ID: uint64(i), Opcode: wr.RDMAWrite, Flags: wr.Signaled,
 			SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-		if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success {
+		if wc := s.WaitWC(s.EP[0].SCQ, 1, time.Second)[0]; wc.Status != cq.Success {
 			t.Fatalf("status %v", wc.Status)
 		}
 	}
@@ -93,19 +94,19 @@ func TestAdaptiveTimeoutNeverBelowIBTA(t *testing.T) {
 // round trip, a lost packet is still retransmitted after it (one expiry,
 // later than the IBTA timeout, earlier than the cap) and the WRITE completes.
 func TestAdaptiveTimeoutRecoversLoss(t *testing.T) {
-	s := newSim(t, 1, impairment{delay: 200 * time.Microsecond})
-	s.keep = true
-	qps := s.connect(qpOpts{pmtu: 1024, timeout: 4, retry: 7, adaptive: true})
-	lmr, _ := s.reg(0, 4096)
-	rmr, _ := s.reg(1, 4096)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{Delay: 200 * time.Microsecond})
+	s.Keep = true
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024, Timeout: 4, Retry: 7, Adaptive: true})
+	lmr, _ := s.Reg(0, 4096)
+	rmr, _ := s.Reg(1, 4096)
 	write := func(id uint64) time.Duration {
-		t0 := s.now
-		mustPost(t, qps[0], &wr.SendWR{ID: id, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+		t0 := s.Now
+		enginetest.MustPost(t, qps[0], &wr.SendWR{ID: id, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
 			SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 4096, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-		if wc := s.waitWC(s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success {
+		if wc := s.WaitWC(s.EP[0].SCQ, 1, time.Second)[0]; wc.Status != cq.Success {
 			t.Fatalf("WRITE %d: %v", id, wc.Status)
 		}
-		return s.now.Sub(t0)
+		return s.Now.Sub(t0)
 	}
 	for i := 0; i < 10; i++ {
 		write(uint64(i))
@@ -114,11 +115,11 @@ func TestAdaptiveTimeoutRecoversLoss(t *testing.T) {
 	before := qps[0].Stats()
 	// The next WRITE's last packet (10 WRITEs of 4 packets came before):
 	// nothing follows it, so only the timeout can recover it.
-	s.rules = []rule{{from: 0, opcode: -1, psn: 43, nth: 1, action: "drop"}}
+	s.Rules = []enginetest.Rule{{From: 0, Opcode: -1, PSN: 43, Nth: 1, Action: "drop"}}
 	el := write(10)
 	after := qps[0].Stats()
-	if s.rules[0].matched != 1 {
-		t.Fatalf("the drop rule matched %d times\n%s", s.rules[0].matched, strings.Join(s.trace, "\n"))
+	if s.Rules[0].Matched != 1 {
+		t.Fatalf("the drop rule matched %d times\n%s", s.Rules[0].Matched, strings.Join(s.Trace, "\n"))
 	}
 	if after.Timeouts != before.Timeouts+1 || after.Retransmits == before.Retransmits {
 		t.Fatalf("timeouts %d -> %d, retransmits %d -> %d", before.Timeouts, after.Timeouts, before.Retransmits, after.Retransmits)
@@ -133,10 +134,10 @@ func TestAdaptiveTimeoutRecoversLoss(t *testing.T) {
 // work request still completes once, in order, byte-exact. The backoff
 // must end with progress, or a long recovery waits at the cap.
 func TestPropertyLossyAdaptive(t *testing.T) {
-	simAdaptive = true
-	defer func() { simAdaptive = false }()
+	propAdaptive = true
+	defer func() { propAdaptive = false }()
 	n := 200
-	if testing.Short() || raceEnabled {
+	if testing.Short() || enginetest.RaceEnabled {
 		n = 30
 	}
 	for seed := uint64(1); seed <= uint64(n); seed++ {

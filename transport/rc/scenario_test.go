@@ -2,86 +2,37 @@ package rc
 
 import (
 	"encoding/binary"
-	"fmt"
-	"net/netip"
-	"strings"
 	"testing"
 
 	"github.com/softroce/softroce/bth"
-	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
-	"github.com/softroce/softroce/transport/engine"
+	"github.com/softroce/softroce/transport/internal/enginetest"
 	"github.com/softroce/softroce/wr"
 )
-
-// inject hands one crafted request to endpoint 1's QP and returns the
-// responses it produces, one line each ("ACKNOWLEDGE psn=5 NAK ...").
-func (s *sim) inject(qp *engine.QP, f bth.Fields, payload []byte) []string {
-	f.BTH.PKey = 0xffff
-	f.BTH.DestQP = qp.Num()
-	buf := make([]byte, bth.Len(f.BTH.Opcode, len(payload)))
-	n, err := bth.Build(buf, &f, payload)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	s.ep[1].e.Receive(s.now, []nic.Packet{{Buf: buf, N: n, Remote: netip.AddrPortFrom(s.ep[0].addr, 4791)}})
-	var lines []string
-	for {
-		out, more := s.ep[1].e.Progress(s.now)
-		for i := range out {
-			var p bth.Packet
-			if err := bth.Parse(&p, out[i].Bytes()); err != nil {
-				s.t.Fatal(err)
-			}
-			l := fmt.Sprintf("%s psn=%d", shortOp(p.BTH.Opcode()), p.BTH.PSN())
-			if p.AETH != nil {
-				l += fmt.Sprintf(" %s msn=%d", p.AETH.Syndrome(), p.AETH.MSN())
-			}
-			if p.AtomicAckETH != nil {
-				l += fmt.Sprintf(" orig=%d", p.AtomicAckETH.Orig())
-			}
-			if len(p.Payload) > 0 {
-				l += fmt.Sprintf(" len=%d", len(p.Payload))
-			}
-			lines = append(lines, l)
-		}
-		s.ep[1].e.Release(out)
-		if !more {
-			return lines
-		}
-	}
-}
-
-func expectLines(t *testing.T, what string, got []string, want ...string) {
-	t.Helper()
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Fatalf("%s:\ngot:\n  %s\nwant:\n  %s", what, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
-	}
-}
 
 // TestResponderExactPackets drives softroce's responder with crafted
 // packets and checks the exact answers (IBTA §9.7.5.2, rxe behaviour).
 func TestResponderExactPackets(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{0xfffffe, 0}, minRNR: 12})
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 256, PSN: [2]uint32{0xfffffe, 0}, MinRNR: 12})
 	qp := qps[1]
-	rmr, mem := s.reg(1, 4096)
+	rmr, mem := s.Reg(1, 4096)
 	w := func(op bth.Opcode, psn uint32, ack bool) bth.Fields {
 		return bth.Fields{BTH: bth.BTHFields{Opcode: op, PSN: psn, AckReq: ack}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 16}
 	}
 	// PSN wraparound: 0xfffffe, 0xffffff, 0, 1 all accepted.
 	for _, psn := range []uint32{0xfffffe, 0xffffff, 0} {
-		expectLines(t, "write across the wrap", s.inject(qp, w(bth.RCWriteOnly, psn, false), make([]byte, 16)))
+		enginetest.ExpectLines(t, "write across the wrap", s.Inject(qp, w(bth.RCWriteOnly, psn, false), make([]byte, 16)))
 	}
-	expectLines(t, "AckReq at PSN 1", s.inject(qp, w(bth.RCWriteOnly, 1, true), make([]byte, 16)),
+	enginetest.ExpectLines(t, "AckReq at PSN 1", s.Inject(qp, w(bth.RCWriteOnly, 1, true), make([]byte, 16)),
 		"ACKNOWLEDGE psn=1 ACK (credits unlimited) msn=4")
 	// A gap: exactly one PSN sequence error NAK carrying the expected PSN.
-	expectLines(t, "first packet after a gap", s.inject(qp, w(bth.RCWriteOnly, 5, true), make([]byte, 16)),
+	enginetest.ExpectLines(t, "first packet after a gap", s.Inject(qp, w(bth.RCWriteOnly, 5, true), make([]byte, 16)),
 		"ACKNOWLEDGE psn=2 NAK PSN sequence error msn=4")
-	expectLines(t, "second packet of the gap", s.inject(qp, w(bth.RCWriteOnly, 6, true), make([]byte, 16)))
+	enginetest.ExpectLines(t, "second packet of the gap", s.Inject(qp, w(bth.RCWriteOnly, 6, true), make([]byte, 16)))
 	// A duplicate WRITE is re-ACKed with the last executed PSN, not executed.
 	mem[0] = 0x55
-	expectLines(t, "duplicate WRITE", s.inject(qp, w(bth.RCWriteOnly, 0, false), make([]byte, 16)),
+	enginetest.ExpectLines(t, "duplicate WRITE", s.Inject(qp, w(bth.RCWriteOnly, 0, false), make([]byte, 16)),
 		"ACKNOWLEDGE psn=1 ACK (credits unlimited) msn=4")
 	if mem[0] != 0x55 {
 		t.Fatal("duplicate WRITE executed again")
@@ -94,29 +45,29 @@ func TestResponderExactPackets(t *testing.T) {
 		"RDMA_READ_RESPONSE_MIDDLE psn=4 len=256",
 		"RDMA_READ_RESPONSE_LAST psn=5 ACK (credits unlimited) msn=5 len=5",
 	}
-	expectLines(t, "READ segmented at the MTU", s.inject(qp, rd, nil), want...)
+	enginetest.ExpectLines(t, "READ segmented at the MTU", s.Inject(qp, rd, nil), want...)
 	// A duplicate READ from its second PSN is re-executed from there.
 	rd2 := rd
 	rd2.BTH.PSN, rd2.VA, rd2.DMALen = 3, rmr.Addr()+256, 2*256+5
-	expectLines(t, "duplicate READ", s.inject(qp, rd2, nil), want[1:]...)
+	enginetest.ExpectLines(t, "duplicate READ", s.Inject(qp, rd2, nil), want[1:]...)
 	// Fetch-and-add, then its duplicate: same original, applied once.
 	binary.LittleEndian.PutUint64(mem[64:], 7)
 	fa := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCFetchAdd, PSN: 6, AckReq: true}, VA: rmr.Addr() + 64, RKey: rmr.RKey(), SwapAdd: 3}
-	expectLines(t, "fetch-and-add", s.inject(qp, fa, nil), "ATOMIC_ACKNOWLEDGE psn=6 ACK (credits unlimited) msn=6 orig=7")
-	expectLines(t, "duplicate fetch-and-add", s.inject(qp, fa, nil), "ATOMIC_ACKNOWLEDGE psn=6 ACK (credits unlimited) msn=6 orig=7")
+	enginetest.ExpectLines(t, "fetch-and-add", s.Inject(qp, fa, nil), "ATOMIC_ACKNOWLEDGE psn=6 ACK (credits unlimited) msn=6 orig=7")
+	enginetest.ExpectLines(t, "duplicate fetch-and-add", s.Inject(qp, fa, nil), "ATOMIC_ACKNOWLEDGE psn=6 ACK (credits unlimited) msn=6 orig=7")
 	if v := binary.LittleEndian.Uint64(mem[64:]); v != 10 {
 		t.Fatalf("counter = %d after an atomic and its duplicate, want 10", v)
 	}
 	// SEND with no receive posted: RNR NAK with min_rnr_timer, QP stays up.
 	send := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: 7, AckReq: true}}
-	expectLines(t, "SEND without a receive", s.inject(qp, send, []byte("hi")), "ACKNOWLEDGE psn=7 RNR NAK (timer 12 = 640µs) msn=6")
+	enginetest.ExpectLines(t, "SEND without a receive", s.Inject(qp, send, []byte("hi")), "ACKNOWLEDGE psn=7 RNR NAK (timer 12 = 640µs) msn=6")
 	if err := qp.PostRecv(&wr.RecvWR{ID: 1, SGL: []wr.SGE{{Addr: rmr.Addr() + 1024, Length: 64, LKey: rmr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	expectLines(t, "SEND after posting", s.inject(qp, send, []byte("hi")), "ACKNOWLEDGE psn=7 ACK (credits unlimited) msn=7")
+	enginetest.ExpectLines(t, "SEND after posting", s.Inject(qp, send, []byte("hi")), "ACKNOWLEDGE psn=7 ACK (credits unlimited) msn=7")
 	// Bad opcode sequence: WRITE_MIDDLE with no WRITE open -> NAK invalid
 	// request at that PSN, and the QP goes to ERR.
-	expectLines(t, "WRITE_MIDDLE without FIRST", s.inject(qp, w(bth.RCWriteMiddle, 8, false), make([]byte, 256)),
+	enginetest.ExpectLines(t, "WRITE_MIDDLE without FIRST", s.Inject(qp, w(bth.RCWriteMiddle, 8, false), make([]byte, 256)),
 		"ACKNOWLEDGE psn=8 NAK invalid request msn=7")
 	if qp.State() != qpstate.Err {
 		t.Fatalf("state %v after invalid request, want ERR", qp.State())
@@ -148,15 +99,15 @@ func TestResponderAccessErrors(t *testing.T) {
 		}, "ACKNOWLEDGE psn=0 NAK invalid request msn=0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newSim(t, 1, impairment{})
-			qps := s.connect(qpOpts{pmtu: 1024})
-			rmr, _ := s.reg(1, 4096)
+			s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+			qps := s.Connect(enginetest.QPOpts{PMTU: 1024})
+			rmr, _ := s.Reg(1, 4096)
 			f := tc.f(rmr.Addr(), rmr.RKey())
 			var payload []byte
 			if f.BTH.Opcode == bth.RCWriteOnly {
 				payload = make([]byte, f.DMALen)
 			}
-			expectLines(t, tc.name, s.inject(qps[1], f, payload), tc.want)
+			enginetest.ExpectLines(t, tc.name, s.Inject(qps[1], f, payload), tc.want)
 		})
 	}
 }
@@ -164,12 +115,12 @@ func TestResponderAccessErrors(t *testing.T) {
 // TestDuplicateAckSkipsReadPSN: a duplicate WRITE after a READ is re-ACKed
 // with the WRITE's PSN, never with a PSN that belongs to READ responses.
 func TestDuplicateAckSkipsReadPSN(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{pmtu: 256, psn: [2]uint32{30, 0}})
-	rmr, _ := s.reg(1, 4096)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 256, PSN: [2]uint32{30, 0}})
+	rmr, _ := s.Reg(1, 4096)
 	swr := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, PSN: 30, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 8}
-	expectLines(t, "WRITE", s.inject(qps[1], swr, make([]byte, 8)), "ACKNOWLEDGE psn=30 ACK (credits unlimited) msn=1")
+	enginetest.ExpectLines(t, "WRITE", s.Inject(qps[1], swr, make([]byte, 8)), "ACKNOWLEDGE psn=30 ACK (credits unlimited) msn=1")
 	rd := bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCReadRequest, PSN: 31, AckReq: true}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 8}
-	expectLines(t, "READ", s.inject(qps[1], rd, nil), "RDMA_READ_RESPONSE_ONLY psn=31 ACK (credits unlimited) msn=2 len=8")
-	expectLines(t, "duplicate WRITE", s.inject(qps[1], swr, make([]byte, 8)), "ACKNOWLEDGE psn=30 ACK (credits unlimited) msn=2")
+	enginetest.ExpectLines(t, "READ", s.Inject(qps[1], rd, nil), "RDMA_READ_RESPONSE_ONLY psn=31 ACK (credits unlimited) msn=2 len=8")
+	enginetest.ExpectLines(t, "duplicate WRITE", s.Inject(qps[1], swr, make([]byte, 8)), "ACKNOWLEDGE psn=30 ACK (credits unlimited) msn=2")
 }

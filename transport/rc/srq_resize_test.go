@@ -72,10 +72,10 @@ func TestSRQResize(t *testing.T) {
 			}
 		}
 		f.send(t, k, uint64(i+1), i*64, 100+i)
-		f.s.waitWC(f.s.ep[0].scq, 1, time.Second)
+		f.s.WaitWC(f.s.EP[0].SCQ, 1, time.Second)
 	}
 	wcs := make([]cq.WC, 16)
-	if n := f.s.ep[1].rcq.Poll(wcs); n != len(order) {
+	if n := f.s.EP[1].RCQ.Poll(wcs); n != len(order) {
 		t.Fatalf("%d receive completions, want %d", n, len(order))
 	}
 	for i, k := range order {

@@ -12,13 +12,14 @@ import (
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/engine"
+	"github.com/softroce/softroce/transport/internal/enginetest"
 	"github.com/softroce/softroce/wr"
 )
 
 // srqFixture: endpoint 1 has an SRQ with two RC QPs on it, each connected
 // to a QP of endpoint 0.
 type srqFixture struct {
-	s      *sim
+	s      *enginetest.Sim
 	srq    *engine.SRQ
 	qps    [2][2]*engine.QP // qps[k][0] sends to qps[k][1], which is on the SRQ
 	limits int
@@ -30,20 +31,20 @@ type srqFixture struct {
 }
 
 func newSRQFixture(t *testing.T, maxWR int) *srqFixture {
-	f := &srqFixture{s: newSim(t, 1, impairment{})}
-	f.s.keep = true
+	f := &srqFixture{s: enginetest.NewSim(t, 1, enginetest.Impairment{})}
+	f.s.Keep = true
 	var err error
-	f.srq, err = f.s.ep[1].e.CreateSRQ(engine.SRQConfig{MaxWR: maxWR, MaxSGE: 2, OnLimit: func() { f.limits++ }})
+	f.srq, err = f.s.EP[1].E.CreateSRQ(engine.SRQConfig{MaxWR: maxWR, MaxSGE: 2, OnLimit: func() { f.limits++ }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.s.ep[1].e.OnLastWQE = func(qpn uint32) { f.last = append(f.last, qpn) }
+	f.s.EP[1].E.OnLastWQE = func(qpn uint32) { f.last = append(f.last, qpn) }
 	for k := range f.qps {
-		f.qps[k] = f.s.connect(qpOpts{pmtu: 1024, psn: [2]uint32{uint32(k) * 1000, 0xfffffe}, timeout: 14, retry: 7, rnrRetry: 7, minRNR: 1, srq: [2]*engine.SRQ{nil, f.srq}})
+		f.qps[k] = f.s.Connect(enginetest.QPOpts{PMTU: 1024, PSN: [2]uint32{uint32(k) * 1000, 0xfffffe}, Timeout: 14, Retry: 7, RNRRetry: 7, MinRNR: 1, SRQ: [2]*engine.SRQ{nil, f.srq}})
 	}
-	f.lmr, f.local = f.s.reg(0, 64<<10)
-	f.rmr, f.remote = f.s.reg(1, 64<<10)
-	fill(f.local, 5)
+	f.lmr, f.local = f.s.Reg(0, 64<<10)
+	f.rmr, f.remote = f.s.Reg(1, 64<<10)
+	enginetest.Fill(f.local, 5)
 	return f
 }
 
@@ -56,7 +57,7 @@ func (f *srqFixture) postSRQ(t *testing.T, id uint64, off, n int) {
 
 func (f *srqFixture) send(t *testing.T, k int, id uint64, off, n int) {
 	t.Helper()
-	mustPost(t, f.qps[k][0], &wr.SendWR{ID: id, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: f.lmr.Addr() + uint64(off), Length: uint32(n), LKey: f.lmr.LKey()}}})
+	enginetest.MustPost(t, f.qps[k][0], &wr.SendWR{ID: id, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: f.lmr.Addr() + uint64(off), Length: uint32(n), LKey: f.lmr.LKey()}}})
 }
 
 // TestSRQConsumedInOrderAcrossQPs: SENDs arriving on two QPs of one SRQ
@@ -72,10 +73,10 @@ func TestSRQConsumedInOrderAcrossQPs(t *testing.T) {
 	sizes := []int{3000, 1, 8192, 0}
 	for i, k := range order {
 		f.send(t, k, uint64(i+1), i*100, sizes[i])
-		f.s.waitWC(f.s.ep[0].scq, 1, time.Second)
+		f.s.WaitWC(f.s.EP[0].SCQ, 1, time.Second)
 	}
 	wcs := make([]cq.WC, 8)
-	if n := f.s.ep[1].rcq.Poll(wcs); n != 4 {
+	if n := f.s.EP[1].RCQ.Poll(wcs); n != 4 {
 		t.Fatalf("%d receive completions, want 4", n)
 	}
 	for i, k := range order {
@@ -97,15 +98,15 @@ func TestSRQConsumedInOrderAcrossQPs(t *testing.T) {
 func TestSRQEmptyRNR(t *testing.T) {
 	f := newSRQFixture(t, 4)
 	f.send(t, 1, 1, 0, 100)
-	f.s.pump(nil, 100*time.Microsecond)
+	f.s.Pump(nil, 100*time.Microsecond)
 	if f.qps[1][1].Stats().RNRNAKsSent == 0 || f.qps[1][0].Stats().RNRNAKsRecv == 0 {
-		t.Fatalf("no RNR NAK with an empty SRQ:\n%s", strings.Join(f.s.trace, "\n"))
+		t.Fatalf("no RNR NAK with an empty SRQ:\n%s", strings.Join(f.s.Trace, "\n"))
 	}
 	f.postSRQ(t, 7, 0, 4096)
-	if wc := f.s.waitWC(f.s.ep[0].scq, 1, time.Second)[0]; wc.Status != cq.Success {
+	if wc := f.s.WaitWC(f.s.EP[0].SCQ, 1, time.Second)[0]; wc.Status != cq.Success {
 		t.Fatalf("send completion %+v", wc)
 	}
-	wcs := f.s.waitWC(f.s.ep[1].rcq, 1, time.Second)
+	wcs := f.s.WaitWC(f.s.EP[1].RCQ, 1, time.Second)
 	if wcs[0].WRID != 7 || wcs[0].ByteLen != 100 {
 		t.Fatalf("receive completion %+v", wcs[0])
 	}
@@ -125,14 +126,14 @@ func TestSRQLimitFiresOnce(t *testing.T) {
 	for i := range 2 { // 6 -> 4 posted: not below 4
 		f.send(t, i%2, uint64(i), 0, 10)
 	}
-	f.s.waitWC(f.s.ep[1].rcq, 2, time.Second)
+	f.s.WaitWC(f.s.EP[1].RCQ, 2, time.Second)
 	if f.limits != 0 || f.srq.Query().Limit != 4 {
 		t.Fatalf("limit fired %d times with 4 WQEs left (limit %d)", f.limits, f.srq.Query().Limit)
 	}
 	for i := range 3 { // 3, 2, 1 left
 		f.send(t, i%2, uint64(10+i), 0, 10)
 	}
-	f.s.waitWC(f.s.ep[1].rcq, 3, time.Second)
+	f.s.WaitWC(f.s.EP[1].RCQ, 3, time.Second)
 	if f.limits != 1 {
 		t.Fatalf("limit fired %d times, want once", f.limits)
 	}
@@ -146,7 +147,7 @@ func TestSRQLimitFiresOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.send(t, 0, 20, 0, 10) // 1 -> 0 left: below 2 again
-	f.s.waitWC(f.s.ep[1].rcq, 1, time.Second)
+	f.s.WaitWC(f.s.EP[1].RCQ, 1, time.Second)
 	if f.limits != 2 {
 		t.Fatalf("re-armed limit fired %d times in all, want 2", f.limits)
 	}
@@ -166,11 +167,11 @@ func TestSRQQPErr(t *testing.T) {
 		f.postSRQ(t, uint64(50+i), i*2048, 2048)
 	}
 	// A two-packet SEND whose first packet is in: A holds WQE 50.
-	f.s.feed(1, a, bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendFirst, PSN: 0}}, make([]byte, 1024)) // a's RQ PSN is 0
+	f.s.Feed(1, a, bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendFirst, PSN: 0}}, make([]byte, 1024)) // a's RQ PSN is 0
 	a.SetState(qpstate.Err)
 	a.SetState(qpstate.Err) // already in ERR: no second event
 	wcs := make([]cq.WC, 8)
-	n := f.s.ep[1].rcq.Poll(wcs)
+	n := f.s.EP[1].RCQ.Poll(wcs)
 	if n != 1 || wcs[0].WRID != 50 || wcs[0].Status != cq.WRFlushErr || wcs[0].QPNum != a.Num() {
 		t.Fatalf("flush completions %+v, want only WR 50 on QP %d", wcs[:n], a.Num())
 	}
@@ -181,17 +182,17 @@ func TestSRQQPErr(t *testing.T) {
 		t.Fatalf("SRQ holds %d WQEs after the flush, want 2", st.Posted)
 	}
 	f.send(t, 1, 1, 0, 10)
-	if w := f.s.waitWC(f.s.ep[1].rcq, 1, time.Second)[0]; w.WRID != 51 || w.QPNum != b.Num() || w.Status != cq.Success {
+	if w := f.s.WaitWC(f.s.EP[1].RCQ, 1, time.Second)[0]; w.WRID != 51 || w.QPNum != b.Num() || w.Status != cq.Success {
 		t.Fatalf("the other QP's receive %+v, want WR 51", w)
 	}
 	// A transport error (a SEND longer than the buffer) raises it too.
 	f.send(t, 1, 2, 0, 4000)
-	f.s.waitWC(f.s.ep[1].rcq, 1, time.Second)
+	f.s.WaitWC(f.s.EP[1].RCQ, 1, time.Second)
 	if b.State() != qpstate.Err || len(f.last) != 2 || f.last[1] != b.Num() {
 		t.Fatalf("QP %d state %v, last WQE events %v", b.Num(), b.State(), f.last)
 	}
 	// A QP without SRQ never raises it.
-	qps := f.s.connect(qpOpts{})
+	qps := f.s.Connect(enginetest.QPOpts{})
 	qps[1].SetState(qpstate.Err)
 	if len(f.last) != 2 {
 		t.Fatalf("last WQE events %v for a QP without SRQ", f.last)
@@ -202,7 +203,7 @@ func TestSRQQPErr(t *testing.T) {
 // it can, once.
 func TestSRQDestroyBusy(t *testing.T) {
 	f := newSRQFixture(t, 2)
-	e := f.s.ep[1].e
+	e := f.s.EP[1].E
 	if err := e.DestroySRQ(f.srq); !errors.Is(err, engine.ErrSRQBusy) {
 		t.Fatalf("destroy with QPs: %v", err)
 	}
@@ -221,10 +222,10 @@ func TestSRQDestroyBusy(t *testing.T) {
 	if err := f.srq.PostRecv(&wr.RecvWR{ID: 2}); err == nil {
 		t.Fatal("post to a destroyed SRQ accepted")
 	}
-	if _, err := e.CreateQP(engine.QPConfig{PD: f.s.ep[1].pd, SendCQ: f.s.ep[1].scq, RecvCQ: f.s.ep[1].rcq, MaxSendWR: 1, SRQ: f.srq}); !errors.Is(err, engine.ErrNoSRQ) {
+	if _, err := e.CreateQP(engine.QPConfig{PD: f.s.EP[1].PD, SendCQ: f.s.EP[1].SCQ, RecvCQ: f.s.EP[1].RCQ, MaxSendWR: 1, SRQ: f.srq}); !errors.Is(err, engine.ErrNoSRQ) {
 		t.Fatalf("create QP on a destroyed SRQ: %v", err)
 	}
-	if _, err := f.s.ep[0].e.CreateSRQ(engine.SRQConfig{MaxWR: 0}); err == nil {
+	if _, err := f.s.EP[0].E.CreateSRQ(engine.SRQConfig{MaxWR: 0}); err == nil {
 		t.Fatal("SRQ with max_wr 0 created")
 	}
 }

@@ -1,16 +1,3 @@
-// Package uc holds the rules of the Unreliable Connection service that
-// differ from RC, as pure logic with no engine state: which work requests
-// a UC QP may post, the UC opcode of each segment, and the responder's
-// receive sequencing (IBTA vol. 1 §9.8, kernel rdma_rxe's UC paths).
-//
-// UC has no acknowledgements: the requester assigns PSNs and a work
-// request completes once its last packet is handed to the link; the
-// responder checks PSNs and opcode sequence and, when a packet is missing,
-// silently drops the rest of the message and starts again at the next
-// FIRST or ONLY packet, whatever its PSN. UC QPs run on the shared
-// engine of transport/engine (queues, segmentation opcodes, memory
-// placement, completions); their requester and responder are, for now,
-// transport/rc/uc.go.
 package uc
 
 import (

@@ -1,14 +1,3 @@
-// Package ud is the Unreliable Datagram service: the UD QP's requester
-// and receive path (qp.go), which the transport engine (transport/engine)
-// runs for every QP of type UD, and the rules they follow that need no QP
-// state (ud.go): the headers of a UD SEND (BTH + DETH [+ ImmDt]), the
-// Q_Key rules on send and receive, the 40-byte GRH a UD receive buffer
-// starts with, and the RoCEv2 UDP source port of an address handle.
-//
-// The service registers itself with the engine when the package is
-// linked in (init in qp.go). The wire rules are pure and separately
-// tested, so that they are in one place (IBTA vol. 1 §9.8 and §10.2.5,
-// kernel rdma_rxe for what a peer expects on RoCEv2).
 package ud
 
 import (

@@ -1,4 +1,4 @@
-package rc
+package uc
 
 import (
 	"bytes"
@@ -13,23 +13,24 @@ import (
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/engine"
-	"github.com/softroce/softroce/transport/uc"
+	"github.com/softroce/softroce/transport/internal/enginetest"
+	_ "github.com/softroce/softroce/transport/rc" // the RC QPs UC is compared and mixed with
 	"github.com/softroce/softroce/wr"
 )
 
 // ucSim connects a UC QP on each side at PMTU 256 and checks every packet
 // either engine hands out: UC opcodes only, never AckReq, and nothing at
 // all from the receiving side 1.
-func ucSim(t *testing.T, o qpOpts) (*sim, [2]*engine.QP) {
+func ucSim(t *testing.T, o enginetest.QPOpts) (*enginetest.Sim, [2]*engine.QP) {
 	t.Helper()
-	s := newSim(t, 1, impairment{})
-	s.keep = true
-	o.typ = qpstate.UC
-	if o.pmtu == 0 {
-		o.pmtu = 256
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	s.Keep = true
+	o.Type = qpstate.UC
+	if o.PMTU == 0 {
+		o.PMTU = 256
 	}
-	qps := s.connect(o)
-	s.traceSent(func(i int, pk *bth.Packet) {
+	qps := s.Connect(o)
+	s.TraceSent(func(i int, pk *bth.Packet) {
 		if i == 1 {
 			t.Errorf("the UC receiver sent %v psn %d: UC never answers", pk.Info.Name, pk.BTH.PSN())
 		}
@@ -40,41 +41,34 @@ func ucSim(t *testing.T, o qpOpts) (*sim, [2]*engine.QP) {
 	return s, qps
 }
 
-func ucOp(rc bth.Opcode) int { return int(uc.Opcode(rc)) }
-
-func (s *sim) postRecv(qp *engine.QP, id uint64, mrAddr uint64, n uint32, lkey uint32) {
-	s.t.Helper()
-	if err := qp.PostRecv(&wr.RecvWR{ID: id, SGL: []wr.SGE{{Addr: mrAddr, Length: n, LKey: lkey}}}); err != nil {
-		s.t.Fatal(err)
-	}
-}
+func ucOp(rc bth.Opcode) int { return int(Opcode(rc)) }
 
 // TestUCExchange: multi-packet SEND, SEND with immediate, WRITE and WRITE
 // with immediate arrive intact; each send completes once its last packet
 // has left, with no ACK coming back.
 func TestUCExchange(t *testing.T) {
-	s, qps := ucSim(t, qpOpts{psn: [2]uint32{0xfffffe, 77}})
-	lmr, local := s.reg(0, 64<<10)
-	rmr, remote := s.reg(1, 64<<10)
-	fill(local, 9)
-	s.postRecv(qps[1], 10, rmr.Addr(), 2000, rmr.LKey())
-	s.postRecv(qps[1], 11, rmr.Addr()+2000, 2000, rmr.LKey())
-	s.postRecv(qps[1], 12, rmr.Addr()+4000, 100, rmr.LKey())
+	s, qps := ucSim(t, enginetest.QPOpts{PSN: [2]uint32{0xfffffe, 77}})
+	lmr, local := s.Reg(0, 64<<10)
+	rmr, remote := s.Reg(1, 64<<10)
+	enginetest.Fill(local, 9)
+	s.PostRecv(qps[1], 10, rmr.Addr(), 2000, rmr.LKey())
+	s.PostRecv(qps[1], 11, rmr.Addr()+2000, 2000, rmr.LKey())
+	s.PostRecv(qps[1], 12, rmr.Addr()+4000, 100, rmr.LKey())
 	sge := func(off, n int) []wr.SGE {
 		return []wr.SGE{{Addr: lmr.Addr() + uint64(off), Length: uint32(n), LKey: lmr.LKey()}}
 	}
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: sge(0, 1000)})
-	mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.SendWithImm, Flags: wr.Signaled | wr.Solicited, Imm: 0xabcd, SGL: sge(1000, 513)})
-	mustPost(t, qps[0], &wr.SendWR{ID: 3, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: sge(2000, 3000), RemoteAddr: rmr.Addr() + 10000, RKey: rmr.RKey()})
-	mustPost(t, qps[0], &wr.SendWR{ID: 4, Opcode: wr.RDMAWriteWithImm, Flags: wr.Signaled, Imm: 7, SGL: sge(6000, 700), RemoteAddr: rmr.Addr() + 20000, RKey: rmr.RKey()})
-	mustPost(t, qps[0], &wr.SendWR{ID: 5, Opcode: wr.Send, Flags: wr.Signaled | wr.Inline, InlineData: []byte("inline")})
-	sw := s.waitWC(s.ep[0].scq, 5, time.Second)
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: sge(0, 1000)})
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.SendWithImm, Flags: wr.Signaled | wr.Solicited, Imm: 0xabcd, SGL: sge(1000, 513)})
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 3, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: sge(2000, 3000), RemoteAddr: rmr.Addr() + 10000, RKey: rmr.RKey()})
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 4, Opcode: wr.RDMAWriteWithImm, Flags: wr.Signaled, Imm: 7, SGL: sge(6000, 700), RemoteAddr: rmr.Addr() + 20000, RKey: rmr.RKey()})
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 5, Opcode: wr.Send, Flags: wr.Signaled | wr.Inline, InlineData: []byte("inline")})
+	sw := s.WaitWC(s.EP[0].SCQ, 5, time.Second)
 	for i, wc := range sw {
 		if wc.Status != cq.Success || wc.WRID != uint64(i+1) {
 			t.Fatalf("send completion %d: %+v", i, wc)
 		}
 	}
-	rw := s.waitWC(s.ep[1].rcq, 3, time.Second)
+	rw := s.WaitWC(s.EP[1].RCQ, 3, time.Second)
 	want := []cq.WC{
 		{WRID: 10, Opcode: cq.OpRecv, ByteLen: 1000},
 		{WRID: 11, Opcode: cq.OpRecv, ByteLen: 513, ImmData: 0xabcd, Flags: cq.FlagWithImm},
@@ -93,17 +87,17 @@ func TestUCExchange(t *testing.T) {
 	}
 	// The inline SEND found no receive WQE: UC drops it silently (rxe:
 	// class D, no RNR NAK).
-	s.pump(nil, time.Second)
-	if len(rw) != 3 || s.ep[1].rcq.Poll(make([]cq.WC, 1)) != 0 || qps[1].Stats().Dropped != 1 {
+	s.Pump(nil, time.Second)
+	if len(rw) != 3 || s.EP[1].RCQ.Poll(make([]cq.WC, 1)) != 0 || qps[1].Stats().Dropped != 1 {
 		t.Fatalf("SEND without a receive WQE not counted as dropped: %+v", qps[1].Stats())
 	}
 	if st := qps[1].State(); st != qpstate.RTS {
 		t.Fatalf("receiver state %v", st)
 	}
-	if !s.ep[0].e.NextDeadline().IsZero() || qps[0].Stats().Retransmits != 0 {
+	if !s.EP[0].E.NextDeadline().IsZero() || qps[0].Stats().Retransmits != 0 {
 		t.Fatal("a UC requester armed a timer or retransmitted")
 	}
-	if n := strings.Count(strings.Join(s.trace, "\n"), "1>0"); n != 0 {
+	if n := strings.Count(strings.Join(s.Trace, "\n"), "1>0"); n != 0 {
 		t.Fatalf("receiver sent %d packets", n)
 	}
 	// 4 + 3 + 12 + 3 + 1 packets, PSNs wrapping from 0xfffffe.
@@ -125,26 +119,26 @@ func TestUCGapDropsMessage(t *testing.T) {
 		off  uint32
 	}{{"middle", bth.RCSendMiddle, 1}, {"last", bth.RCSendLast, 3}, {"first", bth.RCSendFirst, 0}} {
 		t.Run(dropAt.name, func(t *testing.T) {
-			s, qps := ucSim(t, qpOpts{psn: [2]uint32{100, 500}})
-			s.rules = append(s.rules, rule{from: 0, opcode: ucOp(dropAt.op), psn: 100 + dropAt.off, nth: 1, action: "drop"})
-			lmr, local := s.reg(0, 8192)
-			rmr, remote := s.reg(1, 8192)
-			fill(local, 1)
-			s.postRecv(qps[1], 20, rmr.Addr(), 2048, rmr.LKey())
-			s.postRecv(qps[1], 21, rmr.Addr()+4096, 2048, rmr.LKey())
+			s, qps := ucSim(t, enginetest.QPOpts{PSN: [2]uint32{100, 500}})
+			s.Rules = append(s.Rules, enginetest.Rule{From: 0, Opcode: ucOp(dropAt.op), PSN: 100 + dropAt.off, Nth: 1, Action: "drop"})
+			lmr, local := s.Reg(0, 8192)
+			rmr, remote := s.Reg(1, 8192)
+			enginetest.Fill(local, 1)
+			s.PostRecv(qps[1], 20, rmr.Addr(), 2048, rmr.LKey())
+			s.PostRecv(qps[1], 21, rmr.Addr()+4096, 2048, rmr.LKey())
 			// A: 4 packets (PSN 100..103), B: 2 packets (104, 105).
-			mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 1000, LKey: lmr.LKey()}}})
-			mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr() + 2000, Length: 300, LKey: lmr.LKey()}}})
-			sw := s.waitWC(s.ep[0].scq, 2, time.Second)
+			enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 1000, LKey: lmr.LKey()}}})
+			enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr() + 2000, Length: 300, LKey: lmr.LKey()}}})
+			sw := s.WaitWC(s.EP[0].SCQ, 2, time.Second)
 			if sw[0].Status != cq.Success || sw[1].Status != cq.Success {
 				t.Fatalf("a UC send completes once sent, lost or not: %+v", sw)
 			}
-			rw := s.waitWC(s.ep[1].rcq, 1, time.Second)
+			rw := s.WaitWC(s.EP[1].RCQ, 1, time.Second)
 			if rw[0].WRID != 20 || rw[0].Status != cq.Success || rw[0].ByteLen != 300 || !bytes.Equal(remote[:300], local[2000:2300]) {
 				t.Fatalf("message after the broken one: %+v", rw[0])
 			}
-			s.pump(nil, time.Second)
-			if n := s.ep[1].rcq.Poll(make([]cq.WC, 4)); n != 0 {
+			s.Pump(nil, time.Second)
+			if n := s.EP[1].RCQ.Poll(make([]cq.WC, 4)); n != 0 {
 				t.Fatalf("%d more receive completions: the broken message completed", n)
 			}
 			st := qps[1].Stats()
@@ -152,8 +146,8 @@ func TestUCGapDropsMessage(t *testing.T) {
 				t.Fatalf("gap not counted: %+v", st)
 			}
 			// The second WQE is still posted: a third message lands in it.
-			mustPost(t, qps[0], &wr.SendWR{ID: 3, Opcode: wr.Send, SGL: []wr.SGE{{Addr: lmr.Addr() + 3000, Length: 10, LKey: lmr.LKey()}}})
-			if rw := s.waitWC(s.ep[1].rcq, 1, time.Second); rw[0].WRID != 21 || !bytes.Equal(remote[4096:4106], local[3000:3010]) {
+			enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 3, Opcode: wr.Send, SGL: []wr.SGE{{Addr: lmr.Addr() + 3000, Length: 10, LKey: lmr.LKey()}}})
+			if rw := s.WaitWC(s.EP[1].RCQ, 1, time.Second); rw[0].WRID != 21 || !bytes.Equal(remote[4096:4106], local[3000:3010]) {
 				t.Fatalf("third message: %+v", rw[0])
 			}
 		})
@@ -164,15 +158,15 @@ func TestUCGapDropsMessage(t *testing.T) {
 // the gap in memory (UC gives no atomicity), writes nothing after it, and
 // the next WRITE is placed whole.
 func TestUCWriteGap(t *testing.T) {
-	s, qps := ucSim(t, qpOpts{psn: [2]uint32{0, 0}})
-	s.rules = append(s.rules, rule{from: 0, opcode: ucOp(bth.RCWriteMiddle), psn: 1, nth: 1, action: "drop"})
-	lmr, local := s.reg(0, 8192)
-	rmr, remote := s.reg(1, 8192)
-	fill(local, 5)
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 1024, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-	mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr() + 2048, Length: 600, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 4096, RKey: rmr.RKey()})
-	s.waitWC(s.ep[0].scq, 1, time.Second)
-	s.pump(nil, time.Second)
+	s, qps := ucSim(t, enginetest.QPOpts{PSN: [2]uint32{0, 0}})
+	s.Rules = append(s.Rules, enginetest.Rule{From: 0, Opcode: ucOp(bth.RCWriteMiddle), PSN: 1, Nth: 1, Action: "drop"})
+	lmr, local := s.Reg(0, 8192)
+	rmr, remote := s.Reg(1, 8192)
+	enginetest.Fill(local, 5)
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 1024, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr() + 2048, Length: 600, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 4096, RKey: rmr.RKey()})
+	s.WaitWC(s.EP[0].SCQ, 1, time.Second)
+	s.Pump(nil, time.Second)
 	if !bytes.Equal(remote[:256], local[:256]) {
 		t.Fatal("the FIRST before the gap was not placed")
 	}
@@ -186,12 +180,12 @@ func TestUCWriteGap(t *testing.T) {
 
 // ucFeed hands crafted UC packets to endpoint 1 and checks it answers
 // nothing.
-func ucFeed(s *sim, qp *engine.QP, op bth.Opcode, psn uint32, payload []byte, f bth.Fields) {
-	s.t.Helper()
-	f.BTH.Opcode, f.BTH.PSN = uc.Opcode(op), psn
-	s.feed(1, qp, f, payload)
-	if out := s.drain(1); len(out) != 0 {
-		s.t.Fatalf("UC responder answered %v", out)
+func ucFeed(s *enginetest.Sim, qp *engine.QP, op bth.Opcode, psn uint32, payload []byte, f bth.Fields) {
+	s.T.Helper()
+	f.BTH.Opcode, f.BTH.PSN = Opcode(op), psn
+	s.Feed(1, qp, f, payload)
+	if out := s.Drain(1); len(out) != 0 {
+		s.T.Fatalf("UC responder answered %v", out)
 	}
 }
 
@@ -199,10 +193,10 @@ func ucFeed(s *sim, qp *engine.QP, op bth.Opcode, psn uint32, payload []byte, f 
 // MIDDLE breaks its message; a duplicated ONLY is delivered twice; a
 // duplicated FIRST restarts the message in the same receive WQE.
 func TestUCDuplicates(t *testing.T) {
-	s, qps := ucSim(t, qpOpts{psn: [2]uint32{0, 0}})
-	rmr, remote := s.reg(1, 8192)
+	s, qps := ucSim(t, enginetest.QPOpts{PSN: [2]uint32{0, 0}})
+	rmr, remote := s.Reg(1, 8192)
 	for i := range 6 {
-		s.postRecv(qps[1], uint64(30+i), rmr.Addr()+uint64(i)*1024, 1024, rmr.LKey())
+		s.PostRecv(qps[1], uint64(30+i), rmr.Addr()+uint64(i)*1024, 1024, rmr.LKey())
 	}
 	full := bytes.Repeat([]byte{1}, 256)
 	// Duplicate MIDDLE: the message is dropped; the next ONLY reuses its WQE.
@@ -210,7 +204,7 @@ func TestUCDuplicates(t *testing.T) {
 	ucFeed(s, qps[1], bth.RCSendMiddle, 1, full, bth.Fields{})
 	ucFeed(s, qps[1], bth.RCSendMiddle, 1, full, bth.Fields{})
 	ucFeed(s, qps[1], bth.RCSendLast, 2, []byte{2}, bth.Fields{})
-	if n := s.ep[1].rcq.Poll(make([]cq.WC, 4)); n != 0 {
+	if n := s.EP[1].RCQ.Poll(make([]cq.WC, 4)); n != 0 {
 		t.Fatalf("a message with a duplicated MIDDLE completed (%d)", n)
 	}
 	ucFeed(s, qps[1], bth.RCSendOnly, 3, []byte("one"), bth.Fields{})
@@ -220,7 +214,7 @@ func TestUCDuplicates(t *testing.T) {
 	ucFeed(s, qps[1], bth.RCSendFirst, 4, bytes.Repeat([]byte{3}, 256), bth.Fields{})
 	ucFeed(s, qps[1], bth.RCSendLast, 5, []byte{4}, bth.Fields{})
 	wcs := make([]cq.WC, 8)
-	n := s.ep[1].rcq.Poll(wcs)
+	n := s.EP[1].RCQ.Poll(wcs)
 	if n != 3 || wcs[0].WRID != 30 || wcs[1].WRID != 31 || wcs[2].WRID != 32 || wcs[2].ByteLen != 257 {
 		t.Fatalf("completions %+v", wcs[:n])
 	}
@@ -237,8 +231,8 @@ func TestUCDuplicates(t *testing.T) {
 // receive WQE are all dropped without an answer, the QP stays in RTS,
 // and the next message goes through (rxe: class D, no NAK exists on UC).
 func TestUCSilentErrors(t *testing.T) {
-	s, qps := ucSim(t, qpOpts{psn: [2]uint32{0, 0}})
-	rmr, remote := s.reg(1, 8192)
+	s, qps := ucSim(t, enginetest.QPOpts{PSN: [2]uint32{0, 0}})
+	rmr, remote := s.Reg(1, 8192)
 	ok := func(psn uint32) {
 		t.Helper()
 		ucFeed(s, qps[1], bth.RCWriteOnly, psn, []byte("ok"), bth.Fields{VA: rmr.Addr() + 100, RKey: rmr.RKey(), DMALen: 2})
@@ -256,7 +250,7 @@ func TestUCSilentErrors(t *testing.T) {
 	ucFeed(s, qps[1], bth.RCWriteLast, 5, make([]byte, 44), bth.Fields{})
 	ok(6)
 	// SEND longer than the receive buffer: the WQE is kept for the next.
-	s.postRecv(qps[1], 40, rmr.Addr()+4096, 10, rmr.LKey())
+	s.PostRecv(qps[1], 40, rmr.Addr()+4096, 10, rmr.LKey())
 	ucFeed(s, qps[1], bth.RCSendOnly, 7, make([]byte, 11), bth.Fields{})
 	ucFeed(s, qps[1], bth.RCSendOnly, 8, []byte("fits"), bth.Fields{})
 	// A FIRST shorter than the PMTU.
@@ -266,7 +260,7 @@ func TestUCSilentErrors(t *testing.T) {
 	ucFeed(s, qps[1], bth.RCSendOnly, 11, []byte("lost"), bth.Fields{})
 	ok(12)
 	wcs := make([]cq.WC, 4)
-	if n := s.ep[1].rcq.Poll(wcs); n != 1 || wcs[0].WRID != 40 || wcs[0].Status != cq.Success || string(remote[4096:4100]) != "fits" {
+	if n := s.EP[1].RCQ.Poll(wcs); n != 1 || wcs[0].WRID != 40 || wcs[0].Status != cq.Success || string(remote[4096:4100]) != "fits" {
 		t.Fatalf("receive completions %+v", wcs[:n])
 	}
 	// Remote write not enabled on the QP.
@@ -287,13 +281,13 @@ func TestUCSilentErrors(t *testing.T) {
 // (bad lkey) is class A, as rxe: it completes in error and the QP goes to
 // ERR, still without a packet on the wire.
 func TestUCReceiveBufferErrorIsFatal(t *testing.T) {
-	s, qps := ucSim(t, qpOpts{psn: [2]uint32{0, 0}})
-	rmr, _ := s.reg(1, 4096)
-	s.postRecv(qps[1], 50, rmr.Addr(), 100, rmr.LKey()+0x100)
-	s.postRecv(qps[1], 51, rmr.Addr(), 100, rmr.LKey())
+	s, qps := ucSim(t, enginetest.QPOpts{PSN: [2]uint32{0, 0}})
+	rmr, _ := s.Reg(1, 4096)
+	s.PostRecv(qps[1], 50, rmr.Addr(), 100, rmr.LKey()+0x100)
+	s.PostRecv(qps[1], 51, rmr.Addr(), 100, rmr.LKey())
 	ucFeed(s, qps[1], bth.RCSendOnly, 0, []byte("x"), bth.Fields{})
 	wcs := make([]cq.WC, 4)
-	n := s.ep[1].rcq.Poll(wcs)
+	n := s.EP[1].RCQ.Poll(wcs)
 	if n != 2 || wcs[0].WRID != 50 || wcs[0].Status != cq.LocProtErr || wcs[1].WRID != 51 || wcs[1].Status != cq.WRFlushErr {
 		t.Fatalf("completions %+v", wcs[:n])
 	}
@@ -306,13 +300,13 @@ func TestUCReceiveBufferErrorIsFatal(t *testing.T) {
 // cannot go back; it completes REM_INV_REQ_ERR when the next message
 // starts (rxe: class E), and the next message takes a new WQE.
 func TestUCSRQAbandonCompletesInError(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	srq, err := s.ep[1].e.CreateSRQ(engine.SRQConfig{MaxWR: 8, MaxSGE: 1})
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	srq, err := s.EP[1].E.CreateSRQ(engine.SRQConfig{MaxWR: 8, MaxSGE: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	qps := s.connect(qpOpts{typ: qpstate.UC, pmtu: 256, srq: [2]*engine.SRQ{nil, srq}})
-	rmr, remote := s.reg(1, 8192)
+	qps := s.Connect(enginetest.QPOpts{Type: qpstate.UC, PMTU: 256, SRQ: [2]*engine.SRQ{nil, srq}})
+	rmr, remote := s.Reg(1, 8192)
 	for i := range 2 {
 		if err := srq.PostRecv(&wr.RecvWR{ID: uint64(60 + i), SGL: []wr.SGE{{Addr: rmr.Addr() + uint64(i)*2048, Length: 2048, LKey: rmr.LKey()}}}); err != nil {
 			t.Fatal(err)
@@ -321,7 +315,7 @@ func TestUCSRQAbandonCompletesInError(t *testing.T) {
 	ucFeed(s, qps[1], bth.RCSendFirst, 0, make([]byte, 256), bth.Fields{})
 	ucFeed(s, qps[1], bth.RCSendOnly, 7, []byte("new"), bth.Fields{})
 	wcs := make([]cq.WC, 4)
-	n := s.ep[1].rcq.Poll(wcs)
+	n := s.EP[1].RCQ.Poll(wcs)
 	if n != 2 || wcs[0].WRID != 60 || wcs[0].Status != cq.RemInvReqErr || wcs[1].WRID != 61 || wcs[1].Status != cq.Success || string(remote[2048:2051]) != "new" {
 		t.Fatalf("completions %+v", wcs[:n])
 	}
@@ -333,19 +327,19 @@ func TestUCSRQAbandonCompletesInError(t *testing.T) {
 // TestUCErrSendsNothing: a UC QP in ERR flushes what is posted and sends
 // nothing; one receiving in ERR places nothing.
 func TestUCErrSendsNothing(t *testing.T) {
-	s, qps := ucSim(t, qpOpts{psn: [2]uint32{0, 0}})
-	lmr, _ := s.reg(0, 4096)
-	rmr, remote := s.reg(1, 4096)
+	s, qps := ucSim(t, enginetest.QPOpts{PSN: [2]uint32{0, 0}})
+	lmr, _ := s.Reg(0, 4096)
+	rmr, remote := s.Reg(1, 4096)
 	qps[0].SetState(qpstate.Err)
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 1000, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-	if out := s.drain(0); len(out) != 0 {
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 1000, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	if out := s.Drain(0); len(out) != 0 {
 		t.Fatalf("QP in ERR sent %v", out)
 	}
-	if wc := s.waitWC(s.ep[0].scq, 1, time.Second); wc[0].Status != cq.WRFlushErr {
+	if wc := s.WaitWC(s.EP[0].SCQ, 1, time.Second); wc[0].Status != cq.WRFlushErr {
 		t.Fatalf("completion %+v", wc[0])
 	}
 	qps[1].SetState(qpstate.Err)
-	s.ep[1].e.SetPacketTrace(nil)
+	s.EP[1].E.SetPacketTrace(nil)
 	ucFeed(s, qps[1], bth.RCWriteOnly, 0, []byte("zz"), bth.Fields{VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 2})
 	if remote[0] != 0 {
 		t.Fatal("QP in ERR placed a WRITE")
@@ -356,18 +350,18 @@ func TestUCErrSendsNothing(t *testing.T) {
 // QP to ERR, but the packets of the WQEs before it, already completed,
 // still leave.
 func TestUCLocalErrorKeepsSentPackets(t *testing.T) {
-	s, qps := ucSim(t, qpOpts{psn: [2]uint32{0, 0}})
-	lmr, _ := s.reg(0, 4096)
-	rmr, _ := s.reg(1, 4096)
-	mustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 600, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-	mustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 10, LKey: lmr.LKey() + 0x100}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-	mustPost(t, qps[0], &wr.SendWR{ID: 3, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 10, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
-	out := s.drain(0)
+	s, qps := ucSim(t, enginetest.QPOpts{PSN: [2]uint32{0, 0}})
+	lmr, _ := s.Reg(0, 4096)
+	rmr, _ := s.Reg(1, 4096)
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 600, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 2, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 10, LKey: lmr.LKey() + 0x100}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 3, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 10, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+	out := s.Drain(0)
 	if strings.Join(out, ",") != "UC RDMA_WRITE_FIRST psn=0,UC RDMA_WRITE_MIDDLE psn=1,UC RDMA_WRITE_LAST psn=2" {
 		t.Fatalf("sent %v", out)
 	}
 	wcs := make([]cq.WC, 4)
-	n := s.ep[0].scq.Poll(wcs)
+	n := s.EP[0].SCQ.Poll(wcs)
 	if n != 3 || wcs[0].Status != cq.Success || wcs[1].Status != cq.LocProtErr || wcs[2].Status != cq.WRFlushErr {
 		t.Fatalf("completions %+v", wcs[:n])
 	}
@@ -376,7 +370,7 @@ func TestUCLocalErrorKeepsSentPackets(t *testing.T) {
 // TestUCPostRefused: UC has no READ, atomics, ATOMIC_WRITE or SEND with
 // invalidate; posting one fails at once with an error naming UC.
 func TestUCPostRefused(t *testing.T) {
-	_, qps := ucSim(t, qpOpts{})
+	_, qps := ucSim(t, enginetest.QPOpts{})
 	for _, op := range []wr.Opcode{wr.RDMARead, wr.AtomicCmpAndSwp, wr.AtomicFetchAndAdd, wr.AtomicWrite, wr.SendWithInv} {
 		err := qps[0].PostSend(&wr.SendWR{Opcode: op, SGL: []wr.SGE{{Length: 8}}})
 		if err == nil || !strings.Contains(err.Error(), "UC") {
@@ -388,13 +382,13 @@ func TestUCPostRefused(t *testing.T) {
 // TestUCAndRCDoNotMix: a UC QP drops RC packets and an RC QP drops UC
 // packets (IBTA §9.6.1.5.1), counted as bad headers.
 func TestUCAndRCDoNotMix(t *testing.T) {
-	s, qps := ucSim(t, qpOpts{})
-	rmr, remote := s.reg(1, 4096)
-	s.feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 2}, []byte("rc"))
-	rcQPs := s.connect(qpOpts{})
-	s.feed(1, rcQPs[1], bth.Fields{BTH: bth.BTHFields{Opcode: uc.Opcode(bth.RCWriteOnly)}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 2}, []byte("uc"))
-	if remote[0] != 0 || s.ep[1].e.Stats().RxBadHeader != 2 {
-		t.Fatalf("mixed services: %+v", s.ep[1].e.Stats())
+	s, qps := ucSim(t, enginetest.QPOpts{})
+	rmr, remote := s.Reg(1, 4096)
+	s.Feed(1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 2}, []byte("rc"))
+	rcQPs := s.Connect(enginetest.QPOpts{})
+	s.Feed(1, rcQPs[1], bth.Fields{BTH: bth.BTHFields{Opcode: Opcode(bth.RCWriteOnly)}, VA: rmr.Addr(), RKey: rmr.RKey(), DMALen: 2}, []byte("uc"))
+	if remote[0] != 0 || s.EP[1].E.Stats().RxBadHeader != 2 {
+		t.Fatalf("mixed services: %+v", s.EP[1].E.Stats())
 	}
 }
 
@@ -429,18 +423,18 @@ func FuzzUCResponder(f *testing.F) {
 	f.Add(cat(rec(10, 0, 7, 127), rec(6, 0, 5, 126)))                               // beyond the region
 	f.Add(append(rec(12, 0, 20, 0), make([]byte, 20)...))                           // raw
 	f.Fuzz(func(t *testing.T, data []byte) {
-		s := newSimCQ(t, 1, impairment{}, 64)
-		qps := s.connect(qpOpts{typ: qpstate.UC, pmtu: 256, depth: 16})
+		s := enginetest.NewSimCQ(t, 1, enginetest.Impairment{}, 64)
+		qps := s.Connect(enginetest.QPOpts{Type: qpstate.UC, PMTU: 256, Depth: 16})
 		qp := qps[1]
 		backing := bytes.Repeat([]byte{0xA5}, 3*4096)
 		region := backing[4096 : 2*4096]
-		mr, err := s.ep[1].mrs.RegMR(s.ep[1].pd, region, allAccess)
+		mr, err := s.EP[1].MRs.RegMR(s.EP[1].PD, region, enginetest.AllAccess)
 		if err != nil {
 			t.Fatal(err)
 		}
 		const nRecv, recvLen = 8, 512
 		for i := range nRecv {
-			s.postRecv(qp, uint64(i), mr.Addr()+uint64(i)*recvLen, recvLen, mr.LKey())
+			s.PostRecv(qp, uint64(i), mr.Addr()+uint64(i)*recvLen, recvLen, mr.LKey())
 		}
 		var wcs []cq.WC
 		buf := make([]cq.WC, 16)
@@ -456,7 +450,7 @@ func FuzzUCResponder(f *testing.F) {
 					bth.BTH(pkt).SetDestQP(qp.Num())
 				}
 			} else {
-				op := uc.Opcode(ucFuzzOps[r[0]%12])
+				op := Opcode(ucFuzzOps[r[0]%12])
 				payload := bytes.Repeat([]byte{r[1]}, ucFuzzLens[r[2]&7])
 				f := bth.Fields{BTH: bth.BTHFields{Opcode: op, PKey: 0xffff, DestQP: qp.Num(),
 					PSN: bth.PSNAdd(qp.Service().(*ucQP).recv.ExpectedPSN(), int(int8(r[1])))}}
@@ -471,11 +465,11 @@ func FuzzUCResponder(f *testing.F) {
 				}
 				pkt = pkt[:n]
 			}
-			s.ep[1].e.Receive(s.now, []nic.Packet{{Buf: pkt, N: len(pkt), Remote: engine.Remote(s.ep[0].addr)}})
-			if out := s.drain(1); len(out) != 0 {
+			s.EP[1].E.Receive(s.Now, []nic.Packet{{Buf: pkt, N: len(pkt), Remote: engine.Remote(s.EP[0].Addr)}})
+			if out := s.Drain(1); len(out) != 0 {
 				t.Fatalf("UC responder sent %v", out)
 			}
-			n := s.ep[1].rcq.Poll(buf)
+			n := s.EP[1].RCQ.Poll(buf)
 			wcs = append(wcs, buf[:n]...)
 		}
 		if len(wcs) > nRecv {
@@ -499,7 +493,7 @@ func FuzzUCResponder(f *testing.F) {
 // engine alone (no link, no ICRC) at PMTU 4096.
 func BenchmarkServiceWrite64K(b *testing.B) {
 	for _, typ := range []qpstate.Type{qpstate.RC, qpstate.UC} {
-		b.Run(typ.String(), func(b *testing.B) { benchmarkServiceICRC(b, typ, 1, wr.RDMAWrite, 64<<10, 4096, false) })
+		b.Run(typ.String(), func(b *testing.B) { enginetest.BenchService(b, typ, 1, wr.RDMAWrite, 64<<10, 4096, false) })
 	}
 }
 
@@ -507,19 +501,19 @@ func BenchmarkServiceWrite64K(b *testing.B) {
 // (engine alone, as above).
 func BenchmarkServiceSend64(b *testing.B) {
 	for _, typ := range []qpstate.Type{qpstate.RC, qpstate.UC} {
-		b.Run(typ.String(), func(b *testing.B) { benchmarkServiceICRC(b, typ, 1, wr.Send, 64, 4096, false) })
+		b.Run(typ.String(), func(b *testing.B) { enginetest.BenchService(b, typ, 1, wr.Send, 64, 4096, false) })
 	}
 }
 
 // TestUCSteadyStateNoAlloc: UC WRITE and SEND traffic, once warm,
 // allocates nothing per packet on either side.
 func TestUCSteadyStateNoAlloc(t *testing.T) {
-	w := newWire(t)
-	w.typ = qpstate.UC
-	pairs := w.connect(t, 1, 1024, 64)
+	w := enginetest.NewWire(t)
+	w.Type = qpstate.UC
+	pairs := w.Connect(t, 1, 1024, 64)
 	buf := make([]byte, 8192)
-	lmr, _ := w.ep[0].mrs.RegMR(w.ep[0].pd, buf, allAccess)
-	rmr, _ := w.ep[1].mrs.RegMR(w.ep[1].pd, make([]byte, 8192), allAccess)
+	lmr, _ := w.EP[0].MRs.RegMR(w.EP[0].PD, buf, enginetest.AllAccess)
+	rmr, _ := w.EP[1].MRs.RegMR(w.EP[1].PD, make([]byte, 8192), enginetest.AllAccess)
 	wrs := []wr.SendWR{
 		{Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8192, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()},
 		{Opcode: wr.SendWithImm, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 3000, LKey: lmr.LKey()}}},
@@ -538,13 +532,13 @@ func TestUCSteadyStateNoAlloc(t *testing.T) {
 			}
 		}
 		for got := 0; got < 4; {
-			w.step()
-			got += w.ep[0].scq.Poll(wcs)
+			w.Step()
+			got += w.EP[0].SCQ.Poll(wcs)
 		}
-		for w.step() > 0 {
+		for w.Step() > 0 {
 		}
 		for got := 0; got < 2; {
-			got += w.ep[1].rcq.Poll(wcs)
+			got += w.EP[1].RCQ.Poll(wcs)
 		}
 	}
 	for i := 0; i < 10; i++ {
@@ -564,7 +558,7 @@ func TestUCSteadyStateNoAlloc(t *testing.T) {
 // both QPs stay in RTS.
 func TestUCPropertyLossy(t *testing.T) {
 	n := 200
-	if testing.Short() || raceEnabled {
+	if testing.Short() || enginetest.RaceEnabled {
 		n = 30
 	}
 	for seed := uint64(1); seed <= uint64(n); seed++ {
@@ -575,16 +569,16 @@ func TestUCPropertyLossy(t *testing.T) {
 }
 
 func runUCWorkload(t *testing.T, seed uint64) error {
-	s := newSim(t, seed, impairment{loss: 0.05, dup: 0.05, reorder: 0.10, corrupt: 0.01, delay: 2 * time.Microsecond})
-	qps := s.connect(qpOpts{typ: qpstate.UC, pmtu: 256, psn: [2]uint32{uint32(seed*0x9e3779) & bth.PSNMask, 0}})
+	s := enginetest.NewSim(t, seed, enginetest.Impairment{Loss: 0.05, Dup: 0.05, Reorder: 0.10, Corrupt: 0.01, Delay: 2 * time.Microsecond})
+	qps := s.Connect(enginetest.QPOpts{Type: qpstate.UC, PMTU: 256, PSN: [2]uint32{uint32(seed*0x9e3779) & bth.PSNMask, 0}})
 	const nMsg, maxLen, slot = 40, 3000, 4096
-	lmr, local := s.reg(0, nMsg*slot)
-	rmr, remote := s.reg(1, 2*nMsg*slot)
-	propFill(local, seed)
-	rng := s.rng
+	lmr, local := s.Reg(0, nMsg*slot)
+	rmr, remote := s.Reg(1, 2*nMsg*slot)
+	enginetest.FillRandom(local, seed)
+	rng := s.Rng
 	var sends [][]byte // the bytes of each SEND
 	for i := range nMsg {
-		s.postRecv(qps[1], uint64(i), rmr.Addr()+uint64(i)*slot, slot, rmr.LKey())
+		s.PostRecv(qps[1], uint64(i), rmr.Addr()+uint64(i)*slot, slot, rmr.LKey())
 	}
 	for i := range nMsg {
 		n := 1 + rng.IntN(maxLen)
@@ -601,7 +595,7 @@ func runUCWorkload(t *testing.T, seed uint64) error {
 	}
 	var sw []cq.WC
 	buf := make([]cq.WC, 64)
-	s.pump(func() bool { sw = append(sw, buf[:s.ep[0].scq.Poll(buf)]...); return false }, time.Second)
+	s.Pump(func() bool { sw = append(sw, buf[:s.EP[0].SCQ.Poll(buf)]...); return false }, time.Second)
 	if len(sw) != nMsg {
 		return fmt.Errorf("%d send completions, want %d", len(sw), nMsg)
 	}
@@ -611,7 +605,7 @@ func runUCWorkload(t *testing.T, seed uint64) error {
 		}
 	}
 	for {
-		k := s.ep[1].rcq.Poll(buf)
+		k := s.EP[1].RCQ.Poll(buf)
 		if k == 0 {
 			break
 		}
@@ -650,17 +644,17 @@ func runUCWorkload(t *testing.T, seed uint64) error {
 // drops without moving the QP to ERR, so it can go on forever) costs at
 // most the key table's error value per packet: nothing is formatted.
 func TestUCBadKeyAllocs(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{typ: qpstate.UC, pmtu: 256})
-	rmr, _ := s.reg(1, 4096)
-	f := bth.Fields{BTH: bth.BTHFields{Opcode: uc.Opcode(bth.RCWriteOnly), PKey: 0xffff, DestQP: qps[1].Num()}, VA: rmr.Addr(), RKey: rmr.RKey() ^ 0x80, DMALen: 2}
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{Type: qpstate.UC, PMTU: 256})
+	rmr, _ := s.Reg(1, 4096)
+	f := bth.Fields{BTH: bth.BTHFields{Opcode: Opcode(bth.RCWriteOnly), PKey: 0xffff, DestQP: qps[1].Num()}, VA: rmr.Addr(), RKey: rmr.RKey() ^ 0x80, DMALen: 2}
 	buf := make([]byte, bth.Len(f.BTH.Opcode, 2))
 	n, err := bth.Build(buf, &f, []byte("xx"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	pk := []nic.Packet{{Buf: buf, N: n, Remote: engine.Remote(s.ep[0].addr)}}
-	if a := testing.AllocsPerRun(100, func() { s.ep[1].e.Receive(s.now, pk) }); a > 1 {
+	pk := []nic.Packet{{Buf: buf, N: n, Remote: engine.Remote(s.EP[0].Addr)}}
+	if a := testing.AllocsPerRun(100, func() { s.EP[1].E.Receive(s.Now, pk) }); a > 1 {
 		t.Logf("%.1f", a)
 		t.Fatalf("%.1f allocations per dropped UC packet, want at most 1", a)
 	}
@@ -673,36 +667,36 @@ func TestUCBadKeyAllocs(t *testing.T) {
 // a UC QP takes UC WRITEs through its key; after LOCAL_INV, a WRITE
 // through the old key is dropped silently.
 func TestUCMemoryWindow(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.connect(qpOpts{typ: qpstate.UC, pmtu: 1024})
-	lmr, local := s.reg(0, 8192)
-	fill(local, 3)
-	ep := s.ep[1]
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{Type: qpstate.UC, PMTU: 1024})
+	lmr, local := s.Reg(0, 8192)
+	enginetest.Fill(local, 3)
+	ep := s.EP[1]
 	rem := make([]byte, 8192)
-	rmr, err := ep.mrs.RegMR(ep.pd, rem, allAccess|memreg.AccessMWBind)
+	rmr, err := ep.MRs.RegMR(ep.PD, rem, enginetest.AllAccess|memreg.AccessMWBind)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := ep.mrs.AllocMW(ep.pd, memreg.MWType2)
+	mw, err := ep.MRs.AllocMW(ep.PD, memreg.MWType2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	k := mw.RKey()&^0xFF | 0x33
-	mustPost(t, qps[1], &wr.SendWR{ID: 1, Opcode: wr.BindMW, Flags: wr.Signaled, Bind: wr.MWBind{MWKey: mw.RKey(), RKey: k,
+	enginetest.MustPost(t, qps[1], &wr.SendWR{ID: 1, Opcode: wr.BindMW, Flags: wr.Signaled, Bind: wr.MWBind{MWKey: mw.RKey(), RKey: k,
 		MRKey: rmr.LKey(), Addr: rmr.Addr() + 1024, Length: 3000, Access: uint32(memreg.AccessRemoteWrite)}})
-	if wc := s.waitWC(ep.scq, 1, time.Second)[0]; wc.Status != cq.Success || wc.Opcode != cq.OpBindMW {
+	if wc := s.WaitWC(ep.SCQ, 1, time.Second)[0]; wc.Status != cq.Success || wc.Opcode != cq.OpBindMW {
 		t.Fatalf("bind on a UC QP: %+v", wc)
 	}
 	write := func(n uint32) {
-		mustPost(t, qps[0], &wr.SendWR{Opcode: wr.RDMAWrite, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: n, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 1024, RKey: k})
-		s.pump(nil, time.Second)
+		enginetest.MustPost(t, qps[0], &wr.SendWR{Opcode: wr.RDMAWrite, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: n, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr() + 1024, RKey: k})
+		s.Pump(nil, time.Second)
 	}
 	write(3000)
 	if !bytes.Equal(rem[1024:4024], local[:3000]) {
 		t.Fatal("WRITE through the window not placed")
 	}
-	mustPost(t, qps[1], &wr.SendWR{ID: 2, Opcode: wr.LocalInv, Flags: wr.Signaled, InvRKey: k})
-	if wc := s.waitWC(ep.scq, 1, time.Second)[0]; wc.Status != cq.Success || wc.Opcode != cq.OpLocalInv {
+	enginetest.MustPost(t, qps[1], &wr.SendWR{ID: 2, Opcode: wr.LocalInv, Flags: wr.Signaled, InvRKey: k})
+	if wc := s.WaitWC(ep.SCQ, 1, time.Second)[0]; wc.Status != cq.Success || wc.Opcode != cq.OpLocalInv {
 		t.Fatalf("LOCAL_INV on a UC QP: %+v", wc)
 	}
 	clear(rem)

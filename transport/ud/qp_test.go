@@ -1,4 +1,4 @@
-package rc
+package ud
 
 import (
 	"bytes"
@@ -14,75 +14,29 @@ import (
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/engine"
-	"github.com/softroce/softroce/transport/ud"
+	"github.com/softroce/softroce/transport/internal/enginetest"
+	_ "github.com/softroce/softroce/transport/rc" // the RC QPs UD packets must not reach
 	"github.com/softroce/softroce/wr"
 )
-
-const testQKey = 0x11223344
-
-// udOpts tune udQPs.
-type udOpts struct {
-	qkey [2]uint32
-	srq  [2]*engine.SRQ
-	pmtu int
-}
-
-// udQPs makes a UD QP on each endpoint and brings both to RTS.
-func (s *sim) udQPs(o udOpts) [2]*engine.QP {
-	if o.pmtu == 0 {
-		o.pmtu = 1024
-	}
-	var qps [2]*engine.QP
-	for i, ep := range s.ep {
-		qp, err := ep.e.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: 64, MaxRecvWR: 64,
-			MaxSendSGE: 2, MaxRecvSGE: 2, MaxInline: 64, SRQ: o.srq[i]})
-		if err != nil {
-			s.t.Fatal(err)
-		}
-		qk := o.qkey[i]
-		if qk == 0 {
-			qk = testQKey
-		}
-		qp.SetState(qpstate.Init)
-		qp.SetPath(engine.Path{PMTU: o.pmtu, QKey: qk, SQPSN: uint32(100 * (i + 1))})
-		qp.SetState(qpstate.RTR)
-		qp.SetState(qpstate.RTS)
-		qps[i] = qp
-	}
-	return qps
-}
-
-// udSend is a UD SEND work request from endpoint from to qp dst.
-func (s *sim) udSend(from int, dst *engine.QP, id uint64, sge wr.SGE) *wr.SendWR {
-	return &wr.SendWR{ID: id, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{sge},
-		AH: &wr.AH{Remote: s.ep[1-from].addr}, RemoteQPN: dst.Num(), RemoteQKey: testQKey}
-}
-
-func postRecv(t *testing.T, qp *engine.QP, id uint64, sge wr.SGE) {
-	t.Helper()
-	if err := qp.PostRecv(&wr.RecvWR{ID: id, SGL: []wr.SGE{sge}}); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestUDExchange: SEND and SEND_WITH_IMM each become one packet, land
 // behind a 40-byte GRH, and complete on both sides with the UD fields; no
 // packet comes back (no ACK).
 func TestUDExchange(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	s.keep = true
-	qps := s.udQPs(udOpts{})
-	lmr, local := s.reg(0, 4096)
-	rmr, remote := s.reg(1, 4096)
-	fill(local, 3)
-	postRecv(t, qps[1], 7, wr.SGE{Addr: rmr.Addr(), Length: 40 + 1000, LKey: rmr.LKey()})
-	postRecv(t, qps[1], 8, wr.SGE{Addr: rmr.Addr() + 2048, Length: 40 + 100, LKey: rmr.LKey()})
-	mustPost(t, qps[0], s.udSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 1000, LKey: lmr.LKey()}))
-	imm := s.udSend(0, qps[1], 2, wr.SGE{Addr: lmr.Addr() + 1000, Length: 100, LKey: lmr.LKey()})
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	s.Keep = true
+	qps := s.UDQPs(enginetest.UDOpts{})
+	lmr, local := s.Reg(0, 4096)
+	rmr, remote := s.Reg(1, 4096)
+	enginetest.Fill(local, 3)
+	enginetest.PostRecvSGE(t, qps[1], 7, wr.SGE{Addr: rmr.Addr(), Length: 40 + 1000, LKey: rmr.LKey()})
+	enginetest.PostRecvSGE(t, qps[1], 8, wr.SGE{Addr: rmr.Addr() + 2048, Length: 40 + 100, LKey: rmr.LKey()})
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 1000, LKey: lmr.LKey()}))
+	imm := s.UDSend(0, qps[1], 2, wr.SGE{Addr: lmr.Addr() + 1000, Length: 100, LKey: lmr.LKey()})
 	imm.Opcode, imm.Imm, imm.Flags = wr.SendWithImm, 0xcafef00d, wr.Signaled|wr.Solicited
-	mustPost(t, qps[0], imm)
-	rwc := s.waitWC(s.ep[1].rcq, 2, time.Second)
-	swc := s.waitWC(s.ep[0].scq, 2, time.Second)
+	enginetest.MustPost(t, qps[0], imm)
+	rwc := s.WaitWC(s.EP[1].RCQ, 2, time.Second)
+	swc := s.WaitWC(s.EP[0].SCQ, 2, time.Second)
 	for i, wc := range swc {
 		if wc.Status != cq.Success || wc.WRID != uint64(i+1) || wc.Opcode != cq.OpSend {
 			t.Fatalf("send completion %d: %+v", i, wc)
@@ -100,48 +54,37 @@ func TestUDExchange(t *testing.T) {
 	if !bytes.Equal(remote[40:1040], local[:1000]) || !bytes.Equal(remote[2048+40:2048+140], local[1000:1100]) {
 		t.Fatal("payload not behind the GRH")
 	}
-	if a, err := ud.SourceOfGRH(remote[:40]); err != nil || a != s.ep[0].addr {
+	if a, err := SourceOfGRH(remote[:40]); err != nil || a != s.EP[0].Addr {
 		t.Fatalf("GRH source %v %v", a, err)
 	}
-	if st := s.ep[1].e.Stats(); st.TxPackets != 0 {
+	if st := s.EP[1].E.Stats(); st.TxPackets != 0 {
 		t.Fatalf("the UD receiver sent %d packets", st.TxPackets)
 	}
-	if len(s.trace) != 2 || s.trace[0] != "0>1 UD SEND_ONLY psn=100" || s.trace[1] != "0>1 UD SEND_ONLY_WITH_IMMEDIATE psn=101" {
-		t.Fatalf("trace %q", s.trace)
+	if len(s.Trace) != 2 || s.Trace[0] != "0>1 UD SEND_ONLY psn=100" || s.Trace[1] != "0>1 UD SEND_ONLY_WITH_IMMEDIATE psn=101" {
+		t.Fatalf("trace %q", s.Trace)
 	}
-}
-
-// capture records the packets an engine hands out.
-func capture(e *engine.Engine) *[][]byte {
-	var out [][]byte
-	e.SetPacketTrace(func(dir byte, p *nic.Packet) {
-		if dir == 'T' {
-			out = append(out, append([]byte(nil), p.Bytes()...))
-		}
-	})
-	return &out
 }
 
 // TestUDQKeyRule: a work request Q_Key with the high-order bit set sends
 // the QP's own Q_Key; a packet whose Q_Key is not the receiver's is
 // dropped and counted, and its WQE stays for the next one.
 func TestUDQKeyRule(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.udQPs(udOpts{qkey: [2]uint32{0x0000abcd, 0x0000abcd}})
-	lmr, _ := s.reg(0, 256)
-	rmr, _ := s.reg(1, 256)
-	sent := capture(s.ep[0].e)
-	postRecv(t, qps[1], 9, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
-	w := s.udSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 16, LKey: lmr.LKey()})
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.UDQPs(enginetest.UDOpts{QKey: [2]uint32{0x0000abcd, 0x0000abcd}})
+	lmr, _ := s.Reg(0, 256)
+	rmr, _ := s.Reg(1, 256)
+	sent := enginetest.Capture(s.EP[0].E)
+	enginetest.PostRecvSGE(t, qps[1], 9, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
+	w := s.UDSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 16, LKey: lmr.LKey()})
 	w.RemoteQKey = 0xabce // not the receiver's
-	mustPost(t, qps[0], w)
-	s.pump(nil, time.Millisecond)
-	if st := s.ep[1].e.Stats(); st.RxBadQKey != 1 || s.ep[1].rcq.Len() != 0 {
-		t.Fatalf("mismatching Q_Key: stats %+v, %d completions", st, s.ep[1].rcq.Len())
+	enginetest.MustPost(t, qps[0], w)
+	s.Pump(nil, time.Millisecond)
+	if st := s.EP[1].E.Stats(); st.RxBadQKey != 1 || s.EP[1].RCQ.Len() != 0 {
+		t.Fatalf("mismatching Q_Key: stats %+v, %d completions", st, s.EP[1].RCQ.Len())
 	}
 	w.RemoteQKey = 0x80000000 // the QP's own: 0xabcd
-	mustPost(t, qps[0], w)
-	wcs := s.waitWC(s.ep[1].rcq, 1, time.Second)
+	enginetest.MustPost(t, qps[0], w)
+	wcs := s.WaitWC(s.EP[1].RCQ, 1, time.Second)
 	if wcs[0].WRID != 9 || wcs[0].Status != cq.Success {
 		t.Fatalf("completion %+v", wcs[0])
 	}
@@ -161,28 +104,28 @@ func TestUDQKeyRule(t *testing.T) {
 // datagram; an empty receive queue drops and counts too. Nothing is
 // answered.
 func TestUDTooLongDropped(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.udQPs(udOpts{})
-	lmr, _ := s.reg(0, 4096)
-	rmr, _ := s.reg(1, 4096)
-	mustPost(t, qps[0], s.udSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
-	s.pump(nil, time.Millisecond)
-	postRecv(t, qps[1], 5, wr.SGE{Addr: rmr.Addr(), Length: 40 + 100, LKey: rmr.LKey()})
-	mustPost(t, qps[0], s.udSend(0, qps[1], 2, wr.SGE{Addr: lmr.Addr(), Length: 101, LKey: lmr.LKey()}))
-	s.pump(nil, time.Millisecond)
-	st := s.ep[1].e.Stats()
-	if st.RxUDNoRecv != 1 || st.RxUDTooLong != 1 || s.ep[1].rcq.Len() != 0 || st.TxPackets != 0 {
-		t.Fatalf("stats %+v, %d completions", st, s.ep[1].rcq.Len())
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.UDQPs(enginetest.UDOpts{})
+	lmr, _ := s.Reg(0, 4096)
+	rmr, _ := s.Reg(1, 4096)
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
+	s.Pump(nil, time.Millisecond)
+	enginetest.PostRecvSGE(t, qps[1], 5, wr.SGE{Addr: rmr.Addr(), Length: 40 + 100, LKey: rmr.LKey()})
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qps[1], 2, wr.SGE{Addr: lmr.Addr(), Length: 101, LKey: lmr.LKey()}))
+	s.Pump(nil, time.Millisecond)
+	st := s.EP[1].E.Stats()
+	if st.RxUDNoRecv != 1 || st.RxUDTooLong != 1 || s.EP[1].RCQ.Len() != 0 || st.TxPackets != 0 {
+		t.Fatalf("stats %+v, %d completions", st, s.EP[1].RCQ.Len())
 	}
-	mustPost(t, qps[0], s.udSend(0, qps[1], 3, wr.SGE{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}))
-	wcs := s.waitWC(s.ep[1].rcq, 1, time.Second)
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qps[1], 3, wr.SGE{Addr: lmr.Addr(), Length: 100, LKey: lmr.LKey()}))
+	wcs := s.WaitWC(s.EP[1].RCQ, 1, time.Second)
 	if wcs[0].WRID != 5 || wcs[0].ByteLen != 140 || wcs[0].Status != cq.Success {
 		t.Fatalf("completion %+v", wcs[0])
 	}
 	if qps[1].State() != qpstate.RTS {
 		t.Fatalf("receiver in %v", qps[1].State())
 	}
-	if sw := s.waitWC(s.ep[0].scq, 3, time.Second); sw[2].Status != cq.Success {
+	if sw := s.WaitWC(s.EP[0].SCQ, 3, time.Second); sw[2].Status != cq.Success {
 		t.Fatalf("send completions %+v", sw)
 	}
 }
@@ -190,51 +133,51 @@ func TestUDTooLongDropped(t *testing.T) {
 // TestUDSendLongerThanMTU: a message longer than the MTU sends nothing and
 // completes successfully (IBTA C10-93.1.1, as rxe does); the next one goes.
 func TestUDSendLongerThanMTU(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	s.keep = true
-	qps := s.udQPs(udOpts{pmtu: 1024})
-	lmr, _ := s.reg(0, 4096)
-	rmr, _ := s.reg(1, 4096)
-	postRecv(t, qps[1], 5, wr.SGE{Addr: rmr.Addr(), Length: 4096, LKey: rmr.LKey()})
-	mustPost(t, qps[0], s.udSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 1025, LKey: lmr.LKey()}))
-	mustPost(t, qps[0], s.udSend(0, qps[1], 2, wr.SGE{Addr: lmr.Addr(), Length: 1024, LKey: lmr.LKey()}))
-	swc := s.waitWC(s.ep[0].scq, 2, time.Second)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	s.Keep = true
+	qps := s.UDQPs(enginetest.UDOpts{PMTU: 1024})
+	lmr, _ := s.Reg(0, 4096)
+	rmr, _ := s.Reg(1, 4096)
+	enginetest.PostRecvSGE(t, qps[1], 5, wr.SGE{Addr: rmr.Addr(), Length: 4096, LKey: rmr.LKey()})
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 1025, LKey: lmr.LKey()}))
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qps[1], 2, wr.SGE{Addr: lmr.Addr(), Length: 1024, LKey: lmr.LKey()}))
+	swc := s.WaitWC(s.EP[0].SCQ, 2, time.Second)
 	if swc[0].WRID != 1 || swc[0].Status != cq.Success || swc[1].WRID != 2 || swc[1].Status != cq.Success {
 		t.Fatalf("send completions %+v", swc)
 	}
-	rwc := s.waitWC(s.ep[1].rcq, 1, time.Second)
+	rwc := s.WaitWC(s.EP[1].RCQ, 1, time.Second)
 	if rwc[0].ByteLen != 40+1024 {
 		t.Fatalf("receive %+v", rwc[0])
 	}
-	if len(s.trace) != 1 || s.trace[0] != "0>1 UD SEND_ONLY psn=101" {
-		t.Fatalf("trace %q", s.trace)
+	if len(s.Trace) != 1 || s.Trace[0] != "0>1 UD SEND_ONLY psn=101" {
+		t.Fatalf("trace %q", s.Trace)
 	}
 }
 
 // TestUDPostChecks: UD refuses other opcodes and a missing address handle
 // at post time, and sends nothing before RTS.
 func TestUDPostChecks(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.udQPs(udOpts{})
-	lmr, _ := s.reg(0, 256)
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.UDQPs(enginetest.UDOpts{})
+	lmr, _ := s.Reg(0, 256)
 	sge := wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}
 	for _, op := range []wr.Opcode{wr.RDMAWrite, wr.RDMARead, wr.AtomicCmpAndSwp, wr.SendWithInv} {
-		w := s.udSend(0, qps[1], 1, sge)
+		w := s.UDSend(0, qps[1], 1, sge)
 		w.Opcode = op
-		if err := qps[0].PostSend(w); !errors.Is(err, ud.ErrOpcode) {
+		if err := qps[0].PostSend(w); !errors.Is(err, ErrOpcode) {
 			t.Errorf("%v on UD: %v", op, err)
 		}
 	}
-	w := s.udSend(0, qps[1], 1, sge)
+	w := s.UDSend(0, qps[1], 1, sge)
 	w.AH = nil
 	if err := qps[0].PostSend(w); err == nil {
 		t.Error("no address handle accepted")
 	}
 	// A UD QP in RTR receives but does not send.
-	qp, _ := s.ep[0].e.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 4, MaxRecvWR: 4})
+	qp, _ := s.EP[0].E.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: s.EP[0].PD, SendCQ: s.EP[0].SCQ, RecvCQ: s.EP[0].RCQ, MaxSendWR: 4, MaxRecvWR: 4})
 	qp.SetState(qpstate.Init)
 	qp.SetState(qpstate.RTR)
-	if err := qp.PostSend(s.udSend(0, qps[1], 1, sge)); !errors.Is(err, engine.ErrState) {
+	if err := qp.PostSend(s.UDSend(0, qps[1], 1, sge)); !errors.Is(err, engine.ErrState) {
 		t.Errorf("post send in RTR: %v", err)
 	}
 }
@@ -242,30 +185,30 @@ func TestUDPostChecks(t *testing.T) {
 // TestUDStates: a UD QP receives only from RTR on (RESET and INIT drop),
 // and a UD packet to an RC QP or an RC packet to a UD QP is dropped.
 func TestUDStates(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.udQPs(udOpts{})
-	lmr, _ := s.reg(0, 256)
-	rmr, _ := s.reg(1, 256)
-	e1 := s.ep[1].e
-	qp, _ := e1.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: s.ep[1].pd, SendCQ: s.ep[1].scq, RecvCQ: s.ep[1].rcq, MaxSendWR: 4, MaxRecvWR: 4})
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.UDQPs(enginetest.UDOpts{})
+	lmr, _ := s.Reg(0, 256)
+	rmr, _ := s.Reg(1, 256)
+	e1 := s.EP[1].E
+	qp, _ := e1.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: s.EP[1].PD, SendCQ: s.EP[1].SCQ, RecvCQ: s.EP[1].RCQ, MaxSendWR: 4, MaxRecvWR: 4})
 	qp.SetState(qpstate.Init)
-	qp.SetPath(engine.Path{PMTU: 1024, QKey: testQKey})
-	postRecv(t, qp, 1, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
-	mustPost(t, qps[0], s.udSend(0, qp, 1, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
-	s.pump(nil, time.Millisecond)
-	if st := e1.Stats(); st.RxUnknownQP != 1 || s.ep[1].rcq.Len() != 0 {
+	qp.SetPath(engine.Path{PMTU: 1024, QKey: enginetest.QKey})
+	enginetest.PostRecvSGE(t, qp, 1, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qp, 1, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
+	s.Pump(nil, time.Millisecond)
+	if st := e1.Stats(); st.RxUnknownQP != 1 || s.EP[1].RCQ.Len() != 0 {
 		t.Fatalf("INIT: stats %+v", st)
 	}
 	qp.SetState(qpstate.RTR)
-	mustPost(t, qps[0], s.udSend(0, qp, 2, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
-	if wcs := s.waitWC(s.ep[1].rcq, 1, time.Second); wcs[0].Status != cq.Success || wcs[0].QPNum != qp.Num() {
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qp, 2, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
+	if wcs := s.WaitWC(s.EP[1].RCQ, 1, time.Second); wcs[0].Status != cq.Success || wcs[0].QPNum != qp.Num() {
 		t.Fatalf("RTR: %+v", wcs)
 	}
 	// An RC QP on endpoint 1: the UD packet is of another service.
-	rcq := s.connect(qpOpts{})
-	mustPost(t, qps[0], s.udSend(0, rcq[1], 3, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
+	rcq := s.Connect(enginetest.QPOpts{})
+	enginetest.MustPost(t, qps[0], s.UDSend(0, rcq[1], 3, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
 	before := e1.Stats().RxBadHeader
-	s.pump(nil, time.Millisecond)
+	s.Pump(nil, time.Millisecond)
 	if got := e1.Stats().RxBadHeader; got != before+1 {
 		t.Fatalf("UD packet to an RC QP: RxBadHeader %d -> %d", before, got)
 	}
@@ -274,8 +217,8 @@ func TestUDStates(t *testing.T) {
 // udPacket builds a UD SEND_ONLY to dst as a link would deliver it.
 func udPacket(_ testing.TB, from, to netip.AddrPort, local netip.Addr, dst, src, qkey uint32, payload []byte) nic.Packet {
 	buf := make([]byte, engine.MaxPacket)
-	n := ud.WriteHeaders(buf, &ud.Send{Opcode: wr.Send, DestQP: dst, SrcQP: src, QKey: qkey}, len(payload))
-	copy(buf[ud.PayloadOffset(wr.Send):], payload)
+	n := WriteHeaders(buf, &Send{Opcode: wr.Send, DestQP: dst, SrcQP: src, QKey: qkey}, len(payload))
+	copy(buf[PayloadOffset(wr.Send):], payload)
 	return nic.Packet{Buf: buf, N: n, Remote: from, Local: local, ICRC: nic.ICRCVerified}
 }
 
@@ -283,15 +226,15 @@ func udPacket(_ testing.TB, from, to netip.AddrPort, local netip.Addr, dst, src,
 // as the link reports it: for IPv4, 20 zero bytes and the IPv4 header,
 // for IPv6 the IPv6 header.
 func TestUDGRHBytes(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.udQPs(udOpts{})
-	rmr, remote := s.reg(1, 256)
-	e := s.ep[1].e
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.UDQPs(enginetest.UDOpts{})
+	rmr, remote := s.Reg(1, 256)
+	e := s.EP[1].E
 	payload := []byte("0123456789abcdef")
-	pk := udPacket(t, netip.MustParseAddrPort("192.168.0.1:49152"), netip.AddrPort{}, netip.MustParseAddr("192.168.0.199"), qps[1].Num(), 0x42, testQKey, payload)
+	pk := udPacket(t, netip.MustParseAddrPort("192.168.0.1:49152"), netip.AddrPort{}, netip.MustParseAddr("192.168.0.199"), qps[1].Num(), 0x42, enginetest.QKey, payload)
 	pk.IPKnown, pk.HopLimit, pk.TClass, pk.IPID = true, 63, 0x02, 0xbeef
-	postRecv(t, qps[1], 1, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
-	e.Receive(s.now, []nic.Packet{pk})
+	enginetest.PostRecvSGE(t, qps[1], 1, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
+	e.Receive(s.Now, []nic.Packet{pk})
 	udpLen := 8 + pk.N
 	want := make([]byte, 40)
 	ip := want[20:]
@@ -307,17 +250,17 @@ func TestUDGRHBytes(t *testing.T) {
 		t.Fatalf("IPv4 GRH\n got %x\nwant %x", remote[:56], want)
 	}
 
-	pk = udPacket(t, netip.MustParseAddrPort("[fd00::1]:49152"), netip.AddrPort{}, netip.MustParseAddr("fd00::2"), qps[1].Num(), 0x42, testQKey, payload)
+	pk = udPacket(t, netip.MustParseAddrPort("[fd00::1]:49152"), netip.AddrPort{}, netip.MustParseAddr("fd00::2"), qps[1].Num(), 0x42, enginetest.QKey, payload)
 	pk.IPKnown, pk.HopLimit, pk.TClass, pk.FlowLabel = true, 64, 0xa0, 0x12345
-	postRecv(t, qps[1], 2, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
-	e.Receive(s.now, []nic.Packet{pk})
+	enginetest.PostRecvSGE(t, qps[1], 2, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
+	e.Receive(s.Now, []nic.Packet{pk})
 	want = append([]byte{0x6a, 0x01, 0x23, 0x45, 0, byte(udpLen), 17, 64},
 		append(netip.MustParseAddr("fd00::1").AsSlice(), netip.MustParseAddr("fd00::2").AsSlice()...)...)
 	if !bytes.Equal(remote[:40], want) {
 		t.Fatalf("IPv6 GRH\n got %x\nwant %x", remote[:40], want)
 	}
 	wcs := make([]cq.WC, 4)
-	if n := s.ep[1].rcq.Poll(wcs); n != 2 || wcs[0].SrcQP != 0x42 || wcs[1].ByteLen != 56 {
+	if n := s.EP[1].RCQ.Poll(wcs); n != 2 || wcs[0].SrcQP != 0x42 || wcs[1].ByteLen != 56 {
 		t.Fatalf("completions %+v", wcs[:n])
 	}
 }
@@ -326,35 +269,35 @@ func TestUDGRHBytes(t *testing.T) {
 // the WQE it takes completes that WQE with REM_INV_REQ_ERR (class E, as
 // rxe) and the QP keeps working; UD QPs share the SRQ with RC ones.
 func TestUDSRQTooLongCompletesInError(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	srq, err := s.ep[1].e.CreateSRQ(engine.SRQConfig{MaxWR: 8})
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	srq, err := s.EP[1].E.CreateSRQ(engine.SRQConfig{MaxWR: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
-	qps := s.udQPs(udOpts{srq: [2]*engine.SRQ{nil, srq}})
+	qps := s.UDQPs(enginetest.UDOpts{SRQ: [2]*engine.SRQ{nil, srq}})
 	if err := qps[1].PostRecv(&wr.RecvWR{ID: 1}); err == nil {
 		t.Fatal("PostRecv on a QP of an SRQ accepted")
 	}
-	lmr, _ := s.reg(0, 4096)
-	rmr, _ := s.reg(1, 4096)
+	lmr, _ := s.Reg(0, 4096)
+	rmr, _ := s.Reg(1, 4096)
 	for i := range 2 {
 		if err := srq.PostRecv(&wr.RecvWR{ID: uint64(10 + i), SGL: []wr.SGE{{Addr: rmr.Addr() + uint64(i)*1024, Length: 40 + 64, LKey: rmr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	mustPost(t, qps[0], s.udSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 65, LKey: lmr.LKey()}))
-	mustPost(t, qps[0], s.udSend(0, qps[1], 2, wr.SGE{Addr: lmr.Addr(), Length: 64, LKey: lmr.LKey()}))
-	wcs := s.waitWC(s.ep[1].rcq, 2, time.Second)
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 65, LKey: lmr.LKey()}))
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qps[1], 2, wr.SGE{Addr: lmr.Addr(), Length: 64, LKey: lmr.LKey()}))
+	wcs := s.WaitWC(s.EP[1].RCQ, 2, time.Second)
 	if wcs[0].WRID != 10 || wcs[0].Status != cq.RemInvReqErr || wcs[1].WRID != 11 || wcs[1].Status != cq.Success || wcs[1].ByteLen != 104 {
 		t.Fatalf("completions %+v", wcs)
 	}
-	if st := s.ep[1].e.Stats(); st.RxUDTooLong != 1 || qps[1].State() != qpstate.RTS {
+	if st := s.EP[1].E.Stats(); st.RxUDTooLong != 1 || qps[1].State() != qpstate.RTS {
 		t.Fatalf("stats %+v state %v", st, qps[1].State())
 	}
 	// An empty SRQ drops and counts.
-	mustPost(t, qps[0], s.udSend(0, qps[1], 3, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
-	s.pump(nil, time.Millisecond)
-	if st := s.ep[1].e.Stats(); st.RxUDNoRecv != 1 {
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qps[1], 3, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
+	s.Pump(nil, time.Millisecond)
+	if st := s.EP[1].E.Stats(); st.RxUDNoRecv != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -363,10 +306,10 @@ func TestUDSRQTooLongCompletesInError(t *testing.T) {
 // 0x80010000 whatever Q_Key it was given; it sends with the DETH source
 // QP 1 and Q_Key 0x80010000 whatever the work request says.
 func TestGSIQP1(t *testing.T) {
-	s := newSim(t, 1, impairment{})
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
 	var gsi [2]*engine.QP
-	for i, ep := range s.ep {
-		qp, err := ud.CreateGSI(ep.e, engine.QPConfig{PD: ep.pd, SendCQ: ep.scq, RecvCQ: ep.rcq, MaxSendWR: 8, MaxRecvWR: 8})
+	for i, ep := range s.EP {
+		qp, err := CreateGSI(ep.E, engine.QPConfig{PD: ep.PD, SendCQ: ep.SCQ, RecvCQ: ep.RCQ, MaxSendWR: 8, MaxRecvWR: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -374,37 +317,37 @@ func TestGSIQP1(t *testing.T) {
 			t.Fatalf("GSI QP number %d", qp.Num())
 		}
 		qp.SetState(qpstate.Init)
-		qp.SetPath(engine.Path{PMTU: 1024, QKey: ud.GSIQKey})
+		qp.SetPath(engine.Path{PMTU: 1024, QKey: GSIQKey})
 		qp.SetState(qpstate.RTR)
 		qp.SetState(qpstate.RTS)
 		gsi[i] = qp
 	}
-	if _, err := ud.CreateGSI(s.ep[0].e, engine.QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); !errors.Is(err, engine.ErrQPNumInUse) {
+	if _, err := CreateGSI(s.EP[0].E, engine.QPConfig{PD: s.EP[0].PD, SendCQ: s.EP[0].SCQ, RecvCQ: s.EP[0].RCQ, MaxSendWR: 8, MaxRecvWR: 8}); !errors.Is(err, engine.ErrQPNumInUse) {
 		t.Fatalf("second GSI: %v", err)
 	}
-	sent := capture(s.ep[0].e)
-	lmr, _ := s.reg(0, 512)
-	rmr, _ := s.reg(1, 1024)
+	sent := enginetest.Capture(s.EP[0].E)
+	lmr, _ := s.Reg(0, 512)
+	rmr, _ := s.Reg(1, 1024)
 	for i := range 2 {
-		postRecv(t, gsi[1], uint64(i), wr.SGE{Addr: rmr.Addr() + uint64(i)*512, Length: 296, LKey: rmr.LKey()})
+		enginetest.PostRecvSGE(t, gsi[1], uint64(i), wr.SGE{Addr: rmr.Addr() + uint64(i)*512, Length: 296, LKey: rmr.LKey()})
 	}
 	mad := func(qkey uint32) *wr.SendWR {
 		return &wr.SendWR{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 256, LKey: lmr.LKey()}},
-			AH: &wr.AH{Remote: s.ep[1].addr}, RemoteQPN: 1, RemoteQKey: qkey}
+			AH: &wr.AH{Remote: s.EP[1].Addr}, RemoteQPN: 1, RemoteQKey: qkey}
 	}
 	// From an ordinary UD QP whose Q_Key is not QP1's: dropped.
-	other, _ := s.ep[0].e.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8})
+	other, _ := s.EP[0].E.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: s.EP[0].PD, SendCQ: s.EP[0].SCQ, RecvCQ: s.EP[0].RCQ, MaxSendWR: 8, MaxRecvWR: 8})
 	other.SetState(qpstate.Init)
 	other.SetPath(engine.Path{PMTU: 1024, QKey: 0x12345678})
 	other.SetState(qpstate.RTR)
 	other.SetState(qpstate.RTS)
-	mustPost(t, other, mad(0x12345678))
-	mustPost(t, gsi[0], mad(0x12345678)) // QP1 sends 0x80010000 anyway
-	wcs := s.waitWC(s.ep[1].rcq, 1, time.Second)
+	enginetest.MustPost(t, other, mad(0x12345678))
+	enginetest.MustPost(t, gsi[0], mad(0x12345678)) // QP1 sends 0x80010000 anyway
+	wcs := s.WaitWC(s.EP[1].RCQ, 1, time.Second)
 	if wcs[0].ByteLen != 296 || wcs[0].SrcQP != 1 || wcs[0].QPNum != 1 || wcs[0].WRID != 0 {
 		t.Fatalf("completion %+v", wcs[0])
 	}
-	if st := s.ep[1].e.Stats(); st.RxBadQKey != 1 {
+	if st := s.EP[1].E.Stats(); st.RxBadQKey != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 	var p bth.Packet
@@ -414,7 +357,7 @@ func TestGSIQP1(t *testing.T) {
 			continue
 		}
 		found = true
-		if p.DETH.QKey() != ud.GSIQKey || p.BTH.DestQP() != 1 {
+		if p.DETH.QKey() != GSIQKey || p.BTH.DestQP() != 1 {
 			t.Fatalf("MAD packet: %+v", p.Fields())
 		}
 	}
@@ -422,15 +365,15 @@ func TestGSIQP1(t *testing.T) {
 		t.Fatalf("%d packets sent, QP1's among them: %v", len(*sent), found)
 	}
 	// Destroyed, QP1 can be made again.
-	if err := s.ep[0].e.DestroyQP(gsi[0]); err != nil {
+	if err := s.EP[0].E.DestroyQP(gsi[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ud.CreateGSI(s.ep[0].e, engine.QPConfig{PD: s.ep[0].pd, SendCQ: s.ep[0].scq, RecvCQ: s.ep[0].rcq, MaxSendWR: 8, MaxRecvWR: 8}); err != nil {
+	if _, err := CreateGSI(s.EP[0].E, engine.QPConfig{PD: s.EP[0].PD, SendCQ: s.EP[0].SCQ, RecvCQ: s.EP[0].RCQ, MaxSendWR: 8, MaxRecvWR: 8}); err != nil {
 		t.Fatal(err)
 	}
 	// Random QP numbers are never 1 (nor 0).
 	for range 100 {
-		qp, err := s.ep[1].e.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: s.ep[1].pd, SendCQ: s.ep[1].scq, RecvCQ: s.ep[1].rcq, MaxSendWR: 1, MaxRecvWR: 1})
+		qp, err := s.EP[1].E.CreateQP(engine.QPConfig{Type: qpstate.UD, PD: s.EP[1].PD, SendCQ: s.EP[1].SCQ, RecvCQ: s.EP[1].RCQ, MaxSendWR: 1, MaxRecvWR: 1})
 		if err != nil || qp.Num() <= 1 {
 			t.Fatalf("QP %v %v", qp, err)
 		}
@@ -440,20 +383,20 @@ func TestGSIQP1(t *testing.T) {
 // TestUDSrcPort: the UDP source port comes from the address handle's flow
 // label, or is the QP's own without one.
 func TestUDSrcPort(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.udQPs(udOpts{})
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.UDQPs(enginetest.UDOpts{})
 	var ports []uint16
-	s.ep[0].e.SetPacketTrace(func(dir byte, p *nic.Packet) {
+	s.EP[0].E.SetPacketTrace(func(dir byte, p *nic.Packet) {
 		if dir == 'T' {
 			ports = append(ports, p.SrcPort)
 		}
 	})
-	lmr, _ := s.reg(0, 64)
-	w := s.udSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()})
-	mustPost(t, qps[0], w)
-	w.AH = &wr.AH{Remote: s.ep[1].addr, FlowLabel: 0x12345}
-	mustPost(t, qps[0], w)
-	s.pump(nil, time.Millisecond)
+	lmr, _ := s.Reg(0, 64)
+	w := s.UDSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()})
+	enginetest.MustPost(t, qps[0], w)
+	w.AH = &wr.AH{Remote: s.EP[1].Addr, FlowLabel: 0x12345}
+	enginetest.MustPost(t, qps[0], w)
+	s.Pump(nil, time.Millisecond)
 	if len(ports) != 2 || ports[0] != engine.SrcPort(qps[0].Num()) || ports[1] != 0xe341 {
 		t.Fatalf("source ports %#x (QP's %#x)", ports, engine.SrcPort(qps[0].Num()))
 	}
@@ -462,12 +405,12 @@ func TestUDSrcPort(t *testing.T) {
 // TestUDSteadyStateNoAlloc: a UD SEND/receive loop allocates nothing per
 // packet once warm.
 func TestUDSteadyStateNoAlloc(t *testing.T) {
-	w := newWire(t)
-	s := &sim{t: t, ep: w.ep, now: w.now}
-	qps := s.udQPs(udOpts{})
-	lmr, _ := w.ep[0].mrs.RegMR(w.ep[0].pd, make([]byte, 1024), allAccess)
-	rmr, _ := w.ep[1].mrs.RegMR(w.ep[1].pd, make([]byte, 2048), allAccess)
-	swr := s.udSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 1024, LKey: lmr.LKey()})
+	w := enginetest.NewWire(t)
+	s := w.Sim(t)
+	qps := s.UDQPs(enginetest.UDOpts{})
+	lmr, _ := w.EP[0].MRs.RegMR(w.EP[0].PD, make([]byte, 1024), enginetest.AllAccess)
+	rmr, _ := w.EP[1].MRs.RegMR(w.EP[1].PD, make([]byte, 2048), enginetest.AllAccess)
+	swr := s.UDSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 1024, LKey: lmr.LKey()})
 	rwr := &wr.RecvWR{SGL: []wr.SGE{{Addr: rmr.Addr(), Length: 2048, LKey: rmr.LKey()}}}
 	wcs := make([]cq.WC, 8)
 	round := func() {
@@ -480,10 +423,10 @@ func TestUDSteadyStateNoAlloc(t *testing.T) {
 			}
 		}
 		for got := 0; got < 4; {
-			w.step()
-			got += w.ep[1].rcq.Poll(wcs)
+			w.Step()
+			got += w.EP[1].RCQ.Poll(wcs)
 		}
-		for w.ep[0].scq.Poll(wcs) > 0 {
+		for w.EP[0].SCQ.Poll(wcs) > 0 {
 		}
 	}
 	for range 10 {
@@ -496,23 +439,23 @@ func TestUDSteadyStateNoAlloc(t *testing.T) {
 
 // BenchmarkUDSend64: 64-byte UD SENDs from one QP to another through the
 // engines back to back (no link): the transport's datagrams per second,
-// with the wire's ICRC on and off (withICRC).
-func BenchmarkUDSend64(b *testing.B) { withICRC(b, benchmarkUDSend64) }
+// with the wire's ICRC on and off (enginetest.WithICRC).
+func BenchmarkUDSend64(b *testing.B) { enginetest.WithICRC(b, benchmarkUDSend64) }
 
 func benchmarkUDSend64(b *testing.B, checkICRC bool) {
-	w := newWire(b)
-	w.icrc = checkICRC
-	s := &sim{t: b, ep: w.ep, now: w.now}
-	qps := s.udQPs(udOpts{})
-	lmr, _ := w.ep[0].mrs.RegMR(w.ep[0].pd, make([]byte, 64), allAccess)
-	rmr, _ := w.ep[1].mrs.RegMR(w.ep[1].pd, make([]byte, 128), allAccess)
-	swr := s.udSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 64, LKey: lmr.LKey()})
+	w := enginetest.NewWire(b)
+	w.ICRC = checkICRC
+	s := w.Sim(b)
+	qps := s.UDQPs(enginetest.UDOpts{})
+	lmr, _ := w.EP[0].MRs.RegMR(w.EP[0].PD, make([]byte, 64), enginetest.AllAccess)
+	rmr, _ := w.EP[1].MRs.RegMR(w.EP[1].PD, make([]byte, 128), enginetest.AllAccess)
+	swr := s.UDSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 64, LKey: lmr.LKey()})
 	swr.Flags = 0 // unsignaled, as a datagram sender usually is
 	rwr := &wr.RecvWR{SGL: []wr.SGE{{Addr: rmr.Addr(), Length: 128, LKey: rmr.LKey()}}}
 	wcs := make([]cq.WC, 64)
 	b.ReportAllocs()
 	b.ResetTimer()
-	r := startRates(w)
+	r := enginetest.StartRates(w)
 	for done := 0; done < b.N; {
 		k := min(32, b.N-done)
 		for range k {
@@ -523,9 +466,9 @@ func benchmarkUDSend64(b *testing.B, checkICRC bool) {
 				b.Fatal(err)
 			}
 		}
-		w.step()
+		w.Step()
 		for got := 0; got < k; {
-			n := w.ep[1].rcq.Poll(wcs)
+			n := w.EP[1].RCQ.Poll(wcs)
 			if n == 0 {
 				b.Fatalf("lost datagrams: %d of %d", got, k)
 			}
@@ -533,57 +476,57 @@ func benchmarkUDSend64(b *testing.B, checkICRC bool) {
 		}
 		done += k
 	}
-	r.report(b, w, b.N)
+	r.Report(b, w, b.N)
 }
 
 // TestUDNoPacketsWhenStopped: work posted to a UD QP that leaves RTS
 // before Progress runs is not sent: moved to ERR it is flushed, in SQD it
 // waits; a packet to a UD QP in ERR is dropped.
 func TestUDNoPacketsWhenStopped(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	s.keep = true
-	qps := s.udQPs(udOpts{})
-	lmr, _ := s.reg(0, 256)
-	rmr, _ := s.reg(1, 256)
-	postRecv(t, qps[1], 1, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
-	mustPost(t, qps[0], s.udSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	s.Keep = true
+	qps := s.UDQPs(enginetest.UDOpts{})
+	lmr, _ := s.Reg(0, 256)
+	rmr, _ := s.Reg(1, 256)
+	enginetest.PostRecvSGE(t, qps[1], 1, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qps[1], 1, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
 	qps[0].SetState(qpstate.SQD)
-	s.pump(nil, time.Millisecond)
-	if len(s.trace) != 0 {
-		t.Fatalf("SQD sent %q", s.trace)
+	s.Pump(nil, time.Millisecond)
+	if len(s.Trace) != 0 {
+		t.Fatalf("SQD sent %q", s.Trace)
 	}
 	qps[0].SetState(qpstate.RTS)
-	s.waitWC(s.ep[1].rcq, 1, time.Second)
-	mustPost(t, qps[0], s.udSend(0, qps[1], 2, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
+	s.WaitWC(s.EP[1].RCQ, 1, time.Second)
+	enginetest.MustPost(t, qps[0], s.UDSend(0, qps[1], 2, wr.SGE{Addr: lmr.Addr(), Length: 8, LKey: lmr.LKey()}))
 	qps[0].SetState(qpstate.Err)
-	wcs := s.waitWC(s.ep[0].scq, 2, time.Second)
+	wcs := s.WaitWC(s.EP[0].SCQ, 2, time.Second)
 	if wcs[0].Status != cq.Success || wcs[1].WRID != 2 || wcs[1].Status != cq.WRFlushErr {
 		t.Fatalf("send completions %+v", wcs)
 	}
 	// The receiver in ERR: its WQE is flushed and a datagram dropped.
-	postRecv(t, qps[1], 3, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
+	enginetest.PostRecvSGE(t, qps[1], 3, wr.SGE{Addr: rmr.Addr(), Length: 200, LKey: rmr.LKey()})
 	qps[1].SetState(qpstate.Err)
-	if w := s.waitWC(s.ep[1].rcq, 1, time.Second); w[0].WRID != 3 || w[0].Status != cq.WRFlushErr {
+	if w := s.WaitWC(s.EP[1].RCQ, 1, time.Second); w[0].WRID != 3 || w[0].Status != cq.WRFlushErr {
 		t.Fatalf("flush %+v", w)
 	}
-	pk := udPacket(t, engine.Remote(s.ep[0].addr), netip.AddrPort{}, s.ep[1].addr, qps[1].Num(), 5, testQKey, []byte("x"))
-	before := s.ep[1].e.Stats().RxUnknownQP
-	s.ep[1].e.Receive(s.now, []nic.Packet{pk})
-	if got := s.ep[1].e.Stats().RxUnknownQP; got != before+1 || s.ep[1].rcq.Len() != 0 {
+	pk := udPacket(t, engine.Remote(s.EP[0].Addr), netip.AddrPort{}, s.EP[1].Addr, qps[1].Num(), 5, enginetest.QKey, []byte("x"))
+	before := s.EP[1].E.Stats().RxUnknownQP
+	s.EP[1].E.Receive(s.Now, []nic.Packet{pk})
+	if got := s.EP[1].E.Stats().RxUnknownQP; got != before+1 || s.EP[1].RCQ.Len() != 0 {
 		t.Fatalf("datagram to a QP in ERR: RxUnknownQP %d -> %d", before, got)
 	}
-	if len(s.trace) != 1 {
-		t.Fatalf("trace %q", s.trace)
+	if len(s.Trace) != 1 {
+		t.Fatalf("trace %q", s.Trace)
 	}
 }
 
 // TestUDMalformed: UD packets cut inside the DETH, or with a reserved
 // opcode on a UD QP, are counted as malformed and dropped, never panic.
 func TestUDMalformed(t *testing.T) {
-	s := newSim(t, 1, impairment{})
-	qps := s.udQPs(udOpts{})
-	e := s.ep[1].e
-	good := udPacket(t, engine.Remote(s.ep[0].addr), netip.AddrPort{}, s.ep[1].addr, qps[1].Num(), 5, testQKey, []byte("abcd"))
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.UDQPs(enginetest.UDOpts{})
+	e := s.EP[1].E
+	good := udPacket(t, engine.Remote(s.EP[0].Addr), netip.AddrPort{}, s.EP[1].Addr, qps[1].Num(), 5, enginetest.QKey, []byte("abcd"))
 	var batch []nic.Packet
 	for n := 0; n < good.N; n++ {
 		p := good
@@ -591,7 +534,7 @@ func TestUDMalformed(t *testing.T) {
 		p.N = n
 		batch = append(batch, p)
 	}
-	e.Receive(s.now, batch)
+	e.Receive(s.Now, batch)
 	st := e.Stats()
 	if st.RxMalformed == 0 || st.RxMalformed+st.RxBadHeader+st.RxUDNoRecv+st.RxUnknownQP+st.RxBadQKey != uint64(len(batch)) {
 		t.Fatalf("stats %+v for %d truncated packets", st, len(batch))
@@ -603,32 +546,32 @@ func TestUDMalformed(t *testing.T) {
 // buffers may change, and the QP answers nothing (UD has no responses).
 func FuzzUDReceive(f *testing.F) {
 	for _, n := range []int{0, 1, 100, 161, 1100} {
-		p := udPacket(nil, netip.AddrPort{}, netip.AddrPort{}, netip.Addr{}, 0, 7, testQKey, make([]byte, n))
+		p := udPacket(nil, netip.AddrPort{}, netip.AddrPort{}, netip.Addr{}, 0, 7, enginetest.QKey, make([]byte, n))
 		f.Add(p.Bytes(), true)
 	}
 	f.Fuzz(func(t *testing.T, p []byte, aim bool) {
-		s := newSim(t, 1, impairment{})
-		qps := s.udQPs(udOpts{})
+		s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+		qps := s.UDQPs(enginetest.UDOpts{})
 		backing := make([]byte, 3*4096)
 		for i := range backing {
 			backing[i] = 0xA5
 		}
 		region := backing[4096 : 2*4096]
-		mr, err := s.ep[1].mrs.RegMR(s.ep[1].pd, region, memreg.AccessLocalWrite)
+		mr, err := s.EP[1].MRs.RegMR(s.EP[1].PD, region, memreg.AccessLocalWrite)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for i := range 3 {
-			postRecv(t, qps[1], uint64(i), wr.SGE{Addr: mr.Addr() + uint64(i)*200, Length: 200, LKey: mr.LKey()})
+			enginetest.PostRecvSGE(t, qps[1], uint64(i), wr.SGE{Addr: mr.Addr() + uint64(i)*200, Length: 200, LKey: mr.LKey()})
 		}
 		q := append([]byte(nil), p...)
 		if aim && len(q) >= bth.BTHLen+bth.DETHLen {
 			// Get past the cheap checks often: the QP and its Q_Key.
 			bth.BTH(q).SetDestQP(qps[1].Num())
-			binary.BigEndian.PutUint32(q[bth.BTHLen:], testQKey)
+			binary.BigEndian.PutUint32(q[bth.BTHLen:], enginetest.QKey)
 		}
-		s.ep[1].e.Receive(s.now, []nic.Packet{{Buf: q, N: len(q), Remote: engine.Remote(s.ep[0].addr), Local: s.ep[1].addr}})
-		if out, _ := s.ep[1].e.Progress(s.now); len(out) != 0 {
+		s.EP[1].E.Receive(s.Now, []nic.Packet{{Buf: q, N: len(q), Remote: engine.Remote(s.EP[0].Addr), Local: s.EP[1].Addr}})
+		if out, _ := s.EP[1].E.Progress(s.Now); len(out) != 0 {
 			t.Fatalf("a UD QP answered with %d packets", len(out))
 		}
 		if !bytes.Equal(backing[:4096], bytes.Repeat([]byte{0xA5}, 4096)) || !bytes.Equal(backing[2*4096:], bytes.Repeat([]byte{0xA5}, 4096)) ||

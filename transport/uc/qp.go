@@ -1,4 +1,4 @@
-package rc
+package uc
 
 import (
 	"github.com/softroce/softroce/bth"
@@ -6,7 +6,6 @@ import (
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/engine"
-	"github.com/softroce/softroce/transport/uc"
 	"github.com/softroce/softroce/wr"
 )
 
@@ -21,7 +20,7 @@ import (
 // sequencing.
 type ucQP struct {
 	*engine.QP
-	recv uc.Receiver
+	recv Receiver
 }
 
 func init() { engine.Register(qpstate.UC, func(qp *engine.QP) engine.Service { return &ucQP{QP: qp} }) }
@@ -29,7 +28,7 @@ func init() { engine.Register(qpstate.UC, func(qp *engine.QP) engine.Service { r
 func (*ucQP) Transport() bth.Transport { return bth.TransportUC }
 
 // CheckPost refuses what UC does not carry: READ, atomics, invalidate.
-func (*ucQP) CheckPost(swr *wr.SendWR) error { return uc.CheckPost(swr.Opcode) }
+func (*ucQP) CheckPost(swr *wr.SendWR) error { return CheckPost(swr.Opcode) }
 
 func (qp *ucQP) EnterRTR() { qp.recv.Reset(qp.Attr.RQPSN) }
 
@@ -118,7 +117,7 @@ func (qp *ucQP) buildRequest(w *engine.SendWQE, psn uint32) bool {
 	off := k * pmtu
 	plen := min(pmtu, w.Length-off)
 	first, last := k == 0, k == w.NPSN-1
-	f.BTH.Opcode = uc.Opcode(engine.SegOpcode(op, first, last))
+	f.BTH.Opcode = Opcode(engine.SegOpcode(op, first, last))
 	f.BTH.SE = last && w.WR.Flags&wr.Solicited != 0 && (op.IsSend() || op == wr.RDMAWriteWithImm)
 	if op.IsWrite() && first {
 		f.VA, f.RKey, f.DMALen = w.WR.RemoteAddr, w.WR.RKey, uint32(w.Length)
@@ -170,7 +169,7 @@ func (qp *ucQP) respond(p *bth.Packet) {
 		qp.abandon()
 	}
 	if !v.Execute {
-		if v.Why == uc.PSNError {
+		if v.Why == PSNError {
 			qp.Counters.OutOfSeqRequests++
 		} else {
 			qp.Counters.Dropped++

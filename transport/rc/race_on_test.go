@@ -1,5 +1,0 @@
-//go:build race
-
-package rc
-
-const raceEnabled = true
