@@ -18,10 +18,61 @@ import (
 // keeps failing (a hostile one, or a loop retrying) gets at most
 // refusalBurst lines a refusalWindow, the lines it would have had beyond
 // that counted and said with its next line logged, or when it closes.
+// A user's clients together get at most refusalUserBurst lines a window,
+// so that one user opening many connections cannot flood the log either.
 const (
-	refusalBurst  = 5
-	refusalWindow = time.Second
+	refusalBurst     = 5
+	refusalUserBurst = 20
+	refusalWindow    = time.Second
 )
+
+// refusalBudget is the daemon's per-user rate limit of refusal lines, over
+// every client of the user. It grows by one entry a uid ever refused.
+type refusalBudget struct {
+	mu    sync.Mutex
+	users map[int]*refusalWindowCount
+}
+
+type refusalWindowCount struct {
+	start time.Time
+	n     int
+	// closed counts the refusals of the user's closed clients whose
+	// closing line the budget kept out; the user's next line says them.
+	closed int
+}
+
+// take reports whether uid may log one more line at now.
+func (b *refusalBudget) take(uid int, now time.Time) bool {
+	ok, _ := b.takeCarried(uid, now, 0)
+	return ok
+}
+
+// takeCarried is take, and also hands over (and clears) the count of
+// refusals of the user's closed clients not logged; a line refused here
+// adds carry to that count instead.
+func (b *refusalBudget) takeCarried(uid int, now time.Time, carry int) (bool, int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.users == nil {
+		b.users = map[int]*refusalWindowCount{}
+	}
+	w := b.users[uid]
+	if w == nil {
+		w = &refusalWindowCount{}
+		b.users[uid] = w
+	}
+	if now.Sub(w.start) >= refusalWindow {
+		w.start, w.n = now, 0
+	}
+	if w.n >= refusalUserBurst {
+		w.closed += carry
+		return false, 0
+	}
+	w.n++
+	closed := w.closed
+	w.closed = 0
+	return true, closed
+}
 
 // refusalLog is one client's rate limit of refusal lines. Requests and the
 // poller (refused WQEs) both log through it.
@@ -105,14 +156,22 @@ func (c *client) logRefusal(line string) {
 		l.mu.Unlock()
 		return
 	}
+	ok, closed := c.s.refusalBudget.takeCarried(c.uid, now, 0)
+	if !ok {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
 	l.n++
 	dropped := l.suppressed
 	l.suppressed = 0
 	who := c.whoLocked()
 	l.mu.Unlock()
 	if dropped > 0 {
-		c.s.log.Printf("client %s %s; %d earlier refusals not logged", who, line, dropped)
-		return
+		line += fmt.Sprintf("; %d earlier refusals not logged", dropped)
+	}
+	if closed > 0 {
+		line += fmt.Sprintf("; %d refusals of this user's closed clients not logged", closed)
 	}
 	c.s.log.Printf("client %s %s", who, line)
 }
@@ -129,7 +188,14 @@ func (c *client) refusalsNotLogged() {
 		who = c.whoLocked()
 	}
 	l.mu.Unlock()
-	if dropped > 0 {
+	if dropped == 0 {
+		return
+	}
+	if ok, closed := c.s.refusalBudget.takeCarried(c.uid, time.Now(), dropped); ok {
+		if closed > 0 {
+			c.s.log.Printf("client %s closed; %d refusals not logged; %d refusals of this user's closed clients not logged", who, dropped, closed)
+			return
+		}
 		c.s.log.Printf("client %s closed; %d refusals not logged", who, dropped)
 	}
 }

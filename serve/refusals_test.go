@@ -174,3 +174,27 @@ func TestOpNamesMatchHeaders(t *testing.T) {
 		t.Errorf("the headers name %d ops, the log %d besides STATUS", n, len(opNames)-1)
 	}
 }
+
+// One user's many clients share a budget of refusalUserBurst lines a
+// window: opening connections does not buy more log lines. What is left
+// out is counted, by the clients still open and for the closed ones.
+func TestRefusalLogPerUser(t *testing.T) {
+	s, logged := startPipeLogged(t)
+	who := whoAmI(t)
+	const clients = 4 * refusalUserBurst
+	began := time.Now()
+	for i := range clients {
+		c := dial(t, s)
+		c.open()
+		body := append(u32s(uint32(7000+i), uint32(attrState)), (&qpAttrWire{state: 6}).encode(nil)...)
+		if e, _, _ := c.call(opModifyQP, body); e != syscall.EINVAL {
+			t.Fatalf("MODIFY_QP of no QP: %v, want EINVAL", e)
+		}
+	}
+	windows := int(time.Since(began)/refusalWindow) + 1
+	lines := regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(who)+` refused MODIFY_QP: `).FindAllString(logged(), -1)
+	if len(lines) == 0 || len(lines) > refusalUserBurst*windows {
+		t.Fatalf("%d clients of one user refused once each in %d windows: %d lines, want 1 to %d", clients, windows, len(lines), refusalUserBurst*windows)
+	}
+	t.Logf("%d clients refused once each in %v: %d lines", clients, time.Since(began), len(lines))
+}

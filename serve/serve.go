@@ -104,6 +104,8 @@ type Server struct {
 	led      *ledger
 	refusing chan struct{} // refused connections waiting for their request
 
+	refusalBudget refusalBudget // refusals.go
+
 	accepted, badReq, badWQE, overruns, backstops, queueFull, acceptErrs atomic.Uint64
 }
 
