@@ -130,6 +130,16 @@ func build(t testing.TB) (bin, abiRoot string) {
 	return softroceBin, abiDir
 }
 
+// Main is TestMain for the package's tests: it runs them, then removes
+// what build made.
+func Main(m *testing.M) int {
+	code := m.Run()
+	if softroceBin != "" {
+		os.RemoveAll(filepath.Dir(softroceBin))
+	}
+	return code
+}
+
 func goTool() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
