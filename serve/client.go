@@ -18,8 +18,11 @@ const (
 	attrState = qpstate.AttrState
 	// What one connection may make the daemon allocate is in Limits
 	// (limits.go); these are the device's own bounds.
-	maxRingWR  = verbs.MaxQPWR
-	maxCQSlots = 1 << 16
+	maxRingWR = verbs.MaxQPWR
+	// max_cqe: libfabric's verbs;ofi_rxm sizes one CQ for the sends and
+	// receives of 256 peers (262144 entries with its defaults) and does
+	// not fall back to a smaller one; NICs report millions.
+	maxCQSlots = 1 << 18
 )
 
 type mrObj struct {
@@ -688,7 +691,9 @@ func (c *client) modifyQP(h, mask uint32, a qpAttrWire) error {
 		return fmt.Errorf("%w: QP attribute out of range", syscall.EINVAL)
 	}
 	if m&qpstate.AttrAV != 0 && a.isGlobal == 0 {
-		return fmt.Errorf("%w: RoCE needs a GRH (is_global)", syscall.EINVAL)
+		// As the kernel's core refuses it for every RoCE device
+		// (rdma_check_ah_attr): a LID names no one on Ethernet.
+		return fmt.Errorf("%w: RoCE needs a GRH (is_global): an address by LID alone reaches no one; the peers must exchange GIDs or use rdma_cm", syscall.EINVAL)
 	}
 	if err := q.qp.Modify(&attr, m&^qpstate.AttrCap); err != nil {
 		return fmt.Errorf("%w: %v", syscall.EINVAL, err)

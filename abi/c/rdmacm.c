@@ -862,9 +862,9 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_
 	if (!c || !event)
 		return fail(EINVAL);
 	for (;;) {
-		do
-			n = read(c->ch.fd, &b, 1);
-		while (n < 0 && errno == EINTR);
+		n = read(c->ch.fd, &b, 1);
+		if (n < 0 && errno == EINTR)
+			return -1; /* a signal ends the wait, as with the kernel's ucma */
 		if (c->dead)
 			dead_wait();
 		if (n < 0)

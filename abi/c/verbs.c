@@ -1428,9 +1428,9 @@ EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq
 	ssize_t n;
 
 	for (;;) {
+		/* A signal ends the wait with EINTR, as rdma-core's read of the
+		 * uverbs fd does: programs stop a timed loop by SIGALRM. */
 		n = read(channel->fd, &h, sizeof(h));
-		if (n < 0 && errno == EINTR)
-			continue;
 		if (n != sizeof(h))
 			return -1;
 		pthread_mutex_lock(&x->cqs_lock);
@@ -2096,10 +2096,8 @@ EXPORT int ibv_get_async_event(struct ibv_context *c, struct ibv_async_event *ev
 
 	for (;;) {
 		ssize_t n = read(c->async_fd, &a, sizeof(a));
-		if (n < 0 && errno == EINTR)
-			continue;
 		if (n != sizeof(a))
-			return -1; /* errno from read: EAGAIN on a non-blocking fd */
+			return -1; /* errno from read: EAGAIN on a non-blocking fd, EINTR on a signal */
 		memset(ev, 0, sizeof(*ev));
 		ev->event_type = a.type;
 		switch (a.type) {

@@ -1,0 +1,187 @@
+package apps
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fiInfo is one entry of fi_info's short listing.
+type fiInfo struct{ provider, fabric, domain, typ, protocol string }
+
+func parseFiInfo(out string) []fiInfo {
+	var l []fiInfo
+	for _, line := range strings.Split(out, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ": ")
+		if !ok {
+			continue
+		}
+		if k == "provider" {
+			l = append(l, fiInfo{provider: v})
+			continue
+		}
+		if len(l) == 0 {
+			continue
+		}
+		e := &l[len(l)-1]
+		switch k {
+		case "fabric":
+			e.fabric = v
+		case "domain":
+			e.domain = v
+		case "type":
+			e.typ = v
+		case "protocol":
+			e.protocol = v
+		}
+	}
+	return l
+}
+
+// libfabric's verbs provider finds softroce's device through the
+// libraries: FI_EP_MSG on the RC domain (rdma_cm), FI_EP_DGRAM on its
+// "-dgram" twin (UD), and FI_EP_RDM over either by the utility providers
+// ofi_rxm (on MSG) and ofi_rxd (on DGRAM).
+func TestFiInfo(t *testing.T) {
+	Need(t, "libfabric-bin", "fi_info")
+	hs := NewTwoHosts(t)
+	out, err := hs.A.Run(t, time.Minute, nil, "fi_info", "-p", "verbs")
+	if err != nil {
+		t.Fatalf("fi_info -p verbs: %v\n%s", err, out)
+	}
+	t.Logf("fi_info -p verbs on host A:\n%s", out)
+	l := parseFiInfo(out)
+	for _, w := range []fiInfo{
+		{"verbs", "", "softroce0", "FI_EP_MSG", "FI_PROTO_RDMA_CM_IB_RC"},
+		{"verbs", "", "softroce0-dgram", "FI_EP_DGRAM", "FI_PROTO_IB_UD"},
+		{"verbs;ofi_rxm", "", "softroce0", "FI_EP_RDM", "FI_PROTO_RXM"},
+		{"verbs;ofi_rxd", "", "softroce0-dgram", "FI_EP_RDM", "FI_PROTO_RXD"},
+	} {
+		found := false
+		for _, e := range l {
+			if e.provider == w.provider && e.domain == w.domain && e.typ == w.typ && e.protocol == w.protocol {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("fi_info lists no %s %s on %s (%s)", w.provider, w.typ, w.domain, w.protocol)
+		}
+	}
+	for _, e := range l {
+		if !strings.HasPrefix(e.domain, "softroce0") || !strings.HasPrefix(e.fabric, "IB-0x") {
+			t.Errorf("an entry on another domain or fabric: %+v", e)
+		}
+	}
+}
+
+// pingpongRow is one row of fi_pingpong's result table.
+type pingpongRow struct {
+	bytes      string // as printed: 64, 1k, 64k
+	sent, ack  int
+	total      string
+	sec        float64
+	mbps, usec float64
+	mxfers     float64
+}
+
+// parsePingpong reads the rows under fi_pingpong's header
+// "bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec".
+func parsePingpong(out string) ([]pingpongRow, error) {
+	var rows []pingpongRow
+	header := false
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 8 && f[0] == "bytes" && f[1] == "#sent" && f[5] == "MB/sec" && f[6] == "usec/xfer" {
+			header = true
+			continue
+		}
+		if !header || len(f) != 8 {
+			continue
+		}
+		var r pingpongRow
+		var err error
+		r.bytes, r.total = f[0], f[3]
+		if r.sent, err = strconv.Atoi(f[1]); err != nil {
+			return nil, fmt.Errorf("row %q: #sent: %v", line, err)
+		}
+		if r.ack, err = strconv.Atoi(strings.TrimPrefix(f[2], "=")); err != nil {
+			return nil, fmt.Errorf("row %q: #ack: %v", line, err)
+		}
+		for i, p := range []*float64{&r.sec, &r.mbps, &r.usec, &r.mxfers} {
+			if *p, err = strconv.ParseFloat(strings.TrimSuffix(f[4+i], "s"), 64); err != nil {
+				return nil, fmt.Errorf("row %q: column %d: %v", line, 5+i, err)
+			}
+		}
+		rows = append(rows, r)
+	}
+	if !header {
+		return nil, fmt.Errorf("no result table")
+	}
+	return rows, nil
+}
+
+// sizeStr is a size as fi_pingpong prints it.
+func sizeStr(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dm", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dk", n>>10)
+	}
+	return strconv.Itoa(n)
+}
+
+// fi_pingpong, libfabric's ping-pong, server on host A and client on
+// host B, over each endpoint type the verbs provider gives softroce: MSG
+// (RC by rdma_cm), RDM over MSG (ofi_rxm: eager sends and, above its
+// eager limit, rendezvous by RDMA READ), RDM over DGRAM (ofi_rxd: its own
+// reliability over UD) and DGRAM (UD, messages up to the path MTU). The
+// provider and endpoint type are fi_pingpong's flags: the test sets
+// nothing else.
+func TestFiPingpong(t *testing.T) {
+	Need(t, "libfabric-bin", "fi_pingpong")
+	hs := NewTwoHosts(t)
+	const iters = 100
+	for _, c := range []struct {
+		name, prov, ep string
+		sizes          []int
+	}{
+		{"msg", "verbs", "msg", []int{64, 65536}},
+		{"rdm-rxm", "verbs;ofi_rxm", "rdm", []int{64, 65536}},
+		{"rdm-rxd", "verbs;ofi_rxd", "rdm", []int{64, 4096}},
+		{"dgram", "verbs", "dgram", []int{64, 1024}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, size := range c.sizes {
+				port := hs.A.FreeTCPPort(t)
+				args := []string{"-p", c.prov, "-e", c.ep, "-I", strconv.Itoa(iters), "-S", strconv.Itoa(size)}
+				srv := hs.A.Start(t, nil, "fi_pingpong", append(args, "-B", strconv.Itoa(port))...)
+				srv.WaitListen(t, port, time.Minute)
+				co, cerr := hs.B.Run(t, 2*time.Minute, nil, "fi_pingpong", append(args, "-P", strconv.Itoa(port), hs.A.Addr().String())...)
+				serr := srv.WaitTimeout(time.Minute)
+				so := srv.Output()
+				if cerr != nil || serr != nil {
+					t.Fatalf("fi_pingpong %s, %d bytes: client: %v, server: %v\nclient:\n%s\nserver:\n%s", strings.Join(args, " "), size, cerr, serr, co, so)
+				}
+				for _, x := range [][2]string{{"client", co}, {"server", so}} {
+					side, o := x[0], x[1]
+					rows, err := parsePingpong(o)
+					if err != nil {
+						t.Fatalf("%s: %v\n%s", side, err, o)
+					}
+					if len(rows) != 1 {
+						t.Fatalf("%s: %d result rows, want 1:\n%s", side, len(rows), o)
+					}
+					r := rows[0]
+					if r.bytes != sizeStr(size) || r.sent != iters || r.ack != iters || r.sec <= 0 || r.mbps <= 0 || r.usec <= 0 {
+						t.Errorf("%s: row %+v, want %s bytes, %d sent and acked, positive time, MB/sec and usec/xfer", side, r, sizeStr(size), iters)
+					}
+					t.Logf("fi_pingpong -p '%s' -e %s, %s: bytes %s, #sent %d, #ack %d, total %s, time %.2fs, %.2f MB/sec, %.2f usec/xfer",
+						c.prov, c.ep, side, r.bytes, r.sent, r.ack, r.total, r.sec, r.mbps, r.usec)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,90 @@
+package apps
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// qperfFigure matches a figure line of qperf's output: "    bw  =  203 MB/sec".
+var qperfFigure = regexp.MustCompile(`(?m)^\s+(\w+)\s+=\s+([0-9.]+) (\S+)$`)
+
+// qperf: the server on host A, the client on host B, one test a run
+// (-t 1: a second each). RC tests with -cm1 exchange addresses by
+// rdma_cm and must print their figure. Without -cm1 qperf (0.4.11)
+// addresses the peer by LID alone (ah_attr.is_global 0): the kernel's
+// core refuses such an address on every RoCE device (rxe's included)
+// before the driver sees it, with EINVAL at ibv_modify_qp to RTR and at
+// ibv_create_ah; softroce refuses it the same way, and its daemon log
+// says why. UC and UD tests ignore -cm1 (qperf uses rdma_cm for RC only),
+// so they never run on RoCE.
+func TestQperf(t *testing.T) {
+	Need(t, "qperf", "qperf")
+	hs := NewTwoHosts(t)
+	port := hs.A.FreeTCPPort(t)
+	srv := hs.A.Start(t, nil, "qperf", "--listen_port", strconv.Itoa(port))
+	srv.WaitListen(t, port, time.Minute)
+	client := func(t *testing.T, args ...string) (string, error) {
+		return hs.B.Run(t, time.Minute, nil, "qperf", append([]string{hs.A.Addr().String(), "--listen_port", strconv.Itoa(port), "-t", "1"}, args...)...)
+	}
+	rc := []string{"rc_bw", "rc_lat", "rc_rdma_write_bw", "rc_rdma_write_lat", "rc_rdma_read_bw", "rc_rdma_read_lat",
+		"rc_compare_swap_mr", "rc_fetch_add_mr"}
+	want := map[string]string{"bw": "MB/sec", "latency": "us", "msg_rate": "K/sec"}
+	t.Run("cm1", func(t *testing.T) {
+		for _, test := range rc {
+			out, err := client(t, "-cm1", test)
+			m := qperfFigure.FindAllStringSubmatch(out, -1)
+			if err != nil || len(m) != 1 || !strings.HasPrefix(out, test+":\n") {
+				t.Errorf("qperf -cm1 %s: %v, want one figure:\n%s", test, err, out)
+				continue
+			}
+			v, _ := strconv.ParseFloat(m[0][2], 64)
+			// qperf scales its units (KB/sec, GB/sec, ns, ms, M/sec):
+			// only the prefix changes.
+			if u := want[m[0][1]]; u == "" || v <= 0 || m[0][3][1:] != u[1:] {
+				t.Errorf("qperf -cm1 %s: figure %q, want a positive %s in %s", test, m[0][0], m[0][1], u)
+			}
+			t.Logf("qperf -cm1 %s: %s = %s %s", test, m[0][1], m[0][2], m[0][3])
+		}
+	})
+	// Without an address exchange: refused as the kernel refuses it.
+	t.Run("lid-only", func(t *testing.T) {
+		for _, c := range []struct {
+			tests  []string
+			cm1    bool
+			errmsg string
+		}{
+			{rc, false, "failed to modify QP to RTR"},
+			{[]string{"uc_bw", "uc_lat", "uc_rdma_write_bw", "uc_rdma_write_lat"}, false, "failed to modify QP to RTR"},
+			{[]string{"uc_bw", "uc_lat", "uc_rdma_write_bw", "uc_rdma_write_lat"}, true, "failed to modify QP to RTR"},
+			{[]string{"ud_bw", "ud_lat"}, false, "failed to create address handle: Invalid argument"},
+			{[]string{"ud_bw", "ud_lat"}, true, "failed to create address handle: Invalid argument"},
+		} {
+			for _, test := range c.tests {
+				args := []string{test}
+				if c.cm1 {
+					args = []string{"-cm1", test}
+				}
+				out, err := client(t, args...)
+				// Both sides fail: the client prints its own error or,
+				// when the server's comes first, "server: ...".
+				if err == nil || !strings.Contains(out, c.errmsg) && !strings.Contains(out, "server: ") || qperfFigure.MatchString(out) {
+					t.Errorf("qperf %s: %v, want it to fail with %q:\n%s", strings.Join(args, " "), err, c.errmsg, out)
+				}
+				if c.cm1 && !strings.Contains(out, "-cm1 set but not used") {
+					t.Errorf("qperf -cm1 %s used rdma_cm:\n%s", test, out)
+				}
+			}
+		}
+		for _, h := range []*Host{hs.A, hs.B} {
+			if l := h.DaemonLog(); !strings.Contains(l, "RoCE needs a GRH (is_global)") {
+				t.Errorf("host %s: the daemon does not say why it refused the addresses:\n%s", h.Name, l)
+			}
+		}
+	})
+	if srv.Exited() {
+		t.Errorf("the qperf server ended:\n%s", srv.Output())
+	}
+}
