@@ -54,57 +54,38 @@ func init() {
 	}
 }
 
-var (
-	mpiBuildOnce sync.Once
-	mpiBuildDir  string // softroce, the agent and abi/, readable by everyone
-	mpiBuildErr  error
-)
-
-// mpiBuild builds softroce and its libraries and copies the test binary
-// as the remote shell agent, once per test binary.
-func mpiBuild(t *testing.T) string {
+// mpiBuild builds softroce and its libraries into dir and copies the test
+// binary there as the remote shell agent. The Go build cache makes all
+// but the first build quick.
+func mpiBuild(t *testing.T, dir string) {
 	t.Helper()
-	mpiBuildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "softroce-mpi-")
-		if err != nil {
-			mpiBuildErr = err
-			return
-		}
-		os.Chmod(dir, 0o755)
-		gobin, err := exec.LookPath("go")
-		if err != nil {
-			gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		if out, err := exec.CommandContext(ctx, gobin, "build", "-o", filepath.Join(dir, "softroce"), "github.com/softroce/softroce/cmd/softroce").CombinedOutput(); err != nil {
-			mpiBuildErr = fmt.Errorf("build softroce: %v\n%s", err, out)
-			return
-		}
-		if _, err := abi.Build(filepath.Join(dir, "abi")); err != nil {
-			mpiBuildErr = err
-			return
-		}
-		self, err := os.Executable()
-		if err == nil {
-			err = mpiCopy(self, filepath.Join(dir, mpiRshName))
-		}
-		if err != nil {
-			mpiBuildErr = err
-			return
-		}
-		mpiBuildErr = filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, gobin, "build", "-o", filepath.Join(dir, "softroce"), "github.com/softroce/softroce/cmd/softroce").CombinedOutput(); err != nil {
+		t.Fatalf("build softroce: %v\n%s", err, out)
+	}
+	if _, err := abi.Build(filepath.Join(dir, "abi")); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err == nil {
+		err = mpiCopy(self, filepath.Join(dir, mpiRshName))
+	}
+	if err == nil {
+		err = filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
 			if err == nil && fi.IsDir() {
 				err = os.Chmod(p, 0o755)
 			}
 			return err
 		})
-		mpiBuildDir = dir
-	})
-	if mpiBuildErr != nil {
-		t.Fatal(mpiBuildErr)
 	}
-	return mpiBuildDir
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 func mpiCopy(src, dst string) error {
@@ -151,22 +132,21 @@ type mpiHost struct {
 // the remote shell: rsh is the agent's path for the launchers.
 type mpiRig struct {
 	a, b *mpiHost
-	bin  string // the build directory: softroce, the agent
 	env  []string
 	rsh  string
-	dir  string // the test's directory, readable by nobody
+	dir  string // the test's directory, readable by nobody: softroce, the agent, the programs
 }
 
 func newMPIRig(t *testing.T) *mpiRig {
 	t.Helper()
-	bin := mpiBuild(t)
 	dir := t.TempDir()
-	// t.TempDir's parent is made 0700; nobody reads the programs here.
+	// t.TempDir's parent is made 0700; nobody runs the programs here.
 	for _, d := range []string{filepath.Dir(dir), dir} {
 		if err := os.Chmod(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
+	mpiBuild(t, dir)
 	home, tmp := filepath.Join(dir, "home"), filepath.Join(dir, "tmp")
 	for _, d := range []string{home, tmp} {
 		if err := os.Mkdir(d, 0o700); err != nil {
@@ -176,12 +156,12 @@ func newMPIRig(t *testing.T) *mpiRig {
 			t.Fatal(err)
 		}
 	}
-	r := &mpiRig{bin: bin, dir: dir, env: []string{
-		"PATH=" + bin + ":/usr/local/bin:/usr/bin:/bin",
+	r := &mpiRig{dir: dir, env: []string{
+		"PATH=" + dir + ":/usr/local/bin:/usr/bin:/bin",
 		"HOME=" + home,
 		"TMPDIR=" + tmp, // the daemons' default sockets, and the MPIs' session directories
 		"SHELL=/bin/sh",
-		"SOFTROCE_ABI_DIR=" + filepath.Join(bin, "abi"),
+		"SOFTROCE_ABI_DIR=" + filepath.Join(dir, "abi"),
 	}}
 	v := netnstest.Connect(t, netnstest.NewNSTagged(t, "mpiA"), netnstest.NewNSTagged(t, "mpiB"), netnstest.VethConfig{})
 	r.a, r.b = &mpiHost{end: v.A}, &mpiHost{end: v.B}
@@ -190,7 +170,7 @@ func newMPIRig(t *testing.T) *mpiRig {
 			h.netns, err = os.Readlink("/proc/thread-self/ns/net")
 			return err
 		})
-		d := r.start(t, h, filepath.Join(bin, "softroce"), "serve", "--addr", h.end.Addr().String())
+		d := r.start(t, h, filepath.Join(dir, "softroce"), "serve", "--addr", h.end.Addr().String())
 		for deadline := time.Now().Add(30 * time.Second); !strings.Contains(d.output(), "listening on"); time.Sleep(20 * time.Millisecond) {
 			if d.exited() || time.Now().After(deadline) {
 				t.Fatalf("softroce serve in %s did not start:\n%s", h.end.NS.Name, d.output())
@@ -208,7 +188,7 @@ func newMPIRig(t *testing.T) *mpiRig {
 	}
 	port := r.rshd(t, r.b)
 	r.rsh = filepath.Join(dir, "rsh")
-	script := fmt.Sprintf("#!/bin/sh\nexec %s -p %d \"$@\"\n", filepath.Join(bin, mpiRshName), port)
+	script := fmt.Sprintf("#!/bin/sh\nexec %s -p %d \"$@\"\n", filepath.Join(dir, mpiRshName), port)
 	if err := os.WriteFile(r.rsh, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
