@@ -483,3 +483,8 @@ func tcpListening(port int) bool {
 // library: queued completions and posted receives keep their order across
 // a resize, resizes run while a peer sends, and rxe's refusals hold.
 func TestCProgramResize(t *testing.T) { runC(t, "resize.c") }
+
+// Memory unmapped while registered, new memory at the same address
+// registered before the old MR's dereg (a registration cache's freed and
+// reused buffer): RDMA reaches the new memory, the old dereg leaves it be.
+func TestCProgramRemapWhileRegistered(t *testing.T) { runC(t, "remap.c") }

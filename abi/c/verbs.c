@@ -184,10 +184,13 @@ struct sr_pd {
 	uint32_t h;
 };
 
+struct extent;
+
 struct sr_mr {
 	struct ibv_mr mr;
 	uint32_t h;
-	uintptr_t ps, pe; /* page range, for the extent registry */
+	int next; /* the extents the MR holds a reference on */
+	struct extent **ext;
 };
 
 struct sr_cq {
@@ -718,46 +721,149 @@ EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
 
 /* ---- registered memory: moved into memfds (see docs/abi.md) ---- */
 
-/* An extent is a page range of the process now backed by one of our
- * memfds. MRs that share pages share the extent (refcounted). */
+/* An extent is a page range of the process moved into one of our memfds
+ * (the memfd's offset 0 is start). MRs that share pages share the extent
+ * (refcounted); each MR holds its extents, so its dereg drops exactly
+ * those. An extent is listed while new registrations may reuse it. Once
+ * the program has unmapped or replaced pages of it (a buffer freed while
+ * registered, and new memory mapped at its addresses), it is unlisted:
+ * it lives on for the MRs that hold it, as pinned pages outlive their
+ * mapping in the kernel, and registrations of the new memory move it
+ * into a memfd of its own. */
 struct extent {
 	uintptr_t start, end;
 	int fd;
+	unsigned long ino; /* the memfd's inode, as /proc/self/maps shows it */
 	int refs;
+	bool listed;
 	struct extent *next;
 };
 
 static pthread_mutex_t ext_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct extent *extents;
+static struct extent *extents; /* listed and unlisted */
+
+/* A line of /proc/self/maps. */
+struct mapent {
+	uintptr_t s, e;
+	unsigned long off, ino;
+	char perms[8];
+	bool ours; /* one of our memfds */
+	bool other; /* a mapping check_maps refuses */
+};
+
+/* read_maps returns the mappings overlapping [lo, hi), in address order,
+ * in *out, or -1 when /proc/self/maps cannot be read; free the list with
+ * free_maps. It allocates with mmap, never malloc: after fork the child
+ * reads its maps while registered heap pages are still shared with the
+ * parent, where a malloc would write into the parent's heap. */
+static int read_maps(uintptr_t lo, uintptr_t hi, struct mapent **out)
+{
+	char buf[4096], line[512];
+	size_t cap = 0, len = 0;
+	struct mapent *v = NULL;
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC), n = 0;
+	ssize_t k;
+
+	*out = NULL;
+	if (fd < 0)
+		return -1;
+	while ((k = read(fd, buf, sizeof(buf))) > 0 || (k < 0 && errno == EINTR)) {
+		for (ssize_t i = 0; i < k; i++) {
+			if (buf[i] != '\n') {
+				if (len < sizeof(line) - 1)
+					line[len++] = buf[i];
+				continue;
+			}
+			line[len] = 0;
+			len = 0;
+			/* start-end perms offset dev inode path */
+			struct mapent m = { 0 };
+			char *p = line, *q;
+			m.s = strtoul(p, &q, 16);
+			if (*q != '-')
+				continue;
+			m.e = strtoul(q + 1, &p, 16);
+			if (m.e <= lo || m.s >= hi)
+				continue;
+			while (*p == ' ')
+				p++;
+			for (int j = 0; j < 4 && *p && *p != ' '; j++)
+				m.perms[j] = *p++;
+			m.off = strtoul(p, &p, 16);
+			while (*p == ' ')
+				p++;
+			while (*p && *p != ' ')
+				p++; /* dev */
+			m.ino = strtoul(p, &p, 10);
+			while (*p == ' ')
+				p++;
+			m.ours = strstr(p, "memfd:softroce-mr") != NULL;
+			m.other = !m.ours && (m.perms[0] != 'r' || m.perms[1] != 'w' || m.perms[3] == 's' || strstr(p, "huge"));
+			if ((size_t)n == cap) {
+				size_t ncap = cap ? 2 * cap : 4096 / sizeof(*v);
+				void *w = v ? mremap(v, cap * sizeof(*v), ncap * sizeof(*v), MREMAP_MAYMOVE)
+					    : mmap(NULL, ncap * sizeof(*v), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+				if (w == MAP_FAILED) {
+					if (v)
+						munmap(v, cap * sizeof(*v));
+					close(fd);
+					return -1;
+				}
+				v = w;
+				cap = ncap;
+			}
+			v[n++] = m;
+		}
+		if (k < 0)
+			k = 0;
+	}
+	close(fd);
+	if (k < 0) {
+		if (v)
+			munmap(v, cap * sizeof(*v));
+		return -1;
+	}
+	*out = v;
+	return n;
+}
+
+/* free_maps frees read_maps' list of n entries. */
+static void free_maps(struct mapent *m, int n)
+{
+	if (m) {
+		size_t cap = 4096 / sizeof(*m);
+		while (cap < (size_t)n)
+			cap *= 2;
+		munmap(m, cap * sizeof(*m));
+	}
+}
 
 /* check_maps refuses ranges the memfd route cannot move: shared file
- * mappings (writes would stop reaching the file) and huge pages. */
-static int check_maps(uintptr_t ps, uintptr_t pe)
+ * mappings (writes would stop reaching the file), read-only memory and
+ * huge pages. */
+static int check_maps(const struct mapent *m, int n)
 {
-	FILE *f = fopen("/proc/self/maps", "re");
-	char line[512];
-	int e = 0;
+	for (int i = 0; i < n; i++)
+		if (m[i].other)
+			return EOPNOTSUPP;
+	return 0;
+}
 
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f)) {
-		unsigned long s, t;
-		char perms[8] = "", path[256] = "";
-		if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %255s", &s, &t, perms, path) < 3)
+/* mapped_from reports whether every page of [lo, hi) is mapped from x's
+ * memfd at x's offsets. */
+static bool mapped_from(const struct extent *x, const struct mapent *m, int n, uintptr_t lo, uintptr_t hi)
+{
+	uintptr_t covered = lo;
+
+	for (int i = 0; i < n && covered < hi; i++) {
+		if (m[i].e <= covered)
 			continue;
-		if (t <= ps || s >= pe)
-			continue;
-		if (strstr(path, "memfd:softroce-mr"))
-			continue;
-		if (perms[0] != 'r' || perms[1] != 'w' || perms[3] == 's' || strstr(path, "huge")) {
-			e = EOPNOTSUPP;
-			if (getenv("SOFTROCE_DEBUG"))
-				fprintf(stderr, "softroce: cannot register %lx-%lx: mapping %s", ps, pe, line);
-			break;
-		}
+		if (m[i].s > covered || !m[i].ours || m[i].ino != x->ino || m[i].s < x->start ||
+		    m[i].off != m[i].s - x->start)
+			return false;
+		covered = m[i].e;
 	}
-	fclose(f);
-	return e;
+	return covered >= hi;
 }
 
 /* What the mover copies and maps, read by the child below. */
@@ -805,13 +911,15 @@ static struct extent *move_pages(uintptr_t s, uintptr_t e)
 	struct move m = { .s = s, .n = e - s, .err = -1 };
 	struct extent *x = calloc(1, sizeof(*x));
 	void *st = MAP_FAILED;
+	struct stat sb;
 	int fd = -1;
 	pid_t pid;
 
 	if (!x)
 		goto fail;
 	fd = memfd_create("softroce-mr", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0 || ftruncate(fd, m.n) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
+	if (fd < 0 || ftruncate(fd, m.n) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0 ||
+	    fstat(fd, &sb) < 0)
 		goto fail;
 	m.fd = fd;
 	st = mmap(NULL, stack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
@@ -833,6 +941,8 @@ static struct extent *move_pages(uintptr_t s, uintptr_t e)
 	x->start = s;
 	x->end = e;
 	x->fd = fd;
+	x->ino = sb.st_ino;
+	x->listed = true;
 	x->next = extents;
 	extents = x;
 	return x;
@@ -846,23 +956,30 @@ fail:
 }
 
 /*
- * After fork the registered pages would be shared with the child (they
- * are MAP_SHARED now), where Linux gives a child a private copy of pinned
- * pages. So the child replaces each moved range with a private copy,
- * again from a CLONE_VFORK child on its own stack in case the range holds
- * the thread's stack, and forgets the extents (its context is not usable,
- * as with rdma-core).
+ * A range still mapped from a memfd becomes private anonymous memory
+ * again, with its contents: at the last dereg of its extent (so that fork
+ * copies it again), and after fork in the child, where the pages would
+ * otherwise be shared with the parent while Linux gives a child a private
+ * copy of pinned pages. The remap runs from a CLONE_VFORK child on its own
+ * stack in case the range holds the thread's stack.
  */
+struct run {
+	uintptr_t s, e;
+	int fd;
+	unsigned long off; /* of s in fd */
+};
+
 struct privatize {
-	struct extent *list;
-	int err;
+	const struct run *runs;
+	int n;
 };
 
 static int privatize_child(void *p)
 {
 	struct privatize *v = p;
-	for (struct extent *x = v->list; x; x = x->next) {
-		size_t n = x->end - x->start;
+	for (int i = 0; i < v->n; i++) {
+		const struct run *r = &v->runs[i];
+		size_t n = r->e - r->s;
 		long t = syscall(SYS_mmap, NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (t == -1)
 			continue; /* out of memory: this range stays shared */
@@ -870,67 +987,65 @@ static int privatize_child(void *p)
 		 * pages, so not through the program's own view of them). */
 		size_t off = 0;
 		while (off < n) {
-			long r = syscall(SYS_pread64, x->fd, (void *)(t + off), n - off, off);
-			if (r <= 0)
+			long k = syscall(SYS_pread64, r->fd, (void *)(t + off), n - off, r->off + off);
+			if (k <= 0)
 				break;
-			off += r;
+			off += k;
 		}
-		if (off < n || syscall(SYS_mremap, t, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, x->start) == -1)
+		if (off < n || syscall(SYS_mremap, t, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, r->s) == -1)
 			syscall(SYS_munmap, t, n);
 	}
 	return 0;
 }
 
-/* still_moved reports whether [s, e) is still mapped from our memfds: the
- * program may have unmapped it (freed while registered) and mapped
- * something else there since, which must be left alone. */
-static bool still_moved(uintptr_t s, uintptr_t e)
-{
-	FILE *f = fopen("/proc/self/maps", "re");
-	char line[512];
-	uintptr_t covered = s;
-
-	if (!f)
-		return false;
-	while (fgets(line, sizeof(line), f)) {
-		unsigned long a, b;
-		char path[256] = "";
-		if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %255s", &a, &b, path) < 2 || b <= s || a >= e)
-			continue;
-		if (a > covered || !strstr(path, "memfd:softroce-mr"))
-			break;
-		covered = b;
-	}
-	fclose(f);
-	return covered >= e;
-}
-
-/* privatize makes the ranges of list private anonymous memory again, with
- * their contents. */
-static void privatize(struct extent *list)
+/* privatize makes what is still mapped from x's memfd at x's offsets
+ * private anonymous memory; pages the program has unmapped or replaced
+ * since are left alone, whatever is there now. No malloc (see
+ * read_maps). */
+static void privatize(const struct extent *x)
 {
 	const size_t stack = 64 * 1024;
-	struct privatize v = { .list = list };
-	void *st;
-	pid_t pid;
+	struct run runs[32];
+	struct privatize v = { .runs = runs };
+	struct mapent *m;
+	int n = read_maps(x->start, x->end, &m);
+	void *st = MAP_FAILED;
 
-	st = mmap(NULL, stack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-	if (st == MAP_FAILED)
-		return;
-	pid = clone(privatize_child, (char *)st + stack, CLONE_VM | CLONE_VFORK, &v);
-	if (pid > 0)
-		while (waitpid(pid, NULL, __WCLONE) < 0 && errno == EINTR)
-			;
-	munmap(st, stack);
+	for (int i = 0; i <= n; i++) {
+		if (i < n && m[i].ours && m[i].ino == x->ino && m[i].s >= x->start && m[i].off == m[i].s - x->start) {
+			runs[v.n].s = m[i].s;
+			runs[v.n].e = m[i].e < x->end ? m[i].e : x->end;
+			runs[v.n].fd = x->fd;
+			runs[v.n].off = m[i].off;
+			v.n++;
+		}
+		if (!v.n || (i < n && v.n < (int)(sizeof(runs) / sizeof(runs[0]))))
+			continue;
+		if (st == MAP_FAILED)
+			st = mmap(NULL, stack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+		if (st == MAP_FAILED)
+			break;
+		pid_t pid = clone(privatize_child, (char *)st + stack, CLONE_VM | CLONE_VFORK, &v);
+		if (pid > 0)
+			while (waitpid(pid, NULL, __WCLONE) < 0 && errno == EINTR)
+				;
+		v.n = 0;
+	}
+	if (st != MAP_FAILED)
+		munmap(st, stack);
+	free_maps(m, n);
 }
 
+/* After fork the child's context is not usable (as with rdma-core): it
+ * forgets every extent, keeping private copies of their pages. Every
+ * range is private before anything is freed: a heap page may be one of
+ * them, shared with the parent until then. */
 static void atfork_child(void)
 {
+	for (struct extent *x = extents; x; x = x->next)
+		privatize(x);
 	for (struct extent *x = extents, *n; x; x = n) {
 		n = x->next;
-		x->next = NULL;
-		if (still_moved(x->start, x->end))
-			privatize(x);
 		close(x->fd);
 		free(x);
 	}
@@ -946,32 +1061,24 @@ __attribute__((constructor)) static void sr_init(void)
 static struct extent *find_extent(uintptr_t a)
 {
 	for (struct extent *x = extents; x; x = x->next)
-		if (a >= x->start && a < x->end)
+		if (x->listed && a >= x->start && a < x->end)
 			return x;
 	return NULL;
 }
 
-static void put_extents(uintptr_t ps, uintptr_t pe)
+/* put_extent drops a reference; the last one makes the pages private
+ * memory again. */
+static void put_extent(struct extent *x)
 {
-	for (uintptr_t a = ps; a < pe;) {
-		struct extent *x = find_extent(a);
-		if (!x)
-			break;
-		a = x->end;
-		if (--x->refs == 0) {
-			/* No MR uses these pages any more: back to private memory,
-			 * so that fork copies them again. */
-			struct extent **pp = &extents;
-			while (*pp != x)
-				pp = &(*pp)->next;
-			*pp = x->next;
-			x->next = NULL;
-			if (still_moved(x->start, x->end))
-				privatize(x);
-			close(x->fd);
-			free(x);
-		}
-	}
+	if (--x->refs)
+		return;
+	struct extent **pp = &extents;
+	while (*pp != x)
+		pp = &(*pp)->next;
+	*pp = x->next;
+	privatize(x);
+	close(x->fd);
+	free(x);
 }
 
 static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned int access)
@@ -982,10 +1089,11 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 	} req;
 	int fds[SR_MAX_EXTENTS];
 	struct extent *used[SR_MAX_EXTENTS];
+	struct mapent *maps;
 	uintptr_t ps, pe, a;
 	struct sr_mr *m;
 	struct sr_mr_resp r;
-	int n = 0, e;
+	int n = 0, e, nmaps;
 
 	if (!length || (uintptr_t)addr + length < (uintptr_t)addr) {
 		errno = EINVAL;
@@ -998,15 +1106,29 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 	ps = (uintptr_t)addr & ~(uintptr_t)(SR_PAGE - 1);
 	pe = ((uintptr_t)addr + length + SR_PAGE - 1) & ~(uintptr_t)(SR_PAGE - 1);
 	pthread_mutex_lock(&ext_lock);
-	if ((e = check_maps(ps, pe)))
+	nmaps = read_maps(ps, pe, &maps);
+	if ((e = check_maps(maps, nmaps))) {
+		if (getenv("SOFTROCE_DEBUG"))
+			fprintf(stderr, "softroce: cannot register %lx-%lx: a shared, read-only or huge-page mapping\n",
+				(unsigned long)ps, (unsigned long)pe);
 		goto out;
+	}
+	/* Extents whose pages in the range are no longer mapped from them
+	 * (freed while registered, new memory there now) are not reused:
+	 * that memory gets a memfd of its own. */
+	for (struct extent *x = extents; x && nmaps >= 0; x = x->next) {
+		if (!x->listed || x->end <= ps || x->start >= pe)
+			continue;
+		if (!mapped_from(x, maps, nmaps, x->start > ps ? x->start : ps, x->end < pe ? x->end : pe))
+			x->listed = false;
+	}
 	/* Tile the range with the extents already moved and new ones. */
 	for (a = ps; a < pe && n < SR_MAX_EXTENTS;) {
 		struct extent *x = find_extent(a);
 		if (!x) {
 			uintptr_t end = pe;
 			for (struct extent *y = extents; y; y = y->next)
-				if (y->start > a && y->start < end)
+				if (y->listed && y->start > a && y->start < end)
 					end = y->start;
 			x = move_pages(a, end);
 			if (!x) {
@@ -1045,7 +1167,8 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 	if (e)
 		goto undo;
 	m = calloc(1, sizeof(*m));
-	if (!m) {
+	if (!m || !(m->ext = malloc(n * sizeof(*m->ext)))) {
+		free(m);
 		e = ENOMEM;
 		goto undo; /* the daemon frees the MR with the connection */
 	}
@@ -1057,15 +1180,17 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 	m->mr.lkey = r.lkey;
 	m->mr.rkey = r.rkey;
 	m->h = r.handle;
-	m->ps = ps;
-	m->pe = pe;
+	memcpy(m->ext, used, n * sizeof(*used));
+	m->next = n;
+	free_maps(maps, nmaps);
 	pthread_mutex_unlock(&ext_lock);
 	return &m->mr;
 undo:
-	/* Each extent of [ps, a) got one reference above: drop them. */
-	(void)used;
-	put_extents(ps, a);
+	/* Each extent in used got one reference above: drop them. */
+	while (n > 0)
+		put_extent(used[--n]);
 out:
+	free_maps(maps, nmaps);
 	pthread_mutex_unlock(&ext_lock);
 	errno = e;
 	return NULL;
@@ -1098,8 +1223,10 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
 	if (e)
 		return e;
 	pthread_mutex_lock(&ext_lock);
-	put_extents(m->ps, m->pe);
+	for (int i = 0; i < m->next; i++)
+		put_extent(m->ext[i]);
 	pthread_mutex_unlock(&ext_lock);
+	free(m->ext);
 	free(m);
 	return 0;
 }
