@@ -116,7 +116,7 @@ Flags:
 		return 1
 	}
 	defer soft.Close()
-	env["softroce"] = "transport/rc (RC, UC and UD QPs) and package cm on the device's QP1, through the verbs API on an in-process nic/pipe; fake peer on the pipe's other end"
+	env["softroce"] = "transport/engine with transport/rc, transport/uc and transport/ud (RC, UC and UD QPs) and package cm on the device's QP1, through the verbs API on an in-process nic/pipe; fake peer on the pipe's other end"
 	targets = append(targets, soft)
 
 	rep, err := cases.RunAll(ctx, targets, cases.All, cases.Options{Only: re, PcapDir: *pcapDir, Log: os.Stdout, Environment: env})
