@@ -126,7 +126,7 @@ func Dial(path string) (*net.UnixConn, error) {
 }
 
 func checkDaemon(c *net.UnixConn, path string) error {
-	uid, err := peerUID(c)
+	uid, err := PeerUID(c)
 	if err != nil {
 		return fmt.Errorf("the daemon on %s: credentials: %w", path, err)
 	}
@@ -177,8 +177,9 @@ func helloCheck(c *net.UnixConn, path string, uid int) error {
 	return nil
 }
 
-// peerUID is the uid of the process that listens on c's other end.
-func peerUID(c *net.UnixConn) (int, error) {
+// PeerUID is the uid of the process on c's other end (SO_PEERCRED): for
+// a connection Dial made, the daemon's.
+func PeerUID(c syscall.Conn) (int, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return 0, err

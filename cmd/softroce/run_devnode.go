@@ -39,7 +39,7 @@ func devNodeCount(path string) int {
 	if err != nil {
 		return 0
 	}
-	uid, err := connPeerUID(c)
+	uid, err := serve.PeerUID(c)
 	c.Close()
 	if err != nil {
 		return 0
@@ -55,26 +55,6 @@ func devNodeCount(path string) int {
 		return 0
 	}
 	return len(st.Devices)
-}
-
-func connPeerUID(c interface {
-	SyscallConn() (syscall.RawConn, error)
-}) (int, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var cred *unix.Ucred
-	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, err
-	}
-	if serr != nil {
-		return 0, serr
-	}
-	return int(cred.Uid), nil
 }
 
 // devNodesMissing says whether UCX's check fails for one of the first n
