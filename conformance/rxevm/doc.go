@@ -14,6 +14,15 @@
 // agent of package conformance/agent) that Kill, KillAll or Close ends.
 // CaptureTap records the frames on the tap as pcap.
 //
+// With Options.HostPrograms the guest also mounts the host's /usr and /etc
+// read-only over virtio-9p and assembles a chroot at HostRoot from them:
+// the application stacks the host has installed from Debian (UCX,
+// libfabric, Open MPI, MPICH, qperf) then run in the guest, with Debian's
+// own libibverbs and rxe provider, against rxe0 (InHostRoot wraps a
+// command). The image stays small and needs no rebuild when the host
+// installs a package; the cost is a slower first start of each program
+// (9p under TCG), and the guest sees exactly the host's package versions.
+//
 // Addressing inside the VM's namespace is fixed: the host side of the tap
 // is HostAddr (10.88.0.1/24), the guest's eth0 and rxe0's GID index 1 are
 // GuestAddr (10.88.0.2/24). Host code reaches the guest with DialContext,

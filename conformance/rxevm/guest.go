@@ -62,7 +62,7 @@ var guestTools = []string{
 }
 
 // guestModules are the modules whose dependency closure is loaded at boot.
-var guestModules = []string{"crc32_generic", "virtio_pci", "virtio_net", "rdma_rxe", "rdma_ucm"}
+var guestModules = []string{"crc32_generic", "virtio_pci", "virtio_net", "rdma_rxe", "rdma_ucm", "9pnet_virtio", "9p"}
 
 // guestPackages are the Debian packages unpacked into the build tree, in
 // addition to the kernel package that linux-image-amd64 depends on.

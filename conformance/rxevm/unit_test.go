@@ -310,3 +310,32 @@ func TestNotesHave(t *testing.T) {
 		t.Error("huge namesz accepted")
 	}
 }
+
+// InHostRoot's command must reach the chrooted shell as one word, quotes
+// and all: run the wrapped command with chroot replaced by a function
+// that drops the root argument.
+func TestInHostRootQuoting(t *testing.T) {
+	inner := `printf '%s|' "a b" 'c'"'"'d'; echo`
+	wrapped := InHostRoot(inner)
+	if !strings.HasPrefix(wrapped, "chroot "+HostRoot+" /bin/sh -c ") {
+		t.Fatalf("InHostRoot = %q, want a chroot into %s", wrapped, HostRoot)
+	}
+	// The inner shell's ulimit may fail here (not root): stdout only.
+	script := `chroot() { shift; "$@"; }; ` + wrapped
+	out, err := exec.Command("/bin/sh", "-c", script).Output()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", script, err, out)
+	}
+	if got, want := string(out), "a b|c'd|\n"; got != want {
+		t.Fatalf("output %q, want %q", got, want)
+	}
+}
+
+func TestHostRootDevices(t *testing.T) {
+	args := strings.Join(hostRootDevices(), " ")
+	for _, s := range hostShares {
+		if !strings.Contains(args, "path="+s[1]+",security_model=none,readonly=on") || !strings.Contains(args, "mount_tag="+s[0]) {
+			t.Errorf("qemu arguments %q do not share %s read-only as %s", args, s[1], s[0])
+		}
+	}
+}

@@ -81,6 +81,14 @@ type Options struct {
 	// Env words are added to the kernel command line as key=value; the
 	// guest's init and its boot hooks see them as environment variables.
 	Env map[string]string
+	// HostPrograms shares the host's /usr and /etc, read-only over
+	// virtio-9p, as the root of a chroot at HostRoot in the guest (with
+	// the guest's own /proc, /sys, /dev and fresh /tmp, /run, /root and
+	// /var): the distribution's application stacks the host has installed
+	// (UCX, libfabric, MPI, qperf) run in the guest against kernel rxe
+	// with Debian's libibverbs and rxe provider, without copying them
+	// into the image. InHostRoot wraps a guest command to run there.
+	HostPrograms bool
 	// ReadyTimeout bounds the boot; 0 means 3 minutes (TCG on a busy
 	// host can be slow).
 	ReadyTimeout time.Duration
@@ -206,6 +214,10 @@ func boot(ctx context.Context, img *Image, opts Options, n vmNet) (_ *VM, err er
 		}
 	}()
 
+	if opts.HostPrograms {
+		opts.Files = append(slices.Clone(opts.Files), hostRootHook)
+		vm.opts = opts
+	}
 	initrd := img.Initramfs
 	if len(opts.Files) > 0 {
 		initrd = filepath.Join(dir, "initramfs.cpio.gz")
@@ -351,7 +363,7 @@ func (vm *VM) qemuArgs(kernel, initrd, cmdline string) []string {
 		// every guest the same default one.
 		nic += ",mac=" + vm.mac
 	}
-	return []string{
+	args := []string{
 		// KVM is not available for stock kernels here: TCG, one vCPU so
 		// that the emulation leaves host cores for the host side.
 		"-accel", "tcg,thread=multi", "-cpu", "qemu64", "-smp", "1",
@@ -361,8 +373,11 @@ func (vm *VM) qemuArgs(kernel, initrd, cmdline string) []string {
 		"-netdev", netdev,
 		"-device", nic,
 		"-serial", "file:" + vm.ConsoleLogPath(),
-		"-monitor", "none",
 	}
+	if vm.opts.HostPrograms {
+		args = append(args, hostRootDevices()...)
+	}
+	return append(args, "-monitor", "none")
 }
 
 // startWatchdog starts a shell outside the process group that waits for

@@ -56,6 +56,7 @@ func main() {
 	mem := flag.Int("mem", 384, "guest memory in MiB")
 	hold := flag.Bool("hold", false, "keep the VM running until SIGINT/SIGTERM; read guest commands from stdin")
 	rebuild := flag.Bool("rebuild", false, "rebuild the cached image")
+	hostProgs := flag.Bool("host-programs", false, "share the host's /usr and /etc read-only as the chroot "+rxevm.HostRoot+" in the guest (run host-installed applications against rxe0 with: chroot "+rxevm.HostRoot+" CMD)")
 	flag.Var(&files, "file", "add HOSTPATH:/GUEST/PATH to the guest (repeatable)")
 	flag.Var(env, "env", "add KEY=VALUE to the kernel command line (repeatable)")
 	flag.Usage = func() {
@@ -63,10 +64,10 @@ func main() {
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	os.Exit(run(*mtu, *mem, *hold, *rebuild, files, env, flag.Args()))
+	os.Exit(run(*mtu, *mem, *hold, *rebuild, *hostProgs, files, env, flag.Args()))
 }
 
-func run(mtu, mem int, hold, rebuild bool, files []rxevm.File, env map[string]string, cmds []string) int {
+func run(mtu, mem int, hold, rebuild, hostProgs bool, files []rxevm.File, env map[string]string, cmds []string) int {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	img, err := rxevm.Build(ctx, rxevm.Config{Log: os.Stderr, Rebuild: rebuild})
@@ -74,7 +75,7 @@ func run(mtu, mem int, hold, rebuild bool, files []rxevm.File, env map[string]st
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	vm, err := rxevm.Boot(ctx, img, rxevm.Options{MTU: mtu, MemoryMB: mem, Files: files, Env: env, Log: os.Stderr})
+	vm, err := rxevm.Boot(ctx, img, rxevm.Options{MTU: mtu, MemoryMB: mem, HostPrograms: hostProgs, Files: files, Env: env, Log: os.Stderr})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
