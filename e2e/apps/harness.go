@@ -51,15 +51,16 @@ type TwoHosts struct {
 
 // Host is one network namespace with its softroce daemon.
 type Host struct {
-	Name   string // "A" or "B"
-	End    *netnstest.End
+	Name   string // "A" or "B"; "softroce" beside the rxe guest
 	Socket string // the daemon's socket
-	home   string // the programs' HOME, the user's
+	addr   netip.Addr
+	do     func(func() error) error // runs a function in the namespace
+	home   string                   // the programs' HOME, the user's
 	daemon *Proc
 }
 
 // Addr is the host's IP address (its softroce device's).
-func (h *Host) Addr() netip.Addr { return h.End.Addr() }
+func (h *Host) Addr() netip.Addr { return h.addr }
 
 var (
 	buildOnce            sync.Once
@@ -134,6 +135,7 @@ func build(t testing.TB) (bin, abiRoot string) {
 // what build made.
 func Main(m *testing.M) int {
 	code := m.Run()
+	closeRxe()
 	if softroceBin != "" {
 		os.RemoveAll(filepath.Dir(softroceBin))
 	}
@@ -154,29 +156,36 @@ func NewTwoHosts(t testing.TB) *TwoHosts {
 	netnstest.Require(t)
 	build(t)
 	v := netnstest.Connect(t, netnstest.NewNSTagged(t, "appA"), netnstest.NewNSTagged(t, "appB"), netnstest.VethConfig{})
-	th := &TwoHosts{A: newHost(t, "A", v.A), B: newHost(t, "B", v.B)}
+	th := &TwoHosts{A: newHost(t, "A", v.A.Addr(), v.A.NS.Do), B: newHost(t, "B", v.B.Addr(), v.B.NS.Do)}
 	t.Cleanup(func() {
 		for _, h := range []*Host{th.A, th.B} {
-			h.daemon.Signal(syscall.SIGTERM)
-			if err := h.daemon.WaitTimeout(20 * time.Second); err != nil {
-				t.Errorf("host %s: softroce serve: %v", h.Name, err)
-			}
-			if t.Failed() {
-				t.Logf("host %s daemon log:\n%s", h.Name, h.daemon.Output())
-			}
+			h.stopDaemon(t)
 		}
 	})
 	return th
 }
 
-func newHost(t testing.TB, name string, e *netnstest.End) *Host {
+// stopDaemon ends the host's daemon, which must exit on SIGTERM, and logs
+// what it said when the test failed.
+func (h *Host) stopDaemon(t testing.TB) {
+	h.daemon.Signal(syscall.SIGTERM)
+	if err := h.daemon.WaitTimeout(20 * time.Second); err != nil {
+		t.Errorf("host %s: softroce serve: %v", h.Name, err)
+	}
+	if t.Failed() {
+		t.Logf("host %s daemon log:\n%s", h.Name, h.daemon.Output())
+	}
+}
+
+// newHost starts a daemon on addr in the namespace that do runs in.
+func newHost(t testing.TB, name string, addr netip.Addr, do func(func() error) error) *Host {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "softroce-apps-"+strings.ToLower(name)+"-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	h := &Host{Name: name, End: e, Socket: filepath.Join(dir, "softroce.sock"), home: filepath.Join(dir, "home")}
+	h := &Host{Name: name, addr: addr, do: do, Socket: filepath.Join(dir, "softroce.sock"), home: filepath.Join(dir, "home")}
 	if err := os.Mkdir(h.home, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +197,7 @@ func newHost(t testing.TB, name string, e *netnstest.End) *Host {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	h.daemon = h.start(t, nil, softroceBin, "serve", "--addr", e.Addr().String(), "--socket", h.Socket)
+	h.daemon = h.start(t, nil, softroceBin, "serve", "--addr", addr.String(), "--socket", h.Socket)
 	deadline := time.Now().Add(daemonStartupTimeout)
 	for !strings.Contains(h.daemon.Output(), "listening on") {
 		if h.daemon.Exited() || time.Now().After(deadline) {
@@ -236,7 +245,7 @@ func (h *Host) start(t testing.TB, env []string, path string, args ...string) *P
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = w, w
-	if err := h.End.NS.Do(cmd.Start); err != nil {
+	if err := h.do(cmd.Start); err != nil {
 		r.Close()
 		w.Close()
 		t.Fatalf("host %s: start %s: %v", h.Name, path, err)
@@ -344,7 +353,7 @@ func (p *Proc) WaitListen(t testing.TB, port int, d time.Duration) {
 func (h *Host) FreeTCPPort(t testing.TB) int {
 	t.Helper()
 	var port int
-	h.End.NS.Run(t, func() error {
+	err := h.do(func() error {
 		l, err := net.Listen("tcp4", net.JoinHostPort(h.Addr().String(), "0"))
 		if err != nil {
 			return err
@@ -353,5 +362,8 @@ func (h *Host) FreeTCPPort(t testing.TB) int {
 		port = l.Addr().(*net.TCPAddr).Port
 		return nil
 	})
+	if err != nil {
+		t.Fatalf("host %s: free TCP port: %v", h.Name, err)
+	}
 	return port
 }

@@ -1,6 +1,8 @@
 package apps
 
 import (
+	"context"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -10,6 +12,29 @@ import (
 
 // qperfFigure matches a figure line of qperf's output: "    bw  =  203 MB/sec".
 var qperfFigure = regexp.MustCompile(`(?m)^\s+(\w+)\s+=\s+([0-9.]+) (\S+)$`)
+
+// qperfRC are qperf's RC tests, which RoCE runs with -cm1.
+var qperfRC = []string{"rc_bw", "rc_lat", "rc_rdma_write_bw", "rc_rdma_write_lat", "rc_rdma_read_bw", "rc_rdma_read_lat",
+	"rc_compare_swap_mr", "rc_fetch_add_mr"}
+
+// qperfCheck fails the test unless out is test's one positive figure in
+// its unit, and logs the figure (tagged with who ran what where).
+func qperfCheck(t *testing.T, tag, test, out string, err error) {
+	t.Helper()
+	m := qperfFigure.FindAllStringSubmatch(out, -1)
+	if err != nil || len(m) != 1 || !strings.HasPrefix(out, test+":\n") {
+		t.Errorf("%sqperf -cm1 %s: %v, want one figure:\n%s", tag, test, err, out)
+		return
+	}
+	want := map[string]string{"bw": "MB/sec", "latency": "us", "msg_rate": "K/sec"}
+	v, _ := strconv.ParseFloat(m[0][2], 64)
+	// qperf scales its units (KB/sec, GB/sec, ns, ms, M/sec): only the
+	// prefix changes.
+	if u := want[m[0][1]]; u == "" || v <= 0 || m[0][3][1:] != u[1:] {
+		t.Errorf("%sqperf -cm1 %s: figure %q, want a positive %s in %s", tag, test, m[0][0], m[0][1], u)
+	}
+	t.Logf("%sqperf -cm1 %s: %s = %s %s", tag, test, m[0][1], m[0][2], m[0][3])
+}
 
 // qperf: the server on host A, the client on host B, one test a run
 // (-t 1: a second each). RC tests with -cm1 exchange addresses by
@@ -29,24 +54,11 @@ func TestQperf(t *testing.T) {
 	client := func(t *testing.T, args ...string) (string, error) {
 		return hs.B.Run(t, time.Minute, nil, "qperf", append([]string{hs.A.Addr().String(), "--listen_port", strconv.Itoa(port), "-t", "1"}, args...)...)
 	}
-	rc := []string{"rc_bw", "rc_lat", "rc_rdma_write_bw", "rc_rdma_write_lat", "rc_rdma_read_bw", "rc_rdma_read_lat",
-		"rc_compare_swap_mr", "rc_fetch_add_mr"}
-	want := map[string]string{"bw": "MB/sec", "latency": "us", "msg_rate": "K/sec"}
+	rc := qperfRC
 	t.Run("cm1", func(t *testing.T) {
 		for _, test := range rc {
 			out, err := client(t, "-cm1", test)
-			m := qperfFigure.FindAllStringSubmatch(out, -1)
-			if err != nil || len(m) != 1 || !strings.HasPrefix(out, test+":\n") {
-				t.Errorf("qperf -cm1 %s: %v, want one figure:\n%s", test, err, out)
-				continue
-			}
-			v, _ := strconv.ParseFloat(m[0][2], 64)
-			// qperf scales its units (KB/sec, GB/sec, ns, ms, M/sec):
-			// only the prefix changes.
-			if u := want[m[0][1]]; u == "" || v <= 0 || m[0][3][1:] != u[1:] {
-				t.Errorf("qperf -cm1 %s: figure %q, want a positive %s in %s", test, m[0][0], m[0][1], u)
-			}
-			t.Logf("qperf -cm1 %s: %s = %s %s", test, m[0][1], m[0][2], m[0][3])
+			qperfCheck(t, "", test, out, err)
 		}
 	})
 	// Without an address exchange: refused as the kernel refuses it.
@@ -87,4 +99,49 @@ func TestQperf(t *testing.T) {
 	if srv.Exited() {
 		t.Errorf("the qperf server ended:\n%s", srv.Output())
 	}
+}
+
+// TestQperfAgainstRxe runs qperf's RC tests between softroce and kernel
+// rxe, in both roles, and shows that rxe refuses a LID-only address as
+// softroce does (TestQperf).
+func TestQperfAgainstRxe(t *testing.T) {
+	Need(t, "qperf", "qperf")
+	r := NewRxePeer(t)
+	t.Run("rxe-server", func(t *testing.T) {
+		port := r.Soft.FreeTCPPort(t) // free on the host side; the guest's is its own
+		srv := r.GuestStart(t, "qperf --listen_port "+strconv.Itoa(port))
+		if err := r.VM.WaitListening(context.Background(), port); err != nil {
+			t.Fatalf("guest qperf server: %v", err)
+		}
+		for _, test := range qperfRC {
+			out, err := r.Soft.Run(t, time.Minute, nil, "qperf", r.GuestAddr().String(), "--listen_port", strconv.Itoa(port), "-t", "1", "-cm1", test)
+			qperfCheck(t, "softroce client, rxe server: ", test, out, err)
+		}
+		out, err := r.Soft.Run(t, time.Minute, nil, "qperf", r.GuestAddr().String(), "--listen_port", strconv.Itoa(port), "-t", "1", "rc_bw")
+		if err == nil || qperfFigure.MatchString(out) {
+			t.Errorf("qperf rc_bw without -cm1 against rxe: %v, want a refusal:\n%s", err, out)
+		}
+		select {
+		case <-srv.Done():
+			t.Errorf("the guest's qperf server ended")
+		default:
+		}
+	})
+	t.Run("softroce-server", func(t *testing.T) {
+		port := r.Soft.FreeTCPPort(t)
+		srv := r.Soft.Start(t, nil, "qperf", "--listen_port", strconv.Itoa(port))
+		srv.WaitListen(t, port, time.Minute)
+		for _, test := range qperfRC {
+			out, err := r.GuestRun(t, 2*time.Minute, fmt.Sprintf("qperf %s --listen_port %d -t 1 -cm1 %s", r.Soft.Addr(), port, test))
+			qperfCheck(t, "rxe client, softroce server: ", test, out, err)
+		}
+		// The kernel refuses the LID-only address itself.
+		out, err := r.GuestRun(t, 2*time.Minute, fmt.Sprintf("qperf %s --listen_port %d -t 1 rc_bw", r.Soft.Addr(), port))
+		if err == nil || !strings.Contains(out, "failed to modify QP to RTR") && !strings.Contains(out, "server: ") {
+			t.Errorf("rxe's qperf rc_bw without -cm1: %v, want it refused:\n%s", err, out)
+		}
+		if srv.Exited() {
+			t.Errorf("the qperf server ended:\n%s", srv.Output())
+		}
+	})
 }
