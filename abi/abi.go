@@ -66,6 +66,17 @@ func DefaultDir() string {
 	return filepath.Join(c, "softroce", "abi", Version())
 }
 
+// cacheError says which directory the library could not be written to and
+// how to choose another: a bare "mkdir /nonexistent: permission denied"
+// (HOME of a system user) names neither.
+func cacheError(dir string, err error) error {
+	how := "set SOFTROCE_ABI_DIR to a directory this user can write, or XDG_CACHE_HOME (the default is under $XDG_CACHE_HOME or $HOME/.cache)"
+	if os.Getenv("SOFTROCE_ABI_DIR") != "" {
+		how = "SOFTROCE_ABI_DIR names it: point it at a directory this user can write"
+	}
+	return fmt.Errorf("abi: cannot write the library cache %s: %v; %s", dir, err, how)
+}
+
 // Build writes the sources to dir, runs make there and returns the
 // directory holding libibverbs.so.1 (dir/build). An existing library of
 // the same sources is reused.
@@ -78,12 +89,12 @@ func Build(dir string) (string, error) {
 		return out, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
+		return "", cacheError(dir, err)
 	}
 	// Two programs started at once build once: the second waits.
 	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		return "", err
+		return "", cacheError(dir, err)
 	}
 	defer lock.Close()
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {

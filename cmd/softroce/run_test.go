@@ -55,3 +55,33 @@ func TestRunIbvDevinfoPrivateDaemon(t *testing.T) {
 	}
 	t.Logf("%s", out)
 }
+
+// With the library cache somewhere this user cannot write (a system
+// user's HOME), softroce run names the directory and the variable that
+// moves it. Under a regular file, mkdir fails for root too.
+func TestRunUnwritableLibraryCache(t *testing.T) {
+	if m := abi.Missing(); m != "" {
+		t.Skip("cannot build softroce's libibverbs.so.1: " + m)
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"SOFTROCE_ABI_DIR=", "XDG_CACHE_HOME=" + file}, "set SOFTROCE_ABI_DIR to a directory this user can write"},
+		{[]string{"SOFTROCE_ABI_DIR=" + filepath.Join(file, "abi")}, "SOFTROCE_ABI_DIR names it"},
+	} {
+		for _, kv := range c.env {
+			k, v, _ := strings.Cut(kv, "=")
+			t.Setenv(k, v)
+		}
+		var code int
+		_, errOut := runOut(t, func() { code = run([]string{"run", "--", "true"}) })
+		if code != 1 || !strings.Contains(errOut, "cannot write the library cache "+file) || !strings.Contains(errOut, c.want) {
+			t.Errorf("softroce run with %v: exit %d, want 1 naming the cache under %s and %q:\n%s", c.env, code, file, c.want, errOut)
+		}
+	}
+}
