@@ -82,6 +82,7 @@ func runPerf(kind string, args []string) int {
 	fs.BoolVar(&f.server, "server", false, "wait for a client (run this first on the other host)")
 	fs.StringVar(&f.bind, "bind", "", "local IP `ADDR` for data and the TCP exchange (default: the address the peer is reached from)")
 	fs.IntVar(&f.port, "port", perf.DefaultPort, "TCP port of the out-of-band exchange")
+	fs.IntVar(&f.port, "p", perf.DefaultPort, "same as --port (perftest's name)")
 	fs.IntVar(&f.udpPort, "udp-port", nic.RoCEv2Port, "UDP port the data link listens on (both sides tell each other theirs)")
 	fs.StringVar(&f.test, "test", "write", "operation: write, read, send or atomic (fetch-and-add)")
 	defSize := perf.DefaultBWSize
@@ -89,7 +90,8 @@ func runPerf(kind string, args []string) int {
 		defSize = perf.DefaultLatSize
 	}
 	fs.IntVar(&f.size, "s", defSize, "message size in bytes")
-	fs.BoolVar(&f.sweep, "sweep", false, "run every power of two from 2 bytes to 64 KiB (like perftest -a)")
+	fs.BoolVar(&f.sweep, "sweep", false, "run every power of two from 2 bytes to 64 KiB (like perftest -a, which goes on to 8 MiB)")
+	fs.BoolVar(&f.sweep, "a", false, "same as --sweep (perftest's name)")
 	fs.IntVar(&f.qps, "q", 1, "number of queue pairs")
 	defIters := perf.DefaultBWIters
 	if lat {
@@ -99,6 +101,7 @@ func runPerf(kind string, args []string) int {
 	fs.Float64Var(&f.seconds, "D", 0, "run each size for this many `SECONDS` instead of -n iterations")
 	fs.IntVar(&f.mtu, "mtu", 1024, "IB path MTU: 256, 512, 1024, 2048 or 4096")
 	fs.IntVar(&f.depth, "tx-depth", perf.DefaultTxDepth, "operations each QP keeps in flight (bw)")
+	fs.IntVar(&f.depth, "t", perf.DefaultTxDepth, "same as --tx-depth (perftest's name)")
 	fs.StringVar(&f.backend, "backend", "udp", "data path: udp (kernel sockets), afxdp (root), or pipe (both sides in this process, no network)")
 	fs.BoolVar(&f.json, "json", false, "print the results as JSON")
 	fs.DurationVar(&f.wait, "wait", 5*time.Second, "how long the client keeps trying to reach the server")

@@ -36,6 +36,25 @@ func TestBWCommandPipe(t *testing.T) {
 	}
 }
 
+// perftest's flag names work on lat and bw: -a sweeps the sizes (-p is in
+// TestBWCommandErrors).
+func TestBWPerftestFlagNames(t *testing.T) {
+	var code int
+	out, errOut := runOut(t, func() {
+		code = runPerf("lat", []string{"--backend", "pipe", "-a", "-n", "5", "-t", "4", "--json"})
+	})
+	if code != 0 {
+		t.Fatalf("lat -a -t 4: exit %d: %s", code, errOut)
+	}
+	var rep perf.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, out)
+	}
+	if len(rep.Lat) != 16 || rep.Lat[0].Bytes != 2 || rep.Lat[15].Bytes != 65536 {
+		t.Errorf("lat -a: %d sizes, want the 16 powers of two from 2 to 65536: %+v", len(rep.Lat), rep.Lat)
+	}
+}
+
 func TestBWCommandErrors(t *testing.T) {
 	// A TCP port nobody listens on.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -54,6 +73,7 @@ func TestBWCommandErrors(t *testing.T) {
 		{[]string{"--backend", "xdp"}, 2, `--backend "xdp"`},
 		{[]string{"--backend", "pipe", "127.0.0.1"}, 2, "both sides in this process"},
 		{[]string{"--server", "--port", port}, 1, "--port " + port + ": TCP port already in use"},
+		{[]string{"--server", "-p", port}, 1, "--port " + port + ": TCP port already in use"},
 		{[]string{}, 2, "give the server's address"},
 	}
 	for _, c := range cases {

@@ -58,19 +58,24 @@ func runPerftest(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce perftest write|read|atomic|send [flags]          wait for a client (passive side)\n"+
 			"       softroce perftest write|read|atomic|send [flags] SERVER   connect and post the traffic (active side)\n\n"+
-			"Talks to ib_write_bw, ib_read_bw, ib_atomic_bw and ib_send_bw (perftest 4.5, TCP exchange or rdma_cm\nwith -R; RC, UC with -c UC for write and send, UD with -c UD for send) in either role.\n\n")
+			"Talks to ib_write_bw, ib_read_bw, ib_atomic_bw and ib_send_bw (Debian's perftest 4.5, which announces\nversion 6.06; TCP exchange or rdma_cm\nwith -R; RC, UC with -c UC for write and send, UD with -c UD for send) in either role.\n\n")
 		fs.PrintDefaults()
 	}
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+	// Flags may come before the test word too, as in scripts written for
+	// ib_write_bw ("perftest -s 4096 write").
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() == 0 {
 		fs.Usage()
 		return 2
 	}
-	test, err := perftest.ParseTest(args[0])
+	test, err := perftest.ParseTest(fs.Arg(0))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "softroce perftest:", err)
 		return 2
 	}
-	if code, ok := parseFlags(fs, args[1:]); !ok {
+	if code, ok := parseFlags(fs, fs.Args()[1:]); !ok {
 		return code
 	}
 	// Flags after the server name, as perftest allows.

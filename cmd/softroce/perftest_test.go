@@ -64,7 +64,8 @@ func TestPerftestCommandLoopback(t *testing.T) {
 				common = append(common, "-s", "3000")
 			}
 			out, srv, cli := runPair(t, runPerftest,
-				append([]string{test, "--udp-port", strconv.Itoa(port), "--peer-udp-port", strconv.Itoa(port + 1)}, common...),
+				// Flags before the test word are accepted too.
+				append(append(append([]string{}, common...), test), "--udp-port", strconv.Itoa(port), "--peer-udp-port", strconv.Itoa(port+1)),
 				// Flags after the server name are accepted, as perftest does.
 				append(append([]string{test, "--udp-port", strconv.Itoa(port + 1), "127.0.0.1"}, common...), "--peer-udp-port", strconv.Itoa(port)))
 			if srv != 0 || cli != 0 || strings.Count(out, "#bytes") != 2 {
