@@ -19,7 +19,8 @@
 // the application stacks the host has installed from Debian (UCX,
 // libfabric, Open MPI, MPICH, qperf) then run in the guest, with Debian's
 // own libibverbs and rxe provider, against rxe0 (InHostRoot wraps a
-// command). The image stays small and needs no rebuild when the host
+// command), and VM.SharedDir is a writable directory both sides see (the
+// guest at GuestShareDir inside the chroot). The image stays small and needs no rebuild when the host
 // installs a package; the cost is a slower first start of each program
 // (9p under TCG), and the guest sees exactly the host's package versions.
 //

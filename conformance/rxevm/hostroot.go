@@ -1,6 +1,7 @@
 package rxevm
 
 import (
+	"path/filepath"
 	"strings"
 )
 
@@ -8,21 +9,38 @@ import (
 // host's programs: a chroot whose /usr and /etc are the host's.
 const HostRoot = "/host"
 
-// hostShares are the host directories shared with the guest, by 9p mount
-// tag. Debian has merged /usr, so /bin, /lib, /lib64 and /sbin are
-// symlinks into it and /usr with /etc holds every installed package.
+// GuestShareDir is where the guest sees VM.SharedDir inside HostRoot
+// (HostRoot+GuestShareDir outside the chroot).
+const GuestShareDir = "/share"
+
+// hostShares are the host directories shared read-only with the guest, by
+// 9p mount tag. Debian has merged /usr, so /bin, /lib, /lib64 and /sbin
+// are symlinks into it and /usr with /etc holds every installed package.
 var hostShares = [][2]string{{"hostusr", "/usr"}, {"hostetc", "/etc"}}
 
-func hostRootDevices() []string {
+// shareTag is the writable share: VM.SharedDir.
+const shareTag = "hostshare"
+
+func hostRootDevices(shared string) []string {
 	var args []string
-	for i, s := range hostShares {
+	for i, s := range append(hostShares, [2]string{shareTag, shared}) {
+		ro := ",readonly=on"
+		if s[0] == shareTag {
+			ro = ""
+		}
 		id := "fs" + string(rune('0'+i))
 		args = append(args,
-			"-fsdev", "local,id="+id+",path="+s[1]+",security_model=none,readonly=on",
+			"-fsdev", "local,id="+id+",path="+s[1]+",security_model=none"+ro,
 			"-device", "virtio-9p-pci,fsdev="+id+",mount_tag="+s[0])
 	}
 	return args
 }
+
+// SharedDir is a host directory the guest (booted with HostPrograms) sees
+// as GuestShareDir, writable from both sides and by every user: programs
+// and files for the guest, a rendezvous directory both sides of a job
+// use. It is removed with the VM.
+func (vm *VM) SharedDir() string { return filepath.Join(vm.dir, "share") }
 
 // hostRootHook runs at boot (after rxe0 exists) and assembles HostRoot.
 // cache=loose: the shares are read-only and do not change under a test,
@@ -32,7 +50,9 @@ r=` + HostRoot + `
 mkdir -p $r/usr $r/etc $r/proc $r/sys $r/dev $r/tmp $r/run $r/root $r/var/tmp $r/home
 for l in bin lib lib64 sbin; do ln -sf usr/$l $r/$l; done
 ln -sf /run $r/var/run
-` + mountShares() + `mount -o bind /proc $r/proc
+` + mountShares() + `mkdir -p $r` + GuestShareDir + `
+mount -t 9p -o trans=virtio,version=9p2000.L ` + shareTag + ` $r` + GuestShareDir + ` || echo "softroce-guest: mount ` + shareTag + ` failed"
+mount -o bind /proc $r/proc
 mount -o bind /sys $r/sys
 mount -o bind /dev $r/dev
 mount -t tmpfs -o mode=1777 tmpfs $r/tmp

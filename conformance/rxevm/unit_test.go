@@ -332,10 +332,13 @@ func TestInHostRootQuoting(t *testing.T) {
 }
 
 func TestHostRootDevices(t *testing.T) {
-	args := strings.Join(hostRootDevices(), " ")
+	args := strings.Join(hostRootDevices("/tmp/x/share"), " ")
 	for _, s := range hostShares {
 		if !strings.Contains(args, "path="+s[1]+",security_model=none,readonly=on") || !strings.Contains(args, "mount_tag="+s[0]) {
 			t.Errorf("qemu arguments %q do not share %s read-only as %s", args, s[1], s[0])
 		}
+	}
+	if !strings.Contains(args, "path=/tmp/x/share,security_model=none -device") || !strings.Contains(args, "mount_tag="+shareTag) {
+		t.Errorf("qemu arguments %q do not share the scratch directory writable", args)
 	}
 }

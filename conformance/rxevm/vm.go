@@ -217,6 +217,17 @@ func boot(ctx context.Context, img *Image, opts Options, n vmNet) (_ *VM, err er
 	if opts.HostPrograms {
 		opts.Files = append(slices.Clone(opts.Files), hostRootHook)
 		vm.opts = opts
+		// Unprivileged programs on the host reach the share through
+		// the scratch directory, which they may not list.
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("rxevm: %w", err)
+		}
+		if err := os.Mkdir(vm.SharedDir(), 0o777); err != nil {
+			return nil, fmt.Errorf("rxevm: create shared dir: %w", err)
+		}
+		if err := os.Chmod(vm.SharedDir(), 0o1777); err != nil {
+			return nil, fmt.Errorf("rxevm: %w", err)
+		}
 	}
 	initrd := img.Initramfs
 	if len(opts.Files) > 0 {
@@ -375,7 +386,7 @@ func (vm *VM) qemuArgs(kernel, initrd, cmdline string) []string {
 		"-serial", "file:" + vm.ConsoleLogPath(),
 	}
 	if vm.opts.HostPrograms {
-		args = append(args, hostRootDevices()...)
+		args = append(args, hostRootDevices(vm.SharedDir())...)
 	}
 	return append(args, "-monitor", "none")
 }
