@@ -1,6 +1,8 @@
 package apps
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/softroce/softroce/conformance/rxevm"
 )
 
 // glooDevice is the device a program sees through `softroce run`: its
@@ -78,27 +82,43 @@ func TestGlooIbverbs(t *testing.T) {
 		t.Fatal(err)
 	}
 	hs := NewTwoHosts(t)
-	hosts := []*Host{hs.A, hs.B}
-	procs := make([]*Proc, 2)
-	for r, h := range hosts {
-		procs[r] = h.Start(t, nil, prog, "-r", strconv.Itoa(r), "-s", "2", "-f", store,
+	var ranks []glooRank
+	for r, h := range []*Host{hs.A, hs.B} {
+		p := h.Start(t, nil, prog, "-r", strconv.Itoa(r), "-s", "2", "-f", store,
 			"-d", glooDevice, "-a", h.Addr().String(), "-t", "60")
+		ranks = append(ranks, glooRank{"host " + h.Name + " (" + h.Addr().String() + ")", glooDevice, p.WaitTimeout, p.Output})
 	}
-	errs := make([]error, 2)
-	for r, p := range procs {
-		errs[r] = p.WaitTimeout(3 * time.Minute)
+	glooCheck(t, ranks)
+}
+
+// glooRank is one running gloocheck: where it runs, the device it must
+// name, and how to wait for it and read its output.
+type glooRank struct {
+	where, device string
+	wait          func(time.Duration) error
+	output        func() string
+}
+
+// glooCheck waits for the ranks (rank i is ranks[i]) and fails the test
+// unless each exited 0 after checking every element of both operations
+// on its device.
+func glooCheck(t *testing.T, ranks []glooRank) {
+	t.Helper()
+	errs := make([]error, len(ranks))
+	for r, p := range ranks {
+		errs[r] = p.wait(3 * time.Minute)
 	}
 	report := func() string {
 		var b strings.Builder
-		for r, p := range procs {
-			b.WriteString("rank " + strconv.Itoa(r) + " (host " + hosts[r].Name + "):\n" + p.Output())
+		for r, p := range ranks {
+			b.WriteString("rank " + strconv.Itoa(r) + " (" + p.where + "):\n" + p.output())
 		}
 		return b.String()
 	}
-	for r, p := range procs {
-		out := p.Output()
+	for r, p := range ranks {
+		out := p.output()
 		if errs[r] != nil {
-			t.Errorf("rank %d on host %s: %v", r, hosts[r].Name, errs[r])
+			t.Errorf("rank %d on %s: %v", r, p.where, errs[r])
 		}
 		if !regexp.MustCompile(`(?m)^gloocheck: ok$`).MatchString(out) {
 			t.Errorf("rank %d: no \"gloocheck: ok\"", r)
@@ -107,10 +127,10 @@ func TestGlooIbverbs(t *testing.T) {
 			t.Errorf("rank %d: want an allreduce and a broadcast line, got %q", r, ops)
 		}
 		m := glooDeviceLine.FindStringSubmatch(out)
-		if m == nil || m[1] != strconv.Itoa(r) || m[2] != glooDevice {
-			t.Errorf("rank %d: no device line for %s port 1, got %q", r, glooDevice, m)
+		if m == nil || m[1] != strconv.Itoa(r) || m[2] != p.device {
+			t.Errorf("rank %d: no device line for %s port 1, got %q", r, p.device, m)
 		} else {
-			t.Logf("rank %d on host %s (%s): %s port 1 GID index %s", r, hosts[r].Name, hosts[r].Addr(), m[2], m[3])
+			t.Logf("rank %d on %s: %s port 1 GID index %s", r, p.where, m[2], m[3])
 		}
 		if strings.Contains(out, "softroce run:") {
 			t.Errorf("rank %d: softroce run complained", r)
@@ -119,7 +139,52 @@ func TestGlooIbverbs(t *testing.T) {
 	if t.Failed() {
 		t.Fatalf("gloocheck's output:\n%s", report())
 	}
-	for r, p := range procs {
-		t.Logf("rank %d's figures:\n%s", r, strings.Join(glooOpLine.FindAllString(p.Output(), -1), "\n"))
+	for r, p := range ranks {
+		t.Logf("rank %d's figures (%s):\n%s", r, p.where, strings.Join(glooOpLine.FindAllString(p.output(), -1), "\n"))
+	}
+}
+
+// TestGlooIbverbsAgainstRxe runs gloocheck between softroce and kernel
+// rxe, each side once as rank 0 (the broadcast's root): the guest runs the
+// same build from the directory it shares with the host, on rxe0 at the
+// GID index of its IPv4 address (1 on rxe), and the FileStore lives there
+// too.
+func TestGlooIbverbsAgainstRxe(t *testing.T) {
+	glooNeed(t)
+	r := NewRxePeer(t)
+	share := r.VM.SharedDir()
+	prog := glooCompile(t, share)
+	for first, name := range []string{"softroce-rank0", "rxe-rank0"} {
+		t.Run(name, func(t *testing.T) {
+			store := filepath.Join(share, "store-"+name)
+			if err := os.Mkdir(store, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(store, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			guestStore := rxevm.GuestShareDir + "/" + filepath.Base(store)
+			guestProg := rxevm.GuestShareDir + "/" + filepath.Base(prog)
+			ranks := make([]glooRank, 2)
+			soft, guest := first, 1-first
+			p := r.Soft.Start(t, nil, prog, "-r", strconv.Itoa(soft), "-s", "2", "-f", store,
+				"-d", glooDevice, "-a", r.Soft.Addr().String(), "-t", "120")
+			ranks[soft] = glooRank{"softroce (" + r.Soft.Addr().String() + ")", glooDevice, p.WaitTimeout, p.Output}
+			g := r.GuestStart(t, fmt.Sprintf("%s -r %d -s 2 -f %s -d rxe0 -a %s -t 120", guestProg, guest, guestStore, r.GuestAddr()))
+			var gout string
+			ranks[guest] = glooRank{"rxe (" + r.GuestAddr().String() + ")", "rxe0",
+				func(d time.Duration) error {
+					ctx, cancel := context.WithTimeout(context.Background(), d)
+					defer cancel()
+					out, err := g.Wait(ctx)
+					if ee, ok := err.(*rxevm.ExitError); ok {
+						out = ee.Stdout
+					}
+					gout = out
+					return err
+				},
+				func() string { return gout }}
+			glooCheck(t, ranks)
+		})
 	}
 }
