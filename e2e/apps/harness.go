@@ -25,12 +25,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -217,7 +220,29 @@ func (h *Host) DaemonLog() string { return h.daemon.Output() }
 // else). The process is killed at cleanup.
 func (h *Host) Start(t testing.TB, env []string, prog string, args ...string) *Proc {
 	t.Helper()
+	checkTransportEnv(t, env)
 	return h.start(t, env, softroceBin, append([]string{"run", "--socket", h.Socket, "--", prog}, args...)...)
+}
+
+// appVar is an application stack's tuning variable; selection lists the
+// ones that only choose a transport, all a test may set (the MPI launchers
+// pass --mca settings as OMPI_MCA_pml, _osc, _mtl themselves).
+var (
+	appVar    = regexp.MustCompile(`^(UCX_|FI_|OMPI_MCA_|MPIR_CVAR_)`)
+	selection = map[string]bool{"UCX_TLS": true, "FI_PROVIDER": true, "OMPI_MCA_pml": true, "OMPI_MCA_osc": true, "OMPI_MCA_mtl": true}
+)
+
+// checkTransportEnv fails the test if env tunes an application stack
+// beyond choosing its transport: what else it needs on softroce is a bug
+// or a documented limit, never a test's workaround.
+func checkTransportEnv(t testing.TB, env []string) {
+	t.Helper()
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if appVar.MatchString(k) && !selection[k] {
+			t.Fatalf("a program is given %s: tests may set only the transport selection (%v)", kv, slices.Sorted(maps.Keys(selection)))
+		}
+	}
 }
 
 // Run is Start and Wait with a timeout.
