@@ -253,13 +253,21 @@ func (h *Host) Run(t testing.TB, timeout time.Duration, env []string, prog strin
 	return p.Output(), err
 }
 
-// start runs path as User inside the host's namespace: the child is forked
-// from a thread switched into it, and keeps it.
+// start runs path as User inside the host's namespace.
 func (h *Host) start(t testing.TB, env []string, path string, args ...string) *Proc {
 	t.Helper()
 	cmd := exec.Command(path, args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + h.home, "SOFTROCE_ABI_DIR=" + abiDir}, env...)
 	cmd.Dir = h.home
+	return startAsUser(t, "host "+h.Name, h.do, cmd)
+}
+
+// startAsUser starts cmd as User, in a process group of its own, inside
+// the namespace do runs in: the child is forked from a thread switched
+// into it, and keeps it. Its output (stdout and stderr) is collected; it
+// is killed at cleanup if still running.
+func startAsUser(t testing.TB, where string, do func(func() error) error, cmd *exec.Cmd) *Proc {
+	t.Helper()
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Credential: &syscall.Credential{Uid: User, Gid: User},
 		Setpgid:    true,
@@ -270,10 +278,10 @@ func (h *Host) start(t testing.TB, env []string, path string, args ...string) *P
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = w, w
-	if err := h.do(cmd.Start); err != nil {
+	if err := do(cmd.Start); err != nil {
 		r.Close()
 		w.Close()
-		t.Fatalf("host %s: start %s: %v", h.Name, path, err)
+		t.Fatalf("%s: start %s: %v", where, cmd.Path, err)
 	}
 	w.Close()
 	go func() {
