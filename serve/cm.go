@@ -843,10 +843,13 @@ func (ch *cmChan) connect(id *cmID, q *cmReq) error {
 	if id.qp != nil {
 		qp = id.qp.qp
 	}
-	dev, src, dst, ps, ud := id.dev, id.src, id.dst, id.ps, id.ud
+	dev, src, dst, ps, ud, qo := id.dev, id.src, id.dst, id.ps, id.ud, id.qp
 	id.wg.Add(1)
 	go func() {
 		defer id.wg.Done()
+		if qo != nil {
+			dev.takeRecvs(qo)
+		}
 		ev := cmEvent{typ: cmEvEstablished, dev: uint32(dev.index), src: src, dst: dst}
 		if ud {
 			r, err := c.ResolveUD(id.ctx, dst.Addr(), dst.Port(), priv)
@@ -874,6 +877,27 @@ func (ch *cmChan) connect(id *cmID, q *cmReq) error {
 		id.established(k, ev)
 	}()
 	return nil
+}
+
+// takeRecvs moves into verbs the receives q's program has posted to its
+// ring (or its SRQ's) by now, rather than at the poller's next pass: a
+// program posts receives, then connects or accepts, and the peer may send
+// as soon as the connection is up. On a RNIC a posted receive is the
+// adapter's at once; here a receive still in the ring when the first
+// SEND arrives draws an RNR NAK, which fails the peer's QP outright when
+// its rnr_retry is 0 (librdmacm passes the program's rnr_retry_count,
+// Ceph's rdma_cm connections leave it 0).
+func (d *device) takeRecvs(q *qpObj) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.byQPN[q.qpn] != q {
+		return // destroyed meanwhile
+	}
+	if q.srq != nil {
+		q.srq.rq.drain(q.srq.mem.b)
+	} else {
+		q.rq.drain(q.mem.b)
+	}
 }
 
 // established records the connection, reports it and then its end, on
@@ -933,11 +957,13 @@ func (ch *cmChan) accept(id *cmID, q *cmReq) error {
 	}
 	id.busy = true
 	p := connParam(q)
-	qp := id.qp.qp
+	qo, qp := id.qp, id.qp.qp
 	dev, src, dst := id.dev, id.src, id.dst
 	returned := make(chan struct{})
 	id.wg.Add(1)
 	x.mu.Unlock()
+	// Before the REP, whose answer lets the peer send.
+	dev.takeRecvs(qo)
 	go func() {
 		defer id.wg.Done()
 		ev := cmEvent{typ: cmEvEstablished, dev: uint32(dev.index), src: src, dst: dst}
