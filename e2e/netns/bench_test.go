@@ -68,7 +68,13 @@ var afxdpNoCsumBackend = backend{"afxdp-nocsum", func(t testing.TB, e *netnstest
 // devicePair opens be's links at the two ends of a veth pair and a
 // device on each, closed when b ends.
 func devicePair(b *testing.B, be backend) (la, lb nic.Link, da, db *verbs.Device) {
-	v := netnstest.Pair(b, netnstest.VethConfig{MTU: 9000})
+	_, la, lb, da, db = vethDevicePair(b, be)
+	return la, lb, da, db
+}
+
+// vethDevicePair is devicePair that also returns the veth pair.
+func vethDevicePair(b *testing.B, be backend) (v *netnstest.Veth, la, lb nic.Link, da, db *verbs.Device) {
+	v = netnstest.Pair(b, netnstest.VethConfig{MTU: 9000})
 	la, lb = be.open(b, v.A), be.open(b, v.B)
 	da, err := verbs.Open(la, nil)
 	if err != nil {
@@ -80,7 +86,7 @@ func devicePair(b *testing.B, be backend) (la, lb nic.Link, da, db *verbs.Device
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { db.Close() })
-	return la, lb, da, db
+	return v, la, lb, da, db
 }
 
 // connectRC connects RC QPs qa (on the device with GID ga) and qb (gb)
@@ -95,9 +101,11 @@ func connectRC(b *testing.B, qa, qb *verbs.QP, ga, gb verbs.GID, o *verbs.Connec
 }
 
 // benchWrite measures RDMA WRITEs on nqp RC QPs whose local ACK timeout
-// attribute is timeout.
+// attribute is timeout. Over nic/udp it also measures the path limit on
+// the same veth pair, half before the WRITEs and half after, and reports
+// it (path-Gbit/s) and the WRITEs' ratio to it (x-path).
 func benchWrite(b *testing.B, be backend, nqp int, timeout uint8) {
-	la, lb, da, db := devicePair(b, be)
+	v, la, lb, da, db := vethDevicePair(b, be)
 	// The transport has no congestion control: bound what is in flight
 	// in all, or the receiver's queues overflow and go-back-N thrashes.
 	depth := max(2, inFlight/nqp)
@@ -141,6 +149,10 @@ func benchWrite(b *testing.B, be backend, nqp int, timeout uint8) {
 		off := uint64(q*region + n%depth*writeSize)
 		wr.SGL[0].Addr, wr.RemoteAddr = mra.Addr()+off, mrb.Addr()+off
 	}
+	var ref *pathRef
+	if _, ok := la.(*udp.Link); ok {
+		ref = startPathRef(b, v, int64(b.N)*writeSize)
+	}
 	b.SetBytes(writeSize)
 	b.ResetTimer()
 	w0 := wakeups()
@@ -148,6 +160,9 @@ func benchWrite(b *testing.B, be backend, nqp int, timeout uint8) {
 	b.StopTimer()
 	if err != nil {
 		b.Fatalf("%v (link a %+v)", err, la.Stats())
+	}
+	if ref != nil {
+		ref.report(b, res.Avg*8/1e9)
 	}
 	reportWakeups(b, w0, int(res.Messages))
 	if x, ok := la.(*udp.Link); ok && testing.Verbose() {
