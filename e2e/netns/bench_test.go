@@ -38,7 +38,7 @@ const (
 
 func BenchmarkRCWrite(b *testing.B) {
 	netnstest.Require(b)
-	for _, be := range []backend{udpBackend, udpNoGSOBackend, afxdpBackend, afxdpNoCsumBackend} {
+	for _, be := range []backend{udpBackend, udpSolveBackend, udpNoGSOBackend, afxdpBackend, afxdpNoCsumBackend} {
 		for _, nqp := range []int{1, 8} {
 			b.Run(fmt.Sprintf("%s/qps=%d", be.name, nqp), func(b *testing.B) { benchWrite(b, be, nqp, benchTimeout) })
 		}
@@ -51,6 +51,18 @@ var udpNoGSOBackend = backend{"udp-nogso", func(t testing.TB, e *netnstest.End) 
 	var l *udp.Link
 	e.NS.Run(t, func() (err error) {
 		l, err = udp.Open(udp.Config{Addr: e.Addr(), SocketBuffer: 4 << 20, GSO: udp.OffloadOff, GRO: udp.OffloadOff})
+		return err
+	})
+	return l
+}}
+
+// udpSolveBackend is nic/udp as an unprivileged process gets it: IPv4
+// read from the UDP socket (with GRO) and its ICRC checked by solving for
+// the ID, instead of the raw socket that root gets by default.
+var udpSolveBackend = backend{"udp-solve", func(t testing.TB, e *netnstest.End) nic.Link {
+	var l *udp.Link
+	e.NS.Run(t, func() (err error) {
+		l, err = udp.Open(udp.Config{Addr: e.Addr(), SocketBuffer: 4 << 20, IPv4Check: udp.IPv4CheckSolve})
 		return err
 	})
 	return l
