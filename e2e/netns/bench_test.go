@@ -180,13 +180,15 @@ func benchWrite(b *testing.B, be backend, nqp int, timeout uint8) {
 	if err != nil {
 		b.Fatalf("%v (link a %+v)", err, la.Stats())
 	}
+	cpuPerPkt := 0.0
 	if res.Stats.TxPackets > 0 {
 		// Both ends' CPU time (they share the process) per packet sent.
-		b.ReportMetric(float64(cpu.Nanoseconds())/float64(res.Stats.TxPackets), "cpu-ns/pkt")
+		cpuPerPkt = float64(cpu.Nanoseconds()) / float64(res.Stats.TxPackets)
+		b.ReportMetric(cpuPerPkt, "cpu-ns/pkt")
 		b.ReportMetric(cpu.Seconds()/res.Elapsed.Seconds(), "cores")
 	}
 	if ref != nil {
-		ref.report(b, res.Avg*8/1e9)
+		ref.report(b, res.Avg*8/1e9, cpuPerPkt)
 	}
 	reportWakeups(b, w0, int(res.Messages))
 	if x, ok := la.(*udp.Link); ok && testing.Verbose() {

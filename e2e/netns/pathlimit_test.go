@@ -235,12 +235,18 @@ func (r *pathRef) add(b *testing.B) {
 
 // report finishes the reference after the RC run and reports it, and the
 // RC run's ratio to it, beside the RC run's Gbit/s.
-func (r *pathRef) report(b *testing.B, rcGbits float64) {
+func (r *pathRef) report(b *testing.B, rcGbits, rcCPUPerPkt float64) {
 	r.add(b)
 	ref := gbits(r.got, r.el)
 	b.ReportMetric(ref, "path-Gbit/s")
 	b.ReportMetric(rcGbits/ref, "x-path")
-	b.ReportMetric(float64(r.cpu.Nanoseconds())/float64(r.got/pathSize), "path-cpu-ns/pkt")
+	pathCPU := float64(r.cpu.Nanoseconds()) / float64(r.got/pathSize)
+	b.ReportMetric(pathCPU, "path-cpu-ns/pkt")
+	if rcCPUPerPkt > 0 {
+		// The same ratio in CPU per packet, which the host's load moves
+		// less than it moves either run's wall time.
+		b.ReportMetric(pathCPU/rcCPUPerPkt, "x-path-cpu")
+	}
 }
 
 // procCPU is the process's CPU time so far (user and system, all
