@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime/metrics"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ const (
 
 func BenchmarkRCWrite(b *testing.B) {
 	netnstest.Require(b)
-	for _, be := range []backend{udpBackend, udpNoGSOBackend, afxdpBackend, afxdpNoCsumBackend} {
+	for _, be := range []backend{udpBackend, udpSolveBackend, udpNoGSOBackend, afxdpBackend, afxdpNoCsumBackend} {
 		for _, nqp := range []int{1, 8} {
 			b.Run(fmt.Sprintf("%s/qps=%d", be.name, nqp), func(b *testing.B) { benchWrite(b, be, nqp, benchTimeout) })
 		}
@@ -50,6 +51,18 @@ var udpNoGSOBackend = backend{"udp-nogso", func(t testing.TB, e *netnstest.End) 
 	var l *udp.Link
 	e.NS.Run(t, func() (err error) {
 		l, err = udp.Open(udp.Config{Addr: e.Addr(), SocketBuffer: 4 << 20, GSO: udp.OffloadOff, GRO: udp.OffloadOff})
+		return err
+	})
+	return l
+}}
+
+// udpSolveBackend is nic/udp as an unprivileged process gets it: IPv4
+// read from the UDP socket (with GRO) and its ICRC checked by solving for
+// the ID, instead of the raw socket that root gets by default.
+var udpSolveBackend = backend{"udp-solve", func(t testing.TB, e *netnstest.End) nic.Link {
+	var l *udp.Link
+	e.NS.Run(t, func() (err error) {
+		l, err = udp.Open(udp.Config{Addr: e.Addr(), SocketBuffer: 4 << 20, IPv4Check: udp.IPv4CheckSolve})
 		return err
 	})
 	return l
@@ -68,7 +81,18 @@ var afxdpNoCsumBackend = backend{"afxdp-nocsum", func(t testing.TB, e *netnstest
 // devicePair opens be's links at the two ends of a veth pair and a
 // device on each, closed when b ends.
 func devicePair(b *testing.B, be backend) (la, lb nic.Link, da, db *verbs.Device) {
-	v := netnstest.Pair(b, netnstest.VethConfig{MTU: 9000})
+	_, la, lb, da, db = vethDevicePair(b, be)
+	return la, lb, da, db
+}
+
+// vethDevicePair is devicePair that also returns the veth pair. Between
+// nic/udp links the pair keeps TX checksum offload, as a NIC has it: a
+// GSO super-packet then crosses whole instead of being segmented and
+// checksummed in software by the sending kernel (BenchmarkPathLimit
+// shows what that costs). AF_XDP readers would see the partial
+// checksums as wrong, so the afxdp backends run with it off.
+func vethDevicePair(b *testing.B, be backend) (v *netnstest.Veth, la, lb nic.Link, da, db *verbs.Device) {
+	v = netnstest.Pair(b, netnstest.VethConfig{MTU: 9000, KeepTxChecksum: strings.HasPrefix(be.name, "udp")})
 	la, lb = be.open(b, v.A), be.open(b, v.B)
 	da, err := verbs.Open(la, nil)
 	if err != nil {
@@ -80,7 +104,7 @@ func devicePair(b *testing.B, be backend) (la, lb nic.Link, da, db *verbs.Device
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { db.Close() })
-	return la, lb, da, db
+	return v, la, lb, da, db
 }
 
 // connectRC connects RC QPs qa (on the device with GID ga) and qb (gb)
@@ -95,9 +119,11 @@ func connectRC(b *testing.B, qa, qb *verbs.QP, ga, gb verbs.GID, o *verbs.Connec
 }
 
 // benchWrite measures RDMA WRITEs on nqp RC QPs whose local ACK timeout
-// attribute is timeout.
+// attribute is timeout. Over nic/udp it also measures the path limit on
+// the same veth pair, half before the WRITEs and half after, and reports
+// it (path-Gbit/s) and the WRITEs' ratio to it (x-path).
 func benchWrite(b *testing.B, be backend, nqp int, timeout uint8) {
-	la, lb, da, db := devicePair(b, be)
+	v, la, lb, da, db := vethDevicePair(b, be)
 	// The transport has no congestion control: bound what is in flight
 	// in all, or the receiver's queues overflow and go-back-N thrashes.
 	depth := max(2, inFlight/nqp)
@@ -141,13 +167,28 @@ func benchWrite(b *testing.B, be backend, nqp int, timeout uint8) {
 		off := uint64(q*region + n%depth*writeSize)
 		wr.SGL[0].Addr, wr.RemoteAddr = mra.Addr()+off, mrb.Addr()+off
 	}
+	var ref *pathRef
+	if _, ok := la.(*udp.Link); ok {
+		ref = startPathRef(b, v, int64(b.N)*writeSize)
+	}
 	b.SetBytes(writeSize)
 	b.ResetTimer()
-	w0 := wakeups()
+	w0, c0 := wakeups(), procCPU()
 	res, err := traffic.Send(context.Background(), &s)
+	cpu := procCPU() - c0
 	b.StopTimer()
 	if err != nil {
 		b.Fatalf("%v (link a %+v)", err, la.Stats())
+	}
+	cpuPerPkt := 0.0
+	if res.Stats.TxPackets > 0 {
+		// Both ends' CPU time (they share the process) per packet sent.
+		cpuPerPkt = float64(cpu.Nanoseconds()) / float64(res.Stats.TxPackets)
+		b.ReportMetric(cpuPerPkt, "cpu-ns/pkt")
+		b.ReportMetric(cpu.Seconds()/res.Elapsed.Seconds(), "cores")
+	}
+	if ref != nil {
+		ref.report(b, res.Avg*8/1e9, cpuPerPkt)
 	}
 	reportWakeups(b, w0, int(res.Messages))
 	if x, ok := la.(*udp.Link); ok && testing.Verbose() {

@@ -158,6 +158,10 @@ func groSize(oob []byte) int {
 func (l *Link) drain(pkts []nic.Packet) int {
 	r := l.rx
 	k := 0
+	if r.alias {
+		// Only as many packets as there are saved slots can alias.
+		pkts = pkts[:min(len(pkts), len(r.saved))]
+	}
 	for k < len(pkts) && r.cur < r.n {
 		n, flags, src, oob := r.message(r.cur)
 		if flags&unix.MSG_TRUNC != 0 || n > groBufSize {
@@ -166,6 +170,9 @@ func (l *Link) drain(pkts []nic.Packet) int {
 			continue
 		}
 		d := r.big[r.cur*groBufSize : r.cur*groBufSize+n]
+		if r.alias && k < len(r.saved) && r.saved[k] == nil {
+			r.saved[k] = pkts[k].Buf
+		}
 		var ok bool
 		if l.rawFile != nil {
 			ok = l.drainRaw(d, flags, &pkts[k])
@@ -180,6 +187,34 @@ func (l *Link) drain(pkts []nic.Packet) int {
 }
 
 func (r *receiver) nextMessage() { r.cur, r.off, r.seg = r.cur+1, 0, 0 }
+
+// take gives p the bytes src: in place with alias (p.Buf becomes src,
+// capped at its length), or copied into p.Buf. It reports false (and
+// counts a truncation) when they do not fit p.Buf.
+func (l *Link) take(p *nic.Packet, src []byte) bool {
+	if l.rx.alias {
+		p.Buf = src[:len(src):len(src)]
+		return true
+	}
+	if len(src) > cap(p.Buf) {
+		l.rxTruncated.Add(1)
+		return false
+	}
+	p.Buf = p.Buf[:cap(p.Buf)]
+	copy(p.Buf, src)
+	return true
+}
+
+// restore puts the caller's buffers back into pkts after an aliased
+// delivery.
+func (r *receiver) restore(pkts []nic.Packet) {
+	for i, b := range r.saved {
+		if b == nil {
+			continue
+		}
+		pkts[i].Buf, r.saved[i] = b, nil
+	}
+}
 
 // drainUDP takes the next segment of datagram d from the UDP socket.
 func (l *Link) drainUDP(d []byte, flags int32, src netip.AddrPort, oob []byte, p *nic.Packet) bool {
@@ -197,12 +232,9 @@ func (l *Link) drainUDP(d []byte, flags int32, src netip.AddrPort, oob []byte, p
 	if r.off >= len(d) {
 		r.nextMessage()
 	}
-	if len(seg) > cap(p.Buf) {
-		l.rxTruncated.Add(1)
+	if !l.take(p, seg) {
 		return false
 	}
-	p.Buf = p.Buf[:cap(p.Buf)]
-	copy(p.Buf, seg)
 	return l.accept(len(seg), flags, src, oob, p)
 }
 
@@ -219,7 +251,6 @@ func (l *Link) drainRaw(d []byte, flags int32, p *nic.Packet) bool {
 		r.nextMessage()
 		return false
 	}
-	p.Buf = p.Buf[:cap(p.Buf)]
 	ihl := int(d[0]&0x0f) * 4
 	ulen := int(binary.BigEndian.Uint16(d[24:]))
 	if r.off == 0 && (ihl != 20 || ulen-8 <= l.MaxPacket() || ulen+20 != len(d) || d[6] != 0x40 || d[7] != 0) {
@@ -228,11 +259,9 @@ func (l *Link) drainRaw(d []byte, flags int32, p *nic.Packet) bool {
 		// fragments, and is not searched for segments (a peer could
 		// make every such datagram cost a full search).
 		r.nextMessage()
-		if len(d)-rawHdrLen > len(p.Buf) {
-			l.rxTruncated.Add(1)
+		if !l.take(p, d[rawHdrLen:]) {
 			return false
 		}
-		copy(p.Buf, d[rawHdrLen:])
 		return l.acceptRaw(len(d), flags, d[:rawHdrLen], p)
 	}
 	payload := d[rawHdrLen:]
@@ -254,8 +283,7 @@ func (l *Link) drainRaw(d []byte, flags int32, p *nic.Packet) bool {
 	if r.off >= len(payload) {
 		r.nextMessage()
 	}
-	if len(seg) > len(p.Buf) {
-		l.rxTruncated.Add(1)
+	if !l.take(p, seg) {
 		return false
 	}
 	h := r.segHdr[:]
@@ -263,7 +291,6 @@ func (l *Link) drainRaw(d []byte, flags int32, p *nic.Packet) bool {
 	binary.BigEndian.PutUint16(h[2:], uint16(rawHdrLen+len(seg)))
 	binary.BigEndian.PutUint16(h[4:], base+uint16(j))
 	binary.BigEndian.PutUint16(h[24:], uint16(8+len(seg)))
-	copy(p.Buf, seg)
 	return l.acceptRaw(rawHdrLen+len(seg), 0, h, p)
 }
 

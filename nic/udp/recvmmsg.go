@@ -43,6 +43,12 @@ type receiver struct {
 	cur, off     int
 	seg, lastSeg int
 	segHdr       [rawHdrLen]byte
+	// alias (RecvEach only) hands out segments in place: a delivered
+	// packet's Buf points into big, which stays untouched until deliver
+	// returns, instead of a copy in the caller's buffer. saved keeps the
+	// caller's buffers to put back after deliver.
+	alias bool
+	saved [][]byte
 	// bigSet: the headers are as setupBig left them. A read that found
 	// nothing (EAGAIN) does not touch them, so a busy poll of an empty
 	// socket skips setting up the whole batch again.
@@ -52,7 +58,7 @@ type receiver struct {
 func newReceiver(rc syscall.RawConn, batch, hdrLen int) *receiver {
 	r := &receiver{rc: rc, hdrs: make([]unix.Mmsghdr, batch), iovs: make([]unix.Iovec, 2*batch),
 		names: make([]unix.RawSockaddrInet6, batch), oob: make([]byte, batch*oobSize),
-		hdrLen: hdrLen, hdr: make([]byte, batch*hdrLen)}
+		hdrLen: hdrLen, hdr: make([]byte, batch*hdrLen), saved: make([][]byte, batch)}
 	r.fn = r.read
 	r.ctl = func(fd uintptr) { r.read(fd) }
 	return r

@@ -637,7 +637,9 @@ func (l *Link) acceptBatch(pkts []nic.Packet, n int) int {
 // RecvEach receives into pkts until the link is closed (it then returns
 // net.ErrClosed) or fails, and calls deliver with the number of packets
 // each time some arrived; deliver must be done with them before it
-// returns. Unlike a loop over Recv, it waits in the poller as soon as a
+// returns. With GRO, a delivered packet's Buf is the segment in the
+// link's own receive buffer (no copy), valid only until deliver returns;
+// pkts holds the caller's buffers again when RecvEach returns. Unlike a loop over Recv, it waits in the poller as soon as a
 // recvmmsg returns fewer datagrams than it asked for (the socket was empty
 // then) instead of first trying once more and getting EAGAIN, which saves
 // a system call per wait. That is only safe inside one poller read: each
@@ -651,6 +653,14 @@ func (l *Link) RecvEach(pkts []nic.Packet, deliver func(n int)) error {
 	defer l.rxMu.Unlock()
 	r := l.rx
 	r.nonblock = false
+	// Segments of coalesced datagrams are delivered in place (no copy
+	// into pkts' buffers): deliver is done with them before the next
+	// recvmmsg overwrites them.
+	r.alias = true
+	defer func() {
+		r.restore(pkts)
+		r.alias = false
+	}()
 	var fail error
 	fn := func(fd uintptr) bool {
 		for {
