@@ -111,13 +111,15 @@ func runRun(args []string) int {
 		return 127
 	}
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	signal.Notify(sig, forwarded...)
 	var cmd *exec.Cmd
+	var tty *terminal
 	if ndev := devNodeCount(path); ndev > 0 && *devNodes {
 		self, err := os.Executable()
 		if err == nil {
 			cmd = devNodeCommand(self, ndev, bin, prog)
 			cmd.Env, cmd.Stdin, cmd.Stdout, cmd.Stderr = env, os.Stdin, os.Stdout, os.Stderr
+			tty = ownGroup(cmd)
 			if err = cmd.Start(); err != nil {
 				cmd = nil
 			}
@@ -136,6 +138,7 @@ func runRun(args []string) int {
 		cmd = exec.Command(bin, prog[1:]...)
 		cmd.Args[0] = prog[0]
 		cmd.Env, cmd.Stdin, cmd.Stdout, cmd.Stderr = env, os.Stdin, os.Stdout, os.Stderr
+		tty = ownGroup(cmd)
 		if err := cmd.Start(); err != nil {
 			fmt.Fprintf(os.Stderr, "softroce run: %v\n", err)
 			return 126
@@ -146,6 +149,9 @@ func runRun(args []string) int {
 			cmd.Process.Signal(s)
 		}
 	}()
+	if tty != nil {
+		return tty.wait(cmd.Process.Pid)
+	}
 	err = cmd.Wait()
 	if ee, ok := err.(*exec.ExitError); ok {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
@@ -157,6 +163,72 @@ func runRun(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// forwarded are the signals softroce run passes on to the program it
+// waits for (Ceph reopens its logs on SIGHUP).
+var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+
+// ownGroup puts the program softroce run waits for in a process group of
+// its own, so that it gets each signal once: in softroce run's group a
+// signal sent to the group (a terminal's Ctrl-C, kill -TERM -PGID) reached
+// it directly and again forwarded, and a program that shuts down on the
+// first SIGTERM (Ceph) died of the second. A terminal's signals then go to
+// the program's group, made the foreground one when softroce run's was;
+// signals sent to softroce run are forwarded; and the program dies with
+// softroce run if that is killed outright.
+func ownGroup(cmd *exec.Cmd) *terminal {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	a := cmd.SysProcAttr
+	a.Setpgid = true
+	a.Pdeathsig = syscall.SIGKILL
+	pg, err := unix.IoctlGetInt(0, unix.TIOCGPGRP)
+	if err != nil || pg != syscall.Getpgrp() {
+		return nil // no terminal, or softroce run is in the background
+	}
+	a.Foreground, a.Ctty = true, 0 // the child's stdin is ours
+	return &terminal{pgrp: pg}
+}
+
+// terminal is the foreground process group to give the terminal back to.
+type terminal struct{ pgrp int }
+
+// setForeground makes pg the terminal's foreground group. A background
+// group that does so gets SIGTTOU: ignored meanwhile.
+func setForeground(pg int) {
+	signal.Ignore(syscall.SIGTTOU)
+	unix.IoctlSetPointerInt(0, unix.TIOCSPGRP, pg)
+	signal.Reset(syscall.SIGTTOU)
+}
+
+// wait waits for the program in the foreground and does a shell's job
+// control for it: when the terminal stops it (Ctrl-Z), softroce run takes
+// the terminal back and stops too, so that the shell sees the job stop;
+// when continued, it hands the terminal on and continues the program. It
+// returns the program's exit code as a shell reports it.
+func (t *terminal) wait(pid int) int {
+	defer setForeground(t.pgrp)
+	for {
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(pid, &ws, unix.WUNTRACED, nil)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return 1
+		case ws.Stopped():
+			setForeground(t.pgrp)
+			syscall.Kill(os.Getpid(), syscall.SIGSTOP) // until the shell continues the job
+			setForeground(pid)
+			syscall.Kill(-pid, syscall.SIGCONT)
+		case ws.Signaled():
+			return 128 + int(ws.Signal())
+		case ws.Exited():
+			return ws.ExitStatus()
+		}
+	}
 }
 
 func prefixed(s string) string {

@@ -1,15 +1,20 @@
 package main
 
 import (
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/softroce/softroce/abi"
+	"golang.org/x/sys/unix"
 )
 
 // TestMain lets a test run the test binary as the softroce command, as
@@ -83,5 +88,121 @@ func TestRunUnwritableLibraryCache(t *testing.T) {
 		if code != 1 || !strings.Contains(errOut, "cannot write the library cache "+file) || !strings.Contains(errOut, c.want) {
 			t.Errorf("softroce run with %v: exit %d, want 1 naming the cache under %s and %q:\n%s", c.env, code, file, c.want, errOut)
 		}
+	}
+}
+
+// runSignalled starts `softroce run` (a private daemon, so that it stays
+// and forwards signals) with a shell script that counts the signal it gets
+// and prints "ready" first and "got N" at the end; signal delivers one
+// after "ready". start sets the process up (stdio, session, group).
+func runSignalled(t *testing.T, trap string, start func(*exec.Cmd) (io.Reader, func())) string {
+	t.Helper()
+	if m := abi.Missing(); m != "" {
+		t.Skip("cannot build softroce's libibverbs.so.1: " + m)
+	}
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := c.LocalAddr().(*net.UDPAddr).Port
+	c.Close()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := `n=0; trap 'n=$((n+1))' ` + trap + `; echo ready; i=0; while [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done; echo "got $n"`
+	cmd := exec.Command(self, "run", "--socket", filepath.Join(t.TempDir(), "none.sock"), "--addr", "127.0.0.1", "--udp-port", strconv.Itoa(port), "--", "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "SOFTROCE_TEST_AS_MAIN=1", "SOFTROCE_ABI_DIR="+abiTestDir(t))
+	out, signal := start(cmd)
+	var got strings.Builder
+	buf := make([]byte, 4096)
+	signalled := false
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(got.String(), "got ") && time.Now().Before(deadline) {
+		n, err := out.Read(buf)
+		got.Write(buf[:n])
+		if !signalled && strings.Contains(got.String(), "ready") {
+			signal()
+			signalled = true
+		}
+		if err != nil {
+			break
+		}
+	}
+	cmd.Wait()
+	return got.String()
+}
+
+var abiOnce struct {
+	sync.Once
+	dir string
+}
+
+// abiTestDir is one library cache for the tests of this binary.
+func abiTestDir(t *testing.T) string {
+	abiOnce.Do(func() {
+		d, err := os.MkdirTemp("", "softroce-run-test-abi-")
+		if err == nil {
+			abiOnce.dir = d
+		}
+	})
+	if abiOnce.dir == "" {
+		t.Fatal("no library cache directory")
+	}
+	return abiOnce.dir
+}
+
+// A signal sent to softroce run's process group reaches the program once:
+// it used to get it from the group and again forwarded, and Ceph, which
+// shuts down on the first SIGTERM, died of the second.
+func TestRunGroupSignalOnce(t *testing.T) {
+	out := runSignalled(t, "TERM", func(cmd *exec.Cmd) (io.Reader, func()) {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		r, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return r, func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	})
+	if !strings.Contains(out, "got 1\n") {
+		t.Errorf("the program counted other than one SIGTERM sent to softroce run's group:\n%s", out)
+	}
+}
+
+// Ctrl-C on softroce run's terminal reaches the program once: the program
+// runs in the foreground group of its own.
+func TestRunTerminalInterruptOnce(t *testing.T) {
+	ptm, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminal: %v", err)
+	}
+	defer ptm.Close()
+	if err := unix.IoctlSetPointerInt(int(ptm.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(ptm.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pts, err := os.OpenFile("/dev/pts/"+strconv.Itoa(n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pts.Close()
+	out := runSignalled(t, "INT", func(cmd *exec.Cmd) (io.Reader, func()) {
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = pts, pts, pts
+		// A session of its own with the terminal as its controlling one:
+		// softroce run is the foreground group, as started from a shell.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return ptm, func() { ptm.Write([]byte{3}) } // ^C: VINTR
+	})
+	if !strings.Contains(out, "got 1") {
+		t.Errorf("the program counted other than one SIGINT from ^C on the terminal:\n%s", out)
 	}
 }

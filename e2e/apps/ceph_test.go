@@ -281,11 +281,10 @@ func (c *cephCluster) stop(t *testing.T) {
 		names = append(names, fmt.Sprintf("ceph-osd %d", i))
 	}
 	names = append(names, "ceph-mon")
-	// To softroce run's pid only, which passes it on: the program is in
-	// its process group too, and a signal to the group would reach it
-	// twice (Ceph's daemons take the second SIGTERM's default action).
+	// To the process group, as a service manager does: the daemon must
+	// get it once (Ceph's daemons take a second SIGTERM's default action).
 	for _, p := range procs {
-		syscall.Kill(p.Pid(), syscall.SIGTERM)
+		p.Signal(syscall.SIGTERM)
 	}
 	for i, p := range procs {
 		start := time.Now()
