@@ -799,6 +799,42 @@ func connParam(q *cmReq) *cm.ConnParam {
 		FlowControl: p.flowControl != 0, RetryCount: min(p.retry, 7), RNRRetryCount: min(p.rnrRetry, 7)}
 }
 
+// rdmaMax is librdmacm's RDMA_MAX_RESP_RES and RDMA_MAX_INIT_DEPTH.
+const rdmaMax = 0xFF
+
+// rdDepths sets an RC connect's or accept's READ/atomic depths as
+// librdmacm does before they go into the REQ or REP: RDMA_MAX_RESP_RES
+// and RDMA_MAX_INIT_DEPTH stand for the device's limits (max_qp_rd_atom,
+// max_qp_init_rd_atom), on accept for what the request asked (req, seen
+// from this side) up to them; another value above a limit is EINVAL
+// (ucma_valid_param). The peer programs what the REQ or REP carries into
+// its QP as given: kernel rxe refuses a max_rd_atomic above its limit, so
+// the 0xFF itself must never reach the wire.
+func rdDepths(d *device, ps cm.PortSpace, p *cm.ConnParam, req *cm.ConnParam) error {
+	a := d.v.QueryDevice()
+	set := func(what string, v *uint8, lim int, asked uint8) error {
+		switch {
+		case *v == rdmaMax && req != nil:
+			*v = uint8(min(int(asked), lim))
+		case *v == rdmaMax:
+			*v = uint8(lim)
+		case int(*v) > lim && ps == cm.PortSpaceTCP:
+			return fmt.Errorf("%w: %s %d above the device's %d", syscall.EINVAL, what, *v, lim)
+		case int(*v) > lim:
+			*v = uint8(lim)
+		}
+		return nil
+	}
+	var asked cm.ConnParam
+	if req != nil {
+		asked = *req
+	}
+	if err := set("responder_resources", &p.ResponderResources, a.MaxQPRDAtom, asked.ResponderResources); err != nil {
+		return err
+	}
+	return set("initiator_depth", &p.InitiatorDepth, a.MaxQPInitRDAtom, asked.InitiatorDepth)
+}
+
 func paramOf(p cm.ConnParam) cmParam {
 	return cmParam{respRes: p.ResponderResources, initDepth: p.InitiatorDepth, flowControl: b2u(p.FlowControl),
 		retry: p.RetryCount, rnrRetry: p.RNRRetryCount, valid: 1}
@@ -836,8 +872,13 @@ func (ch *cmChan) connect(id *cmID, q *cmReq) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", syscall.ENODEV, err)
 	}
-	id.busy = true
 	p := connParam(q)
+	if p != nil && !id.ud {
+		if err := rdDepths(id.dev, id.ps, p, nil); err != nil {
+			return err
+		}
+	}
+	id.busy = true
 	priv := append([]byte(nil), q.priv...)
 	var qp *verbs.QP
 	if id.qp != nil {
@@ -955,8 +996,17 @@ func (ch *cmChan) accept(id *cmID, q *cmReq) error {
 		x.mu.Unlock()
 		return fmt.Errorf("%w: cm_id %d: rdma_accept without a QP", syscall.EOPNOTSUPP, id.h)
 	}
-	id.busy = true
 	p := connParam(q)
+	if p == nil {
+		// librdmacm's rdma_accept without parameters: the request's
+		// depths up to the device's, seven retries.
+		p = &cm.ConnParam{ResponderResources: rdmaMax, InitiatorDepth: rdmaMax, RetryCount: 7, RNRRetryCount: 7}
+	}
+	if err := rdDepths(id.dev, id.ps, p, &r.Param); err != nil {
+		x.mu.Unlock()
+		return err
+	}
+	id.busy = true
 	qo, qp := id.qp, id.qp.qp
 	dev, src, dst := id.dev, id.src, id.dst
 	returned := make(chan struct{})

@@ -204,3 +204,9 @@ func TestCMMigrateToken(t *testing.T) {
 // rdma_getaddrinfo from the hints' addresses alone, as librdmacm's
 // (testdata/cm_getaddrinfo.c).
 func TestCProgramCMGetaddrinfo(t *testing.T) { runCM(t, "cm_getaddrinfo.c") }
+
+// RDMA_MAX_RESP_RES and RDMA_MAX_INIT_DEPTH (0xFF) stand for the device's
+// limits on connect and for the request's depths up to them on accept,
+// as librdmacm makes them; the REQ and REP never carry 0xFF, which kernel
+// rxe would put into its QP and refuse (testdata/cm_maxdepth.c).
+func TestCProgramCMMaxDepth(t *testing.T) { runCM(t, "cm_maxdepth.c", "127.0.0.1", "7486") }

@@ -538,8 +538,12 @@ static void put_param(struct sr_cm_req *q, struct rdma_conn_param *p, bool conne
 {
 	if (!p) {
 		if (connect) {
-			/* librdmacm's defaults for a NULL conn_param */
+			/* librdmacm's defaults for a NULL conn_param: the
+			 * device's READ/atomic depths (the daemon reads 0xFF,
+			 * RDMA_MAX_*, so), seven retries */
 			q->param.valid = 1;
+			q->param.responder_resources = RDMA_MAX_RESP_RES;
+			q->param.initiator_depth = RDMA_MAX_INIT_DEPTH;
 			q->param.retry_count = 7;
 			q->param.rnr_retry_count = 7;
 		}

@@ -52,12 +52,21 @@ func TestFiInfo(t *testing.T) {
 		t.Fatalf("fi_info -p verbs: %v\n%s", err, out)
 	}
 	t.Logf("fi_info -p verbs on host A:\n%s", out)
+	fiInfoCheck(t, out, "softroce0", "IB-0x")
+}
+
+// fiInfoCheck fails the test unless fi_info -p verbs's listing (out) has
+// the four endpoint types on device dev (MSG and RDM over ofi_rxm on dev,
+// DGRAM and RDM over ofi_rxd on dev-dgram) and nothing on another device
+// or on a fabric whose name does not start with fabric.
+func fiInfoCheck(t *testing.T, out, dev, fabric string) {
+	t.Helper()
 	l := parseFiInfo(out)
 	for _, w := range []fiInfo{
-		{"verbs", "", "softroce0", "FI_EP_MSG", "FI_PROTO_RDMA_CM_IB_RC"},
-		{"verbs", "", "softroce0-dgram", "FI_EP_DGRAM", "FI_PROTO_IB_UD"},
-		{"verbs;ofi_rxm", "", "softroce0", "FI_EP_RDM", "FI_PROTO_RXM"},
-		{"verbs;ofi_rxd", "", "softroce0-dgram", "FI_EP_RDM", "FI_PROTO_RXD"},
+		{"verbs", "", dev, "FI_EP_MSG", "FI_PROTO_RDMA_CM_IB_RC"},
+		{"verbs", "", dev + "-dgram", "FI_EP_DGRAM", "FI_PROTO_IB_UD"},
+		{"verbs;ofi_rxm", "", dev, "FI_EP_RDM", "FI_PROTO_RXM"},
+		{"verbs;ofi_rxd", "", dev + "-dgram", "FI_EP_RDM", "FI_PROTO_RXD"},
 	} {
 		found := false
 		for _, e := range l {
@@ -70,7 +79,7 @@ func TestFiInfo(t *testing.T) {
 		}
 	}
 	for _, e := range l {
-		if !strings.HasPrefix(e.domain, "softroce0") || !strings.HasPrefix(e.fabric, "IB-0x") {
+		if !strings.HasPrefix(e.domain, dev) || !strings.HasPrefix(e.fabric, fabric) {
 			t.Errorf("an entry on another domain or fabric: %+v", e)
 		}
 	}
@@ -133,6 +142,65 @@ func sizeStr(n int) string {
 	return strconv.Itoa(n)
 }
 
+// fiCase is one endpoint type for fi_pingpong: the provider (-p), the
+// endpoint type (-e) and the sizes, one run each (-S).
+type fiCase struct {
+	name, prov, ep string
+	sizes          []int
+}
+
+// fiCases are the endpoint types the verbs provider gives: MSG (RC by
+// rdma_cm), RDM over MSG (ofi_rxm), RDM over DGRAM (ofi_rxd), DGRAM (UD).
+var fiCases = []fiCase{
+	{"msg", "verbs", "msg", []int{64, 65536}},
+	{"rdm-rxm", "verbs;ofi_rxm", "rdm", []int{64, 65536}},
+	{"rdm-rxd", "verbs;ofi_rxd", "rdm", []int{64, 4096}},
+	{"dgram", "verbs", "dgram", []int{64, 1024}},
+}
+
+// fiPingpong runs one fi_pingpong of iters iterations of size bytes, its
+// server at ro.server and its client at ro.client, and returns both
+// sides' output and exit errors.
+func fiPingpong(t *testing.T, ro role, c fiCase, size, iters int) (co, so string, cerr, serr error) {
+	t.Helper()
+	port := ro.port(t)
+	args := []string{"fi_pingpong", "-p", c.prov, "-e", c.ep, "-I", strconv.Itoa(iters), "-S", strconv.Itoa(size)}
+	srv := ro.server.start(t, nil, append(args, "-B", strconv.Itoa(port))...)
+	ro.server.waitListen(t, srv, port)
+	cli := ro.client.start(t, nil, append(args, "-P", strconv.Itoa(port), ro.server.addr.String())...)
+	cerr = cli.Wait(2 * time.Minute)
+	serr = srv.Wait(time.Minute)
+	return cli.Output(), srv.Output(), cerr, serr
+}
+
+// fiPingpongCheck fails the test unless both sides of a fiPingpong ended
+// well and printed one result row of size bytes and iters messages each
+// way, with positive figures; it logs the rows, tagged with the role.
+func fiPingpongCheck(t *testing.T, ro role, c fiCase, size, iters int, co, so string, cerr, serr error) {
+	t.Helper()
+	if cerr != nil || serr != nil {
+		t.Errorf("fi_pingpong -p '%s' -e %s -S %d, %s: client: %v, server: %v\nclient:\n%s\nserver:\n%s", c.prov, c.ep, size, ro.name, cerr, serr, co, so)
+		return
+	}
+	for _, x := range []struct {
+		side string
+		e    end
+		out  string
+	}{{"client", ro.client, co}, {"server", ro.server, so}} {
+		rows, err := parsePingpong(x.out)
+		if err != nil || len(rows) != 1 {
+			t.Errorf("%s: %v, %d result rows, want 1:\n%s", x.side, err, len(rows), x.out)
+			continue
+		}
+		r := rows[0]
+		if r.bytes != sizeStr(size) || r.sent != iters || r.ack != iters || r.sec <= 0 || r.mbps <= 0 || r.usec <= 0 {
+			t.Errorf("%s: row %+v, want %s bytes, %d sent and acked, positive time, MB/sec and usec/xfer", x.side, r, sizeStr(size), iters)
+		}
+		t.Logf("fi_pingpong -p '%s' -e %s, %s %s (%s): bytes %s, #sent %d, #ack %d, total %s, time %.2fs, %.2f MB/sec, %.2f usec/xfer",
+			c.prov, c.ep, x.e.name, x.side, ro.name, r.bytes, r.sent, r.ack, r.total, r.sec, r.mbps, r.usec)
+	}
+}
+
 // fi_pingpong, libfabric's ping-pong, server on host A and client on
 // host B, over each endpoint type the verbs provider gives softroce: MSG
 // (RC by rdma_cm), RDM over MSG (ofi_rxm: eager sends and, above its
@@ -144,43 +212,11 @@ func TestFiPingpong(t *testing.T) {
 	Need(t, "libfabric-bin", "fi_pingpong")
 	hs := NewTwoHosts(t)
 	const iters = 100
-	for _, c := range []struct {
-		name, prov, ep string
-		sizes          []int
-	}{
-		{"msg", "verbs", "msg", []int{64, 65536}},
-		{"rdm-rxm", "verbs;ofi_rxm", "rdm", []int{64, 65536}},
-		{"rdm-rxd", "verbs;ofi_rxd", "rdm", []int{64, 4096}},
-		{"dgram", "verbs", "dgram", []int{64, 1024}},
-	} {
+	for _, c := range fiCases {
 		t.Run(c.name, func(t *testing.T) {
 			for _, size := range c.sizes {
-				port := hs.A.FreeTCPPort(t)
-				args := []string{"-p", c.prov, "-e", c.ep, "-I", strconv.Itoa(iters), "-S", strconv.Itoa(size)}
-				srv := hs.A.Start(t, nil, "fi_pingpong", append(args, "-B", strconv.Itoa(port))...)
-				srv.WaitListen(t, port, time.Minute)
-				co, cerr := hs.B.Run(t, 2*time.Minute, nil, "fi_pingpong", append(args, "-P", strconv.Itoa(port), hs.A.Addr().String())...)
-				serr := srv.WaitTimeout(time.Minute)
-				so := srv.Output()
-				if cerr != nil || serr != nil {
-					t.Fatalf("fi_pingpong %s, %d bytes: client: %v, server: %v\nclient:\n%s\nserver:\n%s", strings.Join(args, " "), size, cerr, serr, co, so)
-				}
-				for _, x := range [][2]string{{"client", co}, {"server", so}} {
-					side, o := x[0], x[1]
-					rows, err := parsePingpong(o)
-					if err != nil {
-						t.Fatalf("%s: %v\n%s", side, err, o)
-					}
-					if len(rows) != 1 {
-						t.Fatalf("%s: %d result rows, want 1:\n%s", side, len(rows), o)
-					}
-					r := rows[0]
-					if r.bytes != sizeStr(size) || r.sent != iters || r.ack != iters || r.sec <= 0 || r.mbps <= 0 || r.usec <= 0 {
-						t.Errorf("%s: row %+v, want %s bytes, %d sent and acked, positive time, MB/sec and usec/xfer", side, r, sizeStr(size), iters)
-					}
-					t.Logf("fi_pingpong -p '%s' -e %s, %s: bytes %s, #sent %d, #ack %d, total %s, time %.2fs, %.2f MB/sec, %.2f usec/xfer",
-						c.prov, c.ep, side, r.bytes, r.sent, r.ack, r.total, r.sec, r.mbps, r.usec)
-				}
+				co, so, cerr, serr := fiPingpong(t, hs.role(), c, size, iters)
+				fiPingpongCheck(t, hs.role(), c, size, iters, co, so, cerr, serr)
 			}
 		})
 	}
