@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -110,6 +111,9 @@ func runRun(args []string) int {
 		fmt.Fprintf(os.Stderr, "softroce run: %v\n", err)
 		return 127
 	}
+	// The program's parent-death signal (ownGroup) follows the thread
+	// that starts it: keep that thread until softroce run ends.
+	runtime.LockOSThread()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, forwarded...)
 	var cmd *exec.Cmd

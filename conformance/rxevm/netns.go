@@ -25,6 +25,25 @@ const netnsDir = "/run/netns"
 // inNetns runs fn on an OS thread switched into ns. Sockets and child
 // processes created by fn stay in ns. The thread is thrown away (its
 // goroutine exits locked) if it cannot be switched back.
+// onThreadInNetns runs fn in ns on the calling goroutine's thread, which
+// the caller has locked, and switches back. Should switching back fail,
+// the thread stays in ns: the caller must not unlock it.
+func onThreadInNetns(ns netns.NsHandle, fn func() error) error {
+	orig, err := netns.Get()
+	if err != nil {
+		return fmt.Errorf("get current netns: %w", err)
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		return fmt.Errorf("enter netns: %w", err)
+	}
+	ferr := fn()
+	if err := netns.Set(orig); err != nil {
+		return errors.Join(ferr, fmt.Errorf("leave netns: %w", err))
+	}
+	return ferr
+}
+
 func inNetns(ns netns.NsHandle, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {

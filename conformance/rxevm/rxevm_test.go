@@ -8,7 +8,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -384,5 +386,27 @@ func TestCaptureTap(t *testing.T) {
 	rep := layers.CreateICMPv4TypeCode(layers.ICMPv4TypeEchoReply, 0)
 	if echo[req] != 3 || echo[rep] != 3 {
 		t.Fatalf("captured echo requests/replies %d/%d, want 3/3 (both directions)", echo[req], echo[rep])
+	}
+}
+
+// The guest outlives threads the runtime throws away: qemu's parent-death
+// signal follows the thread that forked it, and goroutines that end
+// locked (after a namespace switch, as netnstest's do) end their thread.
+func TestGuestSurvivesDiscardedThreads(t *testing.T) {
+	vm := needVM(t)
+	var wg sync.WaitGroup
+	for range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread() // never unlocked: the thread ends
+		}()
+		wg.Wait()
+	}
+	time.Sleep(200 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := vm.Run(ctx, "echo alive"); err != nil || out != "alive\n" {
+		t.Fatalf("guest after 200 discarded threads: %q, %v", out, err)
 	}
 }

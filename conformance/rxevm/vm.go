@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"regexp"
 	"slices"
 	"strconv"
@@ -349,14 +350,25 @@ func (vm *VM) startQemu(kernel, initrd, cmdline string) error {
 	cmd.Stdout, cmd.Stderr = qlog, qlog
 	// qemu dies with the process that started it, even on SIGKILL.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := vm.Do(cmd.Start); err != nil {
-		return fmt.Errorf("start qemu-system-x86_64: %w", err)
-	}
-	vm.qemu = cmd
+	// Pdeathsig fires when the thread that forked qemu ends, not the
+	// process: on a pooled thread, any later goroutine that throws its
+	// thread away (a namespace switch, as netnstest makes) could kill the
+	// guest. This goroutine keeps its thread, locked, until qemu exits.
+	started := make(chan error, 1)
 	go func() {
+		runtime.LockOSThread()
+		if err := onThreadInNetns(vm.ns, cmd.Start); err != nil {
+			started <- err
+			return // the thread is discarded with the goroutine
+		}
+		started <- nil
 		vm.qerr = cmd.Wait()
 		close(vm.qdone)
 	}()
+	if err := <-started; err != nil {
+		return fmt.Errorf("start qemu-system-x86_64: %w", err)
+	}
+	vm.qemu = cmd
 	return nil
 }
 
