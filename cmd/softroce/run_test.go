@@ -27,15 +27,11 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// softroce run -- ibv_devinfo with no daemon running: a private daemon is
-// started for it, the program prints the device, the daemon is stopped.
-func TestRunIbvDevinfoPrivateDaemon(t *testing.T) {
-	if m := abi.Missing(); m != "" {
-		t.Skip("cannot build softroce's libibverbs.so.1: " + m)
-	}
-	if _, err := exec.LookPath("ibv_devinfo"); err != nil {
-		t.Skip("ibv_devinfo is not installed (Debian: apt-get install ibverbs-utils)")
-	}
+// privateRun is `softroce run PROG ARGS...` (this test binary as softroce)
+// with no daemon on its socket, so that it starts a private one on a free
+// UDP port of 127.0.0.1.
+func privateRun(t *testing.T, prog ...string) *exec.Cmd {
+	t.Helper()
 	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -46,8 +42,20 @@ func TestRunIbvDevinfoPrivateDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(t.TempDir(), "none.sock")
-	cmd := exec.Command(self, "run", "--socket", sock, "--addr", "127.0.0.1", "--udp-port", strconv.Itoa(port), "--", "ibv_devinfo")
+	args := []string{"run", "--socket", filepath.Join(t.TempDir(), "none.sock"), "--addr", "127.0.0.1", "--udp-port", strconv.Itoa(port), "--"}
+	return exec.Command(self, append(args, prog...)...)
+}
+
+// softroce run -- ibv_devinfo with no daemon running: a private daemon is
+// started for it, the program prints the device, the daemon is stopped.
+func TestRunIbvDevinfoPrivateDaemon(t *testing.T) {
+	if m := abi.Missing(); m != "" {
+		t.Skip("cannot build softroce's libibverbs.so.1: " + m)
+	}
+	if _, err := exec.LookPath("ibv_devinfo"); err != nil {
+		t.Skip("ibv_devinfo is not installed (Debian: apt-get install ibverbs-utils)")
+	}
+	cmd := privateRun(t, "ibv_devinfo")
 	cmd.Env = append(os.Environ(), "SOFTROCE_TEST_AS_MAIN=1", "SOFTROCE_ABI_DIR="+t.TempDir())
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -100,18 +108,8 @@ func runSignalled(t *testing.T, trap string, start func(*exec.Cmd) (io.Reader, f
 	if m := abi.Missing(); m != "" {
 		t.Skip("cannot build softroce's libibverbs.so.1: " + m)
 	}
-	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := c.LocalAddr().(*net.UDPAddr).Port
-	c.Close()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	script := `n=0; trap 'n=$((n+1))' ` + trap + `; echo ready; i=0; while [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done; echo "got $n"`
-	cmd := exec.Command(self, "run", "--socket", filepath.Join(t.TempDir(), "none.sock"), "--addr", "127.0.0.1", "--udp-port", strconv.Itoa(port), "--", "sh", "-c", script)
+	cmd := privateRun(t, "sh", "-c", script)
 	cmd.Env = append(os.Environ(), "SOFTROCE_TEST_AS_MAIN=1", "SOFTROCE_ABI_DIR="+abiTestDir(t))
 	out, signal := start(cmd)
 	var got strings.Builder
