@@ -63,7 +63,8 @@ func runPerftest(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce perftest write|read|atomic|send [flags]          wait for a client (passive side)\n"+
 			"       softroce perftest write|read|atomic|send [flags] SERVER   connect and post the traffic (active side)\n\n"+
-			"Talks to ib_write_bw, ib_read_bw, ib_atomic_bw and ib_send_bw (Debian's perftest 4.5, which announces\nversion 6.06; TCP exchange or rdma_cm\nwith -R; RC, UC with -c UC for write and send, UD with -c UD for send) in either role.\n\n")
+			"Talks to ib_write_bw, ib_read_bw, ib_atomic_bw and ib_send_bw (Debian's perftest 4.5, which announces\nversion 6.06; TCP exchange or rdma_cm\nwith -R; RC, UC with -c UC for write and send, UD with -c UD for send) in either role.\n"+
+			"-a runs every size (a row each), -D SECONDS a timed run, --run_infinitely a row every -D seconds until Ctrl-C.\n\n")
 		fs.PrintDefaults()
 	}
 	// Flags may come before the test word too, as in scripts written for

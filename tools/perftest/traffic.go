@@ -345,9 +345,12 @@ type window struct {
 // whole seconds, at either end); in an endless one it prints a row every
 // Duration.
 type sampling struct {
-	done chan struct{}
-	quit chan struct{}
-	win  window
+	done    chan struct{}
+	quit    chan struct{}
+	count   *atomic.Int64
+	started bool // the sample began (the first margin passed)
+	closed  bool // and ended
+	win     window
 }
 
 // sampler starts watching count, from now; end, if set, is called when a
@@ -358,7 +361,7 @@ func (s *session) sampler(count *atomic.Int64, end func()) *sampling {
 	if !cfg.timed() {
 		return nil
 	}
-	sm := &sampling{done: make(chan struct{}), quit: make(chan struct{})}
+	sm := &sampling{done: make(chan struct{}), quit: make(chan struct{}), count: count}
 	start := time.Now()
 	go func() {
 		defer close(sm.done)
@@ -391,11 +394,12 @@ func (s *session) sampler(count *atomic.Int64, end func()) *sampling {
 			return
 		}
 		sm.win.t0, sm.win.n0 = time.Now(), count.Load()
-		sm.win.t1, sm.win.n1 = sm.win.t0, sm.win.n0
+		sm.started = true
 		if !wait(cfg.Duration - margin) {
 			return
 		}
 		sm.win.t1, sm.win.n1 = time.Now(), count.Load()
+		sm.closed = true
 		if end != nil && wait(cfg.Duration) {
 			end()
 		}
@@ -411,6 +415,11 @@ func (sm *sampling) finish() window {
 	}
 	close(sm.quit)
 	<-sm.done
+	if sm.started && !sm.closed {
+		// With no end margin the run's end is the sample's, and the
+		// engine may get there first.
+		sm.win.t1, sm.win.n1 = time.Now(), sm.count.Load()
+	}
 	return sm.win
 }
 
@@ -716,8 +725,11 @@ func (s *session) checkTarget(peer Report) error {
 	case Atomic:
 		s.res.Checked = fmt.Sprintf("atomic slots sum to %d", sum)
 	}
-	if loose {
-		s.res.Checked += " (last size's slots; the run's total is not known)"
+	switch {
+	case cfg.All:
+		s.res.Checked += " (the last size's slots)"
+	case cfg.timed():
+		s.res.Checked += " (a timed run)"
 	}
 	return nil
 }
