@@ -143,15 +143,12 @@ func (p *toolProc) output() string {
 }
 
 // start runs the tool with args: -F keeps a busy machine's CPU frequency
-// estimate from failing the report, -x 0 is softroce's GID. -t 100
-// leaves the tool's send ring (128 slots) never quite full: the daemon
-// publishes a send ring's consumer index only after handing the WQE to
-// verbs, so a completion can reach the tool first, and a tool that keeps
-// exactly as many WRs outstanding as the ring holds then sees
-// ibv_post_send fail now and then ("Couldn't post send").
+// estimate from failing the report, -x 0 is softroce's GID. (The tool
+// keeps its send and receive rings exactly full, as perftest does, which
+// serve's TestRingSlotFreeBeforePost is about.)
 func (r *toolRig) start(t *testing.T, args ...string) *toolProc {
 	t.Helper()
-	p := &toolProc{cmd: exec.Command(r.tool, append([]string{"-F", "-x", "0", "-t", "100"}, args...)...), done: make(chan error, 1)}
+	p := &toolProc{cmd: exec.Command(r.tool, append([]string{"-F", "-x", "0"}, args...)...), done: make(chan error, 1)}
 	p.cmd.Env = append(os.Environ(), "SOFTROCE_SOCKET="+r.daemon.Socket(), "LD_LIBRARY_PATH="+r.lib)
 	p.cmd.Stdout, p.cmd.Stderr = p, p
 	if err := p.cmd.Start(); err != nil {
