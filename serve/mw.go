@@ -111,8 +111,11 @@ func (q *qpObj) buildBind(w []byte) string {
 // post hands the WQE buildSend read to verbs.
 func (q *qpObj) post() error {
 	if o := q.bindMW; o != nil {
-		q.bindMW = nil
-		return o.mw.BindKey(q.qp, q.bindInfo, q.swr.RKey, q.swr.ID, q.swr.Flags&(verbs.SendSignaled|verbs.SendFence))
+		err := o.mw.BindKey(q.qp, q.bindInfo, q.swr.RKey, q.swr.ID, q.swr.Flags&(verbs.SendSignaled|verbs.SendFence))
+		if !isQueueFull(err) { // a full queue is tried again with the same WQE
+			q.bindMW = nil
+		}
+		return err
 	}
 	return q.qp.PostSend(&q.swr)
 }

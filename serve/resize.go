@@ -122,8 +122,12 @@ func (c *client) resizeSRQ(h, mask, maxWR, limit uint32) ([]byte, []int, error) 
 	r, b := &o.rq, o.mem.b
 	r.drain(b)
 	prod := load32(b, r.prodAt)
-	if prod-r.cons > size {
-		return nil, nil, fmt.Errorf("%w: SRQ %d holds %d WQEs not taken, more than max_wr %d", syscall.EINVAL, h, prod-r.cons, maxWR)
+	pending := prod - r.cons
+	if r.held {
+		pending++ // taken, not yet in the verbs SRQ
+	}
+	if pending > size {
+		return nil, nil, fmt.Errorf("%w: SRQ %d holds %d WQEs not taken, more than max_wr %d", syscall.EINVAL, h, pending, maxWR)
 	}
 	total := ctlPage + int(size*r.stride+pageSize-1)&^(pageSize-1)
 	m, err := c.newRing("softroce-srq", total)

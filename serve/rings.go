@@ -215,6 +215,9 @@ type wqeRing struct {
 	size   uint32 // slots, a power of two
 	stride uint32
 	cons   uint32 // the daemon's own copy: the shared one is never read back
+	// held is a WQE already taken (its slot published free) that verbs
+	// refused as full: it goes to verbs before any other.
+	held bool
 	// The indices' offsets in the control page.
 	prodAt, consAt int
 }
@@ -238,6 +241,14 @@ func (r *wqeRing) pending(b []byte) bool { return load32(b, r.prodAt) != r.cons 
 // drain moves the WQEs the client posted since the last pass into verbs,
 // b being the memfd holding the ring. A full verbs queue leaves the rest
 // for the next pass.
+//
+// A WQE's slot is published free (the consumer index) once build has
+// copied the WQE out, before it goes to verbs: its completion may reach
+// the client's CQ ring (written on the transport's goroutine) before post
+// returns, and a client that keeps its ring exactly full (perftest keeps
+// -t sends and -r receives posted) posts again on that completion and
+// must find the slot free, as on hardware, where a completed WQE's slot
+// is free.
 func (r *wqeRing) drain(b []byte) bool {
 	prod := load32(b, r.prodAt)
 	if prod-r.cons > r.size {
@@ -247,26 +258,44 @@ func (r *wqeRing) drain(b []byte) bool {
 		return true
 	}
 	work := false
-	for r.cons != prod {
-		w := b[r.off+int(r.cons&(r.size-1))*int(r.stride):][:r.stride]
-		if why := r.kind.build(w); why != "" {
-			r.refuse(b, why)
-		} else if err := r.kind.post(); err != nil {
-			if isQueueFull(err) {
-				r.c.s.queueFull.Add(1)
-				break
-			}
-			r.refuse(b, "post: "+err.Error())
+	if r.held {
+		if !r.post(b) {
+			return false
 		}
-		r.cons++
-		// Published per WQE, not after the loop: an earlier WQE's
-		// completion may reach the client's CQ ring (written on the
-		// transport's goroutine) while this loop runs, and a client that
-		// posts again on it must find the slots already free.
-		store32(b, r.consAt, r.cons)
 		work = true
 	}
+	for r.cons != prod {
+		w := b[r.off+int(r.cons&(r.size-1))*int(r.stride):][:r.stride]
+		why := r.kind.build(w)
+		r.cons++
+		store32(b, r.consAt, r.cons)
+		work = true
+		if why != "" {
+			r.refuse(b, why)
+			continue
+		}
+		if !r.post(b) {
+			break
+		}
+	}
 	return work
+}
+
+// post hands the WQE build read to verbs; a full verbs queue holds it for
+// the next pass (false).
+func (r *wqeRing) post(b []byte) bool {
+	err := r.kind.post()
+	switch {
+	case err == nil:
+	case isQueueFull(err):
+		r.c.s.queueFull.Add(1)
+		r.held = true
+		return false
+	default:
+		r.refuse(b, "post: "+err.Error())
+	}
+	r.held = false
+	return true
 }
 
 // refuse drops a WQE or index the daemon refused: counted, the error flag

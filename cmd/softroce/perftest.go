@@ -40,6 +40,11 @@ func runPerftest(args []string) int {
 	fs.BoolVar(&cfg.Gbits, "report_gbits", false, "report Gbit/s instead of MB/s")
 	fs.IntVar(&cfg.QPs, "q", 1, "number of QPs; -n iterations on each")
 	fs.BoolVar(&cfg.Duplex, "b", false, "bidirectional: both sides post traffic (write, read, atomic)")
+	fs.BoolVar(&cfg.All, "a", false, "run every size from 2 bytes to 8 MiB (UD: to the MTU), -n iterations each, a row per size; give it to both sides (not atomic)")
+	fs.BoolVar(&cfg.All, "all", false, "same as -a")
+	duration := fs.Int("D", 0, "post for this many seconds instead of -n iterations and report the middle of the run (a quarter left out at either end); send: give it to both sides")
+	fs.IntVar(duration, "duration", 0, "same as -D")
+	fs.BoolVar(&cfg.Infinite, "run_infinitely", false, "post until interrupted (Ctrl-C), printing a row every -D seconds (default 5); give it to both sides")
 	_ = fs.String("d", "", "IB device (accepted; the device is the --bind address)")
 	_ = fs.Int("i", 1, "port of the IB device (accepted; softroce has port 1)")
 	_ = fs.Bool("F", false, "do not fail on CPU frequency warnings (accepted)")
@@ -47,7 +52,7 @@ func runPerftest(args []string) int {
 	connType := fs.String("c", "RC", "connection type: RC, UC for write and send, UD for send (as perftest, give both sides the same)")
 	fs.BoolVar(&cfg.RDMACM, "R", false, "connect with rdma_cm on port -p (RDMA_PS_TCP; UD QPs by SIDR on RDMA_PS_UDP) instead of the TCP exchange; SERVER is then the peer's RoCE IP address")
 	fs.BoolVar(&cfg.RDMACM, "rdma_cm", false, "same as -R")
-	timeout := fs.Duration("timeout", 120*time.Second, "give up after this long, waiting for the peer included; 0: never (as perftest)")
+	timeout := fs.Duration("timeout", 120*time.Second, "give up after this long, waiting for the peer included; 0: never (as perftest); -D adds to it, --run_infinitely has none")
 	fs.StringVar(&lf.bind, "bind", "", "local IP address to use (default: the one that routes to the server)")
 	fs.StringVar(&lf.backend, "backend", "udp", "packet backend: udp or afxdp")
 	xdpMode := fs.String("xdp-mode", "auto", "with --backend afxdp: auto (native, else generic), native or generic (skb)")
@@ -58,7 +63,8 @@ func runPerftest(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce perftest write|read|atomic|send [flags]          wait for a client (passive side)\n"+
 			"       softroce perftest write|read|atomic|send [flags] SERVER   connect and post the traffic (active side)\n\n"+
-			"Talks to ib_write_bw, ib_read_bw, ib_atomic_bw and ib_send_bw (Debian's perftest 4.5, which announces\nversion 6.06; TCP exchange or rdma_cm\nwith -R; RC, UC with -c UC for write and send, UD with -c UD for send) in either role.\n\n")
+			"Talks to ib_write_bw, ib_read_bw, ib_atomic_bw and ib_send_bw (Debian's perftest 4.5, which announces\nversion 6.06; TCP exchange or rdma_cm\nwith -R; RC, UC with -c UC for write and send, UD with -c UD for send) in either role.\n"+
+			"-a runs every size (a row each), -D SECONDS a timed run, --run_infinitely a row every -D seconds until Ctrl-C.\n\n")
 		fs.PrintDefaults()
 	}
 	// Flags may come before the test word too, as in scripts written for
@@ -122,6 +128,19 @@ func runPerftest(args []string) int {
 		return 2
 	}
 	cfg.QPTimeout = uint8(*qpTimeout)
+	if *duration < 0 {
+		fmt.Fprintln(os.Stderr, "softroce perftest: -D must be a positive number of seconds")
+		return 2
+	}
+	cfg.Duration = time.Duration(*duration) * time.Second
+	if cfg.All && cfg.Duration > 0 && !cfg.Infinite {
+		fmt.Fprintln(os.Stderr, "softroce perftest: Duration mode currently doesn't support running on all sizes.")
+		return 2
+	}
+	if cfg.All && test == perftest.Atomic && !cfg.Infinite {
+		fmt.Fprintln(os.Stderr, "softroce perftest: Message size cannot be changed for Atomic tests (-a)")
+		return 2
+	}
 	switch strings.ToUpper(*atomicOp) {
 	case "FETCH_AND_ADD":
 		cfg.Atomic = perftest.FetchAndAdd
@@ -166,6 +185,24 @@ func runPerftest(args []string) int {
 	defer dev.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if cfg.Infinite {
+		// The first Ctrl-C ends the endless run the way the exchange
+		// allows; a second one gives up at once.
+		stopRun := make(chan struct{})
+		cfg.Stop = stopRun
+		sigs := make(chan os.Signal, 2)
+		signal.Notify(sigs, os.Interrupt)
+		defer signal.Stop(sigs)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			<-sigs
+			close(stopRun)
+			<-sigs
+			cancel()
+		}()
+	}
 	fmt.Printf("%s\n                    %s BW Test (softroce, perftest protocol %s)\n", strings.Repeat("-", 87), testTitle(test, cfg.Atomic), perftest.Version)
 	switch {
 	case cfg.Server == "" && cfg.RDMACM:

@@ -18,6 +18,9 @@ func TestPerftestCommandBadCombinations(t *testing.T) {
 		{[]string{"read", "-c", "UD"}, "UD connection only possible in SEND verb"},
 		{[]string{"write", "-c", "UC", "-R"}, "UC is not supported in librdmacm"},
 		{[]string{"send", "-c", "XRC"}, "RC, UC and UD"},
+		{[]string{"atomic", "-a"}, "Message size cannot be changed for Atomic tests"},
+		{[]string{"write", "-a", "-D", "2"}, "Duration mode currently doesn't support running on all sizes."},
+		{[]string{"send", "-D", "-1"}, "-D must be a positive number of seconds"},
 	} {
 		var code int
 		out := perftestCapture(t, func() { code = runPerftest(tc.args) })

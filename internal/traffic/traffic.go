@@ -58,6 +58,13 @@ type Sender struct {
 	// Duration posts for this long instead of Iters messages, then
 	// drains what is in flight.
 	Duration time.Duration
+	// Stop, if set, ends a timed run early, as if Duration had passed
+	// (an endless run stopped by its user).
+	Stop <-chan struct{}
+	// Count, if set, holds the messages completed so far, updated after
+	// every batch of completions, for a caller that samples the run while
+	// it goes (perftest's -D windows and --run_infinitely rows).
+	Count *atomic.Int64
 	// TxDepth is the most messages a QP has outstanding.
 	TxDepth int
 	// Signal asks for a completion once in this many messages per QP
@@ -89,7 +96,9 @@ type Receiver struct {
 	// OnRecv is called for every successful completion with the QP index
 	// and sequence number of its wr_id; an error ends the run.
 	OnRecv func(q, n int, wc *verbs.WC) error
-	Now    func() time.Time
+	// Count, if set, holds the receives completed so far (see Sender).
+	Count *atomic.Int64
+	Now   func() time.Time
 }
 
 // Result is one run's figures. Rates are per second.
@@ -232,7 +241,7 @@ func Send(ctx context.Context, s *Sender) (Result, error) {
 	lastReport := start
 	stopping := false
 	for {
-		if timed && !stopping && !now().Before(deadline) {
+		if timed && !stopping && (!now().Before(deadline) || stopped(s.Stop)) {
 			// Time is up: every QP stops at its next signaled message,
 			// so that its last post asks for a completion.
 			stopping = true
@@ -285,6 +294,9 @@ func Send(ctx context.Context, s *Sender) (Result, error) {
 		}
 		t := now()
 		m.mark(t, completed)
+		if s.Count != nil {
+			s.Count.Store(completed)
+		}
 		if s.Progress != nil && t.Sub(lastReport) > 100*time.Millisecond {
 			lastReport = t
 			s.Progress(completed, total)
@@ -374,8 +386,21 @@ func Receive(ctx context.Context, r *Receiver) (Result, error) {
 			}
 		}
 		m.mark(t, done)
+		if r.Count != nil {
+			r.Count.Store(done)
+		}
 	}
 	return res(), nil
+}
+
+// stopped reports whether c is closed (never, for a nil c).
+func stopped(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // maxMarks bounds the completion timeline a meter keeps (16 bytes each);

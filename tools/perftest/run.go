@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -133,7 +134,27 @@ type Config struct {
 	// before it gives up on the ones lost and reports what arrived
 	// (perftest waits 60 to 120 s); 0: 10 s.
 	RecvIdle time.Duration
-	// Timeout bounds the whole run (perftest itself waits forever).
+	// All is -a: every size from 2 bytes to 8 MiB (UD: to the MTU),
+	// doubling, -n iterations each, one report row per size. The passive
+	// side sizes its buffer for 8 MiB, so give -a to both sides.
+	All bool
+	// Duration is -D: each active side posts for this long (whole
+	// seconds) instead of -n iterations and reports what completed in
+	// the middle of the run: a quarter of it (rounded down to seconds) is
+	// left out at either end, as perftest's margins. A send receiver
+	// needs it too: it counts for as long from its first receive.
+	Duration time.Duration
+	// Infinite is --run_infinitely: post until Stop (or the peer goes
+	// away) and print a row every Duration (default 5 s) of what
+	// completed in it. It takes precedence over All, as in perftest.
+	Infinite bool
+	// Stop ends an Infinite run: the active side stops posting; for
+	// write, read and atomic it then finishes the exchange, so that the
+	// passive side prints the whole run's figures and ends as after a
+	// normal run; a passive side stops waiting.
+	Stop <-chan struct{}
+	// Timeout bounds the whole run (perftest itself waits forever); a
+	// Duration adds to it, and an Infinite run has none.
 	Timeout time.Duration
 	// Dial and Listen replace the net package's for the TCP exchange.
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -168,7 +189,29 @@ func (c *Config) defaults() error {
 	default:
 		return fmt.Errorf("perftest: connection type %v is not implemented (RC, UC or UD)", c.Conn)
 	}
-	c.sizeGiven = c.Size != 0
+	if c.Infinite {
+		c.All = false // perftest's --run_infinitely overrides -a
+		if c.Duration == 0 {
+			c.Duration = 5 * time.Second
+		}
+		if c.Duplex {
+			return fmt.Errorf("perftest: --run_infinitely with -b is not implemented")
+		}
+	}
+	if c.Duration < 0 || c.Duration%time.Second != 0 {
+		return fmt.Errorf("perftest: duration %v is not a positive number of seconds", c.Duration)
+	}
+	if c.All {
+		if c.Duration > 0 {
+			return fmt.Errorf("perftest: Duration mode currently doesn't support running on all sizes.")
+		}
+		if c.Test == Atomic {
+			return fmt.Errorf("perftest: Message size cannot be changed for Atomic tests (-a)")
+		}
+		// The buffer is laid out for the largest size.
+		c.Size = MaxSize
+	}
+	c.sizeGiven = c.Size != 0 && !c.All
 	if c.Test == Atomic {
 		if c.Size != 0 && c.Size != 8 {
 			return fmt.Errorf("perftest: atomic messages are 8 bytes, not %d", c.Size)
@@ -211,7 +254,7 @@ func (c *Config) defaults() error {
 	if c.RxDepth < 1 || c.RxDepth > verbs.MaxQPWR {
 		return fmt.Errorf("perftest: rx depth %d out of range 1..%d", c.RxDepth, verbs.MaxQPWR)
 	}
-	if c.Conn != verbs.QPTypeRC && c.RxDepth == 512 {
+	if c.Conn != verbs.QPTypeRC && c.RxDepth == 512 && !c.timed() {
 		// perftest's rule for UC and UD: a receiver left at the default
 		// depth posts a receive for every message (up to 16000), since a
 		// message that finds none is lost, not retried.
@@ -246,11 +289,23 @@ func (c *Config) defaults() error {
 	if c.Timeout == 0 {
 		c.Timeout = 60 * time.Second
 	}
+	if c.Infinite {
+		c.Timeout = 100 * 365 * 24 * time.Hour
+	} else {
+		c.Timeout += c.Duration
+	}
 	if c.RecvIdle <= 0 {
 		c.RecvIdle = 10 * time.Second
 	}
 	return nil
 }
+
+// MaxSize is the largest size -a runs (perftest's MAX_SIZE).
+const MaxSize = 1 << 23
+
+// timed reports whether the run posts for a time instead of -n
+// iterations.
+func (c *Config) timed() bool { return c.Duration > 0 }
 
 // maxQPs bounds -q.
 const maxQPs = 64
@@ -275,6 +330,11 @@ type Result struct {
 	// duplex test Report is softroce's own and PeerReport the peer's
 	// (perftest prints their sum).
 	Report, PeerReport Report
+	// Rows are the result rows this side printed: one per size with
+	// -a, one per interval of an endless run, else the one Report (or,
+	// with Duplex, the sum of both sides'). An endless run's last row is
+	// the whole run.
+	Rows []Report
 	// Checked says which data check ran and passed ("" when none could
 	// run, e.g. softroce writing into a write-only perftest buffer).
 	Checked string
@@ -308,12 +368,25 @@ func Run(ctx context.Context, dev *verbs.Device, cfg Config, out io.Writer) (*Re
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
+	if cfg.Infinite && cfg.Stop != nil && cfg.Server == "" {
+		// A passive side stops waiting (and receiving) when stopped.
+		stopCtx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() {
+			select {
+			case <-cfg.Stop:
+				stop()
+			case <-stopCtx.Done():
+			}
+		}()
+		ctx = stopCtx
+	}
 	if cfg.RDMACM {
 		ch, err := openCMChannel(ctx, dev, &cfg)
 		if err != nil {
 			return nil, err
 		}
-		s := &session{cfg: cfg, dev: dev, ch: ch, ctx: ctx, connector: cfg.Server != "", out: out}
+		s := &session{cfg: cfg, dev: dev, ch: ch, ctx: ctx, connector: cfg.Server != "", out: out, stop: cfg.Stop}
 		res, err := s.run(ctx)
 		ch.close(err == nil)
 		return res, err
@@ -329,7 +402,7 @@ func Run(ctx context.Context, dev *verbs.Device, cfg Config, out io.Writer) (*Re
 	// Unblock a pending read or write as soon as ctx ends (e.g. Ctrl-C).
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
 	defer stop()
-	s := &session{cfg: cfg, dev: dev, conn: conn, ctx: ctx, connector: cfg.Server != "", out: out}
+	s := &session{cfg: cfg, dev: dev, conn: conn, ctx: ctx, connector: cfg.Server != "", out: out, stop: cfg.Stop}
 	return s.run(ctx)
 }
 
@@ -399,7 +472,12 @@ type session struct {
 	inc, slots          int
 	grh                 int // UD: the GRH's room at the head of every receive
 	region, local, part int
+	size                int          // the current message size (-a changes it)
 	rwr                 verbs.RecvWR // reused by postRecvs
+
+	stop     <-chan struct{} // Config.Stop (never closed when nil)
+	peerGone chan struct{}   // closed when the peer closed the TCP exchange during an endless run
+	rows     bool            // the result rows were printed as the run went
 }
 
 // xchg is perftest's ctx_xchg_data: the connector writes its message and
@@ -588,6 +666,7 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 			return nil, err
 		}
 	}
+	s.printHeader()
 	if cfg.Test == Send {
 		return s.runSend(ctx)
 	}
@@ -596,14 +675,35 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 	}
 	var my Report
 	if s.connector {
-		my, err = s.transmit(ctx)
-		if err != nil {
-			return nil, err
+		if cfg.All {
+			// One size after the other with no exchange between them;
+			// the report sent at the end is the last size's.
+			for _, size := range s.sizes() {
+				s.layout(size)
+				if my, err = s.transmit(ctx); err != nil {
+					return nil, err
+				}
+				s.printRow(my)
+			}
+			s.rows = true
+		} else {
+			stop := s.watchPeer()
+			my, err = s.transmit(ctx)
+			if gone := stop(); gone {
+				return s.endless(true)
+			}
+			if err != nil {
+				return nil, err
+			}
 		}
 	}
 	// Finish barrier (step 11): the passive side blocks here for the whole
 	// run; the active side arrives once its last WR completed.
 	if err := s.barrier("finish barrier"); err != nil {
+		if cfg.Infinite && !s.connector && (s.stopped() || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)) {
+			// An endless run ends when its active side is interrupted.
+			return s.endless(!s.stopped())
+		}
 		return nil, err
 	}
 	// Reports (step 12): the passive side prints the active side's.
@@ -621,52 +721,172 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 	return s.finish()
 }
 
+// sizes are the message sizes of the run: -a's powers of two from 2 up
+// to the largest (8 MiB, or a UD MTU), else the one size.
+func (s *session) sizes() []int {
+	if !s.cfg.All {
+		return []int{s.cfg.Size}
+	}
+	var v []int
+	for n := 2; n <= s.cfg.Size; n *= 2 {
+		v = append(v, n)
+	}
+	return v
+}
+
+// stopped reports whether Config.Stop was closed.
+func (s *session) stopped() bool {
+	select {
+	case <-s.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// watchPeer watches the TCP exchange during an endless run: perftest
+// sends nothing then, so a read returns only when the peer closed the
+// connection (it was interrupted, which is how perftest's endless runs
+// end); peerGone is closed then. The returned function stops watching
+// and reports whether the peer went away. Outside endless runs, and over
+// rdma_cm, it does nothing.
+func (s *session) watchPeer() (stop func() (gone bool)) {
+	if !s.cfg.Infinite || s.conn == nil {
+		return func() bool { return false }
+	}
+	s.peerGone = make(chan struct{})
+	done := make(chan struct{})
+	var n int
+	var rerr error
+	go func() {
+		defer close(done)
+		var b [1]byte
+		n, rerr = s.conn.Read(b[:])
+		if n == 0 && !errors.Is(rerr, os.ErrDeadlineExceeded) {
+			close(s.peerGone)
+		}
+	}()
+	return func() bool {
+		s.conn.SetReadDeadline(time.Now())
+		<-done
+		s.conn.SetReadDeadline(time.Time{})
+		select {
+		case <-s.peerGone:
+			return true
+		default:
+		}
+		// Nothing should have come; if something did, the exchange is
+		// out of step, which the next step reports.
+		return n > 0
+	}
+}
+
+// endless ends an endless run without the closing exchange, because the
+// peer closed the connection (gone) or the run was stopped where perftest
+// has no exchange left: what it measured was printed as it went.
+func (s *session) endless(gone bool) (*Result, error) {
+	if gone {
+		fmt.Fprintln(s.out, " the peer closed the connection: end of the endless run")
+	} else {
+		fmt.Fprintln(s.out, " stopped: end of the endless run")
+	}
+	fmt.Fprintln(s.out, dashes)
+	s.res.Stats = s.stats()
+	return &s.res, nil
+}
+
 // runDuplex is the -b flow of ib_write_bw, ib_read_bw and ib_atomic_bw:
 // one more barrier, then both sides post their traffic; each side then
 // sends its report (no finish barrier: the report exchange waits for the
-// slower side) and prints the sum.
+// slower side) and prints the sum. With -a that is done for every size,
+// with one more barrier after each size's traffic.
 func (s *session) runDuplex(ctx context.Context) (*Result, error) {
-	if err := s.barrier("duplex barrier"); err != nil {
-		return nil, err
-	}
-	my, err := s.transmit(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var myF, remF [5][8]byte = my.fields(), [5][8]byte{}
-	for i := range myF {
-		if err := s.xchg("report exchange", myF[i][:], remF[i][:]); err != nil {
+	for _, size := range s.sizes() {
+		s.layout(size)
+		if err := s.barrier("duplex barrier"); err != nil {
 			return nil, err
 		}
+		my, err := s.transmit(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if s.cfg.All {
+			if err := s.barrier("barrier after a size"); err != nil {
+				return nil, err
+			}
+		}
+		var myF, remF [5][8]byte = my.fields(), [5][8]byte{}
+		for i := range myF {
+			if err := s.xchg("report exchange", myF[i][:], remF[i][:]); err != nil {
+				return nil, err
+			}
+		}
+		s.res.Report, s.res.PeerReport = my, reportFromFields(remF)
+		if s.cfg.All {
+			s.printRow(s.duplexSum())
+		}
 	}
-	s.res.Report, s.res.PeerReport = my, reportFromFields(remF)
+	s.rows = s.cfg.All
 	return s.finish()
+}
+
+// duplexSum is what perftest -b prints: both directions added up.
+func (s *session) duplexSum() Report {
+	r, p := s.res.Report, s.res.PeerReport
+	r.PeakBW, r.AvgBW, r.MsgRate = r.PeakBW+p.PeakBW, r.AvgBW+p.AvgBW, r.MsgRate+p.MsgRate
+	return r
 }
 
 // runSend is ib_send_bw's part after the barrier that follows RTR: the
 // receiver posts its receives, one more barrier, then the sender sends
 // and the receiver counts. There is no finish barrier and no report
-// exchange: each side prints what it measured itself.
+// exchange: each side prints what it measured itself. With -a that is
+// done for every size, with one more barrier after each.
 func (s *session) runSend(ctx context.Context) (*Result, error) {
-	if !s.connector {
-		for i := range s.qps {
-			if err := s.postRecvs(i, min(s.cfg.RxDepth, s.cfg.Iters)); err != nil {
+	for _, size := range s.sizes() {
+		s.layout(size)
+		if !s.connector {
+			for i, c := range s.qps {
+				c.recvPosted, c.recvDone = 0, 0
+				n := s.cfg.RxDepth
+				if !s.cfg.timed() {
+					n = min(n, s.cfg.Iters)
+				}
+				if err := s.postRecvs(i, n); err != nil {
+					return nil, err
+				}
+			}
+		}
+		if err := s.barrier("barrier after posting receives"); err != nil {
+			return nil, err
+		}
+		stop := s.watchPeer()
+		var err error
+		if s.connector {
+			s.res.Report, err = s.transmit(ctx)
+		} else {
+			s.res.Report, err = s.receive(ctx)
+		}
+		if gone := stop(); gone || (s.cfg.Infinite && err == nil) {
+			// An endless send run has no closing exchange: perftest's
+			// receiver never reads again.
+			if err == nil && !gone {
+				s.printRow(s.res.Report)
+				s.rows = true
+			}
+			return s.endless(gone)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if s.cfg.All {
+			s.printRow(s.res.Report)
+			if err := s.barrier("barrier after a size"); err != nil {
 				return nil, err
 			}
 		}
 	}
-	if err := s.barrier("barrier after posting receives"); err != nil {
-		return nil, err
-	}
-	var err error
-	if s.connector {
-		s.res.Report, err = s.transmit(ctx)
-	} else {
-		s.res.Report, err = s.receive(ctx)
-	}
-	if err != nil {
-		return nil, err
-	}
+	s.rows = s.cfg.All
 	return s.finish()
 }
 
@@ -733,21 +953,33 @@ func (s *session) printAddr(side string, k Keys) {
 		g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15])
 }
 
-// printReport prints the result table in perftest's layout (the header
-// and row that rxevm.ParseBW and scripts parse).
-func (s *session) printReport() {
+// printHeader prints the result table's header in perftest's layout
+// (the header and rows that rxevm.ParseBW and scripts parse), before the
+// run as perftest does.
+func (s *session) printHeader() {
 	unit := "MB/sec"
 	if s.cfg.Gbits {
 		unit = "Gb/sec"
 	}
-	r := s.res.Report
-	if s.cfg.Duplex {
-		// perftest -b prints the sum of both directions.
-		p := s.res.PeerReport
-		r.PeakBW, r.AvgBW, r.MsgRate = r.PeakBW+p.PeakBW, r.AvgBW+p.AvgBW, r.MsgRate+p.MsgRate
-	}
 	fmt.Fprintf(s.out, " #bytes     #iterations    BW peak[%s]    BW average[%s]   MsgRate[Mpps]\n", unit, unit)
+}
+
+// printRow prints one result row and keeps it in Result.Rows.
+func (s *session) printRow(r Report) {
+	s.res.Rows = append(s.res.Rows, r)
 	fmt.Fprintf(s.out, " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n", r.Size, r.Iters, r.PeakBW, r.AvgBW, r.MsgRate)
+}
+
+// printReport ends the result table: the row of the run unless the rows
+// were printed as it went, then the data check.
+func (s *session) printReport() {
+	if !s.rows {
+		r := s.res.Report
+		if s.cfg.Duplex {
+			r = s.duplexSum() // perftest -b prints the sum of both directions
+		}
+		s.printRow(r)
+	}
 	fmt.Fprintln(s.out, dashes)
 	if s.res.Checked != "" {
 		fmt.Fprintf(s.out, " data check: %s\n", s.res.Checked)

@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
+	"time"
 
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/internal/traffic"
@@ -66,17 +68,12 @@ func (s *session) setup() error {
 	cfg := &s.cfg
 	cl, cyc := s.res.CacheLine, s.res.CycleBuffer
 	// A UD receive starts with the GRH: each slot has room for it.
-	msg := cfg.Size
 	if cfg.Conn == verbs.QPTypeUD {
 		s.grh = verbs.GRHLen
-		msg += s.grh
 	}
-	s.inc = max(roundUp(msg, cl), cl)
-	s.slots = 1
-	if msg <= cyc/2 {
-		s.slots = cyc / s.inc
-	}
-	s.region = roundUp(max(msg, cyc), cl)
+	// The regions hold the largest message (-a: 8 MiB).
+	s.region = roundUp(max(cfg.Size+s.grh, cyc), cl)
+	s.layout(cfg.Size)
 	switch cfg.Test {
 	case Read:
 		s.local = 2 * s.region
@@ -141,6 +138,21 @@ func (s *session) setup() error {
 		s.qps = append(s.qps, c)
 	}
 	return nil
+}
+
+// layout sets the message size and where messages of that size land:
+// every inc bytes over slots slots, or always at the start of the region
+// when a message is more than half a cycle buffer (perftest does the same
+// for every size of -a).
+func (s *session) layout(size int) {
+	cl, cyc := s.res.CacheLine, s.res.CycleBuffer
+	msg := size + s.grh
+	s.size = size
+	s.inc = max(roundUp(msg, cl), cl)
+	s.slots = 1
+	if msg <= cyc/2 {
+		s.slots = cyc / s.inc
+	}
 }
 
 // stats sums the QPs' transport counters.
@@ -245,7 +257,9 @@ func (s *session) engineQPs() []traffic.QP {
 // transmit posts Iters WRs on every QP with at most TxDepth outstanding
 // per QP, one in CQMod signaled (and the last), as perftest's run_iter_bw
 // does, through the traffic engine, and returns the numbers perftest
-// reports (over all QPs).
+// reports (over all QPs). A timed run posts for Duration and reports its
+// middle (see Config.Duration); an endless one prints a row every
+// Duration until Stop or the peer's going and reports the whole run.
 func (s *session) transmit(ctx context.Context) (Report, error) {
 	cfg := &s.cfg
 	tmpl := verbs.SendWR{}
@@ -265,11 +279,18 @@ func (s *session) transmit(ctx context.Context) (Report, error) {
 	}
 	base := s.mr.Addr()
 	resSlots := s.local / 8
-	e := traffic.Sender{QPs: s.engineQPs(), CQ: s.cq, Size: cfg.Size, Iters: cfg.Iters * len(s.qps),
-		TxDepth: cfg.TxDepth, Signal: cfg.CQMod}
+	var count atomic.Int64
+	e := traffic.Sender{QPs: s.engineQPs(), CQ: s.cq, Size: s.size, Iters: cfg.Iters * len(s.qps),
+		TxDepth: cfg.TxDepth, Signal: cfg.CQMod, Count: &count}
+	if cfg.timed() {
+		e.Duration = cfg.Duration
+	}
+	if cfg.Infinite {
+		e.Duration, e.Stop = endless, s.stop
+	}
 	for _, c := range s.qps {
 		wr := tmpl
-		wr.SGL = []verbs.SGE{{Length: uint32(cfg.Size), LKey: s.mr.LKey()}}
+		wr.SGL = []verbs.SGE{{Length: uint32(s.size), LKey: s.mr.LKey()}}
 		wr.RKey = c.remote.RKey
 		if c.ah != nil {
 			wr.AH, wr.RemoteQPN, wr.RemoteQKey = c.ah.AV(), c.destQPN, c.destQKey
@@ -289,15 +310,134 @@ func (s *session) transmit(ctx context.Context) (Report, error) {
 			wr.SGL[0].Addr = base + uint64(c.off) + slot*uint64(s.inc)
 		}
 	}
+	smp := s.sampler(&count, nil)
 	res, err := traffic.Send(ctx, &e)
+	win := smp.finish()
 	if err != nil {
 		return Report{}, fmt.Errorf("perftest: %w", err)
 	}
 	rep := s.report(res)
+	switch {
+	case cfg.Infinite:
+		rep.PeakBW = 0 // perftest measures no peak in a timed run
+		return rep, nil
+	case cfg.timed():
+		return s.windowReport(win), nil
+	}
 	if err := s.checkActive(ctx); err != nil {
 		return rep, err
 	}
 	return rep, nil
+}
+
+// endless is the Duration of an endless run's engine.
+const endless = time.Duration(1 << 62)
+
+// window is what a timed run's sample saw: completions n0 at t0, n1 at
+// t1.
+type window struct {
+	t0, t1 time.Time
+	n0, n1 int64
+}
+
+// sampling watches a running engine's completion count: in a timed run
+// it takes perftest's sample (a margin of a quarter of the duration,
+// whole seconds, at either end); in an endless one it prints a row every
+// Duration.
+type sampling struct {
+	done    chan struct{}
+	quit    chan struct{}
+	count   *atomic.Int64
+	started bool // the sample began (the first margin passed)
+	closed  bool // and ended
+	win     window
+}
+
+// sampler starts watching count, from now; end, if set, is called when a
+// timed run's duration is over (a receiver has no clock of its own). It
+// returns nil when the run is neither timed nor endless.
+func (s *session) sampler(count *atomic.Int64, end func()) *sampling {
+	cfg := &s.cfg
+	if !cfg.timed() {
+		return nil
+	}
+	sm := &sampling{done: make(chan struct{}), quit: make(chan struct{}), count: count}
+	start := time.Now()
+	go func() {
+		defer close(sm.done)
+		if cfg.Infinite {
+			t := time.NewTicker(cfg.Duration)
+			defer t.Stop()
+			lastT, lastN := start, int64(0)
+			for {
+				select {
+				case <-sm.quit:
+					return
+				case now := <-t.C:
+					n := count.Load()
+					s.printRow(s.rate(n-lastN, now.Sub(lastT)))
+					lastT, lastN = now, n
+				}
+			}
+		}
+		margin := cfg.Duration / time.Second / 4 * time.Second
+		wait := func(d time.Duration) bool {
+			select {
+			case <-sm.quit:
+				return false
+			case <-time.After(time.Until(start.Add(d))):
+				return true
+			}
+		}
+		sm.win.t0, sm.win.t1 = start, start
+		if !wait(margin) {
+			return
+		}
+		sm.win.t0, sm.win.n0 = time.Now(), count.Load()
+		sm.started = true
+		if !wait(cfg.Duration - margin) {
+			return
+		}
+		sm.win.t1, sm.win.n1 = time.Now(), count.Load()
+		sm.closed = true
+		if end != nil && wait(cfg.Duration) {
+			end()
+		}
+	}()
+	return sm
+}
+
+// finish stops the sampling and returns the window it took (zero when
+// the run ended before the sample did).
+func (sm *sampling) finish() window {
+	if sm == nil {
+		return window{}
+	}
+	close(sm.quit)
+	<-sm.done
+	if sm.started && !sm.closed {
+		// With no end margin the run's end is the sample's, and the
+		// engine may get there first.
+		sm.win.t1, sm.win.n1 = time.Now(), sm.count.Load()
+	}
+	return sm.win
+}
+
+// rate is perftest's report of n messages of the current size in d, with
+// no peak (a timed run measures none).
+func (s *session) rate(n int64, d time.Duration) Report {
+	sec := max(d.Seconds(), 1e-9)
+	scale := 1.0 / traffic.MiB
+	if s.cfg.Gbits {
+		scale = 8 / 1e9
+	}
+	return Report{Size: uint64(s.size), Iters: uint64(max(n, 0)), AvgBW: float64(n) * float64(s.size) / sec * scale,
+		MsgRate: float64(n) / sec / 1e6}
+}
+
+// windowReport is a timed run's report: what completed in its sample.
+func (s *session) windowReport(w window) Report {
+	return s.rate(w.n1-w.n0, w.t1.Sub(w.t0))
 }
 
 // report turns the engine's figures into perftest's numbers.
@@ -307,7 +447,7 @@ func (s *session) report(r traffic.Result) Report {
 		scale = 8 / 1e9
 	}
 	s.res.Engine = &r
-	return Report{Size: uint64(s.cfg.Size), Iters: uint64(r.Messages), PeakBW: r.Peak * scale, AvgBW: r.Avg * scale,
+	return Report{Size: uint64(s.size), Iters: uint64(r.Messages), PeakBW: r.Peak * scale, AvgBW: r.Avg * scale,
 		MsgRate: r.MsgRate / 1e6}
 }
 
@@ -325,7 +465,7 @@ func (s *session) postRecvs(qi, n int) error {
 	for range n {
 		slot := uint64(c.recvPosted % s.slots)
 		wr.ID = traffic.WRID(qi, c.recvPosted)
-		wr.SGL[0] = verbs.SGE{Addr: s.mr.Addr() + uint64(c.tOff) + slot*uint64(s.inc), Length: uint32(s.grh + s.cfg.Size), LKey: s.mr.LKey()}
+		wr.SGL[0] = verbs.SGE{Addr: s.mr.Addr() + uint64(c.tOff) + slot*uint64(s.inc), Length: uint32(s.grh + s.size), LKey: s.mr.LKey()}
 		if err := c.qp.PostRecv(wr); err != nil {
 			return fmt.Errorf("perftest: post receive %d on QP %d: %w", c.recvPosted, qi, err)
 		}
@@ -335,34 +475,59 @@ func (s *session) postRecvs(qi, n int) error {
 }
 
 // receive is ib_send_bw's receiver: it waits for Iters receive
-// completions of exactly Size bytes (behind the GRH with UD) on every QP,
-// keeping receives posted, and measures the rate it received at (the
-// clock starts at the first completion). Over UC or UD, where a lost
+// completions of exactly the message size (behind the GRH with UD) on
+// every QP, keeping receives posted, and measures the rate it received at
+// (the clock starts at the first completion). Over UC or UD, where a lost
 // message is never resent, it stops after RecvIdle without one and
 // reports what arrived, as perftest's receiver gives up on a silent
-// sender.
+// sender. A timed receiver counts for Duration from its first receive
+// and reports the sample in its middle; an endless one prints a row every
+// Duration until Stop or the peer's going.
 func (s *session) receive(ctx context.Context) (Report, error) {
 	cfg := &s.cfg
 	total := cfg.Iters * len(s.qps)
+	if cfg.timed() {
+		total = 0 // until the time is up
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var count atomic.Int64
+	var smp *sampling
+	if cfg.Infinite {
+		smp = s.sampler(&count, nil)
+		go func() {
+			select {
+			case <-s.stop:
+			case <-s.peerGone:
+			case <-rctx.Done():
+			}
+			cancel()
+		}()
+	}
 	var recvErr error // OnRecv's own error, returned as it is
-	r := traffic.Receiver{QPs: s.engineQPs(), CQ: s.cq, Size: cfg.Size, Total: total, Window: 2 * len(s.qps),
+	r := traffic.Receiver{QPs: s.engineQPs(), CQ: s.cq, Size: s.size, Total: total, Window: 2 * len(s.qps), Count: &count,
 		OnRecv: func(qi, seq int, wc *verbs.WC) error {
-			if wc.ByteLen != uint32(s.grh+cfg.Size) {
+			if wc.ByteLen != uint32(s.grh+s.size) {
 				recvErr = fmt.Errorf("perftest: data check: receive %d on QP %d got %d bytes, want %d (use the same -s on both sides)",
-					seq, qi, int(wc.ByteLen)-s.grh, cfg.Size)
+					seq, qi, int(wc.ByteLen)-s.grh, s.size)
 				return recvErr
+			}
+			if smp == nil && cfg.timed() {
+				// perftest's receiver starts its clock with the traffic.
+				smp = s.sampler(&count, cancel)
 			}
 			c := s.qps[qi]
 			c.recvDone++
-			if c.recvPosted < cfg.Iters {
+			if c.recvPosted < cfg.Iters || cfg.timed() {
 				recvErr = s.postRecvs(qi, 1)
 			}
 			return recvErr
 		}}
-	if cfg.Conn != verbs.QPTypeRC {
+	if cfg.Conn != verbs.QPTypeRC && !cfg.timed() {
 		r.Idle = cfg.RecvIdle
 	}
-	res, err := traffic.Receive(ctx, &r)
+	res, err := traffic.Receive(rctx, &r)
+	win := smp.finish()
 	if recvErr != nil {
 		return Report{}, recvErr
 	}
@@ -372,6 +537,18 @@ func (s *session) receive(ctx context.Context) (Report, error) {
 	if res.Lost > 0 {
 		s.res.Lost = res.Lost
 		fmt.Fprintf(s.out, " No message for %v: %d of %d messages lost, reporting the %d received\n", cfg.RecvIdle, res.Lost, total, res.Messages)
+	}
+	switch {
+	case cfg.Infinite:
+		rep := s.report(res)
+		rep.PeakBW = 0
+		return rep, nil
+	case cfg.timed():
+		if ctx.Err() != nil {
+			return Report{}, fmt.Errorf("perftest: %w", ctx.Err())
+		}
+		s.report(res)
+		return s.windowReport(win), nil
 	}
 	// The rates are those of what arrived, in the time it took.
 	return s.report(res), nil
@@ -392,7 +569,7 @@ func (s *session) checkActive(ctx context.Context) error {
 	cfg := &s.cfg
 	switch cfg.Test {
 	case Read:
-		span := (s.slots-1)*s.inc + cfg.Size
+		span := (s.slots-1)*s.inc + s.size
 		for qi, c := range s.qps {
 			wr := verbs.SendWR{ID: traffic.WRID(qi, verifyFlag), Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
 				SGL:        []verbs.SGE{{Addr: s.mr.Addr() + uint64(c.off+s.region), Length: uint32(span), LKey: s.mr.LKey()}},
@@ -417,12 +594,12 @@ func (s *session) checkActive(ctx context.Context) error {
 		for qi, c := range s.qps {
 			for k := 0; k < min(s.slots, cfg.Iters); k++ {
 				at := c.off + k*s.inc
-				got := s.buf[at : at+cfg.Size]
-				want := s.buf[at+s.region : at+s.region+cfg.Size]
+				got := s.buf[at : at+s.size]
+				want := s.buf[at+s.region : at+s.region+s.size]
 				if !bytes.Equal(got, want) {
 					return fmt.Errorf("perftest: data check: QP %d READ slot %d differs from the verification READ", qi, k)
 				}
-				if allByte(got, canary) && cfg.Size >= 8 {
+				if allByte(got, canary) && s.size >= 8 {
 					return fmt.Errorf("perftest: data check: QP %d READ slot %d was never filled", qi, k)
 				}
 			}
@@ -461,13 +638,21 @@ func (s *session) checkActive(ctx context.Context) error {
 // The local areas are the active side's business (checkActive).
 func (s *session) checkTarget(peer Report) error {
 	cfg := &s.cfg
-	if peer.Size != uint64(cfg.Size) {
-		return fmt.Errorf("perftest: peer reported %d-byte messages, this side was set up for %d (use the same -s)", peer.Size, cfg.Size)
+	// After several sizes (-a) or a timed run, which slots were written
+	// last, and how often, is not known exactly: the check is then that
+	// nothing outside the target areas changed and that the last size's
+	// messages landed.
+	loose := cfg.All || cfg.timed()
+	if peer.Size != uint64(s.size) {
+		return fmt.Errorf("perftest: peer reported %d-byte messages, this side was set up for %d (use the same -s)", peer.Size, s.size)
 	}
-	if cfg.Test != Send && peer.Iters%uint64(len(s.qps)) != 0 {
+	if cfg.Test != Send && !cfg.timed() && peer.Iters%uint64(len(s.qps)) != 0 {
 		return fmt.Errorf("perftest: peer reported %d iterations, not a multiple of %d QPs (use the same -q)", peer.Iters, len(s.qps))
 	}
 	iters := int(peer.Iters) / len(s.qps) // per QP
+	if cfg.timed() {
+		iters = min(iters, 1) // the sample's count: only slot 0 is sure to be written
+	}
 	received, slotsSeen := 0, 0
 	guard := s.buf[len(s.qps)*s.part:]
 	if !allByte(guard, canary) {
@@ -494,16 +679,16 @@ func (s *session) checkTarget(peer Report) error {
 			for k := 0; k < min(s.slots, iters); k++ {
 				// A UD receive has the GRH, then the message.
 				at := k*s.inc + s.grh
-				msg := target[at : at+cfg.Size]
-				if cfg.Size >= 8 && allByte(msg, canary) {
+				msg := target[at : at+s.size]
+				if s.size >= 8 && allByte(msg, canary) {
 					return fmt.Errorf("perftest: data check: QP %d %v slot %d (offset %d) was never written", qi, cfg.Test, k, at)
 				}
-				for i := k * s.inc; i < at+cfg.Size; i++ {
+				for i := k * s.inc; i < at+s.size; i++ {
 					written[i] = true
 				}
 			}
 			for i, b := range target {
-				if !written[i] && b != canary {
+				if !written[i] && b != canary && !loose {
 					return fmt.Errorf("perftest: data check: QP %d: byte %d outside every %v slot changed to %#x", qi, i, cfg.Test, b)
 				}
 			}
@@ -511,7 +696,9 @@ func (s *session) checkTarget(peer Report) error {
 			for k := 0; k*s.inc < len(target); k++ {
 				v := binary.LittleEndian.Uint64(target[k*s.inc:])
 				want := uint64(0)
-				if cfg.Atomic == FetchAndAdd && k < s.slots {
+				if cfg.Atomic == FetchAndAdd && k < s.slots && cfg.timed() {
+					want = v // each slot took what the run gave it
+				} else if cfg.Atomic == FetchAndAdd && k < s.slots {
 					want = uint64(iters / s.slots)
 					if k < iters%s.slots {
 						want++
@@ -533,10 +720,16 @@ func (s *session) checkTarget(peer Report) error {
 	case Write, Send:
 		s.res.Checked = fmt.Sprintf("%d %v slots written, no byte outside them changed", slotsSeen, cfg.Test)
 		if cfg.Test == Send {
-			s.res.Checked = fmt.Sprintf("%d receives of %d bytes; ", received, cfg.Size) + s.res.Checked
+			s.res.Checked = fmt.Sprintf("%d receives of %d bytes; ", received, s.size) + s.res.Checked
 		}
 	case Atomic:
 		s.res.Checked = fmt.Sprintf("atomic slots sum to %d", sum)
+	}
+	switch {
+	case cfg.All:
+		s.res.Checked += " (the last size's slots)"
+	case cfg.timed():
+		s.res.Checked += " (a timed run)"
 	}
 	return nil
 }
