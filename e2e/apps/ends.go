@@ -32,6 +32,10 @@ type endProc interface {
 	Output() string
 	// Kill ends it if it still runs.
 	Kill()
+	// Signal sends sig to it (its process group).
+	Signal(sig syscall.Signal)
+	// Exited reports whether it has ended.
+	Exited() bool
 }
 
 // role is a server end and a client end; port gives a free TCP port for
@@ -64,7 +68,10 @@ func hostEnd(h *Host) end {
 	}
 }
 
-type guestProc struct{ *rxevm.GuestProc }
+type guestProc struct {
+	*rxevm.GuestProc
+	vm *rxevm.VM
+}
 
 func (p guestProc) Wait(d time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -88,13 +95,36 @@ func (p guestProc) Output() string {
 
 func (p guestProc) Kill() { p.GuestProc.Kill() }
 
+// Signal sends sig to the program's process group (its session, which the
+// guest's command server starts for it).
+func (p guestProc) Signal(sig syscall.Signal) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p.vm.Run(ctx, fmt.Sprintf("kill -%d -%d", int(sig), p.Pid()))
+}
+
+func (p guestProc) Exited() bool {
+	select {
+	case <-p.Done():
+		return true
+	default:
+		return false
+	}
+}
+
 // guestEnd runs programs in the rxe guest.
 func (r *RxePeer) guestEnd() end {
 	return end{
 		name: "rxe",
 		addr: r.GuestAddr(),
 		start: func(t *testing.T, env []string, argv ...string) endProc {
-			return guestProc{r.GuestStart(t, shellLine(env, argv))}
+			// exec: the program is the command's process, which a
+			// signal reaches, rather than a shell waiting for it.
+			cmd := "exec " + shellLine(env, argv)
+			if len(env) > 0 {
+				cmd = "exec env " + shellLine(env, argv)
+			}
+			return guestProc{r.GuestStart(t, cmd), r.VM}
 		},
 		waitListen: func(t *testing.T, p endProc, port int) {
 			t.Helper()
