@@ -211,8 +211,11 @@ func (c *CM) onEvent(ev *event) {
 	}
 	switch ev.typ {
 	case evDreqReceived:
-		// The peer disconnects: the QP stops, the DREP answers at once.
-		conn.qpError()
+		// The peer disconnects: the DREP answers at once, the QP is left
+		// as it is. The kernel's rdma_cm reports DISCONNECTED and changes
+		// no QP state: this side's work still outstanding completes, and
+		// its QP goes to ERR when it disconnects in turn (rdma_disconnect)
+		// or destroys the QP.
 		c.e.disconnect(c.clock.Now(), ev.c, nil)
 		conn.end(ErrDisconnected)
 	case evRejReceived:
@@ -294,8 +297,9 @@ func (k *Conn) PrivateData() []byte { return k.privateData }
 // RetryCount its transport retries, RNRRetryCount its RNR retries.
 func (k *Conn) Param() ConnParam { return k.param }
 
-// Done is closed when the connection ends: the peer disconnected, or
-// Disconnect was called.
+// Done is closed when the connection ends: the peer disconnected (its
+// DREQ leaves the QP as it is, for this side's Disconnect to move it to
+// ERR), or Disconnect was called.
 func (k *Conn) Done() <-chan struct{} { return k.done }
 
 // Err says why the connection ended (nil while it is up).
@@ -339,11 +343,12 @@ func (k *Conn) qpError() {
 // Disconnect moves the QP to ERR and sends a DREQ (rdma_disconnect). It
 // returns when the DREP arrives, with ErrDisconnectTimeout when none comes
 // after the CM retries, or ctx's error. Disconnecting a connection the peer
-// already ended returns nil.
+// already ended moves the QP to ERR (a DREQ leaves it up) and returns nil.
 func (k *Conn) Disconnect(ctx context.Context) error {
 	k.mu.Lock()
 	if k.ending {
 		k.mu.Unlock()
+		k.qpError()
 		return nil
 	}
 	k.ending = true

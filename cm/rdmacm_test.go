@@ -219,8 +219,97 @@ func TestDialAcceptSendDisconnect(t *testing.T) {
 	if !errors.Is(kb.Err(), ErrDisconnected) {
 		t.Errorf("passive end: %v", kb.Err())
 	}
+}
+
+// TestDREQLeavesPassiveQP: a DREQ ends the passive side's connection
+// (Done, ErrDisconnected) but leaves its QP as it is, as the kernel's
+// rdma_cm does (RDMA_CM_EVENT_DISCONNECTED changes no QP state; only
+// rdma_disconnect, librdmacm's included, moves the QP to ERR): its work
+// still outstanding completes normally, and the QP goes to ERR, flushing
+// what is left, when that side disconnects in turn.
+func TestDREQLeavesPassiveQP(t *testing.T) {
+	a, b := sides(t, nil)
+	l, err := b.cm.Listen(PortSpaceTCP, 7472)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	bqp := b.newQP(t)
+	accepted := make(chan *Conn, 1)
+	serveNext(ctx, l, func(req *ConnRequest) {
+		k, err := req.Accept(ctx, bqp, nil)
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- k
+	})
+	aqp := a.newQP(t)
+	ka, err := a.cm.Dial(ctx, b.cm.Local(), PortSpaceTCP, 7472, aqp, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb := <-accepted
+	if kb == nil {
+		t.FailNow()
+	}
+	recv := func(s *side, qp *verbs.QP, id uint64, off uint64) {
+		t.Helper()
+		if err := qp.PostRecv(&verbs.RecvWR{ID: id, SGL: []verbs.SGE{{Addr: s.mr.Addr() + off, Length: 64, LKey: s.mr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send := func(s *side, qp *verbs.QP, id uint64) {
+		t.Helper()
+		if err := qp.PostSend(&verbs.SendWR{ID: id, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+			SGL: []verbs.SGE{{Addr: s.mr.Addr() + 1024, Length: 8, LKey: s.mr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// b's receives: 10 for a SEND that comes after the DREQ, 11 left.
+	recv(b, bqp, 10, 0)
+	recv(b, bqp, 11, 64)
+	// A DREQ from a whose QP stays up (what a's QP does is a's affair):
+	// b's QP must keep serving it.
+	a.cm.e.disconnect(a.cm.clock.Now(), ka.c, nil)
+	a.cm.e.dispatch()
+	a.cm.kick()
+	select {
+	case <-kb.Done():
+	case <-ctx.Done():
+		t.Fatal("passive side never saw the DREQ")
+	}
+	if !errors.Is(kb.Err(), ErrDisconnected) {
+		t.Errorf("passive end: %v", kb.Err())
+	}
+	if st := bqp.State(); st != verbs.StateRTS {
+		t.Fatalf("passive QP %v after the DREQ, want RTS (left to the application)", st)
+	}
+	// Work posted and outstanding completes normally both ways.
+	recv(a, aqp, 20, 0)
+	send(b, bqp, 12)
+	send(a, aqp, 2)
+	want := map[uint64]bool{10: true, 12: true}
+	for len(want) > 0 {
+		wc := make([]verbs.WC, 1)
+		if _, err := b.cq.Wait(ctx, wc); err != nil {
+			t.Fatalf("passive side: %v, still waiting for %v", err, want)
+		}
+		if wc[0].Status != cq.Success || !want[wc[0].WRID] {
+			t.Fatalf("passive side completion %+v after the DREQ, want success for %v", wc[0], want)
+		}
+		delete(want, wc[0].WRID)
+	}
+	// Disconnecting in turn (rdma_disconnect after DISCONNECTED) moves
+	// the QP to ERR: the receive left is flushed.
+	if err := kb.Disconnect(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if st := bqp.State(); st != verbs.StateErr {
-		t.Errorf("passive QP %v after DREQ, want ERR", st)
+		t.Errorf("passive QP %v after its Disconnect, want ERR", st)
+	}
+	wc := make([]verbs.WC, 1)
+	if _, err := b.cq.Wait(ctx, wc); err != nil || wc[0].WRID != 11 || wc[0].Status != cq.WRFlushErr {
+		t.Errorf("after Disconnect: %v %+v, want receive 11 flushed", err, wc[0])
 	}
 }
 

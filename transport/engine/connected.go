@@ -248,6 +248,14 @@ func (qp *QP) WriteData(p *bth.Packet) RespFail {
 	// WRITE with immediate consumes a receive WQE; check before touching
 	// memory so an RNR NAK leaves nothing half done.
 	if last && info.Imm && !qp.takeRecvWQE() {
+		if info.Pos == bth.PosOnly {
+			// The packet opened the message above; its retry opens it
+			// again, so it must not find it open (rxe checks the
+			// sequence against the last executed opcode, which an RNR
+			// NAK leaves as it was). A LAST's retry continues the
+			// message, which stays open.
+			c.Active = false
+		}
 		return RespFail{Kind: FailRNR}
 	}
 	if plen > 0 {

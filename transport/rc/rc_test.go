@@ -165,6 +165,46 @@ func TestRNR(t *testing.T) {
 	}
 }
 
+// TestRNRWriteWithImm: an RDMA WRITE with immediate that finds no receive
+// posted draws an RNR NAK; its retry, once a receive is posted, is taken
+// as the same message again (rxe's sequence check looks at the last
+// executed opcode), not as a second message cutting into an open one, and
+// completes on both sides. One packet (WRITE_ONLY_WITH_IMMEDIATE, what
+// qperf's rc_rdma_write_lat sends) and several (the RNR NAK at the LAST).
+func TestRNRWriteWithImm(t *testing.T) {
+	for _, n := range []uint32{1, 3000} {
+		s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+		s.Keep = true
+		qps := s.Connect(enginetest.QPOpts{PMTU: 1024, Timeout: 14, Retry: 7, RNRRetry: 7, MinRNR: 1})
+		lmr, local := s.Reg(0, 4096)
+		rmr, remote := s.Reg(1, 4096)
+		enginetest.Fill(local, 5)
+		enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWriteWithImm, Flags: wr.Signaled, Imm: 0x1234,
+			SGL: []wr.SGE{{Addr: lmr.Addr(), Length: n, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+		s.Pump(nil, 5*time.Microsecond)
+		if qps[0].Stats().RNRNAKsRecv != 1 {
+			t.Fatalf("%d bytes: RNR NAKs received = %d, want 1\n%s", n, qps[0].Stats().RNRNAKsRecv, strings.Join(s.Trace, "\n"))
+		}
+		if err := qps[1].PostRecv(&wr.RecvWR{ID: 9}); err != nil {
+			t.Fatal(err)
+		}
+		wc := s.WaitWC(s.EP[0].SCQ, 1, time.Second)[0]
+		if wc.Status != cq.Success {
+			t.Fatalf("%d bytes: send completion %+v\n%s", n, wc, strings.Join(s.Trace, "\n"))
+		}
+		rw := s.WaitWC(s.EP[1].RCQ, 1, time.Second)[0]
+		if rw.Status != cq.Success || rw.WRID != 9 || rw.Opcode != cq.OpRecvRDMAWithImm || rw.ImmData != 0x1234 || rw.ByteLen != n {
+			t.Fatalf("%d bytes: receive completion %+v", n, rw)
+		}
+		if !bytes.Equal(remote[:n], local[:n]) {
+			t.Fatalf("%d bytes: data differs", n)
+		}
+		if st := qps[1].State(); st != qpstate.RTS {
+			t.Fatalf("%d bytes: responder QP %v, want RTS\n%s", n, st, strings.Join(s.Trace, "\n"))
+		}
+	}
+}
+
 // TestRNRRetryExceeded: rnr_retry 2 gives up after three RNR NAKs.
 func TestRNRRetryExceeded(t *testing.T) {
 	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
