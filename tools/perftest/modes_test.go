@@ -236,6 +236,28 @@ func (r *toolRig) engine(t *testing.T, cfg Config) (<-chan engineRun, *lockedBuf
 	return ch, out
 }
 
+// run runs the tool with args against the engine with cfg, softroce in
+// role (the server starts first), and fails the test unless the tool
+// exits cleanly.
+func (r *toolRig) run(t *testing.T, role string, cfg Config, args []string) (*toolProc, engineRun) {
+	t.Helper()
+	var tool *toolProc
+	var ch <-chan engineRun
+	if role == "softroce-client" {
+		tool = r.start(t, args...)
+		cfg.Server = "127.0.0.1"
+		ch, _ = r.engine(t, cfg)
+	} else {
+		ch, _ = r.engine(t, cfg)
+		tool = r.start(t, append(args, "127.0.0.1")...)
+	}
+	e := awaitEngine(t, ch, tool)
+	if err := tool.wait(t); err != nil {
+		t.Fatalf("%s: %v\n%s", filepath.Base(r.tool), err, tool.output())
+	}
+	return tool, e
+}
+
 func awaitEngine(t *testing.T, ch <-chan engineRun, tool *toolProc) engineRun {
 	t.Helper()
 	select {
@@ -285,21 +307,7 @@ func TestToolAllSizes(t *testing.T) {
 				port := freePort(t, "tcp")
 				args := []string{"-a", "-n", "5", "-p", strconv.Itoa(port)}
 				cfg := Config{Test: test, All: true, Iters: 5, Port: port}
-				var tool *toolProc
-				var e engineRun
-				if role == "softroce-client" {
-					tool = rig.start(t, args...)
-					cfg.Server = "127.0.0.1"
-					ch, _ := rig.engine(t, cfg)
-					e = awaitEngine(t, ch, tool)
-				} else {
-					ch, _ := rig.engine(t, cfg)
-					tool = rig.start(t, append(args, "127.0.0.1")...)
-					e = awaitEngine(t, ch, tool)
-				}
-				if err := tool.wait(t); err != nil {
-					t.Fatalf("%s: %v\n%s", test.Tool(), err, tool.output())
-				}
+				tool, e := rig.run(t, role, cfg, args)
 				trows := toolRows(tool.output())
 				last := []Report{{Size: MaxSize, Iters: 5}}
 				switch {
@@ -338,21 +346,7 @@ func TestToolDuration(t *testing.T) {
 				port := freePort(t, "tcp")
 				args := []string{"-D", "2", "-s", "4096", "-p", strconv.Itoa(port)}
 				cfg := Config{Test: test, Duration: 2 * time.Second, Size: 4096, Port: port}
-				var tool *toolProc
-				var e engineRun
-				if role == "softroce-client" {
-					tool = rig.start(t, args...)
-					cfg.Server = "127.0.0.1"
-					ch, _ := rig.engine(t, cfg)
-					e = awaitEngine(t, ch, tool)
-				} else {
-					ch, _ := rig.engine(t, cfg)
-					tool = rig.start(t, append(args, "127.0.0.1")...)
-					e = awaitEngine(t, ch, tool)
-				}
-				if err := tool.wait(t); err != nil {
-					t.Fatalf("%s: %v\n%s", test.Tool(), err, tool.output())
-				}
+				tool, e := rig.run(t, role, cfg, args)
 				trows := toolRows(tool.output())
 				if len(trows) != 1 || trows[0].Size != 4096 || trows[0].Iters == 0 {
 					t.Fatalf("%s rows %+v\n%s", test.Tool(), trows, tool.output())
