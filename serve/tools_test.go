@@ -17,40 +17,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/abi"
+	"github.com/softroce/softroce/internal/abitest"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
-)
-
-var (
-	libOnce sync.Once
-	libDir  string
-	libErr  error
 )
 
 // tool skips unless the C library can be built and the Debian tool is
 // installed, and returns the tool's path and the library's directory.
 func tool(t *testing.T, name string) (string, string) {
 	t.Helper()
-	if m := abi.Missing(); m != "" {
-		t.Skip("cannot build softroce's libibverbs.so.1: " + m)
-	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("%s is not installed (Debian: apt-get install ibverbs-utils)", name)
-	}
-	libOnce.Do(func() {
-		d, err := os.MkdirTemp("", "softroce-abi-test-")
-		if err != nil {
-			libErr = err
-			return
-		}
-		libDir, libErr = abi.Build(d)
-	})
-	if libErr != nil {
-		t.Fatal(libErr)
-	}
-	return p, libDir
+	return abitest.Tool(t, name, "ibverbs-utils")
 }
 
 func env(s *Server, lib string) []string {

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/abi"
+	"github.com/softroce/softroce/internal/abitest"
 	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/serve"
@@ -28,36 +28,12 @@ import (
 // libibverbs.so.1), facing tools/perftest's engine on a second device on
 // the same loopback address: -a, -D and --run_infinitely in both roles.
 
-var (
-	libOnce sync.Once
-	libDir  string
-	libErr  error
-)
-
 // realTool skips unless softroce's C library can be built and the
 // perftest tool is installed, and returns the tool's path and the
 // library's directory.
 func realTool(t *testing.T, name string) (string, string) {
 	t.Helper()
-	if m := abi.Missing(); m != "" {
-		t.Skip("cannot build softroce's libibverbs.so.1: " + m)
-	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("%s is not installed (Debian: apt-get install perftest)", name)
-	}
-	libOnce.Do(func() {
-		d, err := os.MkdirTemp("", "softroce-perftest-modes-")
-		if err != nil {
-			libErr = err
-			return
-		}
-		libDir, libErr = abi.Build(d)
-	})
-	if libErr != nil {
-		t.Fatal(libErr)
-	}
-	return p, libDir
+	return abitest.Tool(t, name, "perftest")
 }
 
 func freePort(t *testing.T, network string) int {
