@@ -113,7 +113,7 @@ func TestNumbersTwoGuests(t *testing.T) {
 				if col == 0 {
 					rxeBefore := [2]map[string]int64{guestRxeCounters(ctx, client), guestRxeCounters(ctx, server)}
 					netBefore := takeNetSnapshot(ctx, client, server)
-					res, _, _, err := retryOnce(t, &port, func(port int) (rxevm.BWResult, string, string, error) {
+					res, _, _, err := retryOnce(t, &port, sz.bytes, sz.iters, func(port int) (rxevm.BWResult, string, string, error) {
 						args := fmt.Sprintf("-s %d -n %d -p %d", sz.bytes, sz.iters, port)
 						return runAcross(ctx, server, client,
 							"timeout 150 ib_write_bw -d rxe0 -x 1 -F "+args,
@@ -139,7 +139,7 @@ func TestNumbersTwoGuests(t *testing.T) {
 				if profDir != "" {
 					before = [2]cpuStat{readCPU(ctx, client), readCPU(ctx, server)}
 				}
-				res, cout, sout, err := retryOnce(t, &port, func(port int) (rxevm.BWResult, string, string, error) {
+				res, cout, sout, err := retryOnce(t, &port, sz.bytes, sz.iters, func(port int) (rxevm.BWResult, string, string, error) {
 					args := fmt.Sprintf("-s %d -n %d -p %d", sz.bytes, sz.iters, port)
 					sargs := fmt.Sprintf("%s --bind %s --udp-port %d --peer-udp-port %d --timeout 140s", args, server.GuestAddr(), twoGuestPort, twoGuestPort)
 					cargs := fmt.Sprintf("%s --bind %s --udp-port %d --peer-udp-port %d --timeout 140s", args, client.GuestAddr(), twoGuestPort, twoGuestPort)
@@ -204,15 +204,27 @@ func TestNumbersTwoGuests(t *testing.T) {
 // retryOnce runs fn on the next TCP port and, if it fails, once more on
 // the one after: on a heavily loaded host a TCG guest can stall for longer
 // than seven ACK timeouts, which ends rxe's and softroce's runs alike in
-// a retry-exceeded completion. A second failure is returned.
-func retryOnce(t *testing.T, port *int, fn func(port int) (rxevm.BWResult, string, string, error)) (rxevm.BWResult, string, string, error) {
+// a retry-exceeded completion. A run whose row is implausible (see
+// plausibleRow) counts as failed too: perftest derives its figures from
+// a CPU clock rate it samples at start, and in a descheduled TCG guest
+// that sampling can fail, which zeroes every figure of the row. A second
+// failure is returned.
+func retryOnce(t *testing.T, port *int, bytes, iters int, fn func(port int) (rxevm.BWResult, string, string, error)) (rxevm.BWResult, string, string, error) {
 	t.Helper()
-	*port++
-	res, cout, sout, err := fn(*port)
+	run := func() (rxevm.BWResult, string, string, error) {
+		*port++
+		res, cout, sout, err := fn(*port)
+		if err == nil {
+			if perr := plausibleRow(res, bytes, iters); perr != nil {
+				err = fmt.Errorf("%w; client output:\n%s", perr, cout)
+			}
+		}
+		return res, cout, sout, err
+	}
+	res, cout, sout, err := run()
 	if err != nil {
 		t.Logf("retrying once after: %v", err)
-		*port++
-		res, cout, sout, err = fn(*port)
+		res, cout, sout, err = run()
 	}
 	return res, cout, sout, err
 }
@@ -260,9 +272,17 @@ func runAcross(ctx context.Context, sv, cv *rxevm.VM, server, client string, por
 
 func checkRow(t *testing.T, r rxevm.BWResult, bytes, iters int) {
 	t.Helper()
-	if r.Bytes != bytes || r.Iterations != iters || r.AvgBW <= 0 || r.Unit != "MB/sec" {
-		t.Fatalf("implausible result row %+v for %d bytes x %d", r, bytes, iters)
+	if err := plausibleRow(r, bytes, iters); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// plausibleRow says what is wrong with a result row, if anything.
+func plausibleRow(r rxevm.BWResult, bytes, iters int) error {
+	if r.Bytes != bytes || r.Iterations != iters || r.AvgBW <= 0 || r.Unit != "MB/sec" {
+		return fmt.Errorf("implausible result row %+v for %d bytes x %d", r, bytes, iters)
+	}
+	return nil
 }
 
 // variantCommand turns "alt GOGC=400 --socket-buffer=262144" into the
