@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/softroce/softroce/icrc"
 	"github.com/softroce/softroce/nic"
@@ -171,5 +173,82 @@ func TestRecvEachGROInPlace(t *testing.T) {
 	}
 	if st := b.OffloadStats(); st.RxSplit == 0 {
 		t.Fatalf("no coalesced datagram received: %+v", st)
+	}
+}
+
+// TestRecvEachUntil: an Interrupt while stop says no leaves the receiver
+// waiting (a later datagram is still delivered by the same call); once
+// stop says yes, an Interrupt makes it return nil without a packet, and a
+// deliver after which stop says yes ends it too, the queued rest left for
+// the next call. Close still ends it with net.ErrClosed.
+func TestRecvEachUntil(t *testing.T) {
+	a := open(t, "127.0.0.1", 9000)
+	b := open(t, "127.0.0.1", 9000)
+	in := packets(16, 4200)
+	var quit atomic.Bool
+	got := make(chan uint32, 16)
+	errc := make(chan error, 1)
+	send := func(seq uint32) {
+		t.Helper()
+		out := packets(1, 4200)
+		out[0].N = 200
+		fill(out[0].Buf, out[0].N, seq)
+		out[0].Remote = b.LocalAddrPort()
+		if k, err := a.Send(out); k != 1 || err != nil {
+			t.Fatalf("Send = %d, %v", k, err)
+		}
+	}
+	recv := func(stop func() bool) {
+		go func() {
+			errc <- b.RecvEachUntil(in, func(k int) {
+				for _, p := range in[:k] {
+					got <- binary.BigEndian.Uint32(p.Buf[8:])
+				}
+			}, stop)
+		}()
+	}
+	expect := func(seq uint32) {
+		t.Helper()
+		select {
+		case s := <-got:
+			if s != seq {
+				t.Fatalf("got datagram %d, want %d", s, seq)
+			}
+		case err := <-errc:
+			t.Fatalf("RecvEachUntil returned %v", err)
+		case <-linktest.Patience(t):
+			t.Fatalf("datagram %d not delivered", seq)
+		}
+	}
+	recv(quit.Load)
+	b.Interrupt() // stop says no: keeps waiting
+	send(1)
+	expect(1)
+	quit.Store(true)
+	b.Interrupt()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("interrupted RecvEachUntil: %v", err)
+		}
+	case <-linktest.Patience(t):
+		t.Fatal("Interrupt with stop true did not end RecvEachUntil")
+	}
+	// Two datagrams queued; stop turns true after the first deliver.
+	send(2)
+	send(3)
+	time.Sleep(10 * time.Millisecond)
+	var n atomic.Int32
+	in = packets(1, 4200) // one packet a batch: the second stays queued
+	recv(func() bool { return n.Add(1) > 1 })
+	expect(2)
+	if err := <-errc; err != nil {
+		t.Fatalf("RecvEachUntil after a deliver with stop true: %v", err)
+	}
+	recv(nil)
+	expect(3)
+	b.Close()
+	if err := <-errc; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("after Close: %v", err)
 	}
 }

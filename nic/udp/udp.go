@@ -55,6 +55,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -646,6 +647,15 @@ func (l *Link) acceptBatch(pkts []nic.Packet, n int) int {
 // Recv starts by clearing the readiness a packet that arrived meanwhile
 // set. Recv and TryRecv wait while it runs.
 func (l *Link) RecvEach(pkts []nic.Packet, deliver func(n int)) error {
+	return l.RecvEachUntil(pkts, deliver, nil)
+}
+
+// RecvEachUntil is RecvEach that also returns, with a nil error, once stop
+// reports true: stop is asked before the first wait, after each deliver,
+// and whenever Interrupt wakes the wait. A consumer waiting for its own
+// completion receives this way on its own goroutine, and whoever hands it
+// that completion from elsewhere calls Interrupt. stop may be nil (never).
+func (l *Link) RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool) error {
 	if len(pkts) == 0 {
 		return errors.New("udp: RecvEach with no buffers")
 	}
@@ -662,11 +672,19 @@ func (l *Link) RecvEach(pkts []nic.Packet, deliver func(n int)) error {
 		r.alias = false
 	}()
 	var fail error
+	stopped := false
+	give := func(k int) bool {
+		deliver(k)
+		stopped = stop != nil && stop()
+		return stopped
+	}
 	fn := func(fd uintptr) bool {
 		for {
 			if l.gro {
 				if k := l.drain(pkts); k > 0 {
-					deliver(k)
+					if give(k) {
+						return true
+					}
 					continue
 				}
 				r.setupBig()
@@ -687,26 +705,54 @@ func (l *Link) RecvEach(pkts []nic.Packet, deliver func(n int)) error {
 			full := r.n == r.want
 			if l.gro {
 				for r.cur < r.n {
-					if k := l.drain(pkts); k > 0 {
-						deliver(k)
+					if k := l.drain(pkts); k > 0 && give(k) {
+						return true // the rest stays for the next receive
 					}
 				}
-			} else if k := l.acceptBatch(pkts, r.n); k > 0 {
-				deliver(k)
+			} else if k := l.acceptBatch(pkts, r.n); k > 0 && give(k) {
+				return true
 			}
 			if !full {
 				return false // the queue was empty: wait for the next packet
 			}
 		}
 	}
-	err := r.rc.Read(fn)
-	if err == nil {
-		err = fail
+	for {
+		if stop != nil && stop() {
+			return nil
+		}
+		err := r.rc.Read(fn)
+		if err == nil && fail == nil && stopped {
+			return nil
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// Interrupt: clear its deadline before asking stop, so that
+			// an Interrupt after the question wakes the next wait.
+			l.setReadDeadline(time.Time{})
+			continue
+		}
+		if err == nil {
+			err = fail
+		}
+		if l.closed.Load() || errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrClosed) {
+			return net.ErrClosed
+		}
+		return fmt.Errorf("udp: recvmmsg on %v: %w", l.local, err)
 	}
-	if l.closed.Load() || errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrClosed) {
-		return net.ErrClosed
+}
+
+// Interrupt wakes a RecvEachUntil waiting for packets, which then asks
+// its stop function; one that is not waiting yet returns from its next
+// wait at once. The caller makes what stop reports true first.
+func (l *Link) Interrupt() { l.setReadDeadline(time.Unix(1, 0)) }
+
+// setReadDeadline sets the deadline of the socket the receiver reads.
+func (l *Link) setReadDeadline(t time.Time) {
+	if l.rawFile != nil {
+		l.rawFile.SetReadDeadline(t)
+		return
 	}
-	return fmt.Errorf("udp: recvmmsg on %v: %w", l.local, err)
+	l.conn.SetReadDeadline(t)
 }
 
 // accept fills p from received message i and reports whether it is
