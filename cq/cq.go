@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // MaxDepth is the largest depth New and Resize accept.
@@ -64,6 +65,22 @@ type CQ struct {
 	onErr  func(Event)         // SetErrorHook's function, guarded by mu
 	onPush func(WC, bool) bool // SetPushHook's function, guarded by mu
 	onPoll func() bool         // SetPollHook's function, guarded by mu
+	waiter InlineWaiter        // SetWaitHook's, guarded by mu
+	// inlineWaits counts Waits inside waiter.WaitInline: a Push then
+	// interrupts the waiter, which may be blocked receiving.
+	inlineWaits atomic.Int32
+}
+
+// InlineWaiter runs a device's receive path on a consumer blocked in Wait
+// (engine.Driver): a packet then wakes the goroutine that wants the
+// completion it brings, not a receive goroutine that would hand it over.
+type InlineWaiter interface {
+	// WaitInline waits until ready reports true, wake has a token or ctx
+	// ends, receiving on the caller's goroutine when it can. It returns
+	// false at once if it cannot wait that way; Wait then waits on wake.
+	WaitInline(ctx context.Context, ready func() bool, wake <-chan struct{}) bool
+	// Interrupt wakes a WaitInline that is blocked receiving.
+	Interrupt()
 }
 
 // New creates a CQ that holds depth completions (ibv_create_cq's cqe).
@@ -151,6 +168,9 @@ func (c *CQ) PushSolicited(wc WC, solicited bool) bool {
 			c.signal(c.notify)
 		}
 		c.signal(c.wake)
+		if c.inlineWaits.Load() > 0 {
+			c.interrupt()
+		}
 		return false
 	}
 	i := c.head + c.count
@@ -168,7 +188,35 @@ func (c *CQ) PushSolicited(wc WC, solicited bool) bool {
 		c.signal(c.notify)
 	}
 	c.signal(c.wake)
+	if c.inlineWaits.Load() > 0 {
+		c.interrupt()
+	}
 	return true
+}
+
+func (c *CQ) interrupt() {
+	c.mu.Lock()
+	w := c.waiter
+	c.mu.Unlock()
+	if w != nil {
+		w.Interrupt()
+	}
+}
+
+// SetWaitHook makes Wait, on an empty CQ, wait through w
+// (InlineWaiter.WaitInline). A nil w removes it.
+func (c *CQ) SetWaitHook(w InlineWaiter) {
+	c.mu.Lock()
+	c.waiter = w
+	c.mu.Unlock()
+}
+
+// ready reports whether a Wait would return now.
+func (c *CQ) ready() bool {
+	c.mu.Lock()
+	r := c.count > 0 || c.overrun
+	c.mu.Unlock()
+	return r
 }
 
 // signal does a non-blocking send on a capacity-1 channel; a pending token
@@ -244,6 +292,7 @@ func (c *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 		c.mu.Lock()
 		n := c.pollLocked(wcs)
 		over, left := c.overrun, c.count
+		w := c.waiter
 		c.mu.Unlock()
 		if left > 0 || over {
 			// Other waiters may be asleep with completions still queued (or
@@ -255,6 +304,17 @@ func (c *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 		}
 		if n > 0 {
 			return n, nil
+		}
+		if w != nil {
+			c.inlineWaits.Add(1)
+			ok := w.WaitInline(ctx, c.ready, c.wake)
+			c.inlineWaits.Add(-1)
+			if ok {
+				if err := ctx.Err(); err != nil && !c.ready() {
+					return 0, err
+				}
+				continue
+			}
 		}
 		select {
 		case <-c.wake:

@@ -128,6 +128,27 @@ type Link interface {
 	Close() error
 }
 
+// SendWrapper is a Link that wraps another and changes only what it
+// sends (e.g. a destination port rewrite): everything it receives is
+// what RecvSide returns. A driver receives from ReceiveSide of a link,
+// so that the wrapped link's receive loops (blocking, polling, inline)
+// stay available through the wrapper.
+type SendWrapper interface {
+	Link
+	RecvSide() Link
+}
+
+// ReceiveSide follows SendWrappers to the link that actually receives.
+func ReceiveSide(l Link) Link {
+	for {
+		w, ok := l.(SendWrapper)
+		if !ok {
+			return l
+		}
+		l = w.RecvSide()
+	}
+}
+
 // Stats are counters every Link keeps. Every delivered packet (RxPackets)
 // is in exactly one ICRC class: RxICRCVerified + RxICRCPartial +
 // RxICRCUnverified = RxPackets.

@@ -24,7 +24,7 @@ type portLink struct {
 func retarget(l nic.Link, port uint16) nic.Link {
 	p := &portLink{Link: l}
 	p.port.Store(uint32(port))
-	return withPoll(p)
+	return p
 }
 
 // Send implements nic.Link.
@@ -39,26 +39,10 @@ func (p *portLink) Send(pkts []nic.Packet) (int, error) {
 	return p.Link.Send(pkts)
 }
 
-// tryRecver is a link that can receive without waiting, which a
-// busy-polling device uses (verbs.Options.BusyPoll).
-type tryRecver interface {
-	TryRecv(pkts []nic.Packet) (int, error)
-}
-
-// pollingPortLink is a portLink over a tryRecver, passing TryRecv on.
-type pollingPortLink struct{ *portLink }
-
-func (p pollingPortLink) TryRecv(pkts []nic.Packet) (int, error) {
-	return p.Link.(tryRecver).TryRecv(pkts)
-}
-
-// withPoll keeps p's link's TryRecv visible through the wrapper.
-func withPoll(p *portLink) nic.Link {
-	if _, ok := p.Link.(tryRecver); ok {
-		return pollingPortLink{p}
-	}
-	return p
-}
+// RecvSide implements nic.SendWrapper: only sends are rewritten, so the
+// device receives from the wrapped link directly, with every receive
+// loop it offers (busy-poll, inline waits).
+func (p *portLink) RecvSide() nic.Link { return p.Link }
 
 // Local is the result of RunLocal: the report and both endpoints, still
 // open (the caller closes them), for tests that check memory.

@@ -233,7 +233,7 @@ func Run(ctx context.Context, cc ClientConfig, c Config, lat bool, row func(any)
 		return nil, fmt.Errorf("open the data link: %w", err)
 	}
 	pl := &portLink{Link: link}
-	dev, err := verbs.Open(withPoll(pl), &verbs.Options{BusyPoll: c.BusyPoll})
+	dev, err := verbs.Open(pl, &verbs.Options{BusyPoll: c.BusyPoll})
 	if err != nil {
 		link.Close()
 		return nil, fmt.Errorf("open device: %w", err)

@@ -627,6 +627,8 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 	})
 	if d.busyPoll {
 		c.SetPollHook(d.drv.PollInline)
+	} else {
+		c.SetWaitHook(d.drv)
 	}
 	d.cqs[c] = 0
 	return c, nil

@@ -209,15 +209,22 @@ func TestRecvEachUntil(t *testing.T) {
 	}
 	expect := func(seq uint32) {
 		t.Helper()
+		var s uint32
 		select {
-		case s := <-got:
-			if s != seq {
-				t.Fatalf("got datagram %d, want %d", s, seq)
-			}
+		case s = <-got:
 		case err := <-errc:
-			t.Fatalf("RecvEachUntil returned %v", err)
+			// It may have delivered before it returned.
+			select {
+			case s = <-got:
+				errc <- err
+			default:
+				t.Fatalf("RecvEachUntil returned %v", err)
+			}
 		case <-linktest.Patience(t):
 			t.Fatalf("datagram %d not delivered", seq)
+		}
+		if s != seq {
+			t.Fatalf("got datagram %d, want %d", s, seq)
 		}
 	}
 	recv(quit.Load)

@@ -18,6 +18,7 @@ import (
 type Driver struct {
 	e    *Engine
 	link nic.Link
+	rx   nic.Link // what receives: link, or what it wraps (nic.ReceiveSide)
 	cfg  DriverConfig
 	wake chan struct{}
 	done chan struct{}
@@ -52,6 +53,18 @@ type Driver struct {
 	pollSeq atomic.Uint64
 	inline  atomic.Uint64 // packets PollInline handled
 
+	// Blocking mode with a link that can interrupt its receive (inline
+	// waits, see WaitInline). seat holds the receive path's one token:
+	// whoever took it (the receive goroutine, or a consumer waiting in
+	// WaitInline) receives on the link, into rxBatch, and gives it back.
+	intr         interruptRecver
+	seat         chan struct{}
+	seatConsumer atomic.Bool   // a consumer holds the seat
+	inHandle     atomic.Bool   // that consumer is handling a batch, not waiting
+	want         atomic.Bool   // a consumer asked the receive goroutine to step aside
+	seatSeq      atomic.Uint64 // inline waits begun: the receive goroutine stays away while it moves
+	inlineOff    atomic.Bool   // the link failed or closed under a consumer: no more inline waits
+
 	fatal     atomic.Pointer[error] // the Recv error that stopped the receive loop
 	txDropped atomic.Uint64
 	lastTxErr atomic.Pointer[error]
@@ -70,10 +83,23 @@ type DriverConfig struct {
 	// core). It needs a link with TryRecv (nic/udp); others ignore it.
 	BusyPoll time.Duration
 
+	// NoInlineWait keeps consumers blocked in WaitInline off the receive
+	// path: the receive goroutine alone receives, and hands completions
+	// over. For comparisons; inline waits are on by default in blocking
+	// mode on a link that supports them.
+	NoInlineWait bool
+
 	// TimerGrace, if set, replaces timerGrace: how long the timer
 	// goroutine lets the receive side take what arrived before it acts on
 	// a due deadline.
 	TimerGrace time.Duration
+}
+
+// interruptRecver is a link whose receive loop a consumer can run and
+// another goroutine can wake (nic/udp).
+type interruptRecver interface {
+	RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool) error
+	Interrupt()
 }
 
 // tryRecver is a link that can receive without waiting.
@@ -109,9 +135,14 @@ func NewDriverWith(e *Engine, link nic.Link, cfg DriverConfig) *Driver {
 // newDriver wires d to e without starting its goroutines (tests drive
 // recvLoop and flush themselves).
 func newDriver(e *Engine, link nic.Link, cfg DriverConfig) *Driver {
-	d := &Driver{e: e, link: link, cfg: cfg, wake: make(chan struct{}, 1), done: make(chan struct{}), epoch: time.Now()}
-	if p, ok := link.(tryRecver); ok && cfg.BusyPoll > 0 {
+	d := &Driver{e: e, link: link, rx: nic.ReceiveSide(link), cfg: cfg, wake: make(chan struct{}, 1), done: make(chan struct{}), epoch: time.Now()}
+	if p, ok := d.rx.(tryRecver); ok && cfg.BusyPoll > 0 {
 		d.poll = p
+	}
+	if ir, ok := d.rx.(interruptRecver); ok && d.poll == nil && !cfg.NoInlineWait {
+		d.intr = ir
+		d.seat = make(chan struct{}, 1)
+		d.seat <- struct{}{}
 	}
 	d.rxBatch = make([]nic.Packet, link.BatchSize())
 	for i := range d.rxBatch {
@@ -250,7 +281,11 @@ func (d *Driver) recvLoop() {
 		d.busyLoop()
 		return
 	}
-	if each, ok := d.link.(eachRecver); ok {
+	if d.intr != nil {
+		d.seatLoop()
+		return
+	}
+	if each, ok := d.rx.(eachRecver); ok {
 		err := each.RecvEach(batch, func(n int) { d.handle(batch[:n]) })
 		if err != nil && !errors.Is(err, net.ErrClosed) {
 			d.linkFailed(err)
@@ -258,7 +293,7 @@ func (d *Driver) recvLoop() {
 		return
 	}
 	for {
-		n, err := d.link.Recv(batch)
+		n, err := d.rx.Recv(batch)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				d.linkFailed(err)
@@ -294,7 +329,7 @@ func (d *Driver) busyLoop() {
 			// back to what this goroutine delivers.
 			d.own.Lock()
 			var n int
-			n, err = d.link.Recv(d.rxBatch)
+			n, err = d.rx.Recv(d.rxBatch)
 			if err == nil {
 				d.handle(d.rxBatch[:n])
 			}

@@ -1,0 +1,150 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+)
+
+// Inline waits: in blocking mode a consumer waiting for a completion
+// receives on the link itself, so that a packet wakes exactly the
+// goroutine that wants what it brings. Handing the completion from the
+// receive goroutine to a sleeping consumer costs a second wake-up per
+// hop, and on an idle host (where latency is measured) waking a second
+// thread is most of a round trip.
+//
+// The receive path has one seat (a token in d.seat). The receive
+// goroutine holds it while nobody waits. A consumer that finds the CQ
+// empty asks it to step aside (want + Interrupt), takes the seat, and
+// receives and handles packets for every QP until its own CQ has an
+// entry; a completion pushed from elsewhere (the timer goroutine, a
+// poster) interrupts its wait through the CQ. Consumers waiting at the
+// same time wait for the seat or their CQ, whichever comes first. The
+// receive goroutine takes the seat back only after a whole step
+// (inlineStep) in which no consumer began an inline wait, so a
+// ping-pong's consumer keeps it from one round trip to the next; a packet
+// that arrives while no one waits is handled at the latest about two
+// steps later.
+
+// inlineStep is how long the receive goroutine stays out of the way after
+// consumers took the seat: short against RC timers (an IBTA timeout of 8
+// is about 1 ms), long against a round trip.
+const inlineStep = 500 * time.Microsecond
+
+// seatLoop is the receive goroutine in blocking mode with inline waits.
+func (d *Driver) seatLoop() {
+	batch := d.rxBatch
+	deliver := func(n int) { d.handle(batch[:n]) }
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	defer t.Stop()
+	for {
+		select {
+		case <-d.done:
+			return
+		case <-d.seat:
+		}
+		d.want.Store(false)
+		err := d.intr.RecvEachUntil(batch, deliver, d.want.Load)
+		d.seat <- struct{}{}
+		if err != nil {
+			d.inlineOff.Store(true)
+			if !errors.Is(err, net.ErrClosed) {
+				d.linkFailed(err)
+			}
+			return
+		}
+		if !d.stepAside(t) {
+			return
+		}
+	}
+}
+
+// stepAside waits until a whole inlineStep passes in which no consumer
+// began an inline wait and none holds the seat. It returns false once
+// the driver is closed.
+func (d *Driver) stepAside(t *time.Timer) bool {
+	seen := d.seatSeq.Load()
+	for {
+		t.Reset(inlineStep)
+		select {
+		case <-d.done:
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+		s := d.seatSeq.Load()
+		if s == seen && !d.seatConsumer.Load() {
+			return true
+		}
+		seen = s
+	}
+}
+
+// WaitInline is what a consumer blocked on an empty CQ of this device
+// runs (cq.CQ.SetWaitHook): it waits for the receive path's seat, its CQ's
+// wake-up or the end of ctx, whichever comes first, and with the seat it
+// receives and handles packets on its own goroutine, as the receive
+// goroutine would, until ready reports true or ctx ends. It returns false
+// without waiting when inline waits are off (busy-poll mode, a link
+// without RecvEachUntil, NoInlineWait, or a link that failed): the caller
+// then waits on wake alone. The caller must hold no lock that a
+// completion's delivery takes.
+func (d *Driver) WaitInline(ctx context.Context, ready func() bool, wake <-chan struct{}) bool {
+	if d.intr == nil || d.inlineOff.Load() {
+		return false
+	}
+	select {
+	case <-d.seat:
+	default:
+		if !d.seatConsumer.Load() {
+			// The receive goroutine has it: ask it to step aside.
+			d.want.Store(true)
+			d.intr.Interrupt()
+		}
+		select {
+		case <-d.seat:
+		case <-wake:
+			return true
+		case <-ctx.Done():
+			return true
+		case <-d.done:
+			return false
+		}
+	}
+	d.seatSeq.Add(1)
+	d.seatConsumer.Store(true)
+	var stopCtx func() bool
+	if ctx.Done() != nil {
+		stopCtx = context.AfterFunc(ctx, d.intr.Interrupt)
+	}
+	batch := d.rxBatch
+	err := d.intr.RecvEachUntil(batch, func(n int) {
+		d.inHandle.Store(true)
+		d.handle(batch[:n])
+		d.inline.Add(uint64(n))
+		d.inHandle.Store(false)
+	}, func() bool { return ready() || ctx.Err() != nil })
+	if stopCtx != nil {
+		stopCtx()
+	}
+	d.seatConsumer.Store(false)
+	d.seat <- struct{}{}
+	if err != nil {
+		// The receive goroutine meets the same error (or the close)
+		// and reports it.
+		d.inlineOff.Store(true)
+		return false
+	}
+	return true
+}
+
+// Interrupt wakes a consumer blocked receiving in WaitInline: a completion
+// for it was pushed from another goroutine. A consumer handling a batch
+// looks at its CQ afterwards anyway.
+func (d *Driver) Interrupt() {
+	if d.intr != nil && d.seatConsumer.Load() && !d.inHandle.Load() {
+		d.intr.Interrupt()
+	}
+}
