@@ -154,6 +154,15 @@ type Options struct {
 	// goroutine calling Poll must then hold no lock that a completion's
 	// delivery (a CQ push hook) takes.
 	BusyPoll time.Duration
+	// NoInlineWait keeps a consumer blocked in CQ.Wait off the receive
+	// path: the device's receive goroutine receives every packet and
+	// hands completions over (a second wake-up per hop). By default, in
+	// blocking mode on a link that supports it (nic/udp), a consumer
+	// waiting on an empty CQ receives and handles packets on its own
+	// goroutine until its completion comes (engine.Driver.WaitInline); it
+	// must then hold no lock that a completion's delivery takes. For
+	// comparisons.
+	NoInlineWait bool
 }
 
 // Error classes of the verbs; test with errors.Is.
@@ -328,7 +337,7 @@ func Open(link nic.Link, opts *Options) (*Device, error) {
 	d.eng.OnLastWQE = func(qpn uint32) {
 		d.raise(AsyncEvent{Type: EventQPLastWQEReached, QPNum: qpn})
 	}
-	d.drv = engine.NewDriverWith(d.eng, link, engine.DriverConfig{BusyPoll: opts.BusyPoll, OnLinkError: func(err error) {
+	d.drv = engine.NewDriverWith(d.eng, link, engine.DriverConfig{BusyPoll: opts.BusyPoll, NoInlineWait: opts.NoInlineWait, OnLinkError: func(err error) {
 		if d.closed.Load() {
 			return // an error from a link being closed is no news
 		}

@@ -148,3 +148,6 @@ func (d *Driver) Interrupt() {
 		d.intr.Interrupt()
 	}
 }
+
+// SeatTaken reports whether a consumer is receiving in WaitInline now.
+func (d *Driver) SeatTaken() bool { return d.seatConsumer.Load() }
