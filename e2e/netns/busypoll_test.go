@@ -54,7 +54,9 @@ func newPingPong(t testing.TB, busyPoll time.Duration) *pingPong {
 	}
 	gidA, _ := p.devA.QueryGID(0)
 	gidB, _ := p.devB.QueryGID(0)
-	o := &verbs.ConnectOptions{PathMTU: 4096, SQPSN: 1, Timeout: 12, RNRRetry: 7}
+	// Seven retries: a host stalled past one ACK timeout (16 ms) only
+	// retransmits.
+	o := &verbs.ConnectOptions{PathMTU: 4096, SQPSN: 1, Timeout: 12, RetryCnt: 7, RNRRetry: 7}
 	if err := p.qa.Connect(verbs.RemoteInfo{QPN: p.qb.Num(), PSN: 1, GID: gidB}, o); err != nil {
 		t.Fatal(err)
 	}

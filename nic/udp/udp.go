@@ -573,6 +573,11 @@ func (l *Link) TryRecv(pkts []nic.Packet) (int, error) {
 	return n, err
 }
 
+// Drain is TryRecv for a receiver that is not polling: it returns what
+// is waiting without waiting, and Polled does not count it. A driver
+// reads what arrived before it acts on a timeout this way.
+func (l *Link) Drain(pkts []nic.Packet) (int, error) { return l.recv(pkts, true) }
+
 // Polled is the number of packets TryRecv returned.
 func (l *Link) Polled() uint64 { return l.rxPolled.Load() }
 

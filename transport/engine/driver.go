@@ -479,6 +479,10 @@ func (d *Driver) timerLoop() {
 				return
 			case <-t.C:
 			}
+			// With inline waits the receive path may have no one on
+			// it just now (the receive goroutine stepping aside):
+			// read what is waiting before a deadline is acted on.
+			d.drainIdle()
 		}
 	}
 }

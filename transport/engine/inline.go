@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net"
 	"time"
+
+	"github.com/softroce/softroce/nic"
 )
 
 // Inline waits: in blocking mode a consumer waiting for a completion
@@ -151,3 +153,34 @@ func (d *Driver) Interrupt() {
 
 // SeatTaken reports whether a consumer is receiving in WaitInline now.
 func (d *Driver) SeatTaken() bool { return d.seatConsumer.Load() }
+
+// drainIdle handles, on the timer goroutine, the packets waiting in the
+// link when no one holds the receive path (inline waits only): an ACK
+// that arrived in time must not be taken for a timeout because the
+// receive goroutine was stepping aside.
+func (d *Driver) drainIdle() {
+	if d.intr == nil {
+		return
+	}
+	dr, ok := d.rx.(interface {
+		Drain(pkts []nic.Packet) (int, error)
+	})
+	if !ok {
+		return
+	}
+	select {
+	case <-d.seat:
+	default:
+		return // someone is receiving
+	}
+	for {
+		n, err := dr.Drain(d.rxBatch)
+		if n > 0 {
+			d.handle(d.rxBatch[:n])
+		}
+		if n == 0 || err != nil {
+			break
+		}
+	}
+	d.seat <- struct{}{}
+}
