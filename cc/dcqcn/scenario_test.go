@@ -1,12 +1,16 @@
 package dcqcn_test
 
 import (
+	"bytes"
 	"container/heap"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/softroce/softroce/cc/dcqcn"
+	"github.com/softroce/softroce/cc/rateplot"
 	"github.com/softroce/softroce/nic/congest"
 )
 
@@ -185,6 +189,30 @@ func (r *result) jain(from, to time.Duration) (index, total float64) {
 	return sum * sum / (float64(len(r.rx)) * sq), sum
 }
 
+// keep writes the run's rate plot to $DCQCN_PLOT/name.html when that
+// variable names a directory, to look at what the numbers summarise.
+func (r *result) keep(t *testing.T, s *scenario, name string) {
+	dir := os.Getenv("DCQCN_PLOT")
+	if dir == "" {
+		return
+	}
+	p := &rateplot.Plot{Title: fmt.Sprintf("DCQCN, %d flows into %.0f Gb/s (%s)", s.flows, s.bottle.Rate/1e9, name),
+		Step: r.bin, Kmin: float64(s.bottle.Kmin), Kmax: float64(s.bottle.Kmax)}
+	for f := range r.rx {
+		p.Flows = append(p.Flows, rateplot.Series{Name: fmt.Sprint("flow ", f), Values: r.rx[f]})
+	}
+	for _, q := range r.queue {
+		p.Queue = append(p.Queue, float64(q))
+	}
+	var b bytes.Buffer
+	if err := rateplot.Write(&b, p, "html"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".html"), b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // maxQueueAfter is the longest queue any packet found from `from` on.
 func (r *result) maxQueueAfter(from time.Duration) int {
 	m := 0
@@ -315,6 +343,7 @@ func TestScenarioLateFlow(t *testing.T) {
 				s := base(n, true, m)
 				s.start = make([]time.Duration, n)
 				s.start[n-1] = lateStart
+				s.duration = lateStart + lateReach + 5*time.Millisecond
 				r := s.run(t)
 				share := s.bottle.Rate / float64(n)
 				reach := time.Duration(-1)
@@ -325,6 +354,7 @@ func TestScenarioLateFlow(t *testing.T) {
 					}
 				}
 				t.Logf("late flow at 80%% of its %.2f Gb/s share %v after its start; drops %d", share/1e9, reach, r.counters.Dropped)
+				r.keep(t, s, fmt.Sprintf("late-%s-%d", m.name, n))
 				if reach < 0 || reach > lateReach {
 					t.Errorf("late flow reached 80%% of its share after %v, want within %v", reach, lateReach)
 				}
