@@ -115,3 +115,31 @@ func TestCNPNoAlloc(t *testing.T) {
 		t.Errorf("%v allocations per CNP build+parse", n)
 	}
 }
+
+// FuzzParseCNP: ParseCNP never panics, fails only with a *ParseError or
+// ErrNotCNP, and a CNP it accepts rebuilds to a CNP with the same QP and
+// partition.
+func FuzzParseCNP(f *testing.F) {
+	seed := make([]byte, CNPLen)
+	if _, err := BuildCNP(seed, CNPFields{DestQP: 0x118, PKey: 0xffff}); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(seed)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := ParseCNP(b)
+		if err != nil {
+			var pe *ParseError
+			if !errors.As(err, &pe) && !errors.Is(err, ErrNotCNP) {
+				t.Fatalf("untyped error %T: %v", err, err)
+			}
+			return
+		}
+		out := make([]byte, CNPLen)
+		if _, err := BuildCNP(out, c); err != nil {
+			t.Fatal(err)
+		}
+		if back, err := ParseCNP(out); err != nil || back != c {
+			t.Fatalf("round trip: %+v, %v; want %+v", back, err, c)
+		}
+	})
+}
