@@ -4,8 +4,9 @@
 // and drops when full. It wraps any nic.Link in process, on injected time.
 //
 // Kernel veth and tap devices mark nothing and the local kernel has no
-// netem (docs/platform.md), so this is how a congestion-control test sees
-// CE marks: the receiver answers them with CNPs, the sender slows down.
+// netem (docs/platform.md, No netem), so this is how a congestion-control
+// test sees CE marks: the receiver answers them with CNPs, the sender
+// slows down (docs/congestion.md).
 //
 // Queue is the bottleneck's logic alone (no packets stored): a fluid
 // queue that says, for each packet offered at a time, whether it is
