@@ -11,7 +11,7 @@ import (
 
 // A 1 Gb/s bottleneck around one end of a pipe, on a clock the example
 // moves by hand: ten ECN-capable 1000-byte packets sent at once queue up,
-// the later ones are marked CE (from the 6th surely, 3rd and 4th by
+// the later ones are marked CE (from the 6th on surely, the 4th and 5th by
 // chance), and each reaches the pipe only once it
 // has left the bottleneck (8 us per packet at 1 Gb/s).
 func Example() {
