@@ -11,9 +11,9 @@ import (
 
 // A 1 Gb/s bottleneck around one end of a pipe, on a clock the example
 // moves by hand: ten ECN-capable 1000-byte packets sent at once queue up,
-// the later ones are marked CE (from the 6th on surely, the 4th and 5th by
-// chance), and each reaches the pipe only once it
-// has left the bottleneck (8 us per packet at 1 Gb/s).
+// the later ones are marked CE (from the 6th on surely, the 4th and 5th
+// by chance), and each reaches the pipe only once it has left the
+// bottleneck (8 us per packet at 1 Gb/s).
 func Example() {
 	cfg, err := congest.Parse("rate=1G,queue=64KB,kmin=2KB,kmax=5KB,pmax=100%,seed=7")
 	if err != nil {
