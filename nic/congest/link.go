@@ -89,6 +89,11 @@ func (w *Link) Stats() nic.Stats { return w.inner.Stats() }
 // Inner returns the wrapped link.
 func (w *Link) Inner() nic.Link { return w.inner }
 
+// RecvSide returns the wrapped link, which does all the receiving: the
+// bottleneck changes only what is sent, so a driver may use the wrapped
+// link's own receive loops.
+func (w *Link) RecvSide() nic.Link { return w.inner }
+
 // Close drops the packets still queued and closes the wrapped link.
 func (w *Link) Close() error {
 	err := net.ErrClosed
