@@ -87,8 +87,8 @@ type Packet struct {
 	// address vector's (the GRH hop limit and traffic class, which RoCEv2
 	// carries in the IP header, as rxe does): a link that writes or can
 	// set them sends them, HopLimit 0 meaning its default TTL (64); the
-	// in-process pipe ignores them. IPKnown, IPID and FlowLabel are
-	// ignored on Send.
+	// in-process pipe carries TClass to the peer's Recv and ignores
+	// HopLimit. IPKnown, IPID and FlowLabel are ignored on Send.
 	IPKnown   bool
 	HopLimit  uint8
 	TClass    uint8

@@ -10,6 +10,10 @@
 // impairment (nic/impair) exercise the same ICRC drop path a real link
 // does.
 //
+// A packet's TClass (DSCP and ECN) arrives as it was sent, as the IP
+// header's TOS byte would, so an ECN-marking relay (nic/congest) around a
+// pipe delivers its CE marks. The ICRC does not cover it.
+//
 // Nothing is allocated per packet: both directions use rings of buffers
 // allocated once by New.
 package pipe
@@ -292,6 +296,7 @@ type slot struct {
 	src, dst netip.Addr
 	sport    uint16
 	dport    uint16
+	tclass   uint8
 }
 
 // queue is a bounded ring of pre-sized buffers guarded by a mutex. A
@@ -347,6 +352,7 @@ func (q *queue) put(pkts []nic.Packet, src, dst netip.Addr, maxPkt int, block bo
 		s.n = copy(s.buf, p.Buf[:p.N])
 		s.src, s.dst = src, dst
 		s.sport, s.dport = ports(p)
+		s.tclass = p.TClass
 		q.count++
 		ok++
 		bytes += s.n
@@ -384,6 +390,7 @@ func (q *queue) get(pkts []nic.Packet) (int, error) {
 		p.Local = s.dst
 		p.SrcPort = s.dport // see dportOf
 		p.ICRC = 0
+		p.TClass = s.tclass
 		q.head = (q.head + 1) % len(q.slots)
 		q.count--
 		n++

@@ -356,3 +356,50 @@ func TestBadConfigPanics(t *testing.T) {
 	}()
 	New(Config{AddrA: netip.MustParseAddr("10.0.0.1"), AddrB: netip.MustParseAddr("fd00::2")})
 }
+
+// TestTClass: the traffic class (DSCP and ECN bits) a packet is sent with
+// is the one it is received with, so CE marks made on the way arrive; a
+// received packet never keeps the TClass its buffer had before.
+func TestTClass(t *testing.T) {
+	tests := []struct {
+		name string
+		tc   uint8
+	}{
+		{"not ECT", 0x00},
+		{"ECT(0)", 0x02},
+		{"ECT(1)", 0x01},
+		{"CE", 0x03},
+		{"DSCP 26, ECT(0)", 26<<2 | 0x02},
+		{"DSCP 46, CE", 46<<2 | 0x03},
+	}
+	for _, v6 := range []bool{false, true} {
+		cfg := Config{}
+		if v6 {
+			cfg.AddrA, cfg.AddrB = netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2")
+		}
+		a, b := New(cfg)
+		out, in := batch(len(tests), 256), batch(len(tests), 256)
+		for i, tt := range tests {
+			out[i].N = len(roce(out[i].Buf, 64, uint32(i)))
+			out[i].TClass = tt.tc
+			in[i].TClass = 0xff // stale: must be overwritten
+		}
+		if _, err := a.Send(out); err != nil {
+			t.Fatal(err)
+		}
+		for got := 0; got < len(tests); {
+			n, err := b.Recv(in[got:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += n
+		}
+		for i, tt := range tests {
+			if in[i].TClass != tt.tc || in[i].ICRC != nic.ICRCVerified {
+				t.Errorf("v6 %v, %s: received TClass %#02x (ICRC %v), sent %#02x", v6, tt.name, in[i].TClass, in[i].ICRC, tt.tc)
+			}
+		}
+		a.Close()
+		b.Close()
+	}
+}
