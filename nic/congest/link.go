@@ -94,6 +94,8 @@ func (w *Link) Inner() nic.Link { return w.inner }
 // link's own receive loops.
 func (w *Link) RecvSide() nic.Link { return w.inner }
 
+var _ nic.SendWrapper = (*Link)(nil)
+
 // Close drops the packets still queued and closes the wrapped link.
 func (w *Link) Close() error {
 	err := net.ErrClosed
