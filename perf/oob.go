@@ -72,6 +72,8 @@ type ServerConfig struct {
 	Receives int
 	// BusyPoll is the device's verbs.Options.BusyPoll (0: off).
 	BusyPoll time.Duration
+	// NoInlineWait is the device's verbs.Options.NoInlineWait.
+	NoInlineWait bool
 }
 
 // Serve answers one client on ln: it sets up an endpoint as the client
@@ -127,7 +129,7 @@ func Serve(ctx context.Context, ln net.Listener, sc ServerConfig) (*Report, erro
 		return refuse(fmt.Errorf("open the data link: %w", err))
 	}
 	link = retarget(link, h.Info.UDPPort)
-	dev, err := verbs.Open(link, &verbs.Options{BusyPoll: sc.BusyPoll})
+	dev, err := verbs.Open(link, &verbs.Options{BusyPoll: sc.BusyPoll, NoInlineWait: sc.NoInlineWait})
 	if err != nil {
 		link.Close()
 		return refuse(fmt.Errorf("open device: %w", err))
@@ -233,7 +235,7 @@ func Run(ctx context.Context, cc ClientConfig, c Config, lat bool, row func(any)
 		return nil, fmt.Errorf("open the data link: %w", err)
 	}
 	pl := &portLink{Link: link}
-	dev, err := verbs.Open(pl, &verbs.Options{BusyPoll: c.BusyPoll})
+	dev, err := verbs.Open(pl, &verbs.Options{BusyPoll: c.BusyPoll, NoInlineWait: c.NoInlineWait})
 	if err != nil {
 		link.Close()
 		return nil, fmt.Errorf("open device: %w", err)

@@ -68,6 +68,10 @@ type Config struct {
 	Progress func(done, total int64)
 	// BusyPoll is the devices' verbs.Options.BusyPoll (0: off).
 	BusyPoll time.Duration
+	// NoInlineWait is the devices' verbs.Options.NoInlineWait: blocking
+	// waits leave receiving to the device's receive goroutine (for
+	// comparisons).
+	NoInlineWait bool
 }
 
 // Defaults and limits.
