@@ -34,6 +34,11 @@ type Summary struct {
 	// Hints say what the capture likely is when its numbers have a known
 	// cause other than the wire (SnifferHint).
 	Hints []string `json:"hints,omitempty"`
+	// Filter and Matched are set by callers that list only the packets
+	// a filter matched: the counts above cover every packet, Matched how
+	// many RoCE packets were listed.
+	Filter  string `json:"filter,omitempty"`
+	Matched *int   `json:"matched,omitempty"`
 }
 
 // SnifferHint is the hint for a capture whose every RoCEv2 packet has
