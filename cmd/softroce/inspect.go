@@ -36,7 +36,7 @@ func inspectFlags() (*flag.FlagSet, *inspectOpts) {
 	o.diag = fs.String("diagram", "", "also write a ladder diagram of every QP conversation to `FILE` (.html or .svg)")
 	o.jobs = fs.Int("jobs", runtime.GOMAXPROCS(0), "decode on `N` goroutines (1: on one; the output order is the capture's either way)")
 	o.filter = fs.String("Y", "", "list only the packets the display filter `EXPR` matches, e.g. 'qp == 0x11 && (nak || retransmission)' (docs/cli.md); the summary counts every packet")
-	fs.StringVar(o.filter, "filter", "", "same as -Y")
+	fs.StringVar(o.filter, "filter", "", "the display filter `EXPR`: same as -Y")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce inspect [-v] [--json] [--strict] [--no-summary] [--jobs N] [-Y EXPR] [--diagram out.html|out.svg] FILE...\n\n"+
 			"Decodes RoCEv2 (UDP 4791, IPv4/IPv6, VLAN) and RoCEv1 (EtherType 0x8915) packets in pcap\n"+
@@ -76,7 +76,7 @@ func runInspect(args []string) int {
 	if *o.filter != "" {
 		var err error
 		if filt, err = inspect.ParseFilter(*o.filter); err != nil {
-			fmt.Fprintf(os.Stderr, "softroce inspect: -Y: %v\n", err)
+			fmt.Fprintf(os.Stderr, "softroce inspect: %v\n", err)
 			var fe *inspect.FilterError
 			if errors.As(err, &fe) {
 				fmt.Fprintf(os.Stderr, "%s\n", indent(fe.Caret(), "  "))
