@@ -73,23 +73,23 @@ func (f *Filter) Match(r *Record, m Mark) bool {
 	if !r.RoCE {
 		return false
 	}
-	return f.root.eval(r, &m)
+	return f.root.eval(r, m)
 }
 
 // node is a compiled expression.
 type node interface {
-	eval(r *Record, m *Mark) bool
+	eval(r *Record, m Mark) bool
 }
 
 type andNode struct{ a, b node }
 type orNode struct{ a, b node }
 type notNode struct{ x node }
-type predNode func(r *Record, m *Mark) bool
+type predNode func(r *Record, m Mark) bool
 
-func (n *andNode) eval(r *Record, m *Mark) bool { return n.a.eval(r, m) && n.b.eval(r, m) }
-func (n *orNode) eval(r *Record, m *Mark) bool  { return n.a.eval(r, m) || n.b.eval(r, m) }
-func (n *notNode) eval(r *Record, m *Mark) bool { return !n.x.eval(r, m) }
-func (n predNode) eval(r *Record, m *Mark) bool { return n(r, m) }
+func (n *andNode) eval(r *Record, m Mark) bool { return n.a.eval(r, m) && n.b.eval(r, m) }
+func (n *orNode) eval(r *Record, m Mark) bool  { return n.a.eval(r, m) || n.b.eval(r, m) }
+func (n *notNode) eval(r *Record, m Mark) bool { return !n.x.eval(r, m) }
+func (n predNode) eval(r *Record, m Mark) bool { return n(r, m) }
 
 // cmpOp is a comparison operator.
 type cmpOp int
@@ -127,7 +127,7 @@ type numNode struct {
 	v   uint64
 }
 
-func (n *numNode) eval(r *Record, _ *Mark) bool {
+func (n *numNode) eval(r *Record, _ Mark) bool {
 	v, ok := n.get(r)
 	return ok && n.op.cmp(v, n.v)
 }
@@ -162,7 +162,7 @@ func opInfo(r *Record) *bth.OpInfo { return bth.Opcode(r.Opcode).Info() }
 func aethKind(r *Record, kind string) bool { return r.AETH != nil && r.AETH.Kind == kind }
 
 func isOp(ops ...bth.Operation) predNode {
-	return func(r *Record, _ *Mark) bool {
+	return func(r *Record, _ Mark) bool {
 		if !located(r) {
 			return false
 		}
@@ -177,7 +177,7 @@ func isOp(ops ...bth.Operation) predNode {
 }
 
 func isTransport(t bth.Transport) predNode {
-	return func(r *Record, _ *Mark) bool {
+	return func(r *Record, _ Mark) bool {
 		return located(r) && opInfo(r).Valid && opInfo(r).Transport == t
 	}
 }
@@ -261,13 +261,13 @@ func init() {
 	fam(isOp(bth.OpSend), "send")
 	fam(isOp(bth.OpCompareSwap, bth.OpFetchAdd, bth.OpAtomicAck, bth.OpAtomicWrite), "atomic")
 	fam(isOp(bth.OpCNP), "cnp")
-	fam(func(r *Record, _ *Mark) bool {
+	fam(func(r *Record, _ Mark) bool {
 		return located(r) && (opInfo(r).Op == bth.OpAck || opInfo(r).Op == bth.OpAtomicAck) && aethKind(r, "ACK")
 	}, "ack")
-	fam(func(r *Record, _ *Mark) bool { return aethKind(r, "NAK") }, "nak")
-	fam(func(r *Record, _ *Mark) bool { return aethKind(r, "RNR_NAK") }, "rnr_nak", "rnr")
-	fam(func(r *Record, _ *Mark) bool { return located(r) && opInfo(r).Valid && opInfo(r).Request }, "request")
-	fam(func(r *Record, _ *Mark) bool {
+	fam(func(r *Record, _ Mark) bool { return aethKind(r, "NAK") }, "nak")
+	fam(func(r *Record, _ Mark) bool { return aethKind(r, "RNR_NAK") }, "rnr_nak", "rnr")
+	fam(func(r *Record, _ Mark) bool { return located(r) && opInfo(r).Valid && opInfo(r).Request }, "request")
+	fam(func(r *Record, _ Mark) bool {
 		return located(r) && opInfo(r).Valid && !opInfo(r).Request && opInfo(r).Op != bth.OpCNP
 	}, "response")
 
@@ -279,21 +279,21 @@ func init() {
 	for n, p := range families {
 		b(p, n)
 	}
-	b(func(_ *Record, m *Mark) bool { return m.Retransmission }, "retransmission", "retrans", "retransmit")
-	b(func(_ *Record, m *Mark) bool { return m.Gap }, "gap")
-	b(func(r *Record, _ *Mark) bool { return r.FECN || r.BECN }, "ecn")
-	b(func(r *Record, _ *Mark) bool { return r.FECN }, "fecn")
-	b(func(r *Record, _ *Mark) bool { return r.BECN }, "becn")
-	b(func(r *Record, _ *Mark) bool { return located(r) && r.AckReq }, "ackreq")
-	b(func(r *Record, _ *Mark) bool { return located(r) && r.SE }, "se")
-	b(func(r *Record, _ *Mark) bool { return r.ICRC == "bad" }, "icrc_bad", "bad_icrc")
-	b(func(r *Record, _ *Mark) bool { return r.ICRC == "ok" }, "icrc_ok")
-	b(func(r *Record, _ *Mark) bool { return r.ICRC == "truncated" }, "truncated")
-	b(func(r *Record, _ *Mark) bool { return r.Malformed != "" }, "malformed")
-	b(func(r *Record, _ *Mark) bool { return r.CM != nil }, "cm")
-	b(func(r *Record, _ *Mark) bool { return r.Imm != nil }, "imm")
-	b(func(r *Record, _ *Mark) bool { return r.Transport == "RoCEv1" }, "rocev1")
-	b(func(r *Record, _ *Mark) bool { return r.Transport == "RoCEv2" }, "rocev2")
+	b(func(_ *Record, m Mark) bool { return m.Retransmission }, "retransmission", "retrans", "retransmit")
+	b(func(_ *Record, m Mark) bool { return m.Gap }, "gap")
+	b(func(r *Record, _ Mark) bool { return r.FECN || r.BECN }, "ecn")
+	b(func(r *Record, _ Mark) bool { return r.FECN }, "fecn")
+	b(func(r *Record, _ Mark) bool { return r.BECN }, "becn")
+	b(func(r *Record, _ Mark) bool { return located(r) && r.AckReq }, "ackreq")
+	b(func(r *Record, _ Mark) bool { return located(r) && r.SE }, "se")
+	b(func(r *Record, _ Mark) bool { return r.ICRC == "bad" }, "icrc_bad", "bad_icrc")
+	b(func(r *Record, _ Mark) bool { return r.ICRC == "ok" }, "icrc_ok")
+	b(func(r *Record, _ Mark) bool { return r.ICRC == "truncated" }, "truncated")
+	b(func(r *Record, _ Mark) bool { return r.Malformed != "" }, "malformed")
+	b(func(r *Record, _ Mark) bool { return r.CM != nil }, "cm")
+	b(func(r *Record, _ Mark) bool { return r.Imm != nil }, "imm")
+	b(func(r *Record, _ Mark) bool { return r.Transport == "RoCEv1" }, "rocev1")
+	b(func(r *Record, _ Mark) bool { return r.Transport == "RoCEv2" }, "rocev2")
 	b(isTransport(bth.TransportRC), "rc")
 	b(isTransport(bth.TransportUC), "uc")
 	b(isTransport(bth.TransportRD), "rd")
@@ -645,11 +645,11 @@ func (p *parser) opcodeName(t, c, v token) (node, error) {
 		if !found {
 			return nil, p.fail(v.pos, "unknown opcode %s: expected a name as inspect prints it (RDMA_WRITE_ONLY, \"RC SEND_ONLY\"), a number, or a family (read, write, send, atomic, ack, nak, rnr_nak, cnp, request, response)", v.describe())
 		}
-		pred = func(r *Record, _ *Mark) bool { return located(r) && set[r.Opcode] }
+		pred = func(r *Record, _ Mark) bool { return located(r) && set[r.Opcode] }
 	}
 	if c.op == opNe {
 		// A packet without an opcode has none to differ.
-		return predNode(func(r *Record, m *Mark) bool { return located(r) && !pred(r, m) }), nil
+		return predNode(func(r *Record, m Mark) bool { return located(r) && !pred(r, m) }), nil
 	}
 	return pred, nil
 }
@@ -676,7 +676,7 @@ func (p *parser) address(t, c, v token, which int) (node, error) {
 		pfx = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
 	}
 	neg := c.op == opNe
-	return predNode(func(r *Record, _ *Mark) bool {
+	return predNode(func(r *Record, _ Mark) bool {
 		if !r.Src.IsValid() {
 			return false
 		}

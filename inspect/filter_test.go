@@ -198,3 +198,26 @@ func FuzzFilter(f *testing.F) {
 		}
 	})
 }
+
+// TestFilterMatchAllocs: matching allocates nothing per packet.
+func TestFilterMatchAllocs(t *testing.T) {
+	recs, err := Records("testdata/synthetic.pcapng")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ParseFilter(`(qp == 0x11 || src == 192.0.2.0/24) && !(opcode == "RC SEND_ONLY" || read) && psn <= 100 || retransmission || nak`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	allocs := testing.AllocsPerRun(100, func() {
+		for i := range recs {
+			if f.Match(&recs[i], Mark{Retransmission: i == 3}) {
+				n++
+			}
+		}
+	})
+	if allocs != 0 || n == 0 {
+		t.Errorf("%v allocations per pass over %d records, %d matches", allocs, len(recs), n)
+	}
+}

@@ -75,6 +75,11 @@ func TestInspectFilter(t *testing.T) {
 		t.Errorf("exit %d, no total:\n%s", code, out)
 	}
 
+	out, _ = runOut(t, func() { code = run([]string{"inspect", "--no-summary", "-Y", "gap", synth, loss}) })
+	if code != 0 || strings.Contains(out, "total") || strings.Contains(out, "matched") || strings.Count(out, "RoCEv2") != 1 || !strings.Contains(out, "RDMA_READ_RESPONSE_LAST qp 0x612942 psn 106") {
+		t.Errorf("--no-summary -Y gap: exit %d:\n%s", code, out)
+	}
+
 	// A bad expression: exit 2, the column and a caret.
 	out, errOut = runOut(t, func() { code = run([]string{"inspect", "-Y", "psn >= 100 &&", synth}) })
 	if code != 2 || out != "" || !strings.Contains(errOut, "column 14: expected a field, ( or !, found the end of the expression") ||
