@@ -406,6 +406,21 @@ func writeBashCompletion(w io.Writer) error {
 	return err
 }
 
+// takesPath guesses whether a flag's value is a file or directory name,
+// from its argument name and its own: zsh then offers file names.
+func takesPath(name, arg string) bool {
+	switch arg {
+	case "FILE", "DIR", "PATH":
+		return true
+	}
+	for _, w := range []string{"file", "dir", "pcap", "diagram", "socket", "out", "profile"} {
+		if strings.Contains(name, w) {
+			return true
+		}
+	}
+	return false
+}
+
 // zshDesc makes a flag's usage into a zsh _arguments description: its
 // first line, without the characters _arguments reads as syntax, short.
 func zshDesc(s string) string {
@@ -444,7 +459,11 @@ func writeZshCompletion(w io.Writer) error {
 				if arg == "" {
 					arg = "value"
 				}
-				spec += ":" + zshDesc(arg) + ":_files"
+				action := " " // a value to type: nothing to offer
+				if takesPath(f.Name, arg) {
+					action = "_files"
+				}
+				spec += ":" + zshDesc(arg) + ":" + action
 			}
 			fmt.Fprintf(&b, " \\\n\t\t\t'%s'", spec)
 		}

@@ -176,6 +176,20 @@ func TestCompletion(t *testing.T) {
 			if out, err := exec.Command(path, "-n", f).CombinedOutput(); err != nil {
 				t.Errorf("%s -n: %v\n%s", sh, err, out)
 			}
+			if sh != "zsh" {
+				return
+			}
+			// The completion system's functions stubbed to print what they
+			// are given: the script hands _arguments inspect's flags.
+			probe := `_arguments() { print -rl -- "$@" }; _describe() { print -r -- describe "$2" }; _values() { print -r -- values }
+words=(softroce inspect -); CURRENT=3; source ` + f + `
+words=(softroce i); CURRENT=2; source ` + f
+			out, err := exec.Command(path, "-f", "-c", probe).CombinedOutput()
+			for _, want := range []string{"\n-Y[list only the packets the display filter EXPR matches", "]:EXPR: \n", "]:FILE:_files\n", "\n--json[write JSON Lines", "\n*:file:_files\n", "describe cmds\n"} {
+				if err != nil || !strings.Contains("\n"+string(out), want) {
+					t.Errorf("zsh completion probe (%v) lacks %q:\n%s", err, want, out)
+				}
+			}
 		})
 	}
 	// The bash script completes: a command's flags, and files after a
