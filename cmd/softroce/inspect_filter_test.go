@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -78,6 +80,21 @@ func TestInspectFilter(t *testing.T) {
 	out, _ = runOut(t, func() { code = run([]string{"inspect", "--no-summary", "-Y", "gap", synth, loss}) })
 	if code != 0 || strings.Contains(out, "total") || strings.Contains(out, "matched") || strings.Count(out, "RoCEv2") != 1 || !strings.Contains(out, "RDMA_READ_RESPONSE_LAST qp 0x612942 psn 106") {
 		t.Errorf("--no-summary -Y gap: exit %d:\n%s", code, out)
+	}
+
+	// --diagram draws the matching packets only.
+	arrows := func(args ...string) int {
+		svg := filepath.Join(t.TempDir(), "d.svg")
+		var code int
+		runOut(t, func() { code = run(append([]string{"inspect", "--no-summary", "--diagram", svg}, args...)) })
+		b, err := os.ReadFile(svg)
+		if code != 0 || err != nil {
+			t.Fatalf("inspect --diagram %v: exit %d, %v", args, code, err)
+		}
+		return strings.Count(string(b), "<line")
+	}
+	if all, some := arrows(synth), arrows("-Y", "qp == 0x11", synth); some == 0 || some >= all {
+		t.Errorf("diagram: %d lines with -Y 'qp == 0x11', %d without", some, all)
 	}
 
 	// A bad expression: exit 2, the column and a caret.
