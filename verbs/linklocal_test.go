@@ -139,4 +139,3 @@ func TestLinkLocalGIDs(t *testing.T) {
 		t.Errorf("link stats %+v", st)
 	}
 }
-
