@@ -67,7 +67,7 @@ type device struct {
 	drainWork bool   // what drainAll found
 
 	sendCQ, recvCQ *verbs.CQ
-	udSL           uint8 // the sl of UD receive completions: rocePktType
+	gidIndex       int   // the GID of the address the device serves (servedGID)
 	cm             cmDev // rdma_cm's CM on QP1, opened on first use (serve/cm.go)
 	wcs            [64]verbs.WC
 
@@ -88,11 +88,13 @@ type overrun struct {
 func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
 	d := &device{s: s, index: i, v: v, name: v.Name(), byQPN: map[uint32]*qpObj{}, bySRQ: map[*verbs.SRQ]*srqObj{}, userSlots: map[int]int{},
 		quit: make(chan struct{})}
-	if g := v.GIDTable(); len(g) > 0 {
-		// An EUI-64-like GUID from the first address: stable per address.
-		a := g[0].GID
+	if i := servedGID(v.GIDTable()); i >= 0 {
+		// An EUI-64-like GUID from the served address (not the
+		// link-local one a device may have at index 0): stable per
+		// address.
+		a := v.GIDTable()[i].GID
 		d.guid = 0x0200000000000000 | uint64(a[12])<<24 | uint64(a[13])<<16 | uint64(a[14])<<8 | uint64(a[15]) | uint64(a[11])<<32
-		d.udSL = rocePktType(a)
+		d.gidIndex = i
 	}
 	var err error
 	if d.sendCQ, err = v.CreateCQ(goCQDepth); err != nil {
@@ -296,7 +298,7 @@ func (d *device) route(wc *verbs.WC, recv bool) {
 	if recv {
 		c = q.recvCQ
 		if q.typ == verbs.QPTypeUD && wc.Status == cq.Success {
-			wc.SL = d.udSL
+			wc.SL = rocePktType(wc.IPVersion)
 		}
 	}
 	if !c.push(wc) {
