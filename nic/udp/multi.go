@@ -33,8 +33,17 @@ type Multi struct {
 	eprc  syscall.RawConn
 	batch int
 
-	rxMu     sync.Mutex
-	next     int // the Link a receive pass starts with (fairness)
+	rxMu sync.Mutex
+	next int    // the Link a receive pass starts with (fairness)
+	more []bool // per Link: its last receive may have left packets
+	// Recv and TryRecv's state and callbacks, bound once so that a
+	// receive allocates nothing (under rxMu).
+	rxPkts []nic.Packet
+	rxN    int
+	rxErr  error
+	stopFn func(n int) bool
+	readFn func(uintptr) bool
+
 	closed   atomic.Bool
 	txErrors atomic.Uint64
 }
@@ -69,6 +78,12 @@ func OpenMulti(cfg Config, addrs ...netip.Addr) (*Multi, error) {
 		m.addrs = append(m.addrs, l.local.Addr())
 	}
 	m.batch = m.links[0].batch
+	m.more = make([]bool, len(m.links))
+	m.stopFn = func(n int) bool { m.rxN = n; return false }
+	m.readFn = func(uintptr) bool {
+		_, m.rxErr = m.pass(m.rxPkts, true, m.stopFn)
+		return m.rxN > 0 || m.rxErr != nil
+	}
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return fail(fmt.Errorf("udp: epoll: %w", err))
@@ -228,25 +243,34 @@ func (m *Multi) send(pkts []nic.Packet, raw bool) (int, error) {
 }
 
 // pass receives one batch from each Link in turn, non-blocking, calling
-// got for each non-empty one; it reports whether any Link had packets.
-func (m *Multi) pass(pkts []nic.Packet, got func(n int) bool) (bool, error) {
-	any := false
+// got for each non-empty one, and reports whether a Link may have more.
+// The first pass after a wake-up tries every Link; later ones only those
+// whose last receive may have left packets (a full batch, or segments of
+// a coalesced datagram not handed out yet): a socket that returned fewer
+// datagrams than asked for was empty then, and a datagram that arrived
+// since makes the epoll descriptor ready again. got returning false ends
+// the pass.
+func (m *Multi) pass(pkts []nic.Packet, first bool, got func(n int) bool) (bool, error) {
+	more := false
 	k := len(m.links)
 	for i := 0; i < k; i++ {
-		l := m.links[(m.next+i)%k]
+		j := (m.next + i) % k
+		if !first && !m.more[j] {
+			continue
+		}
+		l := m.links[j]
 		n, err := l.recv(pkts, true)
 		if err != nil {
-			return any, err
+			return more, err
 		}
-		if n > 0 {
-			any = true
-			if !got(n) {
-				m.next = (m.next + i + 1) % k
-				return true, nil
-			}
+		m.more[j] = n > 0 && l.pending()
+		more = more || m.more[j]
+		if n > 0 && !got(n) {
+			m.next = (j + 1) % k
+			return true, nil
 		}
 	}
-	return any, nil
+	return more, nil
 }
 
 // Recv implements nic.Link: it blocks until some Link has packets.
@@ -256,15 +280,10 @@ func (m *Multi) Recv(pkts []nic.Packet) (int, error) {
 	}
 	m.rxMu.Lock()
 	defer m.rxMu.Unlock()
-	var n int
-	var fail error
-	stop := func(k int) bool { n = k; return false }
-	err := m.eprc.Read(func(uintptr) bool {
-		any, err := m.pass(pkts, stop)
-		fail = err
-		return any || err != nil
-	})
-	return n, m.recvErr(err, fail)
+	m.rxPkts, m.rxN, m.rxErr = pkts, 0, nil
+	err := m.eprc.Read(m.readFn)
+	m.rxPkts = nil
+	return m.rxN, m.recvErr(err, m.rxErr)
 }
 
 // TryRecv is Recv without waiting (see Link.TryRecv).
@@ -274,15 +293,15 @@ func (m *Multi) TryRecv(pkts []nic.Packet) (int, error) {
 	}
 	m.rxMu.Lock()
 	defer m.rxMu.Unlock()
-	var n int
-	_, err := m.pass(pkts, func(k int) bool { n = k; return false })
-	return n, m.recvErr(nil, err)
+	m.rxN = 0
+	_, err := m.pass(pkts, true, m.stopFn)
+	return m.rxN, m.recvErr(nil, err)
 }
 
 // RecvEach receives until the link is closed or fails, calling deliver
-// for each batch (see Link.RecvEach). It waits only after a pass over
-// every socket found them all empty; a packet that arrives after that
-// pass makes the epoll descriptor ready again, so the wait ends at once.
+// for each batch (see Link.RecvEach). It waits once every socket was
+// found drained (pass); a packet that arrives after that makes the epoll
+// descriptor ready again, so the wait ends at once.
 func (m *Multi) RecvEach(pkts []nic.Packet, deliver func(n int)) error {
 	if len(pkts) == 0 {
 		return errors.New("udp: RecvEach with no buffers")
@@ -292,13 +311,13 @@ func (m *Multi) RecvEach(pkts []nic.Packet, deliver func(n int)) error {
 	var fail error
 	each := func(n int) bool { deliver(n); return true }
 	err := m.eprc.Read(func(uintptr) bool {
-		for {
-			any, err := m.pass(pkts, each)
+		for first := true; ; first = false {
+			more, err := m.pass(pkts, first, each)
 			if err != nil {
 				fail = err
 				return true
 			}
-			if !any {
+			if !more {
 				return false
 			}
 		}

@@ -187,3 +187,85 @@ func TestOpenLinkLocalNeedsZone(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestMultiRecvEachBurst: bursts larger than a batch to both addresses
+// all arrive through RecvEach, which reads a socket again only while its
+// last read came back full.
+func TestMultiRecvEachBurst(t *testing.T) {
+	a, b := openMultiPair(t, true)
+	const bursts, per = 20, 100
+	total := make(chan int, 1)
+	var seen [bursts * per]bool
+	go func() {
+		in := packets(16, 300)
+		n := 0
+		b.RecvEach(in, func(k int) {
+			for _, p := range in[:k] {
+				if s := binary.BigEndian.Uint32(p.Buf[8:]); s < bursts*per && !seen[s] {
+					seen[s] = true
+					n++
+				}
+			}
+			if n == bursts*per {
+				total <- n
+			}
+		})
+	}()
+	out := packets(per, 300)
+	for i := 0; i < bursts; i++ {
+		for j := range out {
+			out[j].N = 200
+			fill(out[j].Buf, 200, uint32(i*per+j))
+			out[j].Remote = netip.AddrPortFrom(b.Addrs()[(i+j/50)%2], 4791)
+		}
+		if n, err := a.Send(out); n != per || err != nil {
+			t.Fatalf("burst %d: Send = %d, %v", i, n, err)
+		}
+		// Pace the bursts so that the socket buffers hold them.
+		time.Sleep(2 * time.Millisecond)
+	}
+	select {
+	case <-total:
+	case <-time.After(10 * time.Second):
+		st := b.Stats()
+		t.Fatalf("not every packet arrived: receiver stats %+v", st)
+	}
+}
+
+// TestMultiNoAllocs: a batch sent and received through a Multi (Send,
+// Recv, TryRecv) allocates nothing in steady state.
+func TestMultiNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are not meaningful under the race detector")
+	}
+	a, b := openMultiPair(t, true)
+	out, in := packets(16, 1500), packets(16, 1500)
+	for i := range out {
+		out[i].N = 1000
+		fill(out[i].Buf, out[i].N, uint32(i))
+		out[i].Remote = netip.AddrPortFrom(b.Addrs()[i/8], 4791)
+	}
+	for _, try := range []bool{false, true} {
+		allocs := testing.AllocsPerRun(50, func() {
+			if _, err := a.Send(out); err != nil {
+				t.Fatal(err)
+			}
+			for got := 0; got < len(out); {
+				var n int
+				var err error
+				if try {
+					n, err = b.TryRecv(in)
+				} else {
+					n, err = b.Recv(in)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				got += n
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("TryRecv %v: %v allocations per batch of %d", try, allocs, len(out))
+		}
+	}
+}

@@ -673,6 +673,17 @@ func (l *Link) recv(pkts []nic.Packet, nonblock bool) (int, error) {
 	}
 }
 
+// pending reports whether the last non-blocking receive may have left
+// datagrams in the socket or segments in the receiver: its read filled
+// the whole batch, or coalesced segments are still to be handed out.
+func (l *Link) pending() bool {
+	r := l.rx
+	if l.gro && r.cur < r.n {
+		return true
+	}
+	return r.n > 0 && r.n == r.want
+}
+
 // acceptBatch checks the n datagrams the receiver read into pkts and moves
 // the delivered ones to the front; it returns how many.
 func (l *Link) acceptBatch(pkts []nic.Packet, n int) int {
