@@ -42,12 +42,16 @@ type Options struct {
 }
 
 // DefaultSGIDIndex is the GID a CM on dev uses by default: the first
-// whose address is not IPv6 link-local. rdma_cm names peers by routable
-// addresses, and a device on an interface has that interface's link-local
-// GID at index 0 (as a kernel RoCE device has) with its IPv4 address
-// after it. It is 0 when every GID is link-local.
-func DefaultSGIDIndex(dev *verbs.Device) int {
-	for i, g := range dev.GIDTable() {
+// whose address is not IPv6 link-local (DefaultSGID).
+func DefaultSGIDIndex(dev *verbs.Device) int { return DefaultSGID(dev.GIDTable()) }
+
+// DefaultSGID is the index of the first GID of table whose address is not
+// IPv6 link-local, or 0 when there is none. rdma_cm names peers by
+// routable addresses, and a device on an interface has that interface's
+// link-local GID at index 0 (as a kernel RoCE device has) with its IPv4
+// address after it.
+func DefaultSGID(table []verbs.GIDEntry) int {
+	for i, g := range table {
 		if a := g.Addr.Unmap(); !a.Is6() || !a.IsLinkLocalUnicast() {
 			return i
 		}

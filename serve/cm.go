@@ -98,7 +98,7 @@ func (d *device) cmClose() {
 }
 
 // addr is the address the device serves, the one rdma_cm binds and
-// resolves (servedGID), whatever its GID index.
+// resolves (cm.DefaultSGID), whatever its GID index.
 func (d *device) addr() netip.Addr {
 	if g := d.v.GIDTable(); d.gidIndex < len(g) {
 		return g[d.gidIndex].Addr.Unmap()

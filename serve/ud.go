@@ -99,23 +99,6 @@ func rocePktType(ipv uint8) uint8 {
 	return 0x8 | 0x1
 }
 
-// servedGID is the index of the GID of the address a device serves: the
-// first that is not IPv6 link-local (a device on an interface's IPv4
-// address has the interface's link-local GID at index 0, as a kernel RoCE
-// device has), or 0 for a device on a link-local address alone; -1 for an
-// empty table. rdma_cm and the device's GUID use it.
-func servedGID(g []verbs.GIDEntry) int {
-	for i, e := range g {
-		if a := e.Addr.Unmap(); !a.Is6() || !a.IsLinkLocalUnicast() {
-			return i
-		}
-	}
-	if len(g) > 0 {
-		return 0
-	}
-	return -1
-}
-
 func (c *client) createAH(b []byte) ([]byte, error) {
 	pdH, global, sgid, fl := u32(b, 0), u32(b, 1), u32(b, 2), u32(b, 3)
 	hop, tc, sl, port := u32(b, 4), u32(b, 5), u32(b, 6), u32(b, 7)
