@@ -50,7 +50,7 @@ func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, grou
 		"nothing changes on an interface without one (loopback, IPv6 off)")
 	lim = limitFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--socket PATH] [--group NAME]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--link-local=false] [--socket PATH] [--group NAME]\n\n"+
 			"Owns one softroce device per address and serves the programs that 'softroce run' starts.\n"+
 			"Programs use a daemon only if it runs as their user or root (or as "+serve.DaemonUIDEnv+" says) and serves\n"+
 			"their network namespace: run one daemon per namespace; a second one in a namespace needs --socket.\n\n")
