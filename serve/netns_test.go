@@ -211,11 +211,19 @@ func TestTwoHostsLinkLocalNetns(t *testing.T) {
 	} {
 		t.Run(c.tool+"-g"+c.args[1], func(t *testing.T) {
 			args := append([]string{"-p", fmt.Sprint(freeTCPPort(t))}, c.args...)
+			ll := func(s *Server) nic.Stats { return s.devs[0].v.Link().(*udp.Multi).Links()[0].Stats() }
+			before := ll(sa).RxPackets
 			co, so := pair(t, c.tool, args, append(args, srvAddr), sleep(300*time.Millisecond))
 			for _, o := range []string{co, so} {
 				if !strings.Contains(o, "300 iters in") {
 					t.Errorf("no result:\n%s", o)
 				}
+			}
+			// -g 0 goes over the link-local sockets (IPv6, the whole
+			// ICRC verified), -g 1 not.
+			st := ll(sa)
+			if got := st.RxPackets - before; (c.args[1] == "0") != (got >= 300) || st.RxICRCVerified != st.RxPackets {
+				t.Errorf("-g %s: host A's link-local socket received %d packets (stats %+v)", c.args[1], got, st)
 			}
 		})
 	}
@@ -226,10 +234,14 @@ func TestTwoHostsLinkLocalNetns(t *testing.T) {
 			t.Errorf("rping did not complete 10 pings:\nclient:\n%s\nserver:\n%s", co, so)
 		}
 	})
-	// The link-local traffic went over IPv6: both families were used.
-	for _, s := range []*Server{sa, sb} {
-		if st := s.devs[0].v.Link().(*udp.Multi).Links()[0].Stats(); st.RxPackets == 0 || st.RxICRCVerified != st.RxPackets {
-			t.Errorf("link-local socket stats %+v", st)
+	// UD over rdma_cm: the address handle of the ESTABLISHED event names
+	// the source GID of the IPv4 address (index 1), not GID 0.
+	t.Run("udaddy", func(t *testing.T) {
+		co, so := pair(t, "udaddy", nil, []string{"-s", srvAddr}, sleep(300*time.Millisecond))
+		for _, o := range []string{co, so} {
+			if !strings.Contains(o, "data transfers complete") || !strings.Contains(o, "return status 0") {
+				t.Errorf("udaddy did not complete:\n%s", o)
+			}
 		}
-	}
+	})
 }
