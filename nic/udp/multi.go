@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -298,35 +299,70 @@ func (m *Multi) TryRecv(pkts []nic.Packet) (int, error) {
 	return m.rxN, m.recvErr(nil, err)
 }
 
+// Drain is TryRecv for a receiver that is not polling (see Link.Drain).
+func (m *Multi) Drain(pkts []nic.Packet) (int, error) { return m.TryRecv(pkts) }
+
 // RecvEach receives until the link is closed or fails, calling deliver
-// for each batch (see Link.RecvEach). It waits once every socket was
-// found drained (pass); a packet that arrives after that makes the epoll
-// descriptor ready again, so the wait ends at once.
+// for each batch (see Link.RecvEach).
 func (m *Multi) RecvEach(pkts []nic.Packet, deliver func(n int)) error {
+	return m.RecvEachUntil(pkts, deliver, nil)
+}
+
+// RecvEachUntil is RecvEach that also returns, with a nil error, once stop
+// reports true (see Link.RecvEachUntil): stop is asked before the first
+// wait, after each deliver, and whenever Interrupt wakes the wait. It
+// waits once every socket was found drained (pass); a packet that
+// arrives after that makes the epoll descriptor ready again, so the wait
+// ends at once.
+func (m *Multi) RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool) error {
 	if len(pkts) == 0 {
 		return errors.New("udp: RecvEach with no buffers")
 	}
 	m.rxMu.Lock()
 	defer m.rxMu.Unlock()
 	var fail error
-	each := func(n int) bool { deliver(n); return true }
-	err := m.eprc.Read(func(uintptr) bool {
+	stopped := false
+	each := func(n int) bool {
+		deliver(n)
+		stopped = stop != nil && stop()
+		return !stopped
+	}
+	fn := func(uintptr) bool {
 		for first := true; ; first = false {
 			more, err := m.pass(pkts, first, each)
 			if err != nil {
 				fail = err
 				return true
 			}
+			if stopped {
+				return true
+			}
 			if !more {
 				return false
 			}
 		}
-	})
-	if err == nil && fail == nil {
-		fail = net.ErrClosed
 	}
-	return m.recvErr(err, fail)
+	for {
+		if stop != nil && stop() {
+			return nil
+		}
+		err := m.eprc.Read(fn)
+		if err == nil && fail == nil && stopped {
+			return nil
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// Interrupt: clear its deadline before asking stop, so that
+			// an Interrupt after the question wakes the next wait.
+			m.ep.SetReadDeadline(time.Time{})
+			continue
+		}
+		return m.recvErr(err, fail)
+	}
 }
+
+// Interrupt wakes a RecvEachUntil waiting for packets (see
+// Link.Interrupt).
+func (m *Multi) Interrupt() { m.ep.SetReadDeadline(time.Unix(1, 0)) }
 
 // recvErr maps a receive's errors: the poller's (err) and a Link's (fail).
 func (m *Multi) recvErr(err, fail error) error {

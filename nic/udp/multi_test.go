@@ -269,3 +269,10 @@ func TestMultiNoAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestMultiRecvEachUntil is TestRecvEachUntil through a Multi, the
+// datagrams alternating between its link-local and IPv4 addresses.
+func TestMultiRecvEachUntil(t *testing.T) {
+	a, b := openMultiPair(t, true)
+	recvEachUntil(t, a, b, func(seq uint32) netip.AddrPort { return netip.AddrPortFrom(b.Addrs()[seq%2], 4791) })
+}
