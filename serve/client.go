@@ -202,6 +202,11 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 		return c.open(u32(r.body, 0))
 	case opStatus:
 		return c.s.statusJSON(maxMsg-sizeResp, c), nil, nil
+	case opRdmaView:
+		if u32(r.body, 1) != 0 {
+			return nil, nil, fmt.Errorf("%w: RDMA_VIEW with flags %#x", errMsg, u32(r.body, 1))
+		}
+		return c.s.rdmaPageJSON(maxMsg-sizeResp, c, u32(r.body, 0)), nil, nil
 	}
 	d := c.dev
 	if d == nil {
@@ -725,10 +730,12 @@ func (c *client) destroyQP(h uint32) error {
 	if q == nil {
 		return fmt.Errorf("%w: no QP %d", syscall.EINVAL, h)
 	}
+	st := q.qp.Stats()
 	if err := q.qp.Destroy(); err != nil {
 		return err
 	}
 	d := c.dev
+	addQPStats(&d.retired, st)
 	for i, x := range d.qps {
 		if x == q {
 			d.qps = append(d.qps[:i], d.qps[i+1:]...)
