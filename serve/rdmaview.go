@@ -239,15 +239,38 @@ func comm(pid int) string {
 	return strings.TrimSpace(string(b))
 }
 
-// rdmaItems gathers the view for self (nil: the daemon's own caller, who
-// sees everything and every key) in the order pages give them: links,
-// summaries, QPs, CQs, MRs.
-func (s *Server) rdmaItems(self *client) []rdmaItem {
+// rdmaPageJSON answers RDMA_VIEW for self (nil: the daemon's own caller,
+// who sees everything and every key): the items of its view from index
+// from on, as many as fit n bytes (at least one, which always fits: a
+// link with its GIDs and counters is well under maxMsg). The order is
+// links, summaries, then each client's QPs, CQs and MRs, the clients in
+// the order they came. Only the page's items are built; the clients
+// before it are only counted, so a view of many pages costs the daemon
+// little per page. The devices are locked together while the page is
+// made: within a page, counts and objects agree.
+func (s *Server) rdmaPageJSON(n int, self *client, from uint32) []byte {
 	all := self == nil || self.uid == 0
-	var items []rdmaItem
+	p := rdmaPage{Next: -1, Items: []json.RawMessage{}}
+	size := len(`{"total":,"next":,"items":[]}`) + 2*11
+	i := 0
+	want := func() bool { return p.Next < 0 && uint64(i) >= uint64(from) }
+	put := func(it rdmaItem) {
+		b, _ := json.Marshal(it)
+		if size+len(b)+1 > n && len(p.Items) > 0 {
+			p.Next = i
+		} else {
+			size += len(b) + 1
+			p.Items = append(p.Items, b)
+		}
+		i++
+	}
 	for _, d := range s.devs {
-		l := d.link()
-		items = append(items, rdmaItem{Link: &l})
+		if want() {
+			l := d.link()
+			put(rdmaItem{Link: &l})
+		} else {
+			i++
+		}
 	}
 	type cd struct {
 		c *client
@@ -261,59 +284,91 @@ func (s *Server) rdmaItems(self *client) []rdmaItem {
 		}
 	}
 	s.mu.Unlock()
-	sort.Slice(cs, func(i, j int) bool { return cs[i].c.pid < cs[j].c.pid })
-	sums := make([]RdmaSummary, len(s.devs))
-	for i, d := range s.devs {
-		sums[i] = RdmaSummary{IfIndex: d.index, IfName: d.name}
-	}
-	var qps, cqs, mrs []rdmaItem
-	for _, x := range cs {
-		c, d := x.c, x.d
-		cm := comm(c.pid)
-		ownKeys := self == nil || self.uid >= 0 && self.uid == c.uid
+	sort.Slice(cs, func(i, j int) bool { return cs[i].c.seq < cs[j].c.seq })
+	// Devices in index order: every other holder of d.mu takes one.
+	for _, d := range s.devs {
 		d.mu.Lock()
-		sm := &sums[d.index]
+	}
+	defer func() {
+		for _, d := range s.devs {
+			d.mu.Unlock()
+		}
+	}()
+	sums := make([]RdmaSummary, len(s.devs))
+	for k, d := range s.devs {
+		sums[k] = RdmaSummary{IfIndex: d.index, IfName: d.name}
+	}
+	for _, x := range cs {
+		c, sm := x.c, &sums[x.d.index]
 		sm.Ctx++
 		sm.PD += len(c.pds)
 		sm.CQ += len(c.cqs)
 		sm.QP += len(c.qps)
 		sm.MR += len(c.mrs)
 		sm.SRQ += len(c.srqs)
-		for _, q := range sortedKeys(c.qps) {
-			o := c.qps[q]
+	}
+	for k := range sums {
+		if want() {
+			put(rdmaItem{Summary: &sums[k]})
+		} else {
+			i++
+		}
+	}
+	for _, x := range cs {
+		c, d := x.c, x.d
+		cnt := len(c.qps) + len(c.cqs) + len(c.mrs)
+		if !want() && (p.Next >= 0 || uint64(i+cnt) <= uint64(from)) {
+			i += cnt
+			continue
+		}
+		cm := comm(c.pid)
+		ownKeys := self == nil || self.uid >= 0 && self.uid == c.uid
+		for _, h := range sortedKeys(c.qps) {
+			if !want() {
+				i++
+				continue
+			}
+			o := c.qps[h]
 			a, init := o.qp.Query()
 			sq, rq := o.qp.PSNs()
-			x := &RdmaQP{IfIndex: d.index, Port: 1, IfName: d.name, LQPN: o.qpn, PDN: o.pd, Type: init.Type.String(),
+			q := &RdmaQP{IfIndex: d.index, Port: 1, IfName: d.name, LQPN: o.qpn, PDN: o.pd, Type: init.Type.String(),
 				State: a.State.String(), SQPSN: sq, PID: c.pid, Comm: cm, UID: c.uid, Counters: qpCounters(o.qp.Stats())}
 			if init.Type != verbs.QPTypeUD {
-				x.RQPN, x.RQPSN, x.PathMig = a.DestQPN, rq, "MIGRATED"
+				q.RQPN, q.RQPSN, q.PathMig = a.DestQPN, rq, "MIGRATED"
 				if a.AV.DGID != ([16]byte{}) {
-					x.DstAddr = netip.AddrFrom16(a.AV.DGID).Unmap().String()
+					q.DstAddr = netip.AddrFrom16(a.AV.DGID).Unmap().String()
 				}
 			}
-			qps = append(qps, rdmaItem{QP: x})
+			put(rdmaItem{QP: q})
 		}
 		for _, h := range sortedKeys(c.cqs) {
+			if !want() {
+				i++
+				continue
+			}
 			o := c.cqs[h]
-			cqs = append(cqs, rdmaItem{CQ: &RdmaCQ{IfIndex: d.index, IfName: d.name, CQE: o.size, Users: o.nQP, PID: c.pid, Comm: cm, UID: c.uid, CQN: h}})
+			put(rdmaItem{CQ: &RdmaCQ{IfIndex: d.index, IfName: d.name, CQE: o.size, Users: o.nQP, PID: c.pid, Comm: cm, UID: c.uid, CQN: h}})
 		}
 		for _, h := range sortedKeys(c.mrs) {
+			if !want() {
+				i++
+				continue
+			}
 			o := c.mrs[h]
-			x := &RdmaMR{IfIndex: d.index, IfName: d.name, MRLen: o.length, PID: c.pid, Comm: cm, UID: c.uid, MRN: h, PDN: o.pd}
+			m := &RdmaMR{IfIndex: d.index, IfName: d.name, MRLen: o.length, PID: c.pid, Comm: cm, UID: c.uid, MRN: h, PDN: o.pd}
 			if ownKeys && o.mr != nil {
 				lk, iova := o.mr.LKey(), o.mr.Addr()
-				x.LKey, x.RKey, x.IOVA = &lk, &lk, &iova
+				m.LKey, m.RKey, m.IOVA = &lk, &lk, &iova
 			}
-			mrs = append(mrs, rdmaItem{MR: x})
+			put(rdmaItem{MR: m})
 		}
-		d.mu.Unlock()
 	}
-	for i := range sums {
-		items = append(items, rdmaItem{Summary: &sums[i]})
+	p.Total = i
+	if p.Next < 0 {
+		p.Next = i
 	}
-	items = append(items, qps...)
-	items = append(items, cqs...)
-	return append(items, mrs...)
+	b, _ := json.Marshal(p)
+	return b
 }
 
 func sortedKeys[V any](m map[uint32]V) []uint32 {
@@ -323,29 +378,6 @@ func sortedKeys[V any](m map[uint32]V) []uint32 {
 	}
 	sort.Slice(k, func(i, j int) bool { return k[i] < k[j] })
 	return k
-}
-
-// rdmaPageJSON is the page of self's view starting at item from, as
-// large as fits n bytes (at least one item, which always fits: a link
-// with its GIDs and counters is well under maxMsg).
-func (s *Server) rdmaPageJSON(n int, self *client, from uint32) []byte {
-	items := s.rdmaItems(self)
-	p := rdmaPage{Total: len(items), Next: len(items), Items: []json.RawMessage{}}
-	size := len(`{"total":,"next":,"items":[]}`) + 2*len(strconv.Itoa(len(items)))
-	for i := int(min(uint64(from), uint64(len(items)))); i < len(items); i++ {
-		b, _ := json.Marshal(items[i])
-		if size+len(b)+1 > n && len(p.Items) > 0 {
-			p.Next = i
-			break
-		}
-		size += len(b) + 1
-		p.Items = append(p.Items, b)
-	}
-	if from > uint32(len(items)) {
-		p.Next = len(items)
-	}
-	b, _ := json.Marshal(p)
-	return b
 }
 
 // QueryRdma asks the daemon on socket for its rdma views, page by page.

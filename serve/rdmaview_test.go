@@ -32,21 +32,27 @@ func init() {
 }
 
 // A view larger than one control message comes in pages, each object
-// once; the owner sees its MRs' keys. RDMA_VIEW with flags is refused,
-// and one asked past the end answers an empty page.
+// once; the owner sees its MRs' keys; a client does not see itself.
+// RDMA_VIEW with flags is refused, and one asked past the end answers an
+// empty page.
 func TestRdmaViewPages(t *testing.T) {
 	s := startPipe(t)
-	r := dial(t, s)
-	r.open()
-	pd := r.handle(opAllocPD, nil)
+	// Two clients: pages end inside the first one's objects and inside
+	// the second's, and a page may start past a whole client.
 	const nMR, nCQ = 30, 20
 	keys := map[uint32]bool{}
-	for range nMR {
-		_, k := r.regMem(pd, 4096)
-		keys[k] = true
-	}
-	for range nCQ {
-		r.cqRing(16)
+	var r *rawClient
+	for range 2 {
+		r = dial(t, s)
+		r.open()
+		pd := r.handle(opAllocPD, nil)
+		for range nMR / 2 {
+			_, key := r.regMem(pd, 4096)
+			keys[key] = true
+		}
+		for range nCQ / 2 {
+			r.cqRing(16)
+		}
 	}
 	v, err := QueryRdma(s.Socket())
 	if err != nil {
@@ -59,18 +65,48 @@ func TestRdmaViewPages(t *testing.T) {
 		t.Fatalf("view: %d MRs, %d CQs, %d links, %d summaries; want %d, %d, 1, 1", len(v.MRs), len(v.CQs), len(v.Links), len(v.Summary), nMR, nCQ)
 	}
 	for _, m := range v.MRs {
-		if m.LKey == nil || m.RKey == nil || !keys[*m.LKey] || m.MRLen != 4096 || m.PID != os.Getpid() || m.PDN != pd {
-			t.Errorf("MR %+v: want one of ours, with its keys, 4096 bytes, our pid %d, pd %d", m, os.Getpid(), pd)
+		if m.LKey == nil || m.RKey == nil || !keys[*m.LKey] || m.MRLen != 4096 || m.PID != os.Getpid() {
+			t.Errorf("MR %+v: want one of ours, once, with its keys, 4096 bytes, our pid %d", m, os.Getpid())
 		}
 		delete(keys, *m.LKey)
 	}
-	if sm := v.Summary[0]; sm.MR != nMR || sm.CQ != nCQ || sm.PD != 1 || sm.Ctx != 1 {
+	if sm := v.Summary[0]; sm.MR != nMR || sm.CQ != nCQ || sm.PD != 2 || sm.Ctx != 2 {
 		t.Errorf("summary %+v", sm)
+	}
+	// Page by page: each starts where the last ended, and together they
+	// hold every object once.
+	pages, items := 0, 0
+	asker := dial(t, s)
+	for from := 0; ; {
+		pages++
+		e, b, _ := asker.call(opRdmaView, u32s(uint32(from), 0))
+		var p rdmaPage
+		if err := json.Unmarshal(b, &p); e != 0 || err != nil || p.Total != 2+nMR+nCQ || p.Next <= from && p.Next != p.Total {
+			t.Fatalf("RDMA_VIEW from %d: %v %v %s", from, e, err, b)
+		}
+		if len(b) > maxMsg-sizeResp || len(p.Items) != p.Next-from {
+			t.Fatalf("RDMA_VIEW from %d: %d bytes, %d items to %d", from, len(b), len(p.Items), p.Next)
+		}
+		items += len(p.Items)
+		if p.Next == p.Total {
+			break
+		}
+		from = p.Next
+	}
+	if pages < 3 || items != 2+nMR+nCQ {
+		t.Errorf("%d pages of %d items; want at least 3 pages of %d", pages, items, 2+nMR+nCQ)
+	}
+	t.Logf("%d pages", pages)
+	// A client that opened a device does not see itself (as STATUS).
+	e, b, _ := r.call(opRdmaView, u32s(0, 0))
+	var own rdmaPage
+	if err := json.Unmarshal(b, &own); e != 0 || err != nil || own.Total != 2+nMR/2+nCQ/2 {
+		t.Errorf("RDMA_VIEW on a client with objects: %v %v, total %d, want %d (the other client's and the port)", e, err, own.Total, 2+nMR/2+nCQ/2)
 	}
 	if e, _, _ := r.call(opRdmaView, u32s(0, 1)); e != syscall.EINVAL {
 		t.Errorf("RDMA_VIEW with flags: %v, want EINVAL", e)
 	}
-	e, b, _ := r.call(opRdmaView, u32s(1<<31, 0))
+	e, b, _ = r.call(opRdmaView, u32s(1<<31, 0))
 	var p rdmaPage
 	if err := json.Unmarshal(b, &p); e != 0 || err != nil || len(p.Items) != 0 || p.Next != p.Total {
 		t.Errorf("RDMA_VIEW past the end: %v %v %s", e, err, b)
