@@ -230,10 +230,13 @@ func netdevOf(addrs []netip.Addr) (string, int) {
 	return "", 0
 }
 
-// comm is the command name of pid, as rdma reads it.
+// comm is the command name of pid, as rdma reads it ("" when unknown).
 func comm(pid int) string {
+	if pid <= 0 {
+		return ""
+	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
-	if pid <= 0 || err != nil {
+	if err != nil {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
