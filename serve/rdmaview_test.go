@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/bth"
+	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
 )
@@ -275,4 +277,51 @@ func counter(cs []Counter, name string) uint64 {
 		}
 	}
 	return 0
+}
+
+// The port counters name what the link and the engine count: a packet
+// with a bad ICRC is rx_icrc_encapsulated (mlx5's name), one for no QP
+// rx_unknown_qp; both are rcvd_pkts and rcvd_bytes only if delivered.
+func TestRdmaViewLinkCounters(t *testing.T) {
+	s := startUDP(t)
+	dl, ok := s.devs[0].v.Link().(*udp.Link)
+	if !ok {
+		t.Fatalf("the daemon's link is a %T", s.devs[0].v.Link())
+	}
+	a, err := udp.Open(udp.Config{Addr: netip.MustParseAddr("127.0.0.1"), Port: freeUDPPort(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	out := make([]nic.Packet, 2)
+	for i := range out {
+		b := make([]byte, 64)
+		// BTH: RC SEND_ONLY, P_Key 0xFFFF, a QP no one has, then the ICRC.
+		b[0], b[2], b[3], b[5], b[6], b[7] = 0x04, 0xff, 0xff, 0x12, 0x34, 0x56
+		out[i] = nic.Packet{Buf: b, N: bth.BTHLen + bth.ICRCLen, Remote: dl.LocalAddrPort()}
+		if err := a.PutICRC(&out[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out[1].Buf[out[1].N-1] ^= 1
+	if n, err := a.SendRaw(out); n != 2 || err != nil {
+		t.Fatalf("SendRaw: %d, %v", n, err)
+	}
+	var c []Counter
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		v, err := QueryRdma(s.Socket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c = v.Links[0].Counters
+		if counter(c, "rx_icrc_encapsulated") == 1 && counter(c, "rx_unknown_qp") == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("port counters %+v: want rx_icrc_encapsulated 1, rx_unknown_qp 1", c)
+		}
+	}
+	if counter(c, "rcvd_pkts") != 1 || counter(c, "rcvd_bytes") != uint64(bth.BTHLen+bth.ICRCLen) || counter(c, "sent_pkts") != 0 {
+		t.Errorf("port counters %+v: want the one delivered packet of %d bytes, none sent", c, bth.BTHLen+bth.ICRCLen)
+	}
 }
