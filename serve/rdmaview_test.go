@@ -14,6 +14,7 @@ import (
 
 	"github.com/softroce/softroce/bth"
 	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/impair"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
 )
@@ -323,5 +324,54 @@ func TestRdmaViewLinkCounters(t *testing.T) {
 	}
 	if counter(c, "rcvd_pkts") != 1 || counter(c, "rcvd_bytes") != uint64(bth.BTHLen+bth.ICRCLen) || counter(c, "sent_pkts") != 0 {
 		t.Errorf("port counters %+v: want the one delivered packet of %d bytes, none sent", c, bth.BTHLen+bth.ICRCLen)
+	}
+}
+
+// Over a lossy path the error counters move, and a port keeps them after
+// the programs' QPs are gone: ibv_rc_pingpong between two daemons, one
+// of which drops 3% of what it sends, then the port counters of both.
+func TestRdmaViewCountsLoss(t *testing.T) {
+	p, lib := tool(t, "ibv_rc_pingpong")
+	x, y := freeUDPPort(t), freeUDPPort(t)
+	open := func(port int, loss float64) *verbs.Device {
+		l, err := udp.Open(udp.Config{Addr: netip.MustParseAddr("127.0.0.1"), Port: port})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var nl nic.Link = l
+		if loss > 0 {
+			nl = impair.Wrap(l, impair.Config{Loss: loss, Seed: 7})
+		}
+		d, err := verbs.Open(nl, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	s1, s2 := start(t, open(x, 0.03), uint16(y)), start(t, open(y, 0), uint16(x))
+	port := fmt.Sprint(freeTCPPort(t))
+	args := []string{"-g", "0", "-p", port, "-n", "500"}
+	srv := startPingpong(t, s1, lib, p, args...)
+	waitTCPListen(t, srv, port)
+	cli := startPingpong(t, s2, lib, p, append(args, "127.0.0.1")...)
+	cli.wait(t, "ibv_rc_pingpong client")
+	srv.wait(t, "ibv_rc_pingpong server")
+	sum := map[string]uint64{}
+	for _, s := range []*Server{s1, s2} {
+		v, err := QueryRdma(s.Socket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Summary[0].QP != 0 || len(v.QPs) != 0 {
+			t.Fatalf("QPs left after the programs exited: %+v", v.QPs)
+		}
+		for _, c := range v.Links[0].Counters {
+			sum[c.Name] += c.Value
+		}
+		t.Logf("%+v", v.Links[0].Counters)
+	}
+	if sum["retransmitted_pkts"] == 0 || sum["local_ack_timeout_err"] == 0 || sum["duplicate_request"] == 0 {
+		t.Errorf("after 500 round trips over 3%% loss: retransmitted_pkts %d, local_ack_timeout_err %d, duplicate_request %d; want each above 0",
+			sum["retransmitted_pkts"], sum["local_ack_timeout_err"], sum["duplicate_request"])
 	}
 }
