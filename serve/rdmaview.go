@@ -34,11 +34,13 @@ type RdmaView struct {
 	MRs     []RdmaMR      `json:"mrs"`
 }
 
-// RdmaLink is one port (rdma link show, rdma statistic show).
+// RdmaLink is one port (rdma link show, rdma statistic show) and its
+// device (rdma dev show).
 type RdmaLink struct {
 	IfIndex       int      `json:"ifindex"`
 	Port          int      `json:"port"`
-	IfName        string   `json:"ifname"` // the device, without the port
+	IfName        string   `json:"ifname"`    // the device, without the port
+	NodeGUID      uint64   `json:"node_guid"` // also the sys_image_guid, as ibv_query_device says
 	State         string   `json:"state"`
 	PhysicalState string   `json:"physical_state"`
 	Netdev        string   `json:"netdev,omitempty"`
@@ -194,7 +196,7 @@ func (d *device) linkCounters() []Counter {
 // link describes d's port 1.
 func (d *device) link() RdmaLink {
 	p := d.v.QueryPort()
-	l := RdmaLink{IfIndex: d.index, Port: 1, IfName: d.name, State: "ACTIVE", PhysicalState: "LINK_UP",
+	l := RdmaLink{IfIndex: d.index, Port: 1, IfName: d.name, NodeGUID: d.guid, State: "ACTIVE", PhysicalState: "LINK_UP",
 		MTU: p.ActiveMTU, MaxMTU: p.MaxMTU, LinkMTU: p.LinkMTU, Counters: d.linkCounters()}
 	if p.State != "PORT_ACTIVE" {
 		l.State, l.PhysicalState = "DOWN", "DISABLED"

@@ -20,6 +20,7 @@ func init() {
 
 const rdmaUsage = `Usage: softroce rdma [flags] OBJECT [show] [ARGS]
 
+  softroce rdma dev [show] [DEV]
   softroce rdma link [show] [DEV[/PORT]]
   softroce rdma statistic [show] [link DEV[/PORT]]
   softroce rdma resource [show]
@@ -28,7 +29,7 @@ const rdmaUsage = `Usage: softroce rdma [flags] OBJECT [show] [ARGS]
   softroce rdma resource [show] mr [dev DEV] [pid N]
 
 What the daemon serves, in the columns and words of iproute2's rdma
-tool: ports (state, physical state, netdev, MTU, GIDs), their counters,
+tool: devices, ports (state, physical state, netdev, MTU, GIDs), their counters,
 and the QPs, CQs and MRs of its client processes. A user sees their own
 processes' objects, root sees everyone's; an MR's keys only to its owner.
 OBJECT may be shortened as rdma allows (stat, res). Flags may come before
@@ -106,17 +107,17 @@ type rdmaQuery struct {
 }
 
 // rdmaObjects are the objects and the abbreviations rdma accepts for them.
-var rdmaObjects = map[string]string{"link": "link", "statistic": "statistic", "stat": "statistic", "stats": "statistic",
+var rdmaObjects = map[string]string{"dev": "dev", "link": "link", "statistic": "statistic", "stat": "statistic", "stats": "statistic",
 	"resource": "resource", "res": "resource"}
 
 func parseRdmaWords(w []string) (rdmaQuery, error) {
 	q := rdmaQuery{lqpn: -1, pid: -1}
 	if len(w) == 0 {
-		return q, fmt.Errorf("which object: link, statistic or resource?")
+		return q, fmt.Errorf("which object: dev, link, statistic or resource?")
 	}
 	q.object = rdmaObjects[w[0]]
 	if q.object == "" {
-		return q, fmt.Errorf("unknown object %q (link, statistic, resource)", w[0])
+		return q, fmt.Errorf("unknown object %q (dev, link, statistic, resource)", w[0])
 	}
 	w = w[1:]
 	if len(w) > 0 && (w[0] == "show" || w[0] == "list") {
@@ -125,7 +126,7 @@ func parseRdmaWords(w []string) (rdmaQuery, error) {
 	if q.object == "resource" && len(w) > 0 && (w[0] == "qp" || w[0] == "cq" || w[0] == "mr") {
 		q.res, w = w[0], w[1:]
 	}
-	if q.object == "link" && len(w) == 1 { // rdma link show DEV/PORT
+	if (q.object == "link" || q.object == "dev") && len(w) == 1 { // rdma link show DEV/PORT, rdma dev show DEV
 		w = []string{"link", w[0]}
 	}
 	for len(w) > 0 {
@@ -233,6 +234,18 @@ func writeRdma(w io.Writer, v serve.RdmaView, q rdmaQuery, o rdmaOpts) {
 		leads = append(leads, lead)
 	}
 	switch {
+	case q.object == "dev":
+		for _, l := range v.Links {
+			if !q.devOK(l.IfName, 0) {
+				continue
+			}
+			g := guid(l.NodeGUID)
+			r := ordered{{"node_type", "ca"}, {"node_guid", g}, {"sys_image_guid", g}}
+			if o.json {
+				r = append(ordered{{"ifindex", l.IfIndex}, {"ifname", l.IfName}}, r...)
+			}
+			add(fmt.Sprintf("%d: %s: ", l.IfIndex, l.IfName), r)
+		}
 	case q.object == "link":
 		for _, l := range v.Links {
 			if !q.devOK(l.IfName, l.Port) {
@@ -353,6 +366,11 @@ func counters(r ordered, cs []serve.Counter) ordered {
 		r = append(r, kv{c.Name, c.Value})
 	}
 	return r
+}
+
+// guid prints a GUID as rdma and ibv_devinfo do.
+func guid(g uint64) string {
+	return fmt.Sprintf("%04x:%04x:%04x:%04x", g>>48, g>>32&0xffff, g>>16&0xffff, g&0xffff)
 }
 
 func nonNil(s []string) []string {

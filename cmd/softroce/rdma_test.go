@@ -27,7 +27,7 @@ func u64p(v uint64) *uint64 { return &v }
 // keys in rdma's order; keys only where the daemon sent them.
 func TestRdmaFormat(t *testing.T) {
 	v := serve.RdmaView{
-		Links: []serve.RdmaLink{{IfIndex: 0, Port: 1, IfName: "softroce0", State: "ACTIVE", PhysicalState: "LINK_UP", Netdev: "lo", NetdevIndex: 1,
+		Links: []serve.RdmaLink{{IfIndex: 0, Port: 1, IfName: "softroce0", NodeGUID: 0x020000ff7f000001, State: "ACTIVE", PhysicalState: "LINK_UP", Netdev: "lo", NetdevIndex: 1,
 			MTU: 1024, GIDs: []string{"::ffff:127.0.0.1"}, Counters: []serve.Counter{{Name: "rcvd_pkts", Value: 7}, {Name: "sent_pkts", Value: 9}}}},
 		Summary: []serve.RdmaSummary{{IfName: "softroce0", PD: 1, CQ: 2, QP: 1, MR: 2, Ctx: 1}},
 		QPs: []serve.RdmaQP{{Port: 1, IfName: "softroce0", LQPN: 17, PDN: 1, RQPN: 18, Type: "RC", State: "RTS", RQPSN: 5, SQPSN: 6,
@@ -43,6 +43,9 @@ func TestRdmaFormat(t *testing.T) {
 		o     rdmaOpts
 		want  string
 	}{
+		{[]string{"dev"}, rdmaOpts{}, "0: softroce0: node_type ca node_guid 0200:00ff:7f00:0001 sys_image_guid 0200:00ff:7f00:0001 \n"},
+		{[]string{"dev", "show", "softroce0"}, rdmaOpts{json: true},
+			`[{"ifindex":0,"ifname":"softroce0","node_type":"ca","node_guid":"0200:00ff:7f00:0001","sys_image_guid":"0200:00ff:7f00:0001"}]` + "\n"},
 		{[]string{"link"}, rdmaOpts{}, "0/1: softroce0/1: state ACTIVE physical_state LINK_UP netdev lo mtu 1024 gid ::ffff:127.0.0.1 \n"},
 		{[]string{"link", "show", "softroce1/1"}, rdmaOpts{}, ""},
 		{[]string{"link"}, rdmaOpts{json: true},
@@ -198,6 +201,9 @@ func TestRdmaLivePair(t *testing.T) {
 	}
 	if l := rdma(s1, "link"); !regexp.MustCompile(`^0/1: softroce0/1: state ACTIVE physical_state LINK_UP netdev lo mtu \d+ gid ::ffff:127\.0\.0\.1 \n$`).MatchString(l) {
 		t.Errorf("softroce rdma link: %q", l)
+	}
+	if d := rdma(s1, "dev"); d != "0: softroce0: node_type ca node_guid 0200:00ff:7f00:0001 sys_image_guid 0200:00ff:7f00:0001 \n" {
+		t.Errorf("softroce rdma dev: %q (ibv_devinfo's node_guid of 127.0.0.1's device is 0200:00ff:7f00:0001)", d)
 	}
 	sent := func() uint64 {
 		var st []map[string]any
