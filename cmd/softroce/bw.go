@@ -76,10 +76,10 @@ func (b *busyPollFlag) Set(s string) error {
 	return nil
 }
 
-func runPerf(kind string, args []string) int {
+// perfFlagSet defines the flags of bw or lat (kind), into f.
+func perfFlagSet(kind string, f *perfFlags) (fs *flag.FlagSet) {
 	lat := kind == "lat"
-	fs := flag.NewFlagSet(kind, flag.ContinueOnError)
-	var f perfFlags
+	fs = flag.NewFlagSet(kind, flag.ContinueOnError)
 	fs.BoolVar(&f.server, "server", false, "wait for a client (run this first on the other host)")
 	fs.StringVar(&f.bind, "bind", "", "local IP `ADDR` for data and the TCP exchange (default: the address the peer is reached from)")
 	fs.IntVar(&f.port, "port", perf.DefaultPort, "TCP port of the out-of-band exchange")
@@ -119,6 +119,13 @@ func runPerf(kind string, args []string) int {
 		}
 		fs.PrintDefaults()
 	}
+	return
+}
+
+func runPerf(kind string, args []string) int {
+	lat := kind == "lat"
+	var f perfFlags
+	fs := perfFlagSet(kind, &f)
 	// Flags may come before or after the peer address.
 	if code, ok := parseFlags(fs, args); !ok {
 		return code

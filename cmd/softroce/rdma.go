@@ -42,19 +42,26 @@ type rdmaOpts struct {
 	json, details, pretty bool
 }
 
-func runRdma(args []string) int {
-	fs := flag.NewFlagSet("rdma", flag.ContinueOnError)
-	sock := fs.String("socket", "", "the daemon's socket (default as softroce serve)")
-	var o rdmaOpts
+// rdmaFlags defines softroce rdma's flags (gen.go's flagSets reads them).
+func rdmaFlags() (fs *flag.FlagSet, sock *string, o *rdmaOpts, watch *time.Duration) {
+	fs = flag.NewFlagSet("rdma", flag.ContinueOnError)
+	sock = fs.String("socket", "", "the daemon's socket (default as softroce serve)")
+	o = new(rdmaOpts)
 	fs.BoolVar(&o.json, "j", false, "print JSON (rdma -j)")
 	fs.BoolVar(&o.json, "json", false, "print JSON (as -j)")
 	fs.BoolVar(&o.details, "d", false, "details: netdev_index, and each QP's counters (rdma -d)")
 	fs.BoolVar(&o.pretty, "p", false, "pretty: indented JSON, one counter a line (rdma -p)")
-	watch := fs.Duration("w", 0, "watch: print the view again every `interval` (e.g. 1s) until interrupted")
+	watch = fs.Duration("w", 0, "watch: print the view again every `interval` (e.g. 1s) until interrupted")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), rdmaUsage)
 		fs.PrintDefaults()
 	}
+	return
+}
+
+func runRdma(args []string) int {
+	fs, sock, op, watch := rdmaFlags()
+	o := op
 	// Flags may sit between the words, as rdma's -j -d do before them.
 	var words []string
 	for rest := args; ; {
@@ -84,7 +91,7 @@ func runRdma(args []string) int {
 			return 1
 		}
 		var b bytes.Buffer
-		writeRdma(&b, v, q, o)
+		writeRdma(&b, v, q, *o)
 		if *watch > 0 {
 			os.Stdout.WriteString("\033[H\033[2J" + time.Now().Format("15:04:05") + "  softroce rdma " + strings.Join(words, " ") + "\n")
 		}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -129,32 +128,14 @@ func startDaemon(t *testing.T, port, remote int) *serve.Server {
 	return s
 }
 
-func freePort(t *testing.T, network string) int {
-	t.Helper()
-	if network == "udp" {
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		return c.LocalAddr().(*net.UDPAddr).Port
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // softroce rdma on a live pair: two daemons and ibv_rc_pingpong between
 // them. The QP lines have rdma's words with the peer's QPN, the link and
 // statistic lines theirs, and the counters grow between two looks.
 func TestRdmaLivePair(t *testing.T) {
 	p, lib := abitest.Tool(t, "ibv_rc_pingpong", "ibverbs-utils")
-	x, y := freePort(t, "udp"), freePort(t, "udp")
+	x, y := freePort("udp"), freePort("udp")
 	s1, s2 := startDaemon(t, x, y), startDaemon(t, y, x)
-	port := fmt.Sprint(freePort(t, "tcp"))
+	port := fmt.Sprint(freePort("tcp"))
 	pp := func(s *serve.Server, args ...string) *exec.Cmd {
 		cmd := exec.Command(p, append([]string{"-g", "0", "-p", port, "-n", "100000000"}, args...)...)
 		cmd.Env = append(os.Environ(), "SOFTROCE_SOCKET="+s.Socket(), "LD_LIBRARY_PATH="+lib)
