@@ -12,7 +12,7 @@ import (
 // and never a panic.
 
 const (
-	protoVersion = 4 // 4: RDMA_VIEW; 2: CREATE_QP answers a QP token, ATTACH_QP carries it; HELLO's answer carries the network namespace; 3: CM_OPEN answers a channel token, CM_MIGRATE_ID
+	protoVersion = 4 // 2: CREATE_QP answers a QP token, ATTACH_QP carries it; HELLO's answer carries the network namespace; 3: CM_OPEN answers a channel token, CM_MIGRATE_ID; 4: RDMA_VIEW
 	maxMsg       = 4096
 	maxExtents   = 64
 	nameLen      = 64

@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-#define SR_PROTO_VERSION 4 /* 4: RDMA_VIEW (25); 2: sr_qp_resp.token, sr_cm_req.qp_token, sr_hello_resp carries the network namespace; 3: the CM response carries a channel token, SR_OP_CM_MIGRATE_ID */
+#define SR_PROTO_VERSION 4 /* 2: sr_qp_resp.token, sr_cm_req.qp_token, sr_hello_resp carries the network namespace; 3: the CM response carries a channel token, SR_OP_CM_MIGRATE_ID; 4: SR_OP_RDMA_VIEW */
 #define SR_MAX_MSG 4096 /* largest request or response */
 #define SR_MAX_EXTENTS 64 /* memfd pieces of one MR */
 #define SR_NAME_LEN 64
