@@ -15,7 +15,7 @@ import (
 )
 
 func init() {
-	register("rdma", "the daemon's ports, counters and resources as iproute2's rdma shows them: rdma link|statistic|resource", runRdma)
+	register("rdma", "the daemon's ports, counters and resources as iproute2's rdma shows them: rdma dev|link|statistic|resource", runRdma)
 }
 
 const rdmaUsage = `Usage: softroce rdma [flags] OBJECT [show] [ARGS]
