@@ -56,6 +56,9 @@ type device struct {
 	userSlots map[int]int            // reserved by uid: Limits.QueueSlotsPerUser
 	srqs      []*srqObj              // srq.go
 	bySRQ     map[*verbs.SRQ]*srqObj // srq.go: for the limit event
+	// retired sums the counters of destroyed client QPs: a port's
+	// counters (rdmaview.go) outlive the QPs that moved them.
+	retired engine.QPStats
 
 	rmu sync.Mutex
 	// overruns are QPs whose client CQ ring was full when route wrote a
