@@ -67,6 +67,7 @@ var adviceSources = map[string][]string{
 	"gen.go":                           {"man"},   // completion's messages name no flag
 	"serve.go":                         {"serve"}, // abi's and status's messages name no flag
 	"run.go":                           {"run"},
+	"rdma.go":                          {"rdma"},
 	"run_devnode.go":                   {"run"},
 	"../../tools/perftest/proto.go":    {"perftest"},
 	"../../tools/perftest/run.go":      {"perftest"},
