@@ -381,3 +381,129 @@ func TestIncastDCQCN(t *testing.T) {
 		})
 	}
 }
+
+// ccPair is two RC QPs connected on a Sim, with congestion control as on
+// says per side.
+func ccPair(t *testing.T, on [2]bool) (*enginetest.Sim, [2]*engine.QP) {
+	s := enginetest.NewSim(t, 1, enginetest.Impairment{})
+	qps := s.Connect(enginetest.QPOpts{PMTU: 1024})
+	prm := dcqcn.Default(10e9)
+	for i, qp := range qps {
+		if on[i] {
+			if err := qp.SetCC(&prm); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return s, qps
+}
+
+// feedTC hands endpoint i's QP one crafted packet with traffic class tc
+// and returns what the engine sends in answer, one line each, with the
+// answer's traffic class.
+func feedTC(s *enginetest.Sim, i int, qp *engine.QP, f bth.Fields, payload []byte, tc uint8) []string {
+	f.BTH.PKey = 0xffff
+	f.BTH.DestQP = qp.Num()
+	buf := make([]byte, bth.Len(f.BTH.Opcode, len(payload)))
+	n, err := bth.Build(buf, &f, payload)
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	s.EP[i].E.Receive(s.Now, []nic.Packet{{Buf: buf, N: n, TClass: tc, Remote: engine.Remote(s.EP[1-i].Addr)}})
+	var lines []string
+	for {
+		out, more := s.EP[i].E.Progress(s.Now)
+		for j := range out {
+			var p bth.Packet
+			if err := bth.Parse(&p, out[j].Bytes()); err != nil {
+				s.T.Fatal(err)
+			}
+			l := fmt.Sprintf("%s qp=%d tc=%#x", enginetest.ShortOp(p.BTH.Opcode()), p.BTH.DestQP(), out[j].TClass)
+			if p.AETH != nil {
+				l += " " + p.AETH.Syndrome().String()
+			}
+			if p.BTH.BECN() {
+				l += " becn"
+			}
+			lines = append(lines, l)
+		}
+		s.EP[i].E.Release(out)
+		if !more {
+			return lines
+		}
+	}
+}
+
+// TestNotificationPoint: a CE-marked request is executed as any other
+// (CE is not an error) and, with congestion control on, answered by one
+// CNP to the sender's QP per CNP interval (before the coalesced ACK); a NAK is never a CNP; with it
+// off nothing but the count changes.
+func TestNotificationPoint(t *testing.T) {
+	wr1 := func(psn uint32) bth.Fields {
+		return bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PSN: psn, AckReq: true}}
+	}
+	t.Run("on", func(t *testing.T) {
+		s, qps := ccPair(t, [2]bool{true, true})
+		mr, _ := s.Reg(1, 4096)
+		for i := 0; i < 4; i++ {
+			s.PostRecv(qps[1], uint64(i), mr.Addr(), 4096, mr.LKey())
+		}
+		peer := qps[0].Num()
+		ack := fmt.Sprintf("ACKNOWLEDGE qp=%d tc=0x2 ACK (credits unlimited)", peer) // ECT(0): the AV's class is 0
+		cnp := fmt.Sprintf("CNP qp=%d tc=0x0 becn", peer)
+		enginetest.ExpectLines(t, "CE-marked SEND", feedTC(s, 1, qps[1], wr1(0), []byte("x"), 0x03), cnp, ack)
+		s.Now = s.Now.Add(10 * time.Microsecond)
+		enginetest.ExpectLines(t, "CE within the interval", feedTC(s, 1, qps[1], wr1(1), []byte("x"), 0x03), ack)
+		s.Now = s.Now.Add(50 * time.Microsecond)
+		enginetest.ExpectLines(t, "ECT(0), not marked", feedTC(s, 1, qps[1], wr1(2), []byte("x"), 0x02), ack)
+		// Out of sequence: a NAK, no CNP (CNPs only answer CE marks).
+		enginetest.ExpectLines(t, "PSN sequence error", feedTC(s, 1, qps[1], wr1(9), []byte("x"), 0x02),
+			fmt.Sprintf("ACKNOWLEDGE qp=%d tc=0x2 NAK PSN sequence error", peer))
+		enginetest.ExpectLines(t, "CE after the interval", feedTC(s, 1, qps[1], wr1(3), []byte("x"), 0x03), cnp, ack)
+		st := s.EP[1].E.Stats()
+		if st.CC.NPECNMarkedRoCEPackets != 3 || st.CC.NPCNPSent != 2 || st.RxBadHeader != 0 {
+			t.Errorf("counters %+v, bad headers %d; want 3 marked, 2 CNPs sent", st.CC, st.RxBadHeader)
+		}
+		if q := qps[1].Stats().CC; !q.Enabled || q.ECNMarked != 3 || q.CNPSent != 2 {
+			t.Errorf("QP counters %+v", q)
+		}
+		var wcs [8]cq.WC
+		if n := s.EP[1].RCQ.Poll(wcs[:]); n != 4 {
+			t.Errorf("%d receive completions, want 4: CE-marked packets are delivered", n)
+		}
+	})
+	t.Run("off", func(t *testing.T) {
+		s, qps := ccPair(t, [2]bool{false, false})
+		mr, _ := s.Reg(1, 4096)
+		s.PostRecv(qps[1], 1, mr.Addr(), 4096, mr.LKey())
+		enginetest.ExpectLines(t, "CE-marked SEND", feedTC(s, 1, qps[1], wr1(0), []byte("x"), 0x03),
+			fmt.Sprintf("ACKNOWLEDGE qp=%d tc=0x0 ACK (credits unlimited)", qps[0].Num()))
+		if st := s.EP[1].E.Stats().CC; st.NPECNMarkedRoCEPackets != 1 || st.NPCNPSent != 0 {
+			t.Errorf("counters %+v; want 1 marked, no CNP", st)
+		}
+	})
+}
+
+// TestReactionPoint: a CNP cuts the rate of a QP with congestion control
+// on; for one without, it is counted and dropped, never a bad header.
+func TestReactionPoint(t *testing.T) {
+	cnp := bth.Fields{BTH: bth.BTHFields{Opcode: bth.CNP, BECN: true}}
+	s, qps := ccPair(t, [2]bool{true, false})
+	for i, want := range []string{"handled", "ignored"} {
+		if got := feedTC(s, i, qps[i], cnp, make([]byte, bth.CNPPayloadLen), 0); len(got) != 0 {
+			t.Errorf("QP %d answered a CNP: %q", i, got)
+		}
+		st := s.EP[i].E.Stats()
+		if st.RxBadHeader != 0 || st.RxUnknownQP != 0 {
+			t.Errorf("QP %d: CNP counted as bad header (%d) or unknown QP (%d)", i, st.RxBadHeader, st.RxUnknownQP)
+		}
+		c := st.CC
+		if got := map[string]uint64{"handled": c.RPCNPHandled, "ignored": c.RPCNPIgnored}[want]; got != 1 || c.RPCNPHandled+c.RPCNPIgnored != 1 {
+			t.Errorf("QP %d: counters %+v, want one CNP %s", i, c, want)
+		}
+	}
+	q := qps[0].Stats().CC
+	if q.RateBPS != 5e9 || q.CNPHandled != 1 { // initial alpha 1: the first cut halves
+		t.Errorf("after a CNP: %+v, want rate 5 Gb/s", q)
+	}
+}
