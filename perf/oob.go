@@ -43,7 +43,10 @@ type hello struct {
 	QPs     int    `json:"qps"`
 	MTU     int    `json:"mtu"`
 	TxDepth int    `json:"tx_depth"`
-	Info    Info   `json:"info"`
+	// CC is the client's congestion control ("dcqcn"; empty: none): the
+	// server turns it on too, so that its QPs answer CE marks with CNPs.
+	CC   string `json:"cc,omitempty"`
+	Info Info   `json:"info"`
 	Error   string `json:"error,omitempty"`
 }
 
@@ -72,6 +75,9 @@ type ServerConfig struct {
 	Receives int
 	// BusyPoll is the device's verbs.Options.BusyPoll (0: off).
 	BusyPoll time.Duration
+	// CC is the device's congestion control (verbs.CCDCQCN: on), also
+	// turned on when the client asks for it.
+	CC verbs.CCMode
 }
 
 // Serve answers one client on ln: it sets up an endpoint as the client
@@ -127,7 +133,11 @@ func Serve(ctx context.Context, ln net.Listener, sc ServerConfig) (*Report, erro
 		return refuse(fmt.Errorf("open the data link: %w", err))
 	}
 	link = retarget(link, h.Info.UDPPort)
-	dev, err := verbs.Open(link, &verbs.Options{BusyPoll: sc.BusyPoll})
+	mode := sc.CC
+	if h.CC == verbs.CCDCQCN.String() {
+		mode = verbs.CCDCQCN
+	}
+	dev, err := verbs.Open(link, deviceOptions("", sc.BusyPoll, mode))
 	if err != nil {
 		link.Close()
 		return refuse(fmt.Errorf("open device: %w", err))
@@ -233,7 +243,7 @@ func Run(ctx context.Context, cc ClientConfig, c Config, lat bool, row func(any)
 		return nil, fmt.Errorf("open the data link: %w", err)
 	}
 	pl := &portLink{Link: link}
-	dev, err := verbs.Open(pl, &verbs.Options{BusyPoll: c.BusyPoll})
+	dev, err := verbs.Open(pl, deviceOptions("", c.BusyPoll, c.CC))
 	if err != nil {
 		link.Close()
 		return nil, fmt.Errorf("open device: %w", err)
@@ -249,7 +259,11 @@ func Run(ctx context.Context, cc ClientConfig, c Config, lat bool, row func(any)
 		kind = "lat"
 	}
 	dec, enc := json.NewDecoder(io.LimitReader(conn, maxExchange)), json.NewEncoder(conn)
-	if err := enc.Encode(hello{Proto: Proto, Kind: kind, Test: c.Test, MaxSize: c.maxSize(), QPs: c.QPs, MTU: c.MTU, TxDepth: c.TxDepth, Info: ep.Info(port)}); err != nil {
+	var ccName string
+	if c.CC == verbs.CCDCQCN {
+		ccName = c.CC.String()
+	}
+	if err := enc.Encode(hello{Proto: Proto, Kind: kind, Test: c.Test, MaxSize: c.maxSize(), QPs: c.QPs, MTU: c.MTU, TxDepth: c.TxDepth, CC: ccName, Info: ep.Info(port)}); err != nil {
 		return nil, fmt.Errorf("send hello to %v: %w", cc.Peer, err)
 	}
 	var h hello

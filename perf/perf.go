@@ -68,6 +68,20 @@ type Config struct {
 	Progress func(done, total int64)
 	// BusyPoll is the devices' verbs.Options.BusyPoll (0: off).
 	BusyPoll time.Duration
+	// CC is the devices' congestion control: verbs.CCDCQCN opens them
+	// with verbs.CCDefaults (docs/congestion.md), and the server's too;
+	// anything else leaves it off.
+	CC verbs.CCMode
+}
+
+// deviceOptions are the verbs options of a device of this run.
+func deviceOptions(name string, busy time.Duration, cc verbs.CCMode) *verbs.Options {
+	o := &verbs.Options{Name: name, BusyPoll: busy}
+	if cc == verbs.CCDCQCN {
+		p := verbs.CCDefaults()
+		o.CC = &p
+	}
+	return o
 }
 
 // Defaults and limits.

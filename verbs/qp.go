@@ -422,6 +422,9 @@ type ConnectOptions struct {
 	CC CCMode
 }
 
+// CCQPStats are a QP's congestion-control state and counters (QPStats.CC).
+type CCQPStats = engine.CCQPStats
+
 // CCMode chooses a QP's congestion control (ConnectOptions.CC).
 type CCMode uint8
 

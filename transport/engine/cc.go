@@ -25,9 +25,12 @@ const (
 )
 
 // paceBurst is how much credit a paced QP may bank, as time at line
-// rate: enough that a driver timer firing late does not cost rate, small
-// against the bottleneck queues DCQCN is tuned for (Kmin 40 KB).
-const paceBurst = 20 * time.Microsecond
+// rate (125 KB at 10 Gb/s): the driver's timer goroutine wakes tens of
+// microseconds late on a loaded host, and credit capped below that delay
+// is rate lost for good; the engine also builds up to MaxBatch packets
+// (64 KB at a 1024-byte MTU) per turn. In steady state a paced QP's
+// credit stays near zero; only a QP that was idle bursts this much.
+const paceBurst = 100 * time.Microsecond
 
 // qpCC is the congestion-control state of one QP, allocated only for a
 // QP that has it on.
