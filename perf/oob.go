@@ -39,15 +39,15 @@ type hello struct {
 	Test  Test   `json:"test"`
 	// MaxSize is the largest message of the run: the server registers
 	// that much memory.
-	MaxSize int    `json:"max_size"`
-	QPs     int    `json:"qps"`
-	MTU     int    `json:"mtu"`
-	TxDepth int    `json:"tx_depth"`
+	MaxSize int `json:"max_size"`
+	QPs     int `json:"qps"`
+	MTU     int `json:"mtu"`
+	TxDepth int `json:"tx_depth"`
 	// CC is the client's congestion control ("dcqcn"; empty: none): the
 	// server turns it on too, so that its QPs answer CE marks with CNPs.
-	CC   string `json:"cc,omitempty"`
-	Info Info   `json:"info"`
-	Error   string `json:"error,omitempty"`
+	CC    string `json:"cc,omitempty"`
+	Info  Info   `json:"info"`
+	Error string `json:"error,omitempty"`
 }
 
 // done is the client's last message: the results, for the server to print.
