@@ -441,6 +441,16 @@ type EngineStats = engine.EngineStats
 // per-QP ones), congestion control's in CC.
 func (d *Device) Stats() EngineStats { return d.eng.Stats() }
 
+// CC returns a copy of the device's congestion-control parameters
+// (Options.CC), nil when it is off.
+func (d *Device) CC() *dcqcn.Params {
+	if d.cc == nil {
+		return nil
+	}
+	p := *d.cc
+	return &p
+}
+
 // SetPacketTrace makes f see every packet the transport sends (dir 'T')
 // and receives (dir 'R'), parsed or not; nil stops tracing. f is called on
 // the device's goroutines with the transport locked: it must not block,

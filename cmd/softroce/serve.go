@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/softroce/softroce/abi"
 	"github.com/softroce/softroce/nic/afxdp"
@@ -45,6 +46,7 @@ func runServe(args []string) int {
 	port := fs.Int("udp-port", 0, "UDP port to listen on (default 4791)")
 	peerPort := fs.Int("peer-udp-port", 0, "UDP port the peers listen on (default: --udp-port; change only against another softroce on the same address)")
 	quiet := fs.Bool("q", false, "print nothing but errors")
+	ccMode := fs.String("cc", "none", "congestion control of every RC QP: none, or dcqcn (ECN-capable packets, CNPs on CE marks, DCQCN pacing; counters in softroce status)")
 	lim := limitFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--socket PATH] [--group NAME]\n\n"+
@@ -64,6 +66,11 @@ func runServe(args []string) int {
 		fmt.Fprintf(os.Stderr, "softroce serve: --xdp-mode: %v\n", err)
 		return 2
 	}
+	cc, err := verbs.ParseCCMode(*ccMode)
+	if err != nil || cc == verbs.CCDevice {
+		fmt.Fprintf(os.Stderr, "softroce serve: --cc %q: want none or dcqcn\n", *ccMode)
+		return 2
+	}
 	var devs []*verbs.Device
 	for i, a := range addrs {
 		link, err := openLink(linkFlags{backend: *backend, bind: a, udpPort: *port, xdpMode: mode}, "")
@@ -71,7 +78,12 @@ func runServe(args []string) int {
 			fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
 			return 1
 		}
-		d, err := verbs.Open(link, &verbs.Options{Name: fmt.Sprintf("softroce%d", i)})
+		opts := &verbs.Options{Name: fmt.Sprintf("softroce%d", i)}
+		if cc == verbs.CCDCQCN {
+			p := verbs.CCDefaults()
+			opts.CC = &p
+		}
+		d, err := verbs.Open(link, opts)
 		if err != nil {
 			link.Close()
 			fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
@@ -196,6 +208,10 @@ func runStatus(args []string) int {
 	}
 	for _, d := range st.Devices {
 		fmt.Printf("device %s  %s  qps %d  rx %d tx %d packets\n", d.Name, strings.Join(d.Addrs, ","), d.QPs, d.RxPackets, d.TxPackets)
+		if c := d.CC; c != nil {
+			fmt.Printf("  dcqcn: np_ecn_marked_roce_packets %d  np_cnp_sent %d  rp_cnp_handled %d  rp_cnp_ignored %d\n",
+				c.NPECNMarkedRoCEPackets, c.NPCNPSent, c.RPCNPHandled, c.RPCNPIgnored)
+		}
 	}
 	fmt.Printf("clients %d (accepted %d)  bad requests %d  bad WQEs %d  CQ overruns %d\n",
 		st.Stats.Clients, st.Stats.Accepted, st.Stats.BadRequests, st.Stats.BadWQEs, st.Stats.Overruns)
@@ -221,7 +237,12 @@ func runStatus(args []string) int {
 		}
 		fmt.Println()
 		for _, q := range c.QPs {
-			fmt.Printf("    qp 0x%06x %s\n", q.QPN, q.State)
+			fmt.Printf("    qp 0x%06x %s", q.QPN, q.State)
+			if c := q.CC; c != nil {
+				fmt.Printf("  dcqcn %.3f Gb/s, rate-limited %v, CNPs handled %d sent %d",
+					c.RateBPS/1e9, time.Duration(c.RateLimitedNS).Round(time.Microsecond), c.CNPHandled, c.CNPSent)
+			}
+			fmt.Println()
 		}
 	}
 	if st.OtherClients > 0 {
