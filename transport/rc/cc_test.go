@@ -507,3 +507,28 @@ func TestReactionPoint(t *testing.T) {
 		t.Errorf("after a CNP: %+v, want rate 5 Gb/s", q)
 	}
 }
+
+// TestECNCapableClass: with congestion control on, a traffic class that
+// is not ECN-capable leaves as ECT(0), any other ECN value as given; off,
+// the address vector's class is sent unchanged.
+func TestECNCapableClass(t *testing.T) {
+	for _, c := range []struct {
+		on      bool
+		av, out uint8
+	}{
+		{true, 0x00, 0x02}, {true, 0x20, 0x22}, {true, 0x21, 0x21}, {true, 0x23, 0x23},
+		{false, 0x00, 0x00}, {false, 0x20, 0x20}, {false, 0x22, 0x22},
+	} {
+		s, qps := ccPair(t, [2]bool{c.on, c.on})
+		p := qps[1].Path()
+		p.TrafficClass = c.av
+		qps[1].SetPath(p)
+		mr, _ := s.Reg(1, 64)
+		s.PostRecv(qps[1], 1, mr.Addr(), 64, mr.LKey())
+		got := feedTC(s, 1, qps[1], bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCSendOnly, AckReq: true}}, []byte("x"), 0)
+		want := fmt.Sprintf("ACKNOWLEDGE qp=%d tc=%#x ACK (credits unlimited)", qps[0].Num(), c.out)
+		if len(got) != 1 || got[0] != want {
+			t.Errorf("cc %v, class %#x: sent %q, want %q", c.on, c.av, got, want)
+		}
+	}
+}
