@@ -37,6 +37,11 @@ type Summary struct {
 	// Hints say what the capture likely is when its numbers have a known
 	// cause other than the wire (SnifferHint).
 	Hints []string `json:"hints,omitempty"`
+	// Filter and Matched are set by callers that list only the packets
+	// a filter matched: the counts above cover every packet, Matched how
+	// many RoCE packets were listed.
+	Filter  string `json:"filter,omitempty"`
+	Matched *int   `json:"matched,omitempty"`
 }
 
 // SnifferHint is the hint for a capture whose every RoCEv2 packet has
@@ -185,13 +190,25 @@ func NewSummarizer(file string) *Summarizer {
 	return &Summarizer{s: Summary{File: file, Opcodes: map[string]int{}}, flows: map[flowKey]*Flow{}, byHosts: map[hostsKey][]*Flow{}}
 }
 
+// Mark is what the analysis made of one packet when it was added: the
+// per-packet side of a Flow's Retransmissions and PSNGaps counts.
+type Mark struct {
+	Retransmission bool // counted in its flow's Retransmissions
+	Gap            bool // came after a PSN gap (counted in its flow's PSNGaps)
+}
+
 // Add counts one record.
-func (z *Summarizer) Add(r *Record) {
+func (z *Summarizer) Add(r *Record) { z.AddMark(r) }
+
+// AddMark counts one record, as Add, and says what the analysis made of
+// it. Records must come in capture order: a packet is a retransmission by
+// what came before it.
+func (z *Summarizer) AddMark(r *Record) Mark {
 	s := &z.s
 	s.Frames++
 	if !r.RoCE {
 		s.NonRoCE++
-		return
+		return Mark{}
 	}
 	s.RoCE++
 	s.Bytes += r.WireLen
@@ -210,7 +227,7 @@ func (z *Summarizer) Add(r *Record) {
 		s.Malformed++
 	}
 	if r.OpcodeName == "" { // headers not located
-		return
+		return Mark{}
 	}
 	s.Opcodes[r.OpcodeName]++
 	if r.CM != nil {
@@ -230,7 +247,7 @@ func (z *Summarizer) Add(r *Record) {
 		hk := hostsKey{r.Transport, r.Src, r.Dst}
 		z.byHosts[hk] = append(z.byHosts[hk], f)
 	}
-	f.add(r)
+	m := f.add(r)
 	if info := bth.Opcode(r.Opcode).Info(); info.Valid && !info.Request && info.Op != bth.OpCNP {
 		z.answer(f, r.PSN, info.Op == bth.OpReadResponse)
 	}
@@ -251,6 +268,7 @@ func (z *Summarizer) Add(r *Record) {
 			s.RNRNAKs++
 		}
 	}
+	return m
 }
 
 // answer ties response flow f to the request flow it answers, if it is
@@ -269,7 +287,7 @@ func (z *Summarizer) answer(f *Flow, psn uint32, read bool) {
 	}
 }
 
-func (f *Flow) add(r *Record) {
+func (f *Flow) add(r *Record) (m Mark) {
 	f.Packets++
 	f.Bytes += r.WireLen
 	f.Payload += r.PayloadLen
@@ -310,8 +328,10 @@ func (f *Flow) add(r *Record) {
 		f.reqPSNs[psn] = struct{}{}
 		if (f.reqSeen && bth.PSNDiff(psn, f.reqMax) <= 0) || (f.readSeen && bth.PSNDiff(psn, f.readMax) <= 0) {
 			f.Retransmissions++
+			m.Retransmission = true
 		} else if f.expectOK && bth.PSNDiff(psn, f.expect) > 0 {
 			f.PSNGaps++
+			m.Gap = true
 			f.MissingPSNs += bth.PSNDiff(psn, f.expect)
 		}
 		if !f.reqSeen || bth.PSNDiff(psn, f.reqMax) > 0 {
@@ -329,6 +349,7 @@ func (f *Flow) add(r *Record) {
 		if info.Op == bth.OpReadResponse {
 			if f.respSeen && bth.PSNDiff(psn, f.respMax) <= 0 {
 				f.Retransmissions++
+				m.Retransmission = true
 				again = true
 			}
 			if !f.respSeen || bth.PSNDiff(psn, f.respMax) > 0 {
@@ -342,9 +363,11 @@ func (f *Flow) add(r *Record) {
 		case again:
 		case f.respNextOK && bth.PSNDiff(psn, f.respNext) > 0:
 			f.PSNGaps++
+			m.Gap = true
 			f.MissingPSNs += bth.PSNDiff(psn, f.respNext)
 		case !f.respNextOK && info.Op == bth.OpReadResponse && (info.Pos == bth.PosMiddle || info.Pos == bth.PosLast):
 			f.PSNGaps++
+			m.Gap = true
 			f.MissingPSNs++
 		}
 		f.respNext = bth.PSNAdd(psn, 1)
@@ -365,6 +388,7 @@ func (f *Flow) add(r *Record) {
 			f.RNRNAKs++
 		}
 	}
+	return m
 }
 
 // Summary pairs the flows into connections and returns the totals.

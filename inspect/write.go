@@ -208,6 +208,9 @@ func WriteSummary(w io.Writer, s *Summary) error {
 	for _, h := range s.Hints {
 		fmt.Fprintf(&b, "   hint: %s\n", h)
 	}
+	if s.Matched != nil {
+		fmt.Fprintf(&b, "   %s\n", MatchedLine(s.Filter, *s.Matched, s.RoCE))
+	}
 	writeCMConns(&b, s)
 	for i, c := range s.Connections {
 		qpa := "?"

@@ -75,6 +75,8 @@ type ServerConfig struct {
 	Receives int
 	// BusyPoll is the device's verbs.Options.BusyPoll (0: off).
 	BusyPoll time.Duration
+	// NoInlineWait is the device's verbs.Options.NoInlineWait.
+	NoInlineWait bool
 	// CC is the device's congestion control (verbs.CCDCQCN: on), also
 	// turned on when the client asks for it.
 	CC verbs.CCMode
@@ -137,7 +139,7 @@ func Serve(ctx context.Context, ln net.Listener, sc ServerConfig) (*Report, erro
 	if h.CC == verbs.CCDCQCN.String() {
 		mode = verbs.CCDCQCN
 	}
-	dev, err := verbs.Open(link, deviceOptions("", sc.BusyPoll, mode))
+	dev, err := verbs.Open(link, deviceOptions("", sc.BusyPoll, sc.NoInlineWait, mode))
 	if err != nil {
 		link.Close()
 		return refuse(fmt.Errorf("open device: %w", err))
@@ -243,7 +245,7 @@ func Run(ctx context.Context, cc ClientConfig, c Config, lat bool, row func(any)
 		return nil, fmt.Errorf("open the data link: %w", err)
 	}
 	pl := &portLink{Link: link}
-	dev, err := verbs.Open(pl, deviceOptions("", c.BusyPoll, c.CC))
+	dev, err := verbs.Open(pl, deviceOptions("", c.BusyPoll, c.NoInlineWait, c.CC))
 	if err != nil {
 		link.Close()
 		return nil, fmt.Errorf("open device: %w", err)

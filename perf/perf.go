@@ -68,6 +68,10 @@ type Config struct {
 	Progress func(done, total int64)
 	// BusyPoll is the devices' verbs.Options.BusyPoll (0: off).
 	BusyPoll time.Duration
+	// NoInlineWait is the devices' verbs.Options.NoInlineWait: blocking
+	// waits leave receiving to the device's receive goroutine (for
+	// comparisons).
+	NoInlineWait bool
 	// CC is the devices' congestion control: verbs.CCDCQCN opens them
 	// with verbs.CCDefaults (docs/congestion.md), and the server's too;
 	// anything else leaves it off.
@@ -75,8 +79,8 @@ type Config struct {
 }
 
 // deviceOptions are the verbs options of a device of this run.
-func deviceOptions(name string, busy time.Duration, cc verbs.CCMode) *verbs.Options {
-	o := &verbs.Options{Name: name, BusyPoll: busy}
+func deviceOptions(name string, busy time.Duration, noInlineWait bool, cc verbs.CCMode) *verbs.Options {
+	o := &verbs.Options{Name: name, BusyPoll: busy, NoInlineWait: noInlineWait}
 	if cc == verbs.CCDCQCN {
 		p := verbs.CCDefaults()
 		o.CC = &p

@@ -64,6 +64,7 @@ var adviceSources = map[string][]string{
 	"replay.go":                        nil, // conformance replay has its own flag set; replay_test.go tests its refusals
 	"conformance_remote.go":            nil, // conformance remote has its own flag set; conformance_remote_test.go tests its refusals
 	"main.go":                          nil,
+	"gen.go":                           {"man"},   // completion's messages name no flag
 	"serve.go":                         {"serve"}, // abi's and status's messages name no flag
 	"run.go":                           {"run"},
 	"run_devnode.go":                   {"run"},

@@ -43,25 +43,26 @@ func init() {
 
 // perfFlags are the flags of bw and lat.
 type perfFlags struct {
-	server  bool
-	bind    string
-	port    int
-	udpPort int
-	test    string
-	size    int
-	sweep   bool
-	qps     int
-	iters   int
-	seconds float64
-	mtu     int
-	depth   int
-	backend string
-	json    bool
-	wait    time.Duration
-	busy    busyPollFlag
-	rawUDP  bool
-	impair  string
-	cc      string
+	server   bool
+	bind     string
+	port     int
+	udpPort  int
+	test     string
+	size     int
+	sweep    bool
+	qps      int
+	iters    int
+	seconds  float64
+	mtu      int
+	depth    int
+	backend  string
+	json     bool
+	wait     time.Duration
+	busy     busyPollFlag
+	noInline bool
+	rawUDP   bool
+	impair   string
+	cc       string
 }
 
 // busyPollFlag is --busy-poll (defaultBusyPoll) or --busy-poll=DURATION.
@@ -89,10 +90,10 @@ func (b *busyPollFlag) Set(s string) error {
 	return nil
 }
 
-func runPerf(kind string, args []string) int {
+// perfFlagSet defines the flags of bw or lat (kind), into f.
+func perfFlagSet(kind string, f *perfFlags) (fs *flag.FlagSet) {
 	lat := kind == "lat"
-	fs := flag.NewFlagSet(kind, flag.ContinueOnError)
-	var f perfFlags
+	fs = flag.NewFlagSet(kind, flag.ContinueOnError)
 	fs.BoolVar(&f.server, "server", false, "wait for a client (run this first on the other host)")
 	fs.StringVar(&f.bind, "bind", "", "local IP `ADDR` for data and the TCP exchange (default: the address the peer is reached from)")
 	fs.IntVar(&f.port, "port", perf.DefaultPort, "TCP port of the out-of-band exchange")
@@ -120,6 +121,7 @@ func runPerf(kind string, args []string) int {
 	fs.BoolVar(&f.json, "json", false, "print the results as JSON")
 	fs.DurationVar(&f.wait, "wait", 5*time.Second, "how long the client keeps trying to reach the server")
 	fs.StringVar(&f.impair, "impair", "", "impair this side's sends, e.g. loss=1%,dup=1%,reorder=1%,corrupt=1%,delay=100us,jitter=50us,seed=7 (nic/impair syntax; retransmissions are counted)")
+	fs.BoolVar(&f.noInline, "no-inline-wait", false, "a blocked wait leaves receiving to the device's receive goroutine, which hands each completion over (a second wake-up per hop): for comparison with the default, where the waiter receives")
 	fs.StringVar(&f.cc, "cc", "none", "congestion control of both sides' QPs: none, or dcqcn (ECN-capable packets, CNPs on CE marks, DCQCN pacing; its counters in --json)")
 	fs.Var(&f.busy, "busy-poll", "the device's receive loop polls the link for this long (bare: 1ms) before it sleeps: lower latency for a core's worth of CPU (udp backend)")
 	if lat {
@@ -132,6 +134,13 @@ func runPerf(kind string, args []string) int {
 		}
 		fs.PrintDefaults()
 	}
+	return
+}
+
+func runPerf(kind string, args []string) int {
+	lat := kind == "lat"
+	var f perfFlags
+	fs := perfFlagSet(kind, &f)
 	// Flags may come before or after the peer address.
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
@@ -156,7 +165,7 @@ func runPerf(kind string, args []string) int {
 		return fail("--test: %v", err)
 	}
 	c := perf.Config{Test: test, Sizes: []int{f.size}, Iters: f.iters, QPs: f.qps, MTU: f.mtu, TxDepth: f.depth,
-		Duration: time.Duration(f.seconds * float64(time.Second)), BusyPoll: time.Duration(f.busy)}
+		Duration: time.Duration(f.seconds * float64(time.Second)), BusyPoll: time.Duration(f.busy), NoInlineWait: f.noInline}
 	if f.sweep {
 		c.Sizes = perf.SweepSizes()
 	}
@@ -260,7 +269,7 @@ func runPerf(kind string, args []string) int {
 			return 1
 		}
 		fmt.Fprintf(os.Stderr, "softroce %s: waiting for a client on TCP %v (data over %s, UDP port %d)\n", kind, ln.Addr(), f.backend, f.udpPort)
-		rep, err := perf.Serve(ctx, ln, perf.ServerConfig{Open: open, Backend: f.backend, Log: os.Stderr, BusyPoll: time.Duration(f.busy)})
+		rep, err := perf.Serve(ctx, ln, perf.ServerConfig{Open: open, Backend: f.backend, Log: os.Stderr, BusyPoll: time.Duration(f.busy), NoInlineWait: f.noInline})
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "softroce %s: %v\n", kind, err)
 			return 1

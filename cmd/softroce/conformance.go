@@ -20,16 +20,14 @@ func init() {
 	register("conformance", "packet-level conformance cases against kernel rdma_rxe and softroce; writes a report", runConformance)
 }
 
-func runConformance(args []string) int {
-	if len(args) > 0 && (args[0] == "remote" || args[0] == "agent-source") {
-		return runConformanceRemoteMode(args[0], args[1:])
-	}
-	fs := flag.NewFlagSet("conformance", flag.ContinueOnError)
-	out := fs.String("out", ".", "directory for conformance-report.md and conformance-report.json")
-	pcapDir := fs.String("pcap", "", "directory for one pcap per case and target (read them with 'softroce inspect')")
-	only := fs.String("only", "", "run only the cases whose ID matches this regular expression")
-	timeout := fs.Duration("timeout", 20*time.Minute, "give up after this long")
-	list := fs.Bool("list", false, "list the cases and exit")
+// conformanceFlags defines conformance's flags (rxe and self).
+func conformanceFlags() (fs *flag.FlagSet, out, pcapDir, only *string, timeout *time.Duration, list *bool) {
+	fs = flag.NewFlagSet("conformance", flag.ContinueOnError)
+	out = fs.String("out", ".", "directory for conformance-report.md and conformance-report.json")
+	pcapDir = fs.String("pcap", "", "directory for one pcap per case and target (read them with 'softroce inspect')")
+	only = fs.String("only", "", "run only the cases whose ID matches this regular expression")
+	timeout = fs.Duration("timeout", 20*time.Minute, "give up after this long")
+	list = fs.Bool("list", false, "list the cases and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: softroce conformance rxe  [flags]   boot a kernel rdma_rxe VM (root) and run every case against rxe and softroce
        softroce conformance self [flags]   run every case against softroce only (no root, no VM)
@@ -46,6 +44,14 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
+	return
+}
+
+func runConformance(args []string) int {
+	if len(args) > 0 && (args[0] == "remote" || args[0] == "agent-source") {
+		return runConformanceRemoteMode(args[0], args[1:])
+	}
+	fs, out, pcapDir, only, timeout, list := conformanceFlags()
 	var mode string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		mode, args = args[0], args[1:]

@@ -43,23 +43,21 @@ func runConformanceAgentSource(args []string) int {
 	return 0
 }
 
-// runConformanceRemote is `softroce conformance remote HOST[:PORT]`: the
-// cases against the device of a softroce-agent on another host, and
-// against softroce, in one report.
-func runConformanceRemote(args []string) int {
-	fs := flag.NewFlagSet("conformance remote", flag.ContinueOnError)
-	token := fs.String("token", "", "the agent's token (the line it printed at start); or set SOFTROCE_AGENT_TOKEN")
-	tokenFile := fs.String("token-file", "", "read the token from this file's first line")
-	local := fs.String("local-addr", "", "this host's address the fake peer sends from (default: the route's source toward the remote NIC)")
-	iface := fs.String("iface", "", "take the fake peer's address from this interface")
-	driver := fs.String("driver", "", "the device's driver for documented deviations (default: what the agent reports)")
-	out := fs.String("out", ".", "directory for conformance-report.md and conformance-report.json")
-	pcapDir := fs.String("pcap", "", "directory for one pcap per case and target (read them with 'softroce inspect')")
-	only := fs.String("only", "", "run only the cases whose ID matches this regular expression")
-	timeout := fs.Duration("timeout", 20*time.Minute, "give up after this long")
-	self := fs.Bool("softroce", true, "also run the cases against softroce, as a column of the report")
-	withRxe := fs.Bool("with-rxe", false, "also boot the kernel rdma_rxe VM (root) and run the cases against it: columns rxe, softroce, remote")
-	peerKind := fs.String("peer", cases.PeerUDP, "how the fake peer sends: udp (a UDP socket; the kernel writes the IP header) or raw (a raw IPv4 socket: the harness writes ID, TTL and DSCP/ECN; root or CAP_NET_RAW)")
+// conformanceRemoteFlags defines the flags of conformance remote.
+func conformanceRemoteFlags() (fs *flag.FlagSet, token, tokenFile, local, iface, driver, out, pcapDir, only *string, timeout *time.Duration, self, withRxe *bool, peerKind *string) {
+	fs = flag.NewFlagSet("conformance remote", flag.ContinueOnError)
+	token = fs.String("token", "", "the agent's token (the line it printed at start); or set SOFTROCE_AGENT_TOKEN")
+	tokenFile = fs.String("token-file", "", "read the token from this file's first line")
+	local = fs.String("local-addr", "", "this host's address the fake peer sends from (default: the route's source toward the remote NIC)")
+	iface = fs.String("iface", "", "take the fake peer's address from this interface")
+	driver = fs.String("driver", "", "the device's driver for documented deviations (default: what the agent reports)")
+	out = fs.String("out", ".", "directory for conformance-report.md and conformance-report.json")
+	pcapDir = fs.String("pcap", "", "directory for one pcap per case and target (read them with 'softroce inspect')")
+	only = fs.String("only", "", "run only the cases whose ID matches this regular expression")
+	timeout = fs.Duration("timeout", 20*time.Minute, "give up after this long")
+	self = fs.Bool("softroce", true, "also run the cases against softroce, as a column of the report")
+	withRxe = fs.Bool("with-rxe", false, "also boot the kernel rdma_rxe VM (root) and run the cases against it: columns rxe, softroce, remote")
+	peerKind = fs.String("peer", cases.PeerUDP, "how the fake peer sends: udp (a UDP socket; the kernel writes the IP header) or raw (a raw IPv4 socket: the harness writes ID, TTL and DSCP/ECN; root or CAP_NET_RAW)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: softroce conformance remote HOST[:PORT] --token T [--local-addr IP] [--iface NAME] [--peer udp|raw] [--with-rxe] [flags]
 
@@ -74,6 +72,14 @@ Flags:
 `, agent.DefaultPort)
 		fs.PrintDefaults()
 	}
+	return
+}
+
+// runConformanceRemote is `softroce conformance remote HOST[:PORT]`: the
+// cases against the device of a softroce-agent on another host, and
+// against softroce, in one report.
+func runConformanceRemote(args []string) int {
+	fs, token, tokenFile, local, iface, driver, out, pcapDir, only, timeout, self, withRxe, peerKind := conformanceRemoteFlags()
 	var host string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		host, args = args[0], args[1:]

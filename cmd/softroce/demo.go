@@ -22,22 +22,28 @@ func isTerminal(f *os.File) bool {
 	return err == nil
 }
 
-// runDemo is a thin flag parser over package demo. Exit codes: 0 when every
-// step succeeded, 1 when one failed or an output file could not be
-// written, 2 on usage errors (a bad --impair among them).
-func runDemo(args []string) int {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	imp := fs.String("impair", "", "impair the wire, e.g. loss=10%,dup=5%,corrupt=2%,seed=7 (shows retransmissions and NAKs)")
-	diag := fs.String("diagram", "", "write a ladder diagram of the run to `FILE` (.html or .svg)")
-	pcap := fs.String("pcap", "", "write every packet on the wire to `FILE` (pcap; read it with softroce inspect)")
-	mtu := fs.Int("mtu", 256, "IB path MTU in bytes (256, 512, 1024, 2048 or 4096)")
-	color := fs.String("color", "auto", "color output: auto (when stdout is a terminal), always or never")
+// demoFlags defines demo's flags.
+func demoFlags() (fs *flag.FlagSet, imp, diag, pcap *string, mtu *int, color *string) {
+	fs = flag.NewFlagSet("demo", flag.ContinueOnError)
+	imp = fs.String("impair", "", "impair the wire, e.g. loss=10%,dup=5%,corrupt=2%,seed=7 (shows retransmissions and NAKs)")
+	diag = fs.String("diagram", "", "write a ladder diagram of the run to `FILE` (.html or .svg)")
+	pcap = fs.String("pcap", "", "write every packet on the wire to `FILE` (pcap; read it with softroce inspect)")
+	mtu = fs.Int("mtu", 256, "IB path MTU in bytes (256, 512, 1024, 2048 or 4096)")
+	color = fs.String("color", "auto", "color output: auto (when stdout is a terminal), always or never")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce demo [--impair SPEC] [--diagram FILE] [--pcap FILE] [--mtu N] [--color auto|always|never]\n\n"+
 			"Two RoCEv2 endpoints in this process, joined by an in-process wire: no root, no setup.\n"+
 			"Prints each verbs call, every packet on the wire, the completions and the memory.\n\n")
 		fs.PrintDefaults()
 	}
+	return
+}
+
+// runDemo is a thin flag parser over package demo. Exit codes: 0 when every
+// step succeeded, 1 when one failed or an output file could not be
+// written, 2 on usage errors (a bad --impair among them).
+func runDemo(args []string) int {
+	fs, imp, diag, pcap, mtu, color := demoFlags()
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}

@@ -18,23 +18,42 @@ func init() {
 	register("inspect", "decode a pcap/pcapng capture and verify every RoCE packet's ICRC", runInspect)
 }
 
-// runInspect is a thin flag parser over package inspect. Exit codes: 0 on
-// success, 1 when a file cannot be read (or, with --strict, when any ICRC
-// fails or a RoCE packet is malformed), 2 on usage errors.
-func runInspect(args []string) int {
+// inspectOpts are inspect's flags.
+type inspectOpts struct {
+	verbose, asJSON, strict, noSummary *bool
+	diag, filter                       *string
+	jobs                               *int
+}
+
+// inspectFlags defines inspect's flags.
+func inspectFlags() (*flag.FlagSet, *inspectOpts) {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
-	verbose := fs.Bool("v", false, "print every field with its byte offsets in the frame")
-	asJSON := fs.Bool("json", false, "write JSON Lines: one object per RoCE packet, then {\"summary\": ...}")
-	strict := fs.Bool("strict", false, "exit non-zero on any ICRC failure or malformed RoCE packet")
-	noSummary := fs.Bool("no-summary", false, "omit the per-connection summary (text output)")
-	diag := fs.String("diagram", "", "also write a ladder diagram of every QP conversation to `FILE` (.html or .svg)")
-	jobs := fs.Int("jobs", runtime.GOMAXPROCS(0), "decode on `N` goroutines (1: on one; the output order is the capture's either way)")
+	var o inspectOpts
+	o.verbose = fs.Bool("v", false, "print every field with its byte offsets in the frame")
+	o.asJSON = fs.Bool("json", false, "write JSON Lines: one object per RoCE packet, then {\"summary\": ...} (and {\"total\": ...} for several files)")
+	o.strict = fs.Bool("strict", false, "exit non-zero on any ICRC failure or malformed RoCE packet")
+	o.noSummary = fs.Bool("no-summary", false, "omit the per-connection summary and the total (text output)")
+	o.diag = fs.String("diagram", "", "also write a ladder diagram of every QP conversation to `FILE` (.html or .svg)")
+	o.jobs = fs.Int("jobs", runtime.GOMAXPROCS(0), "decode on `N` goroutines (1: on one; the output order is the capture's either way)")
+	o.filter = fs.String("Y", "", "list only the packets the display filter `EXPR` matches, e.g. 'qp == 0x11 && (nak || retransmission)' (docs/cli.md); the summary counts every packet")
+	fs.StringVar(o.filter, "filter", "", "the display filter `EXPR`: same as -Y")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce inspect [-v] [--json] [--strict] [--no-summary] [--jobs N] [--diagram out.html|out.svg] FILE...\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce inspect [-v] [--json] [--strict] [--no-summary] [--jobs N] [-Y EXPR] [--diagram out.html|out.svg] FILE...\n\n"+
 			"Decodes RoCEv2 (UDP 4791, IPv4/IPv6, VLAN) and RoCEv1 (EtherType 0x8915) packets in pcap\n"+
-			"and pcapng files, verifies each ICRC, and summarises every connection.\n\n")
+			"and pcapng files, verifies each ICRC, and summarises every connection; with several files,\n"+
+			"also their total. -Y lists only the packets a display filter matches.\n\n")
 		fs.PrintDefaults()
 	}
+	return fs, &o
+}
+
+// runInspect is a thin flag parser over package inspect. Exit codes: 0 on
+// success, 1 when a file cannot be read (or, with --strict, when any ICRC
+// fails or a RoCE packet is malformed), 2 on usage errors (a filter that
+// does not compile included).
+func runInspect(args []string) int {
+	fs, o := inspectFlags()
+	verbose, asJSON, strict, noSummary, diag, jobs := o.verbose, o.asJSON, o.strict, o.noSummary, o.diag, o.jobs
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -53,6 +72,19 @@ func runInspect(args []string) int {
 	if !ok {
 		return 2
 	}
+	var filt *inspect.Filter
+	if *o.filter != "" {
+		var err error
+		if filt, err = inspect.ParseFilter(*o.filter); err != nil {
+			fmt.Fprintf(os.Stderr, "softroce inspect: %v\n", err)
+			var fe *inspect.FilterError
+			if errors.As(err, &fe) {
+				fmt.Fprintf(os.Stderr, "%s\n", indent(fe.Caret(), "  "))
+			}
+			return 2
+		}
+	}
+	var total inspect.Total
 	render := inspect.RenderText(*verbose)
 	if *asJSON {
 		render = inspect.RenderJSON
@@ -65,7 +97,7 @@ func runInspect(args []string) int {
 	several := fs.NArg() > 1
 	for _, path := range fs.Args() {
 		z := inspect.NewSummarizer(path)
-		bad := 0
+		bad, matched := 0, 0
 		if several && !*asJSON {
 			fmt.Fprintf(out, "# %s\n", path)
 		}
@@ -74,12 +106,21 @@ func runInspect(args []string) int {
 			o.File = path
 		}
 		err := inspect.Process(path, o, func(r *inspect.Record, line []byte, rerr error) error {
-			z.Add(r)
-			if format != "" {
-				all = append(all, r.Clone())
-			}
+			// The analysis sees every packet, so that what a filter
+			// leaves out still counts (a retransmission is one by what
+			// came before it); the filter selects what is listed.
+			m := z.AddMark(r)
 			if r.Bad() {
 				bad++
+			}
+			if filt != nil {
+				if !filt.Match(r, m) {
+					return nil
+				}
+				matched++
+			}
+			if format != "" {
+				all = append(all, r.Clone())
 			}
 			if rerr != nil {
 				return rerr
@@ -88,6 +129,10 @@ func runInspect(args []string) int {
 			return err
 		})
 		s := z.Summary()
+		if filt != nil {
+			s.Filter, s.Matched = filt.String(), &matched
+		}
+		total.Add(&s)
 		switch {
 		case err != nil && s.Frames == 0:
 			// Nothing was read: the error alone says it.
@@ -118,6 +163,19 @@ func runInspect(args []string) int {
 			code = 1
 		}
 	}
+	if several && total.Files > 1 && !*noSummary {
+		var err error
+		if *asJSON {
+			err = inspect.WriteJSONTotal(out, &total)
+		} else {
+			err = inspect.WriteTotal(out, &total)
+		}
+		if err != nil {
+			out.Flush()
+			fmt.Fprintf(os.Stderr, "softroce inspect: %v\n", err)
+			code = 1
+		}
+	}
 	if format != "" {
 		if err := writeDiagram(*diag, all, diagram.Options{Format: format}); err != nil {
 			fmt.Fprintf(os.Stderr, "softroce inspect: --diagram: %v\n", err)
@@ -126,6 +184,11 @@ func runInspect(args []string) int {
 		fmt.Fprintf(os.Stderr, "softroce inspect: wrote %s\n", *diag)
 	}
 	return code
+}
+
+// indent puts prefix before every line of s.
+func indent(s, prefix string) string {
+	return prefix + strings.ReplaceAll(s, "\n", "\n"+prefix)
 }
 
 // diagramFormat picks the diagram format from the file name given to

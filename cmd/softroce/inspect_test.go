@@ -227,7 +227,7 @@ func ratioRange(ref, x []float64) string {
 	return fmt.Sprintf("%.1f-%.1fx", lo, hi)
 }
 
-func envInt(t *testing.T, name string, def int) int {
+func envInt(t testing.TB, name string, def int) int {
 	t.Helper()
 	s := os.Getenv(name)
 	if s == "" {

@@ -21,10 +21,9 @@ func init() {
 	register("perftest", "WRITE/READ/atomic/SEND bandwidth, protocol-compatible with ib_write_bw, ib_read_bw, ib_atomic_bw, ib_send_bw", runPerftest)
 }
 
-func runPerftest(args []string) int {
-	fs := flag.NewFlagSet("perftest", flag.ContinueOnError)
-	var cfg perftest.Config
-	var lf linkFlags
+// perftestFlags defines perftest's flags, into cfg and lf where they go.
+func perftestFlags(cfg *perftest.Config, lf *linkFlags) (fs *flag.FlagSet, qpTimeout *uint, atomicOp *string, duration *int, connType *string, timeout *time.Duration, xdpMode *string, peerPort *int, cpuProfile *string, sockBuf *int) {
+	fs = flag.NewFlagSet("perftest", flag.ContinueOnError)
 	fs.IntVar(&cfg.Port, "p", perftest.DefaultPort, "TCP port of the out-of-band exchange")
 	fs.IntVar(&cfg.Size, "s", 0, "message size (default 65536; atomics are 8)")
 	fs.IntVar(&cfg.Iters, "n", 0, "iterations (default 5000 for write, 1000 for the others)")
@@ -34,32 +33,32 @@ func runPerftest(args []string) int {
 	fs.IntVar(&cfg.RxDepth, "r", 512, "receives kept posted (send, receiving side)")
 	fs.IntVar(&cfg.CQMod, "Q", 100, "signal one work request in this many")
 	fs.IntVar(&cfg.OutReads, "o", 16, "outstanding READ/atomic requests (announced to the peer)")
-	qpTimeout := fs.Uint("u", 14, "QP timeout exponent: the local ACK timeout is 4.096 us << u")
+	qpTimeout = fs.Uint("u", 14, "QP timeout exponent: the local ACK timeout is 4.096 us << u")
 	fs.BoolVar(&cfg.AdaptiveTimeout, "adaptive-timeout", false, "RC: let the local ACK timeout follow the measured round trip, never below -u's (for unevenly scheduled hosts, e.g. emulated guests)")
-	atomicOp := fs.String("A", "FETCH_AND_ADD", "atomic operation: FETCH_AND_ADD or CMP_AND_SWAP")
+	atomicOp = fs.String("A", "FETCH_AND_ADD", "atomic operation: FETCH_AND_ADD or CMP_AND_SWAP")
 	fs.BoolVar(&cfg.Gbits, "report_gbits", false, "report Gbit/s instead of MB/s")
 	fs.IntVar(&cfg.QPs, "q", 1, "number of QPs; -n iterations on each")
 	fs.BoolVar(&cfg.Duplex, "b", false, "bidirectional: both sides post traffic (write, read, atomic)")
 	fs.BoolVar(&cfg.All, "a", false, "run every size from 2 bytes to 8 MiB (UD: to the MTU), -n iterations each, a row per size; give it to both sides (not atomic)")
 	fs.BoolVar(&cfg.All, "all", false, "same as -a")
-	duration := fs.Int("D", 0, "post for this many seconds instead of -n iterations and report the middle of the run (a quarter left out at either end); send: give it to both sides")
+	duration = fs.Int("D", 0, "post for this many seconds instead of -n iterations and report the middle of the run (a quarter left out at either end); send: give it to both sides")
 	fs.IntVar(duration, "duration", 0, "same as -D")
 	fs.BoolVar(&cfg.Infinite, "run_infinitely", false, "post until interrupted (Ctrl-C), printing a row every -D seconds (default 5); give it to both sides")
 	_ = fs.String("d", "", "IB device (accepted; the device is the --bind address)")
 	_ = fs.Int("i", 1, "port of the IB device (accepted; softroce has port 1)")
 	_ = fs.Bool("F", false, "do not fail on CPU frequency warnings (accepted)")
 	_ = fs.Bool("e", false, "sleep on CQ events (accepted; softroce always waits without spinning)")
-	connType := fs.String("c", "RC", "connection type: RC, UC for write and send, UD for send (as perftest, give both sides the same)")
+	connType = fs.String("c", "RC", "connection type: RC, UC for write and send, UD for send (as perftest, give both sides the same)")
 	fs.BoolVar(&cfg.RDMACM, "R", false, "connect with rdma_cm on port -p (RDMA_PS_TCP; UD QPs by SIDR on RDMA_PS_UDP) instead of the TCP exchange; SERVER is then the peer's RoCE IP address")
 	fs.BoolVar(&cfg.RDMACM, "rdma_cm", false, "same as -R")
-	timeout := fs.Duration("timeout", 120*time.Second, "give up after this long, waiting for the peer included; 0: never (as perftest); -D adds to it, --run_infinitely has none")
+	timeout = fs.Duration("timeout", 120*time.Second, "give up after this long, waiting for the peer included; 0: never (as perftest); -D adds to it, --run_infinitely has none")
 	fs.StringVar(&lf.bind, "bind", "", "local IP address to use (default: the one that routes to the server)")
 	fs.StringVar(&lf.backend, "backend", "udp", "packet backend: udp or afxdp")
-	xdpMode := fs.String("xdp-mode", "auto", "with --backend afxdp: auto (native, else generic), native or generic (skb)")
+	xdpMode = fs.String("xdp-mode", "auto", "with --backend afxdp: auto (native, else generic), native or generic (skb)")
 	fs.IntVar(&lf.udpPort, "udp-port", 4791, "local UDP port")
-	peerPort := fs.Int("peer-udp-port", 4791, "the peer's UDP port (change only against another softroce on the same address)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
-	sockBuf := fs.Int("socket-buffer", 4<<20, "udp backend: SO_RCVBUF/SO_SNDBUF bytes (capped by net.core.rmem_max); a full receive buffer drops packets and costs go-back-N retransmissions")
+	peerPort = fs.Int("peer-udp-port", 4791, "the peer's UDP port (change only against another softroce on the same address)")
+	cpuProfile = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	sockBuf = fs.Int("socket-buffer", 4<<20, "udp backend: SO_RCVBUF/SO_SNDBUF bytes (capped by net.core.rmem_max); a full receive buffer drops packets and costs go-back-N retransmissions")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce perftest write|read|atomic|send [flags]          wait for a client (passive side)\n"+
 			"       softroce perftest write|read|atomic|send [flags] SERVER   connect and post the traffic (active side)\n\n"+
@@ -67,6 +66,13 @@ func runPerftest(args []string) int {
 			"-a runs every size (a row each), -D SECONDS a timed run, --run_infinitely a row every -D seconds until Ctrl-C.\n\n")
 		fs.PrintDefaults()
 	}
+	return
+}
+
+func runPerftest(args []string) int {
+	var cfg perftest.Config
+	var lf linkFlags
+	fs, qpTimeout, atomicOp, duration, connType, timeout, xdpMode, peerPort, cpuProfile, sockBuf := perftestFlags(&cfg, &lf)
 	// Flags may come before the test word too, as in scripts written for
 	// ib_write_bw ("perftest -s 4096 write").
 	if code, ok := parseFlags(fs, args); !ok {

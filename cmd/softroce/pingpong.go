@@ -27,11 +27,10 @@ var pingpongOnly = map[string][]pingpong.Type{
 	"peer-udp-port": {pingpong.RC, pingpong.UC, pingpong.SRQ},
 }
 
-func runPingpong(args []string) int {
-	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
-	var cfg pingpong.Config
-	var lf linkFlags
-	typ := fs.String("type", "rc", "transport, as the tool of that name: rc (ibv_rc_pingpong), uc, ud or srq (RC QPs on one SRQ)")
+// pingpongFlags defines pingpong's flags, into cfg and lf where they go.
+func pingpongFlags(cfg *pingpong.Config, lf *linkFlags) (fs *flag.FlagSet, typ *string, sl, ibPort *int, timeout *time.Duration, peerPort *int) {
+	fs = flag.NewFlagSet("pingpong", flag.ContinueOnError)
+	typ = fs.String("type", "rc", "transport, as the tool of that name: rc (ibv_rc_pingpong), uc, ud or srq (RC QPs on one SRQ)")
 	fs.IntVar(&cfg.Port, "p", 18515, "TCP port of the out-of-band exchange")
 	fs.IntVar(&cfg.Size, "s", 0, "size of message to exchange (default 4096; ud: 1024, at most the port's MTU)")
 	fs.IntVar(&cfg.MTU, "m", 1024, "path MTU: 256, 512, 1024, 2048 or 4096 (rc, uc, srq)")
@@ -41,18 +40,25 @@ func runPingpong(args []string) int {
 	fs.IntVar(&cfg.GIDIndex, "g", 0, "local GID index (the address given by --bind is index 0)")
 	fs.BoolVar(&cfg.Events, "e", false, "sleep on CQ events (a completion channel) instead of polling")
 	fs.BoolVar(&cfg.Check, "c", false, "validate received buffer (rc, uc)")
-	sl := fs.Int("l", 0, "service level (0..15; carried in the address vector, no effect on the RoCEv2 wire)")
+	sl = fs.Int("l", 0, "service level (0..15; carried in the address vector, no effect on the RoCEv2 wire)")
 	_ = fs.String("d", "", "IB device (accepted for compatibility; the device is the --bind address)")
-	ibPort := fs.Int("i", 1, "port of IB device (softroce has port 1 only)")
-	timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
+	ibPort = fs.Int("i", 1, "port of IB device (softroce has port 1 only)")
+	timeout = fs.Duration("timeout", 60*time.Second, "give up after this long")
 	fs.StringVar(&lf.bind, "bind", "", "local IP address to use (default: the one that routes to the server)")
 	fs.StringVar(&lf.backend, "backend", "udp", "packet backend: udp or afxdp")
 	fs.IntVar(&lf.udpPort, "udp-port", 4791, "local UDP port")
-	peerPort := fs.Int("peer-udp-port", 4791, "the peer's UDP port (change only against another softroce on the same address)")
+	peerPort = fs.Int("peer-udp-port", 4791, "the peer's UDP port (change only against another softroce on the same address)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce pingpong [--type rc|uc|ud|srq] [flags]            start a server and wait for a connection\n       softroce pingpong [--type rc|uc|ud|srq] [flags] SERVER     connect to SERVER\n\n")
 		fs.PrintDefaults()
 	}
+	return
+}
+
+func runPingpong(args []string) int {
+	var cfg pingpong.Config
+	var lf linkFlags
+	fs, typ, sl, ibPort, timeout, peerPort := pingpongFlags(&cfg, &lf)
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}

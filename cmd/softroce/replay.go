@@ -10,14 +10,12 @@ import (
 	"github.com/softroce/softroce/conformance/replay"
 )
 
-// runReplay is `softroce conformance replay CAPTURE`. Exit codes: 0 when
-// every exchange agrees or differs only as the spec allows, 1 when one
-// differs or the capture cannot be read, 2 on usage errors.
-func runReplay(args []string) int {
-	fs := flag.NewFlagSet("conformance replay", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "write the report as JSON")
-	verbose := fs.Bool("v", false, "show every exchange's packets, not only those that differ")
-	diag := fs.String("diagram", "", "also write the real and the softroce ladder diagrams side by side to `FILE` (.html)")
+// replayFlags defines the flags of conformance replay.
+func replayFlags() (fs *flag.FlagSet, asJSON, verbose *bool, diag *string) {
+	fs = flag.NewFlagSet("conformance replay", flag.ContinueOnError)
+	asJSON = fs.Bool("json", false, "write the report as JSON")
+	verbose = fs.Bool("v", false, "show every exchange's packets, not only those that differ")
+	diag = fs.String("diagram", "", "also write the real and the softroce ladder diagrams side by side to `FILE` (.html)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: softroce conformance replay [--json] [-v] [--diagram out.html] CAPTURE
 
@@ -30,6 +28,14 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
+	return
+}
+
+// runReplay is `softroce conformance replay CAPTURE`. Exit codes: 0 when
+// every exchange agrees or differs only as the spec allows, 1 when one
+// differs or the capture cannot be read, 2 on usage errors.
+func runReplay(args []string) int {
+	fs, asJSON, verbose, diag := replayFlags()
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

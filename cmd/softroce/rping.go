@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net/netip"
 	"os"
@@ -14,6 +15,29 @@ import (
 
 func init() {
 	register("rping", "RDMA READ/WRITE ping over an rdma_cm connection, compatible with rdmacm-utils' rping", runRping)
+}
+
+// rpingFlags describes rping's options as a flag set, for the man page and
+// the completions: rping.Parse reads them the way getopt does, and
+// TestRpingFlagsMatchUsage keeps the two in step.
+func rpingFlags() *flag.FlagSet {
+	fs := flag.NewFlagSet("rping", flag.ContinueOnError)
+	fs.Bool("s", false, "server side (-a: the address to listen on; default the host's first IPv4 address)")
+	fs.Bool("c", false, "client side")
+	fs.String("a", "", "the server's `ADDR` (client), the address to listen on (server)")
+	fs.String("I", "", "source `ADDR` to bind to for the client")
+	fs.Int("p", rping.DefaultPort, "`PORT` of the rdma_cm connection")
+	fs.Int("C", 0, "ping `COUNT` times (0: until interrupted)")
+	fs.Int("S", rping.DefaultSize, "ping data `SIZE` (26 to 65535)")
+	fs.Bool("v", false, "display ping data to stdout")
+	fs.Bool("V", false, "validate ping data")
+	fs.Bool("d", false, "debug printfs")
+	fs.Bool("P", false, "persistent server mode allowing multiple connections")
+	fs.Bool("q", false, "accept with rping's own connection parameters (self-created, self-modified QP)")
+	fs.String("backend", "udp", "packet backend: udp or afxdp")
+	fs.Int("udp-port", 4791, "local UDP port")
+	fs.Usage = func() { rping.Usage(fs.Output()) }
+	return fs
 }
 
 func runRping(args []string) int {

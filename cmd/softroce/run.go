@@ -22,14 +22,15 @@ func init() {
 	register("run", "run an unmodified libibverbs program on softroce: softroce run -- PROGRAM ARGS...", runRun)
 }
 
-func runRun(args []string) int {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	sock := fs.String("socket", "", "the daemon's socket (default as softroce serve)")
-	addr := fs.String("addr", "", "address of the private daemon started when none is running")
-	backend := fs.String("backend", "udp", "backend of the private daemon")
-	port := fs.Int("udp-port", 0, "UDP port of the private daemon (default 4791)")
-	devNodes := fs.Bool("dev-nodes", true, "give the program /dev/infiniband/uverbsN nodes (UCX looks for them) in a mount and user namespace of its own")
-	daemonUID := fs.String("daemon-uid", "", "use the daemon of this uid or user (a shared --group daemon): look on its default socket and accept it; sets "+serve.DaemonUIDEnv+" for the program too")
+// runFlags defines run's flags.
+func runFlags() (fs *flag.FlagSet, sock, addr, backend *string, port *int, devNodes *bool, daemonUID *string) {
+	fs = flag.NewFlagSet("run", flag.ContinueOnError)
+	sock = fs.String("socket", "", "the daemon's socket (default as softroce serve)")
+	addr = fs.String("addr", "", "address of the private daemon started when none is running")
+	backend = fs.String("backend", "udp", "backend of the private daemon")
+	port = fs.Int("udp-port", 0, "UDP port of the private daemon (default 4791)")
+	devNodes = fs.Bool("dev-nodes", true, "give the program /dev/infiniband/uverbsN nodes (UCX looks for them) in a mount and user namespace of its own")
+	daemonUID = fs.String("daemon-uid", "", "use the daemon of this uid or user (a shared --group daemon): look on its default socket and accept it; sets "+serve.DaemonUIDEnv+" for the program too")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce run [--socket PATH] [--daemon-uid UID] [--addr IP] -- PROGRAM ARGS...\n\n"+
 			"Runs PROGRAM with softroce's libibverbs.so.1 (built on first use) and SOFTROCE_SOCKET set.\n"+
@@ -37,6 +38,11 @@ func runRun(args []string) int {
 			"When no such daemon answers on the socket, a private one is started for the program and stopped after it.\n\n")
 		fs.PrintDefaults()
 	}
+	return
+}
+
+func runRun(args []string) int {
+	fs, sock, addr, backend, port, devNodes, daemonUID := runFlags()
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}

@@ -31,23 +31,23 @@ type addrList []string
 func (a *addrList) String() string     { return strings.Join(*a, ",") }
 func (a *addrList) Set(s string) error { *a = append(*a, s); return nil }
 
-func runServe(args []string) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	var addrs addrList
-	fs.Var(&addrs, "addr", "local IP address of a device (repeat for more devices; default: the host's first IPv4 address)")
-	fs.Var(&addrs, "bind", "the same as --addr")
-	backend := fs.String("backend", "udp", "udp (portable, unprivileged) or afxdp (root)")
-	xdpMode := fs.String("xdp-mode", "auto", "with --backend afxdp: auto (native, else generic), native or generic (skb)")
-	sock := fs.String("socket", "", "Unix socket path (default $SOFTROCE_SOCKET, else per network namespace: /run/softroce/softroce-net<INODE>.sock\n"+
+// serveFlags defines serve's flags, the addresses into addrs.
+func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, group, ccMode *string, port, peerPort *int, quiet *bool, lim *serve.Limits) {
+	fs = flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.Var(addrs, "addr", "local IP address of a device (repeat for more devices; default: the host's first IPv4 address)")
+	fs.Var(addrs, "bind", "the same as --addr")
+	backend = fs.String("backend", "udp", "udp (portable, unprivileged) or afxdp (root)")
+	xdpMode = fs.String("xdp-mode", "auto", "with --backend afxdp: auto (native, else generic), native or generic (skb)")
+	sock = fs.String("socket", "", "Unix socket path (default $SOFTROCE_SOCKET, else per network namespace: /run/softroce/softroce-net<INODE>.sock\n"+
 		"for root, $TMPDIR/softroce-<UID>/softroce-net<INODE>.sock for others, INODE that of /proc/self/ns/net);\n"+
 		"its directory must be the daemon's user's and writable by nobody else")
-	group := fs.String("group", "", "let this group use the daemon (socket mode 0770); default: only the daemon's user (0700).\n"+
+	group = fs.String("group", "", "let this group use the daemon (socket mode 0770); default: only the daemon's user (0700).\n"+
 		"Members of the group find and accept it with "+serve.DaemonUIDEnv+"=<the daemon's uid> (softroce run --daemon-uid UID)")
-	port := fs.Int("udp-port", 0, "UDP port to listen on (default 4791)")
-	peerPort := fs.Int("peer-udp-port", 0, "UDP port the peers listen on (default: --udp-port; change only against another softroce on the same address)")
-	quiet := fs.Bool("q", false, "print nothing but errors")
-	ccMode := fs.String("cc", "none", "congestion control of every RC QP: none, or dcqcn (ECN-capable packets, CNPs on CE marks, DCQCN pacing; counters in softroce status)")
-	lim := limitFlags(fs)
+	port = fs.Int("udp-port", 0, "UDP port to listen on (default 4791)")
+	peerPort = fs.Int("peer-udp-port", 0, "UDP port the peers listen on (default: --udp-port; change only against another softroce on the same address)")
+	quiet = fs.Bool("q", false, "print nothing but errors")
+	ccMode = fs.String("cc", "none", "congestion control of every RC QP: none, or dcqcn (ECN-capable packets, CNPs on CE marks, DCQCN pacing; counters in softroce status)")
+	lim = limitFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--socket PATH] [--group NAME]\n\n"+
 			"Owns one softroce device per address and serves the programs that 'softroce run' starts.\n"+
@@ -55,6 +55,12 @@ func runServe(args []string) int {
 			"their network namespace: run one daemon per namespace; a second one in a namespace needs --socket.\n\n")
 		fs.PrintDefaults()
 	}
+	return
+}
+
+func runServe(args []string) int {
+	var addrs addrList
+	fs, backend, xdpMode, sock, group, ccMode, port, peerPort, quiet, lim := serveFlags(&addrs)
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -158,13 +164,19 @@ func limitFlags(fs *flag.FlagSet) *serve.Limits {
 	return &l
 }
 
-func runABI(args []string) int {
-	fs := flag.NewFlagSet("abi", flag.ContinueOnError)
-	dir := fs.String("dir", "", "build directory (default $SOFTROCE_ABI_DIR or the user cache)")
+// abiFlags defines the flags of abi build.
+func abiFlags() (fs *flag.FlagSet, dir *string) {
+	fs = flag.NewFlagSet("abi", flag.ContinueOnError)
+	dir = fs.String("dir", "", "build directory (default $SOFTROCE_ABI_DIR or the user cache)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce abi build [--dir DIR]\n\nBuilds libibverbs.so.1 (needs gcc and libibverbs-dev) and prints its directory.\n\n")
 		fs.PrintDefaults()
 	}
+	return
+}
+
+func runABI(args []string) int {
+	fs, dir := abiFlags()
 	if len(args) == 0 || args[0] != "build" {
 		fs.Usage()
 		return 2
@@ -185,10 +197,16 @@ func runABI(args []string) int {
 	return 0
 }
 
+// statusFlags defines status's flags.
+func statusFlags() (fs *flag.FlagSet, sock *string, asJSON *bool) {
+	fs = flag.NewFlagSet("status", flag.ContinueOnError)
+	sock = fs.String("socket", "", "the daemon's socket (default as softroce serve)")
+	asJSON = fs.Bool("json", false, "print JSON")
+	return
+}
+
 func runStatus(args []string) int {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	sock := fs.String("socket", "", "the daemon's socket (default as softroce serve)")
-	asJSON := fs.Bool("json", false, "print JSON")
+	fs, sock, asJSON := statusFlags()
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}

@@ -12,7 +12,8 @@
 #   VARIANTS   space-separated NAME=BINARY:LIBDIR daemons to compare (default abi=$SOFTROCE:$LIB);
 #              each runs in every round, so before/after figures come from one run
 #   TESTS      "lat pingpong" (default), or any of lat, pingpong, bw (ib_write_bw -s 65536 vs
-#              softroce bw -mtu 4096, N_BW iterations, default 20000; MB/s)
+#              softroce bw -mtu 4096, N_BW iterations, default 20000; MB/s), readbw (ib_read_bw
+#              -s 65536 vs softroce bw --test read)
 #   ROUNDS     rounds (default 3); N iterations per tool (default 5000)
 #   SIZE_LAT   ib_write_lat / softroce lat message size (default 2)
 #   SIZE_PP    ibv_rc_pingpong / softroce pingpong message size (default 4096)
@@ -131,6 +132,10 @@ abi() {
 			abipair bw ib_write_bw -x 0 -s 65536 -n "${N_BW:-20000}" -p "$tcp"
 			echo "$r $name bw $(bwrow "$d/bw.cli")" >>"$RES"
 			;;
+		readbw)
+			abipair readbw ib_read_bw -x 0 -s 65536 -n "${N_BW:-20000}" -p "$tcp"
+			echo "$r $name readbw $(bwrow "$d/readbw.cli")" >>"$RES"
+			;;
 		pingpong)
 			abipair pp ibv_rc_pingpong -g 0 -s "$SIZE_PP" -n "$N" -p "$tcp"
 			echo "$r $name pingpong $(pprow "$d/pp.cli")" >>"$RES"
@@ -171,6 +176,14 @@ goapi() {
 			$T "$bin" bw --bind 127.0.0.1 --udp-port $((PORT + 15)) --port "$tcp" -s 65536 -mtu 4096 -n "${N_BW:-20000}" 127.0.0.1 >"$d/bw.cli" 2>&1 || true
 			wait $s || echo "server exit $?" >>"$d/$t.srv.exit"
 			echo "$r go bw $(bwrow "$d/bw.cli")" >>"$RES"
+			;;
+		readbw)
+			$T "$bin" bw --server --bind 127.0.0.1 --udp-port $((PORT + 16)) --port "$tcp" --test read -s 65536 -mtu 4096 -n "${N_BW:-20000}" >"$d/readbw.srv" 2>&1 &
+			s=$!
+			waittcp "$tcp"
+			$T "$bin" bw --bind 127.0.0.1 --udp-port $((PORT + 17)) --port "$tcp" --test read -s 65536 -mtu 4096 -n "${N_BW:-20000}" 127.0.0.1 >"$d/readbw.cli" 2>&1 || true
+			wait $s || echo "server exit $?" >>"$d/$t.srv.exit"
+			echo "$r go readbw $(bwrow "$d/readbw.cli")" >>"$RES"
 			;;
 		pingpong)
 			$T "$bin" pingpong --bind 127.0.0.1 --udp-port $((PORT + 12)) --peer-udp-port $((PORT + 13)) -s "$SIZE_PP" -n "$N" -p "$tcp" >"$d/pp.srv" 2>&1 &
