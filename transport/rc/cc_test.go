@@ -532,3 +532,51 @@ func TestECNCapableClass(t *testing.T) {
 		}
 	}
 }
+
+// TestSteadyStateNoAllocCC: with DCQCN on both QPs and some requests
+// marked CE on the wire (so CNPs are built, sent and handled, and the
+// requester is paced), moving WRITE traffic allocates nothing.
+func TestSteadyStateNoAllocCC(t *testing.T) {
+	w := enginetest.NewWire(t)
+	pairs := w.Connect(t, 1, 1024, 64)
+	prm := dcqcn.Default(10e9)
+	for _, qp := range pairs[0] {
+		if err := qp.SetCC(&prm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := 0
+	w.Tap = func(from int, p *nic.Packet) {
+		if from == 0 {
+			if n++; n%16 == 0 {
+				p.TClass |= 0b11
+			}
+		}
+	}
+	lmr, _ := w.EP[0].MRs.RegMR(w.EP[0].PD, make([]byte, 8192), enginetest.AllAccess)
+	rmr, _ := w.EP[1].MRs.RegMR(w.EP[1].PD, make([]byte, 8192), enginetest.AllAccess)
+	swr := wr.SendWR{Opcode: wr.RDMAWrite, Flags: wr.Signaled, SGL: []wr.SGE{{Addr: lmr.Addr(), Length: 8192, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()}
+	wcs := make([]cq.WC, 8)
+	round := func() {
+		for i := 0; i < 4; i++ {
+			if err := pairs[0][0].PostSend(&swr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for got := 0; got < 4; {
+			w.Step()
+			got += w.EP[0].SCQ.Poll(wcs)
+		}
+	}
+	for i := 0; i < 10; i++ {
+		round()
+	}
+	if a := testing.AllocsPerRun(50, round); a != 0 {
+		t.Fatalf("%.1f allocations per round with DCQCN, want 0", a)
+	}
+	s, r := w.EP[0].E.Stats().CC, w.EP[1].E.Stats().CC
+	q := pairs[0][0].Stats().CC
+	if r.NPCNPSent == 0 || s.RPCNPHandled != r.NPCNPSent || q.RateLimitedNS == 0 {
+		t.Errorf("receiver %+v, sender %+v, QP %+v: want CNPs sent and handled, time rate-limited", r, s, q)
+	}
+}
