@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/softroce/softroce/bth"
@@ -170,12 +172,32 @@ func (qp *QP) PaceSent(n int) {
 	}
 }
 
+// paceTimers runs the due PaceDeadlines in the order they fell due (then
+// by QP number), not in the timer set's (a map's) order: the QPs' turns,
+// and so a run on injected time, are the same every time.
+func (e *Engine) paceTimers(now time.Time) {
+	due := e.paceDue[:0]
+	for qp := range e.timed {
+		if t := qp.PaceDeadline; !t.IsZero() && !now.Before(t) {
+			due = append(due, qp)
+		}
+	}
+	slices.SortFunc(due, func(a, b *QP) int {
+		if c := a.PaceDeadline.Compare(b.PaceDeadline); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.num, b.num)
+	})
+	for _, qp := range due {
+		qp.paceTimer(now)
+	}
+	clear(due)
+	e.paceDue = due[:0]
+}
+
 // paceTimer runs a due PaceDeadline: the rate is brought up to now and
 // the requester gets another turn.
 func (qp *QP) paceTimer(now time.Time) {
-	if qp.PaceDeadline.IsZero() || now.Before(qp.PaceDeadline) {
-		return
-	}
 	qp.PaceDeadline = time.Time{}
 	if qp.cc != nil {
 		qp.cc.sync(now)

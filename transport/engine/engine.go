@@ -36,6 +36,8 @@ type Engine struct {
 	// driver's timer is set for; paceOnly, that it is a pacer's alone.
 	sleepUntil time.Time
 	paceOnly   bool
+	// paceDue is paceTimers' scratch list.
+	paceDue []*QP
 
 	// tx is the batch Progress returns next; txQP[i] is the QP that built
 	// tx[i], so a QP that enters ERR or is destroyed can take back what it
@@ -393,8 +395,8 @@ func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.now = now
+	e.paceTimers(now)
 	for qp := range e.timed {
-		qp.paceTimer(now)
 		qp.svc.Timers()
 	}
 	budget := e.MaxBatch
