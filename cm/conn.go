@@ -33,12 +33,30 @@ type Options struct {
 	// Clock drives the timers (default: real time).
 	Clock Clock
 	// SGIDIndex is the GID table entry whose address the CM uses as its
-	// own (default 0).
+	// own (0: DefaultSGIDIndex).
 	SGIDIndex int
 	// Backlog caps the requests waiting in a Listener for Next (default
 	// 64, like a listen backlog); a REQ beyond it is dropped unanswered so
 	// the peer retries it.
 	Backlog int
+}
+
+// DefaultSGIDIndex is the GID a CM on dev uses by default: the first
+// whose address is not IPv6 link-local (DefaultSGID).
+func DefaultSGIDIndex(dev *verbs.Device) int { return DefaultSGID(dev.GIDTable()) }
+
+// DefaultSGID is the index of the first GID of table whose address is not
+// IPv6 link-local, or 0 when there is none. rdma_cm names peers by
+// routable addresses, and a device on an interface has that interface's
+// link-local GID at index 0 (as a kernel RoCE device has) with its IPv4
+// address after it.
+func DefaultSGID(table []verbs.GIDEntry) int {
+	for i, g := range table {
+		if a := g.Addr.Unmap(); !a.Is6() || !a.IsLinkLocalUnicast() {
+			return i
+		}
+	}
+	return 0
 }
 
 // CM is the connection manager of one device port: an IB CM over a MAD
@@ -71,6 +89,9 @@ func New(dev *verbs.Device, t MADConn, opts *Options) (*CM, error) {
 		o = *opts
 	}
 	gids := dev.GIDTable()
+	if o.SGIDIndex == 0 {
+		o.SGIDIndex = DefaultSGIDIndex(dev)
+	}
 	if o.SGIDIndex < 0 || o.SGIDIndex >= len(gids) {
 		return nil, fmt.Errorf("cm: GID index %d out of range: device %s has %d GIDs", o.SGIDIndex, dev.Name(), len(gids))
 	}

@@ -18,6 +18,9 @@ func Open(dev *verbs.Device, opts *Options) (*CM, error) {
 	if opts != nil {
 		sgid = opts.SGIDIndex
 	}
+	if sgid == 0 {
+		sgid = DefaultSGIDIndex(dev)
+	}
 	t, err := OpenQP1(dev, sgid)
 	if err != nil {
 		return nil, err

@@ -199,4 +199,9 @@ type WC struct {
 	SLID            uint16 // always 0 on RoCE
 	SL              uint8
 	DLIDPathBits    uint8 // always 0 on RoCE
+	// IPVersion is, for a successful UD receive, the IP version (4 or 6)
+	// of the datagram's header, which is the format of its GRH; 0
+	// otherwise. libibverbs has no field for it (mlx5 puts it in sl, see
+	// serve's rocePktType).
+	IPVersion uint8
 }

@@ -43,6 +43,7 @@ type pdObj struct {
 // client is one connection: one ibv_context of one process.
 type client struct {
 	s    *Server
+	seq  uint64 // the order it came in: the rdma views list clients by it
 	conn *net.UnixConn
 	dev  *device
 	bell int // the doorbell eventfd (its copy sent to the client)
@@ -100,7 +101,7 @@ func peerCred(conn *net.UnixConn) (pid, uid, gid int) {
 }
 
 func newClientOf(s *Server, conn *net.UnixConn, pid, uid, gid int) *client {
-	return &client{s: s, conn: conn, bell: -1, evW: -1, pid: pid, uid: uid, gid: gid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
+	return &client{s: s, seq: s.clientSeq.Add(1), conn: conn, bell: -1, evW: -1, pid: pid, uid: uid, gid: gid, pds: map[uint32]*pdObj{}, mrs: map[uint32]*mrObj{}, mrByKey: map[uint32]*mrObj{},
 		cqs: map[uint32]*cqObj{}, qps: map[uint32]*qpObj{}, chans: map[uint32]*chanObj{},
 		ahs: map[uint32]*ahObj{}, srqs: map[uint32]*srqObj{}, mws: map[uint32]*mwObj{}}
 }
@@ -202,6 +203,11 @@ func (c *client) handle(msg []byte, fds []int) (resp []byte, rfds []int, err err
 		return c.open(u32(r.body, 0))
 	case opStatus:
 		return c.s.statusJSON(maxMsg-sizeResp, c), nil, nil
+	case opRdmaView:
+		if u32(r.body, 1) != 0 {
+			return nil, nil, fmt.Errorf("%w: RDMA_VIEW with flags %#x", errMsg, u32(r.body, 1))
+		}
+		return c.s.rdmaPageJSON(maxMsg-sizeResp, c, u32(r.body, 0)), nil, nil
 	}
 	d := c.dev
 	if d == nil {
@@ -725,10 +731,12 @@ func (c *client) destroyQP(h uint32) error {
 	if q == nil {
 		return fmt.Errorf("%w: no QP %d", syscall.EINVAL, h)
 	}
+	st := q.qp.Stats()
 	if err := q.qp.Destroy(); err != nil {
 		return err
 	}
 	d := c.dev
+	addQPStats(&d.retired, st)
 	for i, x := range d.qps {
 		if x == q {
 			d.qps = append(d.qps[:i], d.qps[i+1:]...)

@@ -63,7 +63,7 @@ func (d *device) cmOpen() (*cm.CM, error) {
 	case x.c != nil:
 		return x.c, nil
 	}
-	c, err := cm.Open(d.v, nil)
+	c, err := cm.Open(d.v, &cm.Options{SGIDIndex: d.gidIndex})
 	if err != nil {
 		// Logged once per run of failures, not once per program's call.
 		if x.err == nil {
@@ -97,9 +97,11 @@ func (d *device) cmClose() {
 	d.cm.closed = true
 }
 
+// addr is the address the device serves, the one rdma_cm binds and
+// resolves (cm.DefaultSGID), whatever its GID index.
 func (d *device) addr() netip.Addr {
-	if g := d.v.GIDTable(); len(g) > 0 {
-		return g[0].Addr.Unmap()
+	if g := d.v.GIDTable(); d.gidIndex < len(g) {
+		return g[d.gidIndex].Addr.Unmap()
 	}
 	return netip.Addr{}
 }

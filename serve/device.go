@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softroce/softroce/cm"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/verbs"
@@ -55,6 +56,9 @@ type device struct {
 	userSlots map[int]int            // reserved by uid: Limits.QueueSlotsPerUser
 	srqs      []*srqObj              // srq.go
 	bySRQ     map[*verbs.SRQ]*srqObj // srq.go: for the limit event
+	// retired sums the counters of destroyed client QPs: a port's
+	// counters (rdmaview.go) outlive the QPs that moved them.
+	retired engine.QPStats
 
 	rmu sync.Mutex
 	// overruns are QPs whose client CQ ring was full when route wrote a
@@ -67,7 +71,7 @@ type device struct {
 	drainWork bool   // what drainAll found
 
 	sendCQ, recvCQ *verbs.CQ
-	udSL           uint8 // the sl of UD receive completions: rocePktType
+	gidIndex       int   // the GID of the address the device serves (cm.DefaultSGID)
 	cm             cmDev // rdma_cm's CM on QP1, opened on first use (serve/cm.go)
 	wcs            [64]verbs.WC
 
@@ -89,10 +93,12 @@ func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
 	d := &device{s: s, index: i, v: v, name: v.Name(), byQPN: map[uint32]*qpObj{}, bySRQ: map[*verbs.SRQ]*srqObj{}, userSlots: map[int]int{},
 		quit: make(chan struct{})}
 	if g := v.GIDTable(); len(g) > 0 {
-		// An EUI-64-like GUID from the first address: stable per address.
-		a := g[0].GID
+		// The address the device serves, whatever its index: rdma_cm's
+		// (not the link-local one a device may have at index 0).
+		d.gidIndex = cm.DefaultSGID(g)
+		// An EUI-64-like GUID from it: stable per address.
+		a := g[d.gidIndex].GID
 		d.guid = 0x0200000000000000 | uint64(a[12])<<24 | uint64(a[13])<<16 | uint64(a[14])<<8 | uint64(a[15]) | uint64(a[11])<<32
-		d.udSL = rocePktType(a)
 	}
 	var err error
 	if d.sendCQ, err = v.CreateCQ(goCQDepth); err != nil {
@@ -296,7 +302,7 @@ func (d *device) route(wc *verbs.WC, recv bool) {
 	if recv {
 		c = q.recvCQ
 		if q.typ == verbs.QPTypeUD && wc.Status == cq.Success {
-			wc.SL = d.udSL
+			wc.SL = rocePktType(wc.IPVersion)
 		}
 	}
 	if !c.push(wc) {

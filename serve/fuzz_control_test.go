@@ -56,6 +56,11 @@ var controlOps = func() []struct {
 			size int
 		}{op, sizeCMReq})
 	}
+	// Last, so that the seeds' indices of the ops above stay.
+	ops = append(ops, struct {
+		op   uint32
+		size int
+	}{opRdmaView, 8})
 	return ops
 }()
 
@@ -400,6 +405,9 @@ func controlSeeds() map[string][]byte {
 		"rc-rts-destroy": rc(teardown...),
 		// The same, left for the disconnect to free.
 		"rc-rts-disconnect": rc(seedRec(opStatus, 0, 0, 0, nil)),
+		// The rdma views beside a live QP: the first page, the next, and
+		// one with flags (refused).
+		"rdma-view": rc(seedRec(opRdmaView, 0, 0, 0, u32s(0, 0)), seedRec(opRdmaView, 0, 0, 0, u32s(1, 0)), seedRec(opRdmaView, 0, 0, 0, u32s(0, 1))),
 		// Memory windows, a CQ on a completion channel, a resize, an SRQ
 		// and an AH, then the objects freed in the wrong order.
 		"mw-channel-srq": bytes.Join([][]byte{
@@ -465,7 +473,7 @@ func TestControlSeeds(t *testing.T) {
 		}
 	}
 	s := startPipe(t)
-	wantOK := map[string]int{"rc-rts-destroy": 16, "rc-rts-disconnect": 13, "mw-channel-srq": 12, "regmr-bad-fds": 2, "cm-ids": 7}
+	wantOK := map[string]int{"rc-rts-destroy": 16, "rc-rts-disconnect": 13, "mw-channel-srq": 12, "regmr-bad-fds": 2, "cm-ids": 7, "rdma-view": 14}
 	for name, b := range seeds {
 		got, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {

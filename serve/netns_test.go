@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/internal/netnstest"
+	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
 )
@@ -22,6 +23,27 @@ func startInNS(t *testing.T, e *netnstest.End) *Server {
 		l, err = udp.Open(udp.Config{Addr: e.Addr(), Port: 4791})
 		return err
 	})
+	return startOn(t, l)
+}
+
+// startLinkLocalInNS is startInNS with the device on e's link-local and
+// IPv4 addresses, GIDs 0 and 1, as softroce serve opens it.
+func startLinkLocalInNS(t *testing.T, e *netnstest.End) *Server {
+	t.Helper()
+	var l *udp.Multi
+	e.NS.Run(t, func() error {
+		ll, err := udp.LinkLocalOf(e.Addr(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		l, err = udp.OpenMulti(udp.Config{Port: 4791}, ll, e.Addr())
+		return err
+	})
+	return startOn(t, l)
+}
+
+func startOn(t *testing.T, l nic.Link) *Server {
+	t.Helper()
 	d, err := verbs.Open(l, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -132,6 +154,94 @@ func TestTwoHostsNetns(t *testing.T) {
 			[]string{"-c", "-a", srvAddr, "-p", "7494", "-C", "10", "-v"}, func() { waitListening(t, sa, 7494) })
 		if !strings.Contains(co, "ping data: rdma-ping-9") || !strings.Contains(so, "server ping data: rdma-ping-9") {
 			t.Errorf("rping did not complete 10 pings:\nclient:\n%s\nserver:\n%s", co, so)
+		}
+	})
+}
+
+// Two hosts whose devices have the kernel's GID order: 0 the link-local
+// IPv6 GID, 1 the IPv4 one. The distribution's programs run over GID 0
+// (RoCEv2 over IPv6 link-local, what they get on rxe) for RC and UD, and
+// rdma_cm, which names peers by IPv4 address, finds GID 1 by address.
+func TestTwoHostsLinkLocalNetns(t *testing.T) {
+	netnstest.Require(t)
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip (iproute2) is not installed")
+	}
+	_, lib := tool(t, "ibv_devinfo")
+	v := netnstest.Pair(t, netnstest.VethConfig{NoDAD: true})
+	sa, sb := startLinkLocalInNS(t, v.A), startLinkLocalInNS(t, v.B)
+	srvAddr := v.A.Addr().String()
+	look := func(t *testing.T, name string) string {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			t.Skipf("%s is not installed", name)
+		}
+		return p
+	}
+	pair := func(t *testing.T, name string, srvArgs, cliArgs []string, listen func()) (string, string) {
+		p := look(t, name)
+		srv := nsTool(t, v.A.NS, sa, lib, p, srvArgs...)
+		listen()
+		cli := nsTool(t, v.B.NS, sb, lib, p, cliArgs...)
+		co := waitTool(t, cli, name+" client on host B")
+		so := waitTool(t, srv, name+" server on host A")
+		t.Logf("%s", lastLines(co, 2))
+		return co, so
+	}
+	sleep := func(d time.Duration) func() { return func() { time.Sleep(d) } }
+
+	t.Run("ibv_devinfo", func(t *testing.T) {
+		cmd := exec.Command("ip", "netns", "exec", v.B.NS.Name, look(t, "ibv_devinfo"), "-v")
+		cmd.Env = env(sb, lib)
+		out, err := cmd.CombinedOutput()
+		ll := sb.devs[0].v.GIDTable()[0].Addr
+		for _, want := range []string{"GID[  0]:\t\t" + ll.String() + ", RoCE v2", "GID[  1]:\t\t::ffff:" + v.B.Addr().String() + ", RoCE v2"} {
+			if err != nil || !strings.Contains(string(out), want) {
+				t.Errorf("ibv_devinfo on host B lacks %q: %v\n%s", want, err, out)
+			}
+		}
+	})
+	for _, c := range []struct {
+		tool string
+		args []string
+	}{
+		{"ibv_rc_pingpong", []string{"-g", "0", "-n", "300"}},
+		{"ibv_ud_pingpong", []string{"-g", "0", "-s", "1024", "-n", "300"}},
+		{"ibv_rc_pingpong", []string{"-g", "1", "-n", "300"}},
+	} {
+		t.Run(c.tool+"-g"+c.args[1], func(t *testing.T) {
+			args := append([]string{"-p", fmt.Sprint(freeTCPPort(t))}, c.args...)
+			ll := func(s *Server) nic.Stats { return s.devs[0].v.Link().(*udp.Multi).Links()[0].Stats() }
+			before := ll(sa).RxPackets
+			co, so := pair(t, c.tool, args, append(args, srvAddr), sleep(300*time.Millisecond))
+			for _, o := range []string{co, so} {
+				if !strings.Contains(o, "300 iters in") {
+					t.Errorf("no result:\n%s", o)
+				}
+			}
+			// -g 0 goes over the link-local sockets (IPv6, the whole
+			// ICRC verified), -g 1 not.
+			st := ll(sa)
+			if got := st.RxPackets - before; (c.args[1] == "0") != (got >= 300) || st.RxICRCVerified != st.RxPackets {
+				t.Errorf("-g %s: host A's link-local socket received %d packets (stats %+v)", c.args[1], got, st)
+			}
+		})
+	}
+	t.Run("rping", func(t *testing.T) {
+		co, so := pair(t, "rping", []string{"-s", "-a", srvAddr, "-p", "7494", "-C", "10", "-v"},
+			[]string{"-c", "-a", srvAddr, "-p", "7494", "-C", "10", "-v"}, func() { waitListening(t, sa, 7494) })
+		if !strings.Contains(co, "ping data: rdma-ping-9") || !strings.Contains(so, "server ping data: rdma-ping-9") {
+			t.Errorf("rping did not complete 10 pings:\nclient:\n%s\nserver:\n%s", co, so)
+		}
+	})
+	// UD over rdma_cm: the address handle of the ESTABLISHED event names
+	// the source GID of the IPv4 address (index 1), not GID 0.
+	t.Run("udaddy", func(t *testing.T) {
+		co, so := pair(t, "udaddy", nil, []string{"-s", srvAddr}, sleep(300*time.Millisecond))
+		for _, o := range []string{co, so} {
+			if !strings.Contains(o, "data transfers complete") || !strings.Contains(o, "return status 0") {
+				t.Errorf("udaddy did not complete:\n%s", o)
+			}
 		}
 	})
 }

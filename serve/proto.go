@@ -12,7 +12,7 @@ import (
 // and never a panic.
 
 const (
-	protoVersion = 3 // 2: CREATE_QP answers a QP token, ATTACH_QP carries it; HELLO's answer carries the network namespace; 3: CM_OPEN answers a channel token, CM_MIGRATE_ID
+	protoVersion = 4 // 2: CREATE_QP answers a QP token, ATTACH_QP carries it; HELLO's answer carries the network namespace; 3: CM_OPEN answers a channel token, CM_MIGRATE_ID; 4: RDMA_VIEW
 	maxMsg       = 4096
 	maxExtents   = 64
 	nameLen      = 64
@@ -46,7 +46,8 @@ const (
 	opModifySRQ  = 22
 	opQuerySRQ   = 23
 	opDestroySRQ = 24
-	opLast       = opDestroySRQ
+	opRdmaView   = 25 // body: u32 first item, u32 0; resp: a page of the rdma views as JSON (rdmaview.go)
+	opLast       = opRdmaView
 	// rdma_cm: 40..69 (cmproto.go). Memory windows and IOVA
 	// registration: 80..89 (mw.go). Resizing CQs and SRQs: 90..99
 	// (resize.go).
@@ -129,6 +130,8 @@ func parseRequest(b []byte) (request, error) {
 		want = 0
 	case opQueryGID:
 		want = sizeGIDReq
+	case opRdmaView:
+		want = 8
 	case opCreateCQ:
 		want = sizeCreateCQ
 	case opCreateQP:

@@ -93,7 +93,7 @@ var opNames = map[uint32]string{
 	opDestroyCQ: "DESTROY_CQ", opCreateQP: "CREATE_QP", opModifyQP: "MODIFY_QP", opQueryQP: "QUERY_QP", opDestroyQP: "DESTROY_QP",
 	opCreateChannel: "CREATE_CHANNEL", opDestroyChannel: "DESTROY_CHANNEL", opStatus: "STATUS",
 	opCreateAH: "CREATE_AH", opDestroyAH: "DESTROY_AH", opCreateSRQ: "CREATE_SRQ", opModifySRQ: "MODIFY_SRQ",
-	opQuerySRQ: "QUERY_SRQ", opDestroySRQ: "DESTROY_SRQ",
+	opQuerySRQ: "QUERY_SRQ", opDestroySRQ: "DESTROY_SRQ", opRdmaView: "RDMA_VIEW",
 	opCMOpen: "CM_OPEN", opCMCreateID: "CM_CREATE_ID", opCMDestroyID: "CM_DESTROY_ID", opCMBind: "CM_BIND",
 	opCMResolveAddr: "CM_RESOLVE_ADDR", opCMResolveRoute: "CM_RESOLVE_ROUTE", opCMListen: "CM_LISTEN", opCMConnect: "CM_CONNECT",
 	opCMAccept: "CM_ACCEPT", opCMReject: "CM_REJECT", opCMDisconnect: "CM_DISCONNECT", opCMGetEvent: "CM_GET_EVENT",

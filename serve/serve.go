@@ -107,6 +107,7 @@ type Server struct {
 	refusalBudget refusalBudget // refusals.go
 
 	accepted, badReq, badWQE, overruns, backstops, queueFull, acceptErrs atomic.Uint64
+	clientSeq                                                            atomic.Uint64 // numbers clients in the order they came (client.seq)
 }
 
 // New makes a server for devs; it takes them over (Close closes them).

@@ -2,7 +2,6 @@ package serve
 
 import (
 	"fmt"
-	"net/netip"
 	"syscall"
 
 	"github.com/softroce/softroce/verbs"
@@ -84,15 +83,17 @@ func (c *client) handleUD(r request) (resp []byte, rfds []int, err error, ok boo
 	return resp, rfds, err, true
 }
 
-// rocePktType is the sl of a successful UD receive completion on a device
-// of address gid: the RoCE packet type, as mlx5 reports it there (bit 3: a
-// UDP header, RoCEv2; bits 2-0: the L3 header, 2 IPv4, 1 IPv6). rxe leaves
-// sl 0; UCX's ud_verbs takes sl&7 == 2 to find the IPv4 destination in the
-// GRH's last 4 bytes, and without it compares the last 16 bytes with its
-// GIDs and drops every IPv4 datagram. sl means nothing else on RoCE: it
-// is not on the wire.
-func rocePktType(gid [16]byte) uint8 {
-	if netip.AddrFrom16(gid).Is4In6() {
+// rocePktType is the sl of a successful UD receive completion whose
+// datagram came over IP version ipv (4 or 6): the RoCE packet type, as
+// mlx5 reports it there (bit 3: a UDP header, RoCEv2; bits 2-0: the L3
+// header, 2 IPv4, 1 IPv6). It is per datagram: a device with an IPv6
+// link-local and an IPv4 GID receives both. rxe leaves sl 0; UCX's
+// ud_verbs takes sl&7 == 2 to find the IPv4 destination in the GRH's
+// last 4 bytes, and without it compares the last 16 bytes with its GIDs
+// and drops every IPv4 datagram. sl means nothing else on RoCE: it is not
+// on the wire.
+func rocePktType(ipv uint8) uint8 {
+	if ipv == 4 {
 		return 0x8 | 0x2
 	}
 	return 0x8 | 0x1

@@ -206,6 +206,10 @@ type QPStats = engine.QPStats
 // Stats returns a snapshot of the QP's counters.
 func (qp *QP) Stats() QPStats { return qp.rc.Stats() }
 
+// PSNs returns the live send and receive PSNs: the PSN of the next new
+// request packet and the PSN the responder expects next.
+func (qp *QP) PSNs() (sq, rq uint32) { return qp.rc.PSNs() }
+
 // Modify changes attributes and state (ibv_modify_qp). It validates the
 // transition and attribute mask as libibverbs does, returning a
 // *qpstate.TransitionError naming the state, transition and attribute, then

@@ -74,3 +74,27 @@ func TestStatsAndPacketTrace(t *testing.T) {
 		t.Fatalf("device counters did not grow with the second WRITE: %+v then %+v", ds, a.Stats())
 	}
 }
+
+// PSNs follows the requester's next PSN and the responder's expected one:
+// a 4-packet WRITE moves both by 4 from the PSNs the QPs were given.
+func TestPSNs(t *testing.T) {
+	a, b := openPair(t)
+	pda, _ := a.AllocPD()
+	pdb, _ := b.AllocPD()
+	mra, _ := pda.RegMR(make([]byte, 4096), AccessLocalWrite)
+	mrb, _ := pdb.RegMR(make([]byte, 4096), AccessLocalWrite|AccessRemoteWrite)
+	p := connectPair(t, a, b, pda, pdb, &ConnectOptions{PathMTU: 1024})
+	if sq, _ := p.qa.PSNs(); sq != 100 {
+		t.Fatalf("requester's sq PSN %d before sending, want 100 (its SQPSN)", sq)
+	}
+	if _, rq := p.qb.PSNs(); rq != 100 {
+		t.Fatalf("responder's rq PSN %d before receiving, want 100", rq)
+	}
+	p.post(t, SendWR{Opcode: WRRDMAWrite, RemoteAddr: mrb.Addr(), RKey: mrb.RKey(), SGL: []SGE{{Addr: mra.Addr(), Length: 4096, LKey: mra.LKey()}}})
+	if sq, _ := p.qa.PSNs(); sq != 104 {
+		t.Errorf("requester's sq PSN %d after a 4-packet WRITE, want 104", sq)
+	}
+	if _, rq := p.qb.PSNs(); rq != 104 {
+		t.Errorf("responder's rq PSN %d after a 4-packet WRITE, want 104", rq)
+	}
+}

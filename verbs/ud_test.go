@@ -83,7 +83,7 @@ func TestUDOverPipe(t *testing.T) {
 		}
 		wc := waitOne(t, to.cq, "receive")
 		want := WC{WRID: 9, Status: cq.Success, Opcode: cq.OpRecv, ByteLen: GRHLen + 31, QPNum: to.qp.Num(),
-			SrcQP: from.qp.Num(), Flags: cq.FlagGRH | cq.FlagWithImm, ImmData: 77}
+			SrcQP: from.qp.Num(), Flags: cq.FlagGRH | cq.FlagWithImm, ImmData: 77, IPVersion: 4}
 		if wc != want {
 			t.Fatalf("receive\n got %+v\nwant %+v", wc, want)
 		}

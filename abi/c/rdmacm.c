@@ -437,6 +437,26 @@ static void gid_of(union ibv_gid *g, const struct sr_sockaddr *a)
 	}
 }
 
+/* sgid_index finds the index of GID g on port 1 of ctx: a device on an
+ * interface with an IPv6 link-local address has that address at index 0
+ * and its IPv4 address after it, as a kernel RoCE device has, so the
+ * index of an id's source GID is looked up, not assumed (0 when absent,
+ * the one GID of a device without a link-local address). */
+static uint8_t sgid_index(struct ibv_context *ctx, const union ibv_gid *g)
+{
+	struct ibv_port_attr pa;
+	union ibv_gid x;
+	int n, k;
+
+	if (!ctx || ibv_query_port(ctx, 1, &pa))
+		return 0;
+	n = pa.gid_tbl_len < 256 ? pa.gid_tbl_len : 256;
+	for (k = 0; k < n; k++)
+		if (!ibv_query_gid(ctx, 1, k, &x) && !memcmp(&x, g, sizeof(x)))
+			return (uint8_t)k;
+	return 0;
+}
+
 /* update copies what the daemon says of an id into its struct. */
 static void update(struct sr_id *i, uint32_t dev, const struct sr_sockaddr *src, const struct sr_sockaddr *dst)
 {
@@ -929,7 +949,7 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_
 				u->ah_attr.is_global = 1;
 				u->ah_attr.port_num = 1;
 				u->ah_attr.grh.hop_limit = 64;
-				u->ah_attr.grh.sgid_index = 0;
+				u->ah_attr.grh.sgid_index = sgid_index(i->id.verbs, &i->id.route.addr.addr.ibaddr.sgid);
 				gid_of(&u->ah_attr.grh.dgid, &e.dst);
 			}
 		} else {

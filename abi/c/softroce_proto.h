@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-#define SR_PROTO_VERSION 3 /* 2: sr_qp_resp.token, sr_cm_req.qp_token, sr_hello_resp carries the network namespace; 3: the CM response carries a channel token, SR_OP_CM_MIGRATE_ID */
+#define SR_PROTO_VERSION 4 /* 2: sr_qp_resp.token, sr_cm_req.qp_token, sr_hello_resp carries the network namespace; 3: the CM response carries a channel token, SR_OP_CM_MIGRATE_ID; 4: SR_OP_RDMA_VIEW */
 #define SR_MAX_MSG 4096 /* largest request or response */
 #define SR_MAX_EXTENTS 64 /* memfd pieces of one MR */
 #define SR_NAME_LEN 64
@@ -50,6 +50,7 @@ enum sr_op {
 	SR_OP_MODIFY_SRQ = 22,
 	SR_OP_QUERY_SRQ = 23,
 	SR_OP_DESTROY_SRQ = 24,
+	SR_OP_RDMA_VIEW = 25, /* a page of the daemon's rdma views as JSON, for softroce rdma (not sent by the library) */
 	/* rdma_cm: 40..69 (softroce_cm.h) */
 	/* Memory windows and IOVA registration: 80..89 */
 	SR_OP_ALLOC_MW = 80,

@@ -46,8 +46,9 @@ var flagSets = map[string]func() []*flag.FlagSet{
 	},
 	"rping":      func() []*flag.FlagSet { return sets(rpingFlags()) },
 	"run":        func() []*flag.FlagSet { fs, _, _, _, _, _, _ := runFlags(); return sets(fs) },
-	"serve":      func() []*flag.FlagSet { fs, _, _, _, _, _, _, _, _, _ := serveFlags(new(addrList)); return sets(fs) },
+	"serve":      func() []*flag.FlagSet { fs, _, _, _, _, _, _, _, _, _, _ := serveFlags(new(addrList)); return sets(fs) },
 	"status":     func() []*flag.FlagSet { fs, _, _ := statusFlags(); return sets(fs) },
+	"rdma":       func() []*flag.FlagSet { fs, _, _, _ := rdmaFlags(); return sets(fs) },
 	"man":        func() []*flag.FlagSet { fs, _ := manFlags(); return sets(fs) },
 	"completion": func() []*flag.FlagSet { return sets(completionFlags()) },
 }
@@ -61,6 +62,7 @@ var subwords = map[string][]string{
 	"completion":  {"bash", "zsh"},
 	"conformance": {"rxe", "self", "replay", "remote", "agent-source"},
 	"perftest":    {"write", "read", "atomic", "send"},
+	"rdma":        {"dev", "link", "statistic", "resource"},
 }
 
 // flagName is how the docs spell a flag: -x for one letter, --name for

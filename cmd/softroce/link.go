@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/afxdp"
@@ -19,7 +20,16 @@ type linkFlags struct {
 	bind    string
 	udpPort int
 	xdpMode afxdp.Mode // afxdp only: the XDP attach mode
+	// linkLocal (udp only) also serves the interface's IPv6 link-local
+	// address, first, as a kernel RoCE device orders its GID table;
+	// warn reports why a device has no link-local GID.
+	linkLocal bool
+	warn      func(format string, args ...any)
 }
+
+// dadWait bounds the wait for a link-local address still tentative (DAD
+// takes about a second after the link comes up).
+const dadWait = 3 * time.Second
 
 // openLink opens the chosen backend on the local address bind. With no
 // bind it uses the address the kernel would route to peer from, or else
@@ -31,6 +41,21 @@ func openLink(f linkFlags, peer string) (nic.Link, error) {
 	}
 	switch f.backend {
 	case "", "udp":
+		if f.linkLocal && !addr.IsLinkLocalUnicast() {
+			ll, err := udp.LinkLocalOf(addr, dadWait)
+			switch {
+			case err == nil:
+				m, err := udp.OpenMulti(udp.Config{Port: f.udpPort}, ll, addr)
+				if err == nil {
+					return m, nil
+				}
+				if f.warn != nil {
+					f.warn("%v: no link-local GID: %v", addr, err)
+				}
+			case !errors.Is(err, udp.ErrNoLinkLocal) && f.warn != nil:
+				f.warn("%v: no link-local GID: %v", addr, err)
+			}
+		}
 		l, err := udp.Open(udp.Config{Addr: addr, Port: f.udpPort})
 		if err != nil {
 			return nil, udpOpenError(err, addr, f.udpPort)

@@ -32,7 +32,7 @@ func (a *addrList) String() string     { return strings.Join(*a, ",") }
 func (a *addrList) Set(s string) error { *a = append(*a, s); return nil }
 
 // serveFlags defines serve's flags, the addresses into addrs.
-func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, group, ccMode *string, port, peerPort *int, quiet *bool, lim *serve.Limits) {
+func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, group, ccMode *string, port, peerPort *int, quiet, linkLocal *bool, lim *serve.Limits) {
 	fs = flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.Var(addrs, "addr", "local IP address of a device (repeat for more devices; default: the host's first IPv4 address)")
 	fs.Var(addrs, "bind", "the same as --addr")
@@ -46,10 +46,13 @@ func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, grou
 	port = fs.Int("udp-port", 0, "UDP port to listen on (default 4791)")
 	peerPort = fs.Int("peer-udp-port", 0, "UDP port the peers listen on (default: --udp-port; change only against another softroce on the same address)")
 	quiet = fs.Bool("q", false, "print nothing but errors")
+	linkLocal = fs.Bool("link-local", true, "with --backend udp: also serve the interface's IPv6 link-local address as GID 0,\n"+
+		"before the --addr address (GID 1), as kernel RoCE devices (rdma_rxe) order their GID table;\n"+
+		"nothing changes on an interface without one (loopback, IPv6 off)")
 	ccMode = fs.String("cc", "none", "congestion control of every RC QP: none, or dcqcn (ECN-capable packets, CNPs on CE marks, DCQCN pacing; counters in softroce status)")
 	lim = limitFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--socket PATH] [--group NAME]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--link-local=false] [--socket PATH] [--group NAME] [--cc none|dcqcn]\n\n"+
 			"Owns one softroce device per address and serves the programs that 'softroce run' starts.\n"+
 			"Programs use a daemon only if it runs as their user or root (or as "+serve.DaemonUIDEnv+" says) and serves\n"+
 			"their network namespace: run one daemon per namespace; a second one in a namespace needs --socket.\n\n")
@@ -60,7 +63,7 @@ func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, grou
 
 func runServe(args []string) int {
 	var addrs addrList
-	fs, backend, xdpMode, sock, group, ccMode, port, peerPort, quiet, lim := serveFlags(&addrs)
+	fs, backend, xdpMode, sock, group, ccMode, port, peerPort, quiet, linkLocal, lim := serveFlags(&addrs)
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -79,7 +82,13 @@ func runServe(args []string) int {
 	}
 	var devs []*verbs.Device
 	for i, a := range addrs {
-		link, err := openLink(linkFlags{backend: *backend, bind: a, udpPort: *port, xdpMode: mode}, "")
+		var warn func(string, ...any)
+		if !*quiet {
+			warn = func(format string, args ...any) {
+				fmt.Fprintf(os.Stderr, "softroce serve: "+format+"\n", args...)
+			}
+		}
+		link, err := openLink(linkFlags{backend: *backend, bind: a, udpPort: *port, xdpMode: mode, linkLocal: *linkLocal, warn: warn}, "")
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
 			return 1
@@ -117,7 +126,11 @@ func runServe(args []string) int {
 			if x, ok := d.Link().(*afxdp.Link); ok {
 				what = fmt.Sprintf("afxdp on %s, %s XDP, %d queues", x.Interface(), x.Mode(), x.Queues())
 			}
-			fmt.Fprintf(os.Stderr, "softroce serve: device %s on %s (%s)\n", d.Name(), d.Link().Addrs()[0], what)
+			var gids []string
+			for i, a := range d.Link().Addrs() {
+				gids = append(gids, fmt.Sprintf("GID %d %v", i, a))
+			}
+			fmt.Fprintf(os.Stderr, "softroce serve: device %s on %s (%s)\n", d.Name(), strings.Join(gids, ", "), what)
 		}
 		fmt.Fprintf(os.Stderr, "softroce serve: listening on %s\n", s.Socket())
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -100,4 +101,68 @@ func TestServeAFXDPWithCapabilities(t *testing.T) {
 		t.Errorf("no start-up line naming the XDP mode:\n%s", out.String())
 	}
 	t.Logf("%s", out.String())
+}
+
+// softroce serve on an interface with an IPv6 link-local address gives
+// its device the kernel's GID order (0: the link-local address, 1: the
+// --addr address); --link-local=false, or loopback, keeps the one GID.
+func TestServeLinkLocalGID(t *testing.T) {
+	netnstest.Require(t)
+	v := netnstest.Pair(t, netnstest.VethConfig{NoDAD: true})
+	self, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "softroce")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct {
+		addr  string
+		flags []string
+		want  func(as []string) bool
+	}{
+		{v.A.Addr().String(), nil, func(as []string) bool {
+			return len(as) == 2 && strings.HasPrefix(as[0], "fe80::") && as[1] == v.A.Addr().String()
+		}},
+		{v.A.Addr().String(), []string{"--link-local=false"}, func(as []string) bool { return len(as) == 1 && as[0] == v.A.Addr().String() }},
+		{"127.0.0.1", nil, func(as []string) bool { return len(as) == 1 && as[0] == "127.0.0.1" }},
+	} {
+		sock := filepath.Join(dir, fmt.Sprintf("s%d.sock", i))
+		var cmd *exec.Cmd
+		var out strings.Builder
+		v.A.NS.Run(t, func() error {
+			cmd = exec.Command(bin, append([]string{"serve", "--addr", c.addr, "--socket", sock}, c.flags...)...)
+			cmd.Env = append(os.Environ(), "SOFTROCE_TEST_AS_MAIN=1")
+			cmd.Stdout, cmd.Stderr = &out, &out
+			return cmd.Start()
+		})
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		var st serve.Status
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+			var err error
+			v.A.NS.Do(func() error { st, err = serve.QueryStatus(sock); return nil })
+			if err == nil {
+				break
+			}
+			select {
+			case err := <-exited:
+				t.Fatalf("softroce serve %v: %v\n%s", c.flags, err, out.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no daemon on %s: %v", sock, err)
+			}
+		}
+		cmd.Process.Signal(syscall.SIGTERM)
+		if err := <-exited; err != nil {
+			t.Errorf("softroce serve on SIGTERM: %v\n%s", err, out.String())
+		}
+		if len(st.Devices) != 1 || !c.want(st.Devices[0].Addrs) {
+			t.Errorf("serve --addr %s %v: devices %+v\n%s", c.addr, c.flags, st.Devices, out.String())
+		}
+		t.Logf("%s", out.String())
+	}
 }

@@ -74,7 +74,8 @@ func (s *cephSide) run(t *testing.T, timeout time.Duration, argv ...string) (str
 }
 
 // hostCephSide is a softroce host: a directory of its own, owned by User,
-// mode 0700; softroce's device and the GID index of its IPv4 address (0).
+// mode 0700; softroce's device and the GID index of its IPv4 address (1
+// beside a link-local GID, as on rxe).
 func hostCephSide(t *testing.T, h *Host) *cephSide {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "softroce-ceph-")
@@ -92,7 +93,7 @@ func hostCephSide(t *testing.T, h *Host) *cephSide {
 		end:    hostEnd(h),
 		dir:    dir,
 		device: cephDevice,
-		gidIdx: 0,
+		gidIdx: h.GIDIndex(),
 		writeFile: func(t *testing.T, name, data string) {
 			f := filepath.Join(dir, name)
 			if err := os.WriteFile(f, []byte(data), 0o600); err != nil {

@@ -34,6 +34,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -64,6 +65,22 @@ type Host struct {
 
 // Addr is the host's IP address (its softroce device's).
 func (h *Host) Addr() netip.Addr { return h.addr }
+
+// daemonGID is a GID of the device as softroce serve reports it.
+var daemonGID = regexp.MustCompile(`GID (\d+) (\S+?)[,) ]`)
+
+// GIDIndex is the GID index of the host's address: 1 when the device has
+// the interface's IPv6 link-local GID at index 0, as rxe has (softroce
+// serve's default on an interface with one), 0 otherwise.
+func (h *Host) GIDIndex() int {
+	for _, m := range daemonGID.FindAllStringSubmatch(h.daemon.Output(), -1) {
+		if a, err := netip.ParseAddr(m[2]); err == nil && a == h.addr {
+			i, _ := strconv.Atoi(m[1])
+			return i
+		}
+	}
+	return 0
+}
 
 var (
 	buildOnce            sync.Once
@@ -158,7 +175,7 @@ func NewTwoHosts(t testing.TB) *TwoHosts {
 	t.Helper()
 	netnstest.Require(t)
 	build(t)
-	v := netnstest.Connect(t, netnstest.NewNSTagged(t, "appA"), netnstest.NewNSTagged(t, "appB"), netnstest.VethConfig{})
+	v := netnstest.Connect(t, netnstest.NewNSTagged(t, "appA"), netnstest.NewNSTagged(t, "appB"), netnstest.VethConfig{NoDAD: true})
 	th := &TwoHosts{A: newHost(t, "A", v.A.Addr(), v.A.NS.Do), B: newHost(t, "B", v.B.Addr(), v.B.NS.Do)}
 	t.Cleanup(func() {
 		for _, h := range []*Host{th.A, th.B} {

@@ -193,8 +193,12 @@ func fiPingpongCheck(t *testing.T, ro role, c fiCase, size, iters int, co, so st
 			continue
 		}
 		r := rows[0]
-		if r.bytes != sizeStr(size) || r.sent != iters || r.ack != iters || r.sec <= 0 || r.mbps <= 0 || r.usec <= 0 {
-			t.Errorf("%s: row %+v, want %s bytes, %d sent and acked, positive time, MB/sec and usec/xfer", x.side, r, sizeStr(size), iters)
+		// MB/sec has two decimals: a slow run of small messages (ofi_rxd
+		// against the emulated rxe guest at 64 bytes took up to 29 ms a
+		// transfer, 6.2k in 2.9 s) prints 0.00, so only its sign is
+		// checked; time and usec/xfer must be positive.
+		if r.bytes != sizeStr(size) || r.sent != iters || r.ack != iters || r.sec <= 0 || r.mbps < 0 || r.usec <= 0 {
+			t.Errorf("%s: row %+v, want %s bytes, %d sent and acked, positive time and usec/xfer", x.side, r, sizeStr(size), iters)
 		}
 		t.Logf("fi_pingpong -p '%s' -e %s, %s %s (%s): bytes %s, #sent %d, #ack %d, total %s, time %.2fs, %.2f MB/sec, %.2f usec/xfer",
 			c.prov, c.ep, x.e.name, x.side, ro.name, r.bytes, r.sent, r.ack, r.total, r.sec, r.mbps, r.usec)

@@ -113,7 +113,7 @@ func TestUDAgainstRxe(t *testing.T) {
 					t.Fatalf("rxe send of %d bytes: %+v %v", n, wc, err)
 				}
 				wc := waitWC(t, ctx, dev, cq, "softroce receive")
-				want := verbs.WC{WRID: 99, Opcode: 128, ByteLen: uint32(verbs.GRHLen + n), QPNum: qp.Num(), SrcQP: aqp.QPN, Flags: 1}
+				want := verbs.WC{WRID: 99, Opcode: 128, ByteLen: uint32(verbs.GRHLen + n), QPNum: qp.Num(), SrcQP: aqp.QPN, Flags: 1, IPVersion: 4}
 				if imm {
 					want.Flags, want.ImmData = 3, immv
 				}

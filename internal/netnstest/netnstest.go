@@ -200,6 +200,10 @@ type VethConfig struct {
 	// turned off: with it on, the kernel leaves UDP checksums partial on
 	// a veth, which AF_PACKET and AF_XDP readers see as wrong.
 	KeepTxChecksum bool
+	// NoDAD turns off IPv6 duplicate address detection on both ends
+	// (accept_dad 0) before they come up, so that their link-local
+	// addresses are usable at once instead of tentative for a second.
+	NoDAD bool
 }
 
 // Connect joins a and b with a veth pair, brings both ends up with their
@@ -257,7 +261,7 @@ func Connect(t testing.TB, a, b *NS, cfg VethConfig) *Veth {
 	})
 	for _, e := range []*End{v.A, v.B} {
 		e := e
-		if err := e.NS.Do(func() error { return e.setUp(!cfg.KeepTxChecksum) }); err != nil {
+		if err := e.NS.Do(func() error { return e.setUp(!cfg.KeepTxChecksum, cfg.NoDAD) }); err != nil {
 			t.Fatalf("netnstest: set up %s in %s: %v", e.Name, e.NS.Name, err)
 		}
 	}
@@ -291,10 +295,16 @@ func (e *End) waitUp() error {
 	}
 }
 
-func (e *End) setUp(txOff bool) error {
+func (e *End) setUp(txOff, noDAD bool) error {
 	l, err := netlink.LinkByName(e.Name)
 	if err != nil {
 		return err
+	}
+	if noDAD {
+		// net sysctls act in the namespace of the thread that opens them.
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+e.Name+"/accept_dad", []byte("0"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("turn off DAD: %w", err)
+		}
 	}
 	if e.Prefix.IsValid() {
 		a := &netlink.Addr{IPNet: &net.IPNet{IP: e.Prefix.Addr().AsSlice(), Mask: net.CIDRMask(e.Prefix.Bits(), e.Prefix.Addr().BitLen())}}

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"golang.org/x/net/ipv4"
 
@@ -131,3 +132,29 @@ func (r *rawLink) MTU() int            { return 9000 }
 func (r *rawLink) Addrs() []netip.Addr { return nil }
 func (r *rawLink) Stats() nic.Stats    { return nic.Stats{} }
 func (r *rawLink) Close() error        { return r.c.Close() }
+
+// BenchmarkMulti4K is BenchmarkLink4K between two Multis (each on its
+// veth end's link-local and IPv4 addresses), to either address: the cost
+// of the second socket next to BenchmarkLink4K's one.
+func BenchmarkMulti4K(b *testing.B) {
+	for i, name := range []string{"link-local", "ipv4"} {
+		b.Run(name, func(b *testing.B) {
+			netnstest.Require(b)
+			v := netnstest.Pair(b, netnstest.VethConfig{MTU: 9000, NoDAD: true})
+			open := func(e *netnstest.End) (m *Multi) {
+				e.NS.Run(b, func() error {
+					ll, err := LinkLocalOf(e.Addr(), 5*time.Second)
+					if err != nil {
+						return err
+					}
+					m, err = OpenMulti(Config{SocketBuffer: 4 << 20}, ll, e.Addr())
+					return err
+				})
+				b.Cleanup(func() { m.Close() })
+				return m
+			}
+			tx, rx := open(v.A), open(v.B)
+			linktest.Stream(b, tx, rx, netip.AddrPortFrom(rx.Addrs()[i], 4791), size4K, payload4K, 32)
+		})
+	}
+}

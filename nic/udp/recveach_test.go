@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -184,8 +185,22 @@ func TestRecvEachGROInPlace(t *testing.T) {
 func TestRecvEachUntil(t *testing.T) {
 	a := open(t, "127.0.0.1", 9000)
 	b := open(t, "127.0.0.1", 9000)
+	recvEachUntil(t, a, b, func(uint32) netip.AddrPort { return b.LocalAddrPort() })
+}
+
+// untilRecver is a link with RecvEachUntil and Interrupt (Link, Multi).
+type untilRecver interface {
+	RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool) error
+	Interrupt()
+	Close() error
+}
+
+// recvEachUntil is TestRecvEachUntil's sequence: a sends datagram seq to
+// dst(seq), b receives.
+func recvEachUntil(t *testing.T, a nic.Link, b untilRecver, dst func(seq uint32) netip.AddrPort) {
 	in := packets(16, 4200)
 	var quit atomic.Bool
+	var delivered atomic.Int32
 	got := make(chan uint32, 16)
 	errc := make(chan error, 1)
 	send := func(seq uint32) {
@@ -193,7 +208,7 @@ func TestRecvEachUntil(t *testing.T) {
 		out := packets(1, 4200)
 		out[0].N = 200
 		fill(out[0].Buf, out[0].N, seq)
-		out[0].Remote = b.LocalAddrPort()
+		out[0].Remote = dst(seq)
 		if k, err := a.Send(out); k != 1 || err != nil {
 			t.Fatalf("Send = %d, %v", k, err)
 		}
@@ -201,6 +216,7 @@ func TestRecvEachUntil(t *testing.T) {
 	recv := func(stop func() bool) {
 		go func() {
 			errc <- b.RecvEachUntil(in, func(k int) {
+				delivered.Add(int32(k))
 				for _, p := range in[:k] {
 					got <- binary.BigEndian.Uint32(p.Buf[8:])
 				}
@@ -245,9 +261,12 @@ func TestRecvEachUntil(t *testing.T) {
 	send(2)
 	send(3)
 	time.Sleep(10 * time.Millisecond)
-	var n atomic.Int32
+	// stop counts delivers, not questions: the Interrupt above may come
+	// after that call returned on its own (stop turned true after its
+	// deliver), and then wakes this call's first wait, which asks stop.
+	base := delivered.Load()
 	in = packets(1, 4200) // one packet a batch: the second stays queued
-	recv(func() bool { return n.Add(1) > 1 })
+	recv(func() bool { return delivered.Load() > base })
 	expect(2)
 	if err := <-errc; err != nil {
 		t.Fatalf("RecvEachUntil after a deliver with stop true: %v", err)

@@ -52,6 +52,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -76,7 +77,11 @@ const DefaultSocketBuffer = 4 << 20
 type Config struct {
 	// Addr is the local address to bind: a specific IPv4 or IPv6 address
 	// of an interface of this host (the ICRC covers the source address,
-	// so the wildcard address is refused).
+	// so the wildcard address is refused). An IPv6 link-local address
+	// names its interface in its zone (fe80::1%eth0): the socket is then
+	// bound to that interface, which scopes the link-local destinations
+	// it sends to. Addrs and received packets carry addresses without
+	// zones.
 	Addr netip.Addr
 	// Port is the UDP port (0: 4791, the RoCEv2 port).
 	Port int
@@ -195,12 +200,26 @@ const ipv6FlowInfo = 11
 
 // Open binds the socket and prepares its batches.
 func Open(cfg Config) (*Link, error) {
-	addr := cfg.Addr.Unmap()
+	zone := cfg.Addr.Zone()
+	addr := cfg.Addr.Unmap().WithZone("")
 	if !addr.IsValid() {
 		return nil, errors.New("udp: no local address given")
 	}
 	if addr.IsUnspecified() || addr.IsMulticast() {
 		return nil, fmt.Errorf("udp: %v: need a specific unicast address of this host (the ICRC covers the source address)", addr)
+	}
+	var ifi *net.Interface
+	if addr.Is6() && addr.IsLinkLocalUnicast() {
+		if zone == "" {
+			return nil, fmt.Errorf("udp: link-local %v needs its interface: %v%%IFNAME", addr, addr)
+		}
+		var err error
+		if ifi, err = interfaceByZone(zone); err != nil {
+			return nil, fmt.Errorf("udp: %v%%%s: %w", addr, zone, err)
+		}
+		zone = ifi.Name
+	} else {
+		zone = ""
 	}
 	port := cfg.Port
 	if port == 0 {
@@ -215,9 +234,11 @@ func Open(cfg Config) (*Link, error) {
 	}
 	mtu := cfg.MTU
 	if mtu == 0 {
-		ifi, err := InterfaceOf(addr)
-		if err != nil {
-			return nil, fmt.Errorf("udp: find the MTU of %v: %w", addr, err)
+		if ifi == nil {
+			var err error
+			if ifi, err = InterfaceOf(addr); err != nil {
+				return nil, fmt.Errorf("udp: find the MTU of %v: %w", addr, err)
+			}
 		}
 		mtu = ifi.MTU
 	}
@@ -229,12 +250,16 @@ func Open(cfg Config) (*Link, error) {
 	if v6 {
 		network = "udp6"
 	}
-	la := net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, uint16(port)))
+	la := net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr.WithZone(zone), uint16(port)))
 	conn, err := net.ListenUDP(network, la)
 	if err != nil {
 		switch {
 		case errors.Is(err, syscall.EADDRINUSE):
 			return nil, fmt.Errorf("udp: UDP port %d on %v is in use: is another RoCE stack (rdma_rxe) or softroce running? choose another UDP port (Config.Port): %w", port, addr, err)
+		case errors.Is(err, syscall.EADDRNOTAVAIL) && addr.Is6():
+			// Linux refuses a tentative address (duplicate address
+			// detection still running) as it refuses an absent one.
+			return nil, fmt.Errorf("udp: %v is not a usable address of any interface of this host (absent, or still tentative: duplicate address detection takes about a second after the link comes up): %w", la, err)
 		case errors.Is(err, syscall.EADDRNOTAVAIL):
 			return nil, fmt.Errorf("udp: %v is not an address of any interface of this host: %w", addr, err)
 		case errors.Is(err, syscall.EACCES):
@@ -413,8 +438,38 @@ func (l *Link) setupCheck(cfg Config) error {
 // IPv4CheckAuto for an IPv6 link.
 func (l *Link) IPv4Check() IPv4Check { return l.check }
 
-// InterfaceOf returns the interface that owns addr.
+// interfaceByZone finds the interface an IPv6 zone names, by name or
+// index.
+func interfaceByZone(zone string) (*net.Interface, error) {
+	if ifi, err := net.InterfaceByName(zone); err == nil {
+		return ifi, nil
+	}
+	if n, err := strconv.Atoi(zone); err == nil && n > 0 {
+		return net.InterfaceByIndex(n)
+	}
+	return nil, fmt.Errorf("no interface %q", zone)
+}
+
+// InterfaceOf returns the interface that owns addr. A link-local address
+// with a zone is looked up on the interface its zone names only.
 func InterfaceOf(addr netip.Addr) (*net.Interface, error) {
+	if z := addr.Zone(); z != "" {
+		ifi, err := interfaceByZone(z)
+		if err != nil {
+			return nil, err
+		}
+		addr = addr.WithZone("")
+		if as, err := ifi.Addrs(); err == nil {
+			for _, a := range as {
+				if pn, ok := a.(*net.IPNet); ok {
+					if ip, ok := netip.AddrFromSlice(pn.IP); ok && ip.Unmap() == addr {
+						return ifi, nil
+					}
+				}
+			}
+		}
+		return nil, fmt.Errorf("interface %s has no address %v", ifi.Name, addr)
+	}
 	ifs, err := net.Interfaces()
 	if err != nil {
 		return nil, fmt.Errorf("list interfaces: %w", err)
@@ -616,6 +671,17 @@ func (l *Link) recv(pkts []nic.Packet, nonblock bool) (int, error) {
 			return k, nil
 		}
 	}
+}
+
+// pending reports whether the last non-blocking receive may have left
+// datagrams in the socket or segments in the receiver: its read filled
+// the whole batch, or coalesced segments are still to be handed out.
+func (l *Link) pending() bool {
+	r := l.rx
+	if l.gro && r.cur < r.n {
+		return true
+	}
+	return r.n > 0 && r.n == r.want
 }
 
 // acceptBatch checks the n datagrams the receiver read into pkts and moves

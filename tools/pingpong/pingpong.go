@@ -379,7 +379,7 @@ func checkRemote(cfg *Config, rem []Dest) ([]Dest, error) {
 	for _, d := range rem[:n] {
 		if d.GID == (verbs.GID{}) {
 			return nil, fmt.Errorf("the peer sent no GID (all zeros), and RoCE needs one: run %s with -g N, N the index of its device's GID for the address it uses: "+
-				"-g 0 under `softroce run` (its device has one GID), -g 1 for an IPv4 address on kernel rdma_rxe (index 0 there is the link-local IPv6 GID)", cfg.Type.Tool())
+				"-g 1 for an IPv4 address on kernel rdma_rxe and under `softroce run` (index 0 there is the interface's link-local IPv6 GID; a device without one has the address at index 0)", cfg.Type.Tool())
 		}
 	}
 	return rem[:n], nil

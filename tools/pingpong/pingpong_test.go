@@ -119,7 +119,7 @@ func TestExchangeHostilePeer(t *testing.T) {
 		{"short", UC, 1, one.Marshal()[:30], "after 30 of the 52 bytes of its address: is it ibv_uc_pingpong"},
 		{"garbled", RC, 1, bytes.Repeat([]byte{'A'}, 52), "malformed address message"},
 		{"no GID", RC, 1, msg(Dest{QPN: 0x11, PSN: 1}), "no GID (all zeros), and RoCE needs one: run ibv_rc_pingpong with -g N, N the index of its device's GID for the address it uses: " +
-			"-g 0 under `softroce run` (its device has one GID), -g 1 for an IPv4 address on kernel rdma_rxe"},
+			"-g 1 for an IPv4 address on kernel rdma_rxe and under `softroce run`"},
 		{"QPN 0", RC, 1, msg(Dest{PSN: 1, GID: gid}), "announced QPN 0"},
 		{"srq short list", SRQ, 4, msg(qps(4)[:10]...), "after 0 of the 52 bytes of address 11 of 256"},
 		{"srq garbled entry", SRQ, 4, append(msg(qps(4)[:7]...), bytes.Repeat([]byte{'x'}, 52*249)...), "address 8 of 256: malformed"},

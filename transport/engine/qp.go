@@ -180,6 +180,20 @@ func (qp *QP) Stats() QPStats {
 	return s
 }
 
+// PSNs returns the PSN the requester gives its next new packet (sq) and
+// the one the responder expects next (rq), live values as rxe's query-QP
+// reports them (rdma resource show qp: sq-psn, rq-psn). A service that
+// does not sequence receives reports the RQ PSN it was given.
+func (qp *QP) PSNs() (sq, rq uint32) {
+	qp.e.mu.Lock()
+	defer qp.e.mu.Unlock()
+	rq = qp.Attr.RQPSN
+	if r, ok := qp.svc.(interface{ ExpectedPSN() uint32 }); ok {
+		rq = r.ExpectedPSN()
+	}
+	return qp.NextPSN, rq
+}
+
 // Modify is a modify-QP validated and applied in one step: it calls check
 // with the QP's current state under the engine lock and, unless check
 // returns an error, sets the path and moves to the state check returns

@@ -339,11 +339,18 @@ func (qp *rcQP) outstanding() bool {
 // round trip as TCP does (RFC 6298): one PSN at a time is timed from its
 // first transmission to the ACK that covers it, and never a PSN sent again
 // (Karn's rule: go-back-N cancels the sample). The timeout is SRTT +
-// 4*RTTVAR, doubled on each expiry until the next progress (before the
-// first sample: until that sample), and bounded
+// 4*RTTVAR (before the first sample: initialAdaptiveTimeout), doubled on
+// each expiry until the next progress (before the first sample: until
+// that sample), and bounded
 // below by the QP's IBTA timeout (IBTA §9.7.6.1.3 makes that the least
 // time to wait, so adapting may only lengthen it) and above by
 // maxAdaptiveTimeout.
+
+// initialAdaptiveTimeout is the adaptive timeout before the first sample
+// (when the IBTA one is shorter): its seven doublings span a quarter of a
+// second, where 8 us (IBTA timeout 1) spanned about 2 ms, less than a
+// loaded host may take to run the peer once.
+const initialAdaptiveTimeout = time.Millisecond
 
 // maxAdaptiveTimeout caps the adaptive timeout (when the IBTA one is
 // shorter): a lost packet is still retried within this.
@@ -404,10 +411,13 @@ func (r *rttEstimator) backoff() {
 func (qp *rcQP) ackTimeout() time.Duration {
 	base := localAckTimeout(qp.Attr.Timeout)
 	r := &qp.rtt
-	if !qp.Attr.AdaptiveTimeout || !r.valid && r.shift == 0 {
+	if !qp.Attr.AdaptiveTimeout || base == 0 {
 		return base
 	}
-	t := base
+	// Before the first sample nothing is known of the path: start from a
+	// conservative timeout, as RFC 6298 §2.1 does, so that the retries
+	// before a first round trip span a host's scheduling stalls.
+	t := max(base, initialAdaptiveTimeout)
 	if r.valid {
 		t = max(base, r.srtt+max(4*r.rttvar, time.Microsecond))
 	}

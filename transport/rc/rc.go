@@ -32,6 +32,9 @@ func (*rcQP) CheckPost(*wr.SendWR) error { return nil }
 func (*rcQP) PurgeOnError() bool         { return true }
 func (qp *rcQP) Timers()                 { qp.checkTimers() }
 
+// ExpectedPSN is the responder's next expected PSN (engine.QP.PSNs).
+func (qp *rcQP) ExpectedPSN() uint32 { return qp.resp.ePSN }
+
 // PathChanged sizes the responder's READ and atomic resources for
 // max_dest_rd_atomic.
 func (qp *rcQP) PathChanged() {

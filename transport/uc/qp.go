@@ -27,6 +27,9 @@ func init() { engine.Register(qpstate.UC, func(qp *engine.QP) engine.Service { r
 
 func (*ucQP) Transport() bth.Transport { return bth.TransportUC }
 
+// ExpectedPSN is the receiver's next expected PSN (engine.QP.PSNs).
+func (qp *ucQP) ExpectedPSN() uint32 { return qp.recv.ExpectedPSN() }
+
 // CheckPost refuses what UC does not carry: READ, atomics, invalidate.
 func (*ucQP) CheckPost(swr *wr.SendWR) error { return CheckPost(swr.Opcode) }
 

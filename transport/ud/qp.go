@@ -233,7 +233,10 @@ func (qp *udQP) receiveUD(pk *nic.Packet, p *bth.Packet) {
 		return
 	}
 	wc := cq.WC{WRID: rw.ID, Status: cq.Success, Opcode: cq.OpRecv, ByteLen: uint32(need), QPNum: qp.Num(),
-		SrcQP: p.DETH.SrcQP(), Flags: cq.FlagGRH}
+		SrcQP: p.DETH.SrcQP(), Flags: cq.FlagGRH, IPVersion: 6}
+	if pk.Remote.Addr().Unmap().Is4() {
+		wc.IPVersion = 4
+	}
 	if p.Info.Imm {
 		wc.ImmData, wc.Flags = p.ImmDt.Imm(), wc.Flags|cq.FlagWithImm
 	}

@@ -43,8 +43,8 @@ func TestUDExchange(t *testing.T) {
 		}
 	}
 	want := []cq.WC{
-		{WRID: 7, Status: cq.Success, Opcode: cq.OpRecv, ByteLen: 1040, QPNum: qps[1].Num(), SrcQP: qps[0].Num(), Flags: cq.FlagGRH},
-		{WRID: 8, Status: cq.Success, Opcode: cq.OpRecv, ByteLen: 140, QPNum: qps[1].Num(), SrcQP: qps[0].Num(), Flags: cq.FlagGRH | cq.FlagWithImm, ImmData: 0xcafef00d},
+		{WRID: 7, Status: cq.Success, Opcode: cq.OpRecv, ByteLen: 1040, QPNum: qps[1].Num(), SrcQP: qps[0].Num(), Flags: cq.FlagGRH, IPVersion: 4},
+		{WRID: 8, Status: cq.Success, Opcode: cq.OpRecv, ByteLen: 140, QPNum: qps[1].Num(), SrcQP: qps[0].Num(), Flags: cq.FlagGRH | cq.FlagWithImm, ImmData: 0xcafef00d, IPVersion: 4},
 	}
 	for i := range want {
 		if rwc[i] != want[i] {
