@@ -11,8 +11,9 @@ import (
 )
 
 // A daemon whose device runs DCQCN (softroce serve --cc dcqcn) shows its
-// counters per device and the rate of each RC QP in the status; one
-// without shows neither.
+// counters per device and the rate of each RC QP in the status, and the
+// counters among the port's (softroce rdma statistic); one without shows
+// none of them.
 func TestStatusCC(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		a, b := pipe.New(pipe.Config{})
@@ -46,6 +47,13 @@ func TestStatusCC(t *testing.T) {
 		}
 		if on && (qc.RateBPS != verbs.CCDefaults().LineRate || !qc.Enabled) {
 			t.Errorf("QP %+v: want DCQCN at line rate", qc)
+		}
+		var named bool
+		for _, c := range s.devs[0].linkCounters() {
+			named = named || c.Name == "np_cnp_sent"
+		}
+		if on != named {
+			t.Errorf("cc on %v: the port counters (softroce rdma statistic) name np_cnp_sent: %v", on, named)
 		}
 		js, _ := json.Marshal(st)
 		if on != strings.Contains(string(js), `"np_cnp_sent"`) {
