@@ -57,6 +57,7 @@ const (
 	kindBadICRC    = "bad"
 	kindLost       = "lost"
 	kindMalformed  = "bad"
+	kindCNP        = "cnp" // a congestion notification (RoCEv2 annex A17.9)
 )
 
 // arrow is one packet to draw.
@@ -273,6 +274,14 @@ func build(recs []inspect.Record, lost []bool, maxArrows int) []*conversation {
 		}
 		if r.CM != nil {
 			cmArrow(c, &a, r.CM)
+		}
+		if info.Valid && info.Op == bth.OpCNP {
+			a.kind = kindCNP
+			a.label = fmt.Sprintf("CNP: slow down qp 0x%06x", r.DestQP)
+		}
+		if r.ECN == 3 {
+			// Marked Congestion Experienced on the way: what a CNP answers.
+			a.label += " [CE]"
 		}
 		if h := r.AETH; h != nil {
 			switch h.Kind {
@@ -502,6 +511,8 @@ const svgCSS = `
 .rnr .label { fill: #8250df; font-weight: bold; }
 .bad .arrow { stroke: #cf222e; stroke-dasharray: 2 3; stroke-width: 2.4; }
 .bad .label { fill: #cf222e; font-weight: bold; }
+.cnp .arrow { stroke: #0e7490; stroke-width: 2.4; stroke-dasharray: 1 3; }
+.cnp .label { fill: #0e7490; font-weight: bold; }
 .lost .arrow { stroke: #999; stroke-dasharray: 3 3; }
 .lost .label { fill: #888; font-style: italic; }
 .cross { stroke: #cf222e; stroke-width: 2.5; fill: none; }
@@ -524,6 +535,7 @@ const legendHTML = `<div class="legend">
 <span><i style="border-color:#d97706;border-top-style:dashed"></i>retransmission</span>
 <span><i style="border-color:#cf222e"></i>NAK</span>
 <span><i style="border-color:#8250df"></i>RNR NAK</span>
+<span><i style="border-color:#0e7490;border-top-style:dotted"></i>CNP ([CE]: marked Congestion Experienced)</span>
 <span><i style="border-color:#cf222e;border-top-style:dotted"></i>ICRC bad / malformed</span>
 <span><i style="border-color:#999;border-top-style:dashed"></i>lost</span>
 </div>

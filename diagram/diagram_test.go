@@ -470,3 +470,47 @@ func TestDemoTimesInOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestCongestionMarks: a CE-marked request is labelled [CE] and the CNP
+// that answers it is drawn as one, in the same conversation as the
+// request and its ACK.
+func TestCongestionMarks(t *testing.T) {
+	mk := func(at time.Duration, src, dst netip.Addr, tos uint8, f bth.Fields, payload int) inspect.Record {
+		t.Helper()
+		f.BTH.PKey = 0xffff
+		fr, err := inspect.BuildFrame(&inspect.FrameSpec{Src: src, Dst: dst, TOS: tos, Fields: f, Payload: make([]byte, payload)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return inspect.Decode(fr, gopacket.CaptureInfo{Timestamp: time.Unix(1000, 0).Add(at), Length: len(fr), CaptureLength: len(fr)})
+	}
+	w := func(psn uint32) bth.Fields {
+		return bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCWriteOnly, DestQP: 0x12, PSN: psn, AckReq: true}, VA: 0x1000, RKey: 7, DMALen: 64}
+	}
+	recs := []inspect.Record{
+		mk(0, reqA, rspB, 0x02, w(1), 64),
+		mk(time.Microsecond, rspB, reqA, 0x02, bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCAck, DestQP: 0x34, PSN: 1}, Syndrome: bth.SyndromeACKUnlimited, MSN: 1}, 0),
+		mk(2*time.Microsecond, reqA, rspB, 0x03, w(2), 64),
+		mk(3*time.Microsecond, rspB, reqA, 0x00, bth.Fields{BTH: bth.BTHFields{Opcode: bth.CNP, DestQP: 0x34, BECN: true}}, bth.CNPPayloadLen),
+		mk(4*time.Microsecond, rspB, reqA, 0x02, bth.Fields{BTH: bth.BTHFields{Opcode: bth.RCAck, DestQP: 0x34, PSN: 2}, Syndrome: bth.SyndromeACKUnlimited, MSN: 2}, 0),
+	}
+	var b bytes.Buffer
+	if err := diagram.Render(&b, recs, "svg"); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if n := strings.Count(out, `<text class="conv"`); n != 1 {
+		t.Errorf("%d conversations, want 1", n)
+	}
+	if n := len(regexp.MustCompile(`<g class="pkt cnp"`).FindAllStringIndex(out, -1)); n != 1 {
+		t.Errorf("%d CNP arrows, want 1", n)
+	}
+	for _, want := range []string{"WRITE_ONLY psn 2 [CE]", "CNP: slow down qp 0x000034"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("lacks %q", want)
+		}
+	}
+	if strings.Contains(out, "psn 1 [CE]") {
+		t.Error("an ECT(0) packet labelled CE")
+	}
+}

@@ -60,6 +60,10 @@ func AppendJSON(dst []byte, r *Record) ([]byte, error) {
 	b = strconv.AppendUint(b, uint64(r.SrcPort), 10)
 	b = append(b, `,"dst_port":`...)
 	b = strconv.AppendUint(b, uint64(r.DstPort), 10)
+	if r.ECN != 0 {
+		b = append(b, `,"ecn":`...)
+		b = strconv.AppendUint(b, uint64(r.ECN), 10)
+	}
 	b = append(b, `,"opcode":`...)
 	b = strconv.AppendUint(b, uint64(r.Opcode), 10)
 	b = append(b, `,"opcode_name":`...)

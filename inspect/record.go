@@ -42,6 +42,10 @@ type Record struct {
 	Dst       netip.Addr `json:"dst"`
 	SrcPort   uint16     `json:"src_port"` // 0 for RoCEv1
 	DstPort   uint16     `json:"dst_port"`
+	// ECN is the ECN field of the IP header (or GRH): 0 not
+	// ECN-capable, 2 ECT(0), 1 ECT(1), 3 CE, a switch's congestion
+	// mark (RFC 3168). The ICRC does not cover it.
+	ECN uint8 `json:"ecn,omitempty"`
 
 	Opcode     uint8  `json:"opcode"`
 	OpcodeName string `json:"opcode_name"`
@@ -267,9 +271,11 @@ func (r *Record) fill(pkt []byte, res *icrc.Result, st *headerStore) {
 	case icrc.KindRoCEv2IPv4:
 		r.Src = netip.AddrFrom4([4]byte(ip[12:16]))
 		r.Dst = netip.AddrFrom4([4]byte(ip[16:20]))
+		r.ECN = ip[1] & 3
 	default: // IPv6 header and GRH share the address layout
 		r.Src = netip.AddrFrom16([16]byte(ip[8:24]))
 		r.Dst = netip.AddrFrom16([16]byte(ip[24:40]))
+		r.ECN = ip[1] >> 4 & 3 // the traffic class's low bits
 	}
 	if res.UDP >= 0 {
 		u := pkt[res.UDP:]

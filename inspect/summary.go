@@ -20,7 +20,10 @@ type Summary struct {
 	ICRCTruncated int            `json:"icrc_truncated"`
 	Malformed     int            `json:"malformed"`
 	CNPs          int            `json:"cnps"`
-	NAKs          map[string]int `json:"naks,omitempty"`
+	// CEMarked counts packets whose IP header is marked Congestion
+	// Experienced (ECN 11).
+	CEMarked int            `json:"ce_marked,omitempty"`
+	NAKs     map[string]int `json:"naks,omitempty"`
 	RNRNAKs       int            `json:"rnr_naks"`
 	Opcodes       map[string]int `json:"opcodes"`
 	CM            map[string]int `json:"cm,omitempty"` // CM MADs by message
@@ -98,6 +101,10 @@ type Flow struct {
 	RNRNAKs         int            `json:"rnr_naks"`
 	CNPs            int            `json:"cnps"`
 	ECNMarked       int            `json:"becn_or_fecn"`
+	// CEMarked counts the flow's packets marked Congestion Experienced
+	// in the IP header; the CNPs answering them travel in the reverse
+	// flow, addressed to this flow's sender (its CNPs).
+	CEMarked int `json:"ce_marked,omitempty"`
 	ICRCBad         int            `json:"icrc_bad"`
 	ICRCTruncated   int            `json:"icrc_truncated"`
 	Malformed       int            `json:"malformed"`
@@ -247,6 +254,9 @@ func (z *Summarizer) AddMark(r *Record) Mark {
 	if r.Opcode == uint8(bth.CNP) {
 		s.CNPs++
 	}
+	if r.ECN == 3 {
+		s.CEMarked++
+	}
 	if a := r.AETH; a != nil {
 		switch a.Kind {
 		case "NAK":
@@ -293,6 +303,9 @@ func (f *Flow) add(r *Record) (m Mark) {
 	}
 	if r.FECN || r.BECN {
 		f.ECNMarked++
+	}
+	if r.ECN == 3 {
+		f.CEMarked++
 	}
 	if h := r.DETH; h != nil {
 		switch {

@@ -198,6 +198,9 @@ func WriteSummary(w io.Writer, s *Summary) error {
 	fmt.Fprintf(&b, "\n== %s: %s, %d RoCE (%d bytes), %d other\n", name, Plural(s.Frames, "frame"), s.RoCE, s.Bytes, s.NonRoCE)
 	fmt.Fprintf(&b, "   ICRC: %d ok, %d bad, %d truncated; %d malformed; %d CNPs; %d RNR NAKs; NAKs: %s\n",
 		s.ICRCOK, s.ICRCBad, s.ICRCTruncated, s.Malformed, s.CNPs, s.RNRNAKs, counts(s.NAKs))
+	if s.CEMarked > 0 {
+		fmt.Fprintf(&b, "   congestion experienced (IP ECN 11): %s\n", Plural(s.CEMarked, "packet"))
+	}
 	fmt.Fprintf(&b, "   opcodes: %s\n", counts(s.Opcodes))
 	if len(s.CM) > 0 {
 		fmt.Fprintf(&b, "   CM MADs: %s\n", counts(s.CM))
@@ -241,6 +244,9 @@ func writeFlow(b *strings.Builder, dir string, f *Flow) {
 	}
 	fmt.Fprintf(b, "          acks %d, NAKs %s, RNR NAKs %d, CNPs %d, ECN-marked %d, ICRC bad %d, truncated %d, malformed %d\n",
 		f.ACKs, counts(f.NAKs), f.RNRNAKs, f.CNPs, f.ECNMarked, f.ICRCBad, f.ICRCTruncated, f.Malformed)
+	if f.CEMarked > 0 {
+		fmt.Fprintf(b, "          congestion experienced (IP ECN 11): %s\n", Plural(f.CEMarked, "packet"))
+	}
 	fmt.Fprintf(b, "          opcodes: %s\n", counts(f.Opcodes))
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/softroce/softroce/cc/dcqcn"
 	"github.com/softroce/softroce/internal/traffic"
 	"github.com/softroce/softroce/verbs"
 )
@@ -32,6 +33,33 @@ type BWResult struct {
 	// after a loss or timeout) during this size: non-zero means the
 	// path dropped packets, which costs bandwidth.
 	Retransmits uint64 `json:"retransmits"`
+	// CC is congestion control's state at the end of this size, when it
+	// is on.
+	CC *CCResult `json:"cc,omitempty"`
+}
+
+// CCResult is what congestion control did on this side: the device's
+// counters (ConnectX's names) and each QP's rate and time held back by
+// its pacer, all since the device opened.
+type CCResult struct {
+	Device dcqcn.Counters    `json:"device"`
+	QPs    []verbs.CCQPStats `json:"qps"`
+}
+
+// ccResult reports congestion control on e, nil when none of its QPs
+// has it on.
+func (e *Endpoint) ccResult() *CCResult {
+	r := &CCResult{Device: e.dev.Stats().CC}
+	on := false
+	for _, qp := range e.qps {
+		s := qp.Stats().CC
+		on = on || s.Enabled
+		r.QPs = append(r.QPs, s)
+	}
+	if !on {
+		return nil
+	}
+	return r
 }
 
 // bwResult turns the engine's figures into a row.
@@ -61,7 +89,9 @@ func (e *Endpoint) RunBW(ctx context.Context, c *Config, size int, r Info) (BWRe
 	if err != nil {
 		return res, fmt.Errorf("%s: %w", c.Test, err)
 	}
-	return bwResult(res.Test, res.Bytes, res.QPs, tr), nil
+	res = bwResult(res.Test, res.Bytes, res.QPs, tr)
+	res.CC = e.ccResult()
+	return res, nil
 }
 
 func (e *Endpoint) postRecv(q, size int) error {

@@ -71,11 +71,11 @@ func RunLocal(ctx context.Context, c Config, lat bool, links *[2]nic.Link, ports
 	} else {
 		lc, ls = retarget(links[0], ports[1]), retarget(links[1], ports[0])
 	}
-	dc, err := verbs.Open(lc, &verbs.Options{Name: "softroce-client", BusyPoll: c.BusyPoll, NoInlineWait: c.NoInlineWait})
+	dc, err := verbs.Open(lc, deviceOptions("softroce-client", c.BusyPoll, c.NoInlineWait, c.CC))
 	if err != nil {
 		return nil, fmt.Errorf("open client device: %w", err)
 	}
-	ds, err := verbs.Open(ls, &verbs.Options{Name: "softroce-server", BusyPoll: c.BusyPoll, NoInlineWait: c.NoInlineWait})
+	ds, err := verbs.Open(ls, deviceOptions("softroce-server", c.BusyPoll, c.NoInlineWait, c.CC))
 	if err != nil {
 		dc.Close()
 		return nil, fmt.Errorf("open server device: %w", err)

@@ -39,12 +39,15 @@ type hello struct {
 	Test  Test   `json:"test"`
 	// MaxSize is the largest message of the run: the server registers
 	// that much memory.
-	MaxSize int    `json:"max_size"`
-	QPs     int    `json:"qps"`
-	MTU     int    `json:"mtu"`
-	TxDepth int    `json:"tx_depth"`
-	Info    Info   `json:"info"`
-	Error   string `json:"error,omitempty"`
+	MaxSize int `json:"max_size"`
+	QPs     int `json:"qps"`
+	MTU     int `json:"mtu"`
+	TxDepth int `json:"tx_depth"`
+	// CC is the client's congestion control ("dcqcn"; empty: none): the
+	// server turns it on too, so that its QPs answer CE marks with CNPs.
+	CC    string `json:"cc,omitempty"`
+	Info  Info   `json:"info"`
+	Error string `json:"error,omitempty"`
 }
 
 // done is the client's last message: the results, for the server to print.
@@ -74,6 +77,9 @@ type ServerConfig struct {
 	BusyPoll time.Duration
 	// NoInlineWait is the device's verbs.Options.NoInlineWait.
 	NoInlineWait bool
+	// CC is the device's congestion control (verbs.CCDCQCN: on), also
+	// turned on when the client asks for it.
+	CC verbs.CCMode
 }
 
 // Serve answers one client on ln: it sets up an endpoint as the client
@@ -129,7 +135,11 @@ func Serve(ctx context.Context, ln net.Listener, sc ServerConfig) (*Report, erro
 		return refuse(fmt.Errorf("open the data link: %w", err))
 	}
 	link = retarget(link, h.Info.UDPPort)
-	dev, err := verbs.Open(link, &verbs.Options{BusyPoll: sc.BusyPoll, NoInlineWait: sc.NoInlineWait})
+	mode := sc.CC
+	if h.CC == verbs.CCDCQCN.String() {
+		mode = verbs.CCDCQCN
+	}
+	dev, err := verbs.Open(link, deviceOptions("", sc.BusyPoll, sc.NoInlineWait, mode))
 	if err != nil {
 		link.Close()
 		return refuse(fmt.Errorf("open device: %w", err))
@@ -235,7 +245,7 @@ func Run(ctx context.Context, cc ClientConfig, c Config, lat bool, row func(any)
 		return nil, fmt.Errorf("open the data link: %w", err)
 	}
 	pl := &portLink{Link: link}
-	dev, err := verbs.Open(pl, &verbs.Options{BusyPoll: c.BusyPoll, NoInlineWait: c.NoInlineWait})
+	dev, err := verbs.Open(pl, deviceOptions("", c.BusyPoll, c.NoInlineWait, c.CC))
 	if err != nil {
 		link.Close()
 		return nil, fmt.Errorf("open device: %w", err)
@@ -251,7 +261,11 @@ func Run(ctx context.Context, cc ClientConfig, c Config, lat bool, row func(any)
 		kind = "lat"
 	}
 	dec, enc := json.NewDecoder(io.LimitReader(conn, maxExchange)), json.NewEncoder(conn)
-	if err := enc.Encode(hello{Proto: Proto, Kind: kind, Test: c.Test, MaxSize: c.maxSize(), QPs: c.QPs, MTU: c.MTU, TxDepth: c.TxDepth, Info: ep.Info(port)}); err != nil {
+	var ccName string
+	if c.CC == verbs.CCDCQCN {
+		ccName = c.CC.String()
+	}
+	if err := enc.Encode(hello{Proto: Proto, Kind: kind, Test: c.Test, MaxSize: c.maxSize(), QPs: c.QPs, MTU: c.MTU, TxDepth: c.TxDepth, CC: ccName, Info: ep.Info(port)}); err != nil {
 		return nil, fmt.Errorf("send hello to %v: %w", cc.Peer, err)
 	}
 	var h hello

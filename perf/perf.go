@@ -72,6 +72,20 @@ type Config struct {
 	// waits leave receiving to the device's receive goroutine (for
 	// comparisons).
 	NoInlineWait bool
+	// CC is the devices' congestion control: verbs.CCDCQCN opens them
+	// with verbs.CCDefaults (docs/congestion.md), and the server's too;
+	// anything else leaves it off.
+	CC verbs.CCMode
+}
+
+// deviceOptions are the verbs options of a device of this run.
+func deviceOptions(name string, busy time.Duration, noInlineWait bool, cc verbs.CCMode) *verbs.Options {
+	o := &verbs.Options{Name: name, BusyPoll: busy, NoInlineWait: noInlineWait}
+	if cc == verbs.CCDCQCN {
+		p := verbs.CCDefaults()
+		o.CC = &p
+	}
+	return o
 }
 
 // Defaults and limits.

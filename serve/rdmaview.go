@@ -190,7 +190,14 @@ func (d *device) linkCounters() []Counter {
 		}
 	}
 	e := d.v.Stats()
-	return append(c, Counter{"rx_unknown_qp", e.RxUnknownQP}, Counter{"rx_malformed", e.RxMalformed + l.RxMalformed})
+	c = append(c, Counter{"rx_unknown_qp", e.RxUnknownQP}, Counter{"rx_malformed", e.RxMalformed + l.RxMalformed})
+	if d.v.CC() != nil {
+		// Congestion control's, under the names mlx5's port counters
+		// give them (softroce serve --cc dcqcn).
+		c = append(c, Counter{"np_ecn_marked_roce_packets", e.CC.NPECNMarkedRoCEPackets}, Counter{"np_cnp_sent", e.CC.NPCNPSent},
+			Counter{"rp_cnp_handled", e.CC.RPCNPHandled}, Counter{"rp_cnp_ignored", e.CC.RPCNPIgnored})
+	}
+	return c
 }
 
 // link describes d's port 1.

@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"sort"
+
+	"github.com/softroce/softroce/cc/dcqcn"
+	"github.com/softroce/softroce/verbs"
 )
 
 // Status is what `softroce status` shows: devices, clients and their QPs.
@@ -24,6 +27,10 @@ type DeviceStatus struct {
 	QPs       int      `json:"qps"`
 	RxPackets uint64   `json:"rx_packets"`
 	TxPackets uint64   `json:"tx_packets"`
+	// CC is the device's congestion-control counters (ConnectX's names),
+	// present when it runs DCQCN (softroce serve --cc dcqcn). CNPs
+	// ignored for QPs without it are counted there too.
+	CC *dcqcn.Counters `json:"cc,omitempty"`
 }
 
 // ClientStatus is one connection (one ibv_context of one process).
@@ -43,6 +50,9 @@ type ClientStatus struct {
 type QPStatusLine struct {
 	QPN   uint32 `json:"qpn"`
 	State string `json:"state"`
+	// CC is the QP's congestion control (its rate, the time its pacer
+	// held it, its CNPs), present when it is on.
+	CC *verbs.CCQPStats `json:"cc,omitempty"`
 }
 
 // Status returns a snapshot of the daemon, every client included.
@@ -63,6 +73,9 @@ func (s *Server) status(self *client) Status {
 		}
 		e := d.v.Stats()
 		ds.RxPackets, ds.TxPackets = e.RxPackets, e.TxPackets
+		if d.v.CC() != nil {
+			ds.CC = &e.CC
+		}
 		d.mu.Lock()
 		ds.QPs = len(d.qps)
 		d.mu.Unlock()
@@ -92,7 +105,11 @@ func (s *Server) status(self *client) Status {
 			cl.Device, cl.PDs, cl.MRs, cl.CQs = d.name, len(c.pds), len(c.mrs), len(c.cqs)
 			cl.SRQs, cl.AHs = len(c.srqs), len(c.ahs)
 			for _, q := range c.qps {
-				cl.QPs = append(cl.QPs, QPStatusLine{QPN: q.qpn, State: q.qp.State().String()})
+				line := QPStatusLine{QPN: q.qpn, State: q.qp.State().String()}
+				if cc := q.qp.Stats().CC; cc.Enabled {
+					line.CC = &cc
+				}
+				cl.QPs = append(cl.QPs, line)
 			}
 			d.mu.Unlock()
 			sort.Slice(cl.QPs, func(i, j int) bool { return cl.QPs[i].QPN < cl.QPs[j].QPN })

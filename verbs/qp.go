@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/softroce/softroce/cc/dcqcn"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/transport/engine"
@@ -175,6 +176,10 @@ func (pd *PD) createQP(init QPInitAttr, gsi bool) (*QP, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if d.cc != nil && init.Type == QPTypeRC {
+		// Valid parameters on an RC QP: SetCC cannot fail.
+		_ = q.SetCC(d.cc)
 	}
 	qp := &QP{pd: pd, rc: q, init: init}
 	qp.attr.Cap = *c
@@ -415,6 +420,72 @@ type ConnectOptions struct {
 	// AdaptiveTimeout lets the local ACK timeout follow the measured round
 	// trip, never shorter than Timeout gives (see QP.SetAdaptiveTimeout).
 	AdaptiveTimeout bool
+	// CC is the QP's congestion control: the device's (Options.CC, the
+	// zero value), none, or DCQCN (with the device's parameters, or
+	// CCDefaults on a device without). RC QPs only.
+	CC CCMode
+}
+
+// CCQPStats are a QP's congestion-control state and counters (QPStats.CC).
+type CCQPStats = engine.CCQPStats
+
+// CCMode chooses a QP's congestion control (ConnectOptions.CC).
+type CCMode uint8
+
+const (
+	CCDevice CCMode = iota // as the device's Options.CC says
+	CCNone                 // off: today's behaviour, whatever the device says
+	CCDCQCN                // DCQCN (docs/congestion.md)
+)
+
+// String is the mode's name on the command line: "device", "none", "dcqcn".
+func (m CCMode) String() string {
+	switch m {
+	case CCDevice:
+		return "device"
+	case CCNone:
+		return "none"
+	case CCDCQCN:
+		return "dcqcn"
+	}
+	return fmt.Sprintf("CCMode(%d)", uint8(m))
+}
+
+// ParseCCMode reads "none" or "dcqcn" ("" and "device": CCDevice).
+func ParseCCMode(s string) (CCMode, error) {
+	switch s {
+	case "", "device":
+		return CCDevice, nil
+	case "none", "off":
+		return CCNone, nil
+	case "dcqcn":
+		return CCDCQCN, nil
+	}
+	return 0, fmt.Errorf("verbs: congestion control %q: want none or dcqcn", s)
+}
+
+// SetCC sets the QP's congestion control (ConnectOptions.CC does it on
+// Connect). DCQCN is for RC QPs only; turning it on restarts the QP's
+// rate at line rate.
+func (qp *QP) SetCC(m CCMode) error {
+	d := qp.pd.d
+	var p *dcqcn.Params
+	switch m {
+	case CCDevice:
+		p = d.cc
+	case CCNone:
+	case CCDCQCN:
+		p = d.ccDefault
+	default:
+		return fmt.Errorf("verbs: QP %d: congestion control mode %d unknown", qp.Num(), m)
+	}
+	if p != nil && qp.init.Type != QPTypeRC {
+		if m == CCDevice {
+			return nil // the device's setting is for its RC QPs
+		}
+		return fmt.Errorf("verbs: QP %d: congestion control needs an RC QP (this is %v)", qp.Num(), qp.init.Type)
+	}
+	return qp.rc.SetCC(p)
 }
 
 // Init moves a RESET QP to INIT with pkey index 0, port 1 and the given
@@ -489,6 +560,11 @@ func (qp *QP) Connect(remote RemoteInfo, o *ConnectOptions) error {
 			return err
 		}
 		s = next
+	}
+	if o.CC != CCDevice {
+		if err := qp.SetCC(o.CC); err != nil {
+			return err
+		}
 	}
 	if o.AdaptiveTimeout {
 		// Taken into the path by the Modify calls below.

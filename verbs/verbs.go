@@ -34,6 +34,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/softroce/softroce/cc/dcqcn"
 	"github.com/softroce/softroce/cq"
 	"github.com/softroce/softroce/internal/devsync"
 	"github.com/softroce/softroce/memreg"
@@ -163,7 +164,22 @@ type Options struct {
 	// must then hold no lock that a completion's delivery takes. For
 	// comparisons.
 	NoInlineWait bool
+	// CC, if set, turns congestion control on for every RC QP of the
+	// device: DCQCN with these parameters (dcqcn.Default gives the
+	// authors' published set; docs/congestion.md). Such a QP's packets
+	// leave ECN-capable, CE marks it receives are answered with CNPs, and
+	// the CNPs it receives slow its requester down. Nil (the default)
+	// leaves it off: packets carry the address vector's traffic class as
+	// given and CNPs are counted and dropped. ConnectOptions.CC overrides
+	// it per QP.
+	CC *dcqcn.Params
 }
+
+// CCDefaults are the DCQCN parameters a QP gets when ConnectOptions.CC
+// asks for DCQCN on a device without Options.CC: the authors' published
+// set (dcqcn.Default) at a line rate of 10 Gb/s, about what one core of a
+// software RoCE stack sends.
+func CCDefaults() dcqcn.Params { return dcqcn.Default(10e9) }
 
 // Error classes of the verbs; test with errors.Is.
 var (
@@ -221,6 +237,9 @@ type Device struct {
 	gids         []GIDEntry
 	maxQP, maxCQ int
 	busyPoll     bool // Options.BusyPoll > 0: CQ polls run the receive path
+	// cc is the device's congestion-control parameters (Options.CC), nil
+	// when off; ccDefault is what ConnectOptions.CC asks for without it.
+	cc, ccDefault *dcqcn.Params
 
 	events        chan AsyncEvent
 	eventsDropped atomic.Uint64
@@ -316,10 +335,23 @@ func Open(link nic.Link, opts *Options) (*Device, error) {
 	if nic.IBMTU(link.MTU()) == 0 {
 		return nil, fmt.Errorf("verbs: link MTU %d is too small for RoCE (need at least 336 for a 256-byte IB MTU)", link.MTU())
 	}
+	var cc *dcqcn.Params
+	if opts.CC != nil {
+		p := *opts.CC
+		if err := p.Validate(); err != nil {
+			return nil, fmt.Errorf("verbs: Options.CC: %w", err)
+		}
+		cc = &p
+	}
+	ccDefault := cc
+	if ccDefault == nil {
+		p := CCDefaults()
+		ccDefault = &p
+	}
 	mrs := memreg.NewTable(opts.Limits)
 	d := &Device{name: name, link: link, mrs: mrs, eng: engine.NewEngine(mrs), events: make(chan AsyncEvent, asyncQueueLen),
 		maxQP: cmp.Or(opts.MaxQP, DefaultMaxQP), maxCQ: cmp.Or(opts.MaxCQ, DefaultMaxCQ), qps: map[uint32]*QP{}, cqs: map[*CQ]int{},
-		busyPoll: opts.BusyPoll > 0}
+		busyPoll: opts.BusyPoll > 0, cc: cc, ccDefault: ccDefault}
 	for _, a := range link.Addrs() {
 		d.gids = append(d.gids, GIDEntry{GID: GIDFromAddr(a), Type: GIDTypeRoCEv2, Addr: a})
 	}
@@ -406,8 +438,18 @@ func (d *Device) Link() nic.Link { return d.link }
 type EngineStats = engine.EngineStats
 
 // Stats returns a snapshot of the transport's counters (QP.Stats has the
-// per-QP ones).
+// per-QP ones), congestion control's in CC.
 func (d *Device) Stats() EngineStats { return d.eng.Stats() }
+
+// CC returns a copy of the device's congestion-control parameters
+// (Options.CC), nil when it is off.
+func (d *Device) CC() *dcqcn.Params {
+	if d.cc == nil {
+		return nil
+	}
+	p := *d.cc
+	return &p
+}
 
 // SetPacketTrace makes f see every packet the transport sends (dir 'T')
 // and receives (dir 'R'), parsed or not; nil stops tracing. f is called on

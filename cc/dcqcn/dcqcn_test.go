@@ -281,6 +281,26 @@ func TestPacerAllowN(t *testing.T) {
 	}
 }
 
+// TestPacerReadySpend: Ready and Spend, asked per packet, grant what
+// Allow grants.
+func TestPacerReadySpend(t *testing.T) {
+	var a, b Pacer
+	a.Init(t0, 8e9, 3000)
+	b.Init(t0, 8e9, 3000)
+	for i, at := range []int{0, 0, 10, 3000, 3001, 3002, 100000} {
+		now := t0.Add(time.Duration(at))
+		g, na := a.Allow(now, 2000)
+		ok, nb := b.Ready(now)
+		if ok {
+			b.Spend(2000)
+			_, nb = b.Ready(now)
+		}
+		if ok != (g == 2000) || !na.Equal(nb) {
+			t.Errorf("step %d at %d ns: Allow %d next +%v; Ready %v next +%v", i, at, g, na.Sub(t0), ok, nb.Sub(t0))
+		}
+	}
+}
+
 // TestPacerNoAlloc: pacing and rate updates allocate nothing.
 func TestPacerNoAlloc(t *testing.T) {
 	prm := Default(10e9)

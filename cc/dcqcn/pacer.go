@@ -82,3 +82,15 @@ func (p *Pacer) ready(now time.Time) time.Time {
 	ns := math.Floor(-p.credit*8/p.bps*1e9) + 1
 	return now.Add(time.Duration(ns))
 }
+
+// Ready reports whether a packet may leave at now (the credit is
+// positive) and, if not, when it may. It debits nothing: the caller,
+// which learns a packet's size only once it has built it, charges it with
+// Spend. Together they grant what Allow grants.
+func (p *Pacer) Ready(now time.Time) (ok bool, next time.Time) {
+	p.refill(now)
+	return p.credit > 0, p.ready(now)
+}
+
+// Spend debits n bytes sent.
+func (p *Pacer) Spend(n int) { p.credit -= float64(n) }

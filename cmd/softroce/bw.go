@@ -21,7 +21,20 @@ import (
 	"github.com/softroce/softroce/nic/impair"
 	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/perf"
+	"github.com/softroce/softroce/verbs"
 )
+
+// ccRates describes the QPs' rates and time held back by their pacers.
+func ccRates(qps []verbs.CCQPStats) string {
+	s := "QP rates"
+	for i, q := range qps {
+		if i > 0 {
+			s += ","
+		}
+		s += fmt.Sprintf(" %.2f Gb/s (held %v)", q.RateBPS/1e9, time.Duration(q.RateLimitedNS).Round(time.Microsecond))
+	}
+	return s
+}
 
 func init() {
 	register("bw", "measure bandwidth like perftest's ib_*_bw (server/client, or both in one process)", func(args []string) int { return runPerf("bw", args) })
@@ -49,6 +62,7 @@ type perfFlags struct {
 	noInline bool
 	rawUDP   bool
 	impair   string
+	cc       string
 }
 
 // busyPollFlag is --busy-poll (defaultBusyPoll) or --busy-poll=DURATION.
@@ -108,6 +122,7 @@ func perfFlagSet(kind string, f *perfFlags) (fs *flag.FlagSet) {
 	fs.DurationVar(&f.wait, "wait", 5*time.Second, "how long the client keeps trying to reach the server")
 	fs.StringVar(&f.impair, "impair", "", "impair this side's sends, e.g. loss=1%,dup=1%,reorder=1%,corrupt=1%,delay=100us,jitter=50us,seed=7 (nic/impair syntax; retransmissions are counted)")
 	fs.BoolVar(&f.noInline, "no-inline-wait", false, "a blocked wait leaves receiving to the device's receive goroutine, which hands each completion over (a second wake-up per hop): for comparison with the default, where the waiter receives")
+	fs.StringVar(&f.cc, "cc", "none", "congestion control of both sides' QPs: none, or dcqcn (ECN-capable packets, CNPs on CE marks, DCQCN pacing; its counters in --json)")
 	fs.Var(&f.busy, "busy-poll", "the device's receive loop polls the link for this long (bare: 1ms) before it sleeps: lower latency for a core's worth of CPU (udp backend)")
 	if lat {
 		fs.BoolVar(&f.rawUDP, "raw-udp", false, "measure the reference instead: a plain UDP ping-pong of the same sizes between the same two hosts (server echoes on --udp-port; no RC, no TCP exchange)")
@@ -153,6 +168,9 @@ func runPerf(kind string, args []string) int {
 		Duration: time.Duration(f.seconds * float64(time.Second)), BusyPoll: time.Duration(f.busy), NoInlineWait: f.noInline}
 	if f.sweep {
 		c.Sizes = perf.SweepSizes()
+	}
+	if c.CC, err = verbs.ParseCCMode(f.cc); err != nil || c.CC == verbs.CCDevice {
+		return fail("--cc %q: want none or dcqcn", f.cc)
 	}
 	if f.port < 1 || f.port > 65535 {
 		return fail("--port %d: want 1..65535", f.port)
@@ -368,6 +386,10 @@ func (p *printer) row(r any) {
 	case *perf.BWResult:
 		perf.WriteBWRow(p.w, r)
 		retx, size = r.Retransmits, r.Bytes
+		if c := r.CC; c != nil {
+			fmt.Fprintf(os.Stderr, "softroce %s: %d bytes: dcqcn: %d CNPs handled, %d ignored; %s\n", p.kind, size,
+				c.Device.RPCNPHandled, c.Device.RPCNPIgnored, ccRates(c.QPs))
+		}
 	case *perf.LatResult:
 		perf.WriteLatRow(p.w, r)
 		retx, size = r.Retransmits, r.Bytes

@@ -75,6 +75,7 @@ func TestBWCommandErrors(t *testing.T) {
 		{[]string{"--server", "--port", port}, 1, "--port " + port + ": TCP port already in use"},
 		{[]string{"--server", "-p", port}, 1, "--port " + port + ": TCP port already in use"},
 		{[]string{}, 2, "give the server's address"},
+		{[]string{"--backend", "pipe", "--cc", "reno"}, 2, `--cc "reno": want none or dcqcn`},
 	}
 	for _, c := range cases {
 		var code int
@@ -215,6 +216,37 @@ func TestPerfImpair(t *testing.T) {
 		_, errOut = runOut(t, func() { code = runPerf("lat", args) })
 		if code != 2 || !strings.Contains(errOut, "--impair") {
 			t.Errorf("%q: exit %d, %q", args, code, errOut)
+		}
+	}
+}
+
+// TestBWCC: `bw --cc dcqcn` reports congestion control in --json, per QP,
+// and `--cc none` leaves it out.
+func TestBWCC(t *testing.T) {
+	for _, mode := range []string{"dcqcn", "none"} {
+		var code int
+		out, errOut := runOut(t, func() {
+			code = runPerf("bw", []string{"--backend", "pipe", "--cc", mode, "-s", "4096", "-n", "200", "-q", "2", "--json"})
+		})
+		if code != 0 {
+			t.Fatalf("--cc %s: exit %d: %s", mode, code, errOut)
+		}
+		var rep perf.Report
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("--json output: %v\n%s", err, out)
+		}
+		if len(rep.BW) != 1 {
+			t.Fatalf("--cc %s: report %+v", mode, rep)
+		}
+		c := rep.BW[0].CC
+		switch {
+		case mode == "none" && c != nil:
+			t.Errorf("--cc none: congestion control reported: %+v", c)
+		case mode == "dcqcn" && (c == nil || len(c.QPs) != 2 || !c.QPs[0].Enabled || c.QPs[1].RateBPS <= 0):
+			t.Errorf("--cc dcqcn: %+v", c)
+		}
+		if mode == "dcqcn" && !strings.Contains(out, `"rp_cnp_handled"`) {
+			t.Errorf("--cc dcqcn: JSON lacks the ConnectX counter names:\n%s", out)
 		}
 	}
 }

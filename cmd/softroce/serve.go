@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/softroce/softroce/abi"
 	"github.com/softroce/softroce/nic/afxdp"
@@ -31,7 +32,7 @@ func (a *addrList) String() string     { return strings.Join(*a, ",") }
 func (a *addrList) Set(s string) error { *a = append(*a, s); return nil }
 
 // serveFlags defines serve's flags, the addresses into addrs.
-func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, group *string, port, peerPort *int, quiet, linkLocal *bool, lim *serve.Limits) {
+func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, group, ccMode *string, port, peerPort *int, quiet, linkLocal *bool, lim *serve.Limits) {
 	fs = flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.Var(addrs, "addr", "local IP address of a device (repeat for more devices; default: the host's first IPv4 address)")
 	fs.Var(addrs, "bind", "the same as --addr")
@@ -48,9 +49,10 @@ func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, grou
 	linkLocal = fs.Bool("link-local", true, "with --backend udp: also serve the interface's IPv6 link-local address as GID 0,\n"+
 		"before the --addr address (GID 1), as kernel RoCE devices (rdma_rxe) order their GID table;\n"+
 		"nothing changes on an interface without one (loopback, IPv6 off)")
+	ccMode = fs.String("cc", "none", "congestion control of every RC QP: none, or dcqcn (ECN-capable packets, CNPs on CE marks, DCQCN pacing; counters in softroce status)")
 	lim = limitFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--link-local=false] [--socket PATH] [--group NAME]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--link-local=false] [--socket PATH] [--group NAME] [--cc none|dcqcn]\n\n"+
 			"Owns one softroce device per address and serves the programs that 'softroce run' starts.\n"+
 			"Programs use a daemon only if it runs as their user or root (or as "+serve.DaemonUIDEnv+" says) and serves\n"+
 			"their network namespace: run one daemon per namespace; a second one in a namespace needs --socket.\n\n")
@@ -61,7 +63,7 @@ func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, grou
 
 func runServe(args []string) int {
 	var addrs addrList
-	fs, backend, xdpMode, sock, group, port, peerPort, quiet, linkLocal, lim := serveFlags(&addrs)
+	fs, backend, xdpMode, sock, group, ccMode, port, peerPort, quiet, linkLocal, lim := serveFlags(&addrs)
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -71,6 +73,11 @@ func runServe(args []string) int {
 	mode, err := afxdp.ParseMode(*xdpMode)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "softroce serve: --xdp-mode: %v\n", err)
+		return 2
+	}
+	cc, err := verbs.ParseCCMode(*ccMode)
+	if err != nil || cc == verbs.CCDevice {
+		fmt.Fprintf(os.Stderr, "softroce serve: --cc %q: want none or dcqcn\n", *ccMode)
 		return 2
 	}
 	var devs []*verbs.Device
@@ -86,7 +93,12 @@ func runServe(args []string) int {
 			fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
 			return 1
 		}
-		d, err := verbs.Open(link, &verbs.Options{Name: fmt.Sprintf("softroce%d", i)})
+		opts := &verbs.Options{Name: fmt.Sprintf("softroce%d", i)}
+		if cc == verbs.CCDCQCN {
+			p := verbs.CCDefaults()
+			opts.CC = &p
+		}
+		d, err := verbs.Open(link, opts)
 		if err != nil {
 			link.Close()
 			fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
@@ -227,6 +239,10 @@ func runStatus(args []string) int {
 	}
 	for _, d := range st.Devices {
 		fmt.Printf("device %s  %s  qps %d  rx %d tx %d packets\n", d.Name, strings.Join(d.Addrs, ","), d.QPs, d.RxPackets, d.TxPackets)
+		if c := d.CC; c != nil {
+			fmt.Printf("  dcqcn: np_ecn_marked_roce_packets %d  np_cnp_sent %d  rp_cnp_handled %d  rp_cnp_ignored %d\n",
+				c.NPECNMarkedRoCEPackets, c.NPCNPSent, c.RPCNPHandled, c.RPCNPIgnored)
+		}
 	}
 	fmt.Printf("clients %d (accepted %d)  bad requests %d  bad WQEs %d  CQ overruns %d\n",
 		st.Stats.Clients, st.Stats.Accepted, st.Stats.BadRequests, st.Stats.BadWQEs, st.Stats.Overruns)
@@ -252,7 +268,12 @@ func runStatus(args []string) int {
 		}
 		fmt.Println()
 		for _, q := range c.QPs {
-			fmt.Printf("    qp 0x%06x %s\n", q.QPN, q.State)
+			fmt.Printf("    qp 0x%06x %s", q.QPN, q.State)
+			if c := q.CC; c != nil {
+				fmt.Printf("  dcqcn %.3f Gb/s, rate-limited %v, CNPs handled %d sent %d",
+					c.RateBPS/1e9, time.Duration(c.RateLimitedNS).Round(time.Microsecond), c.CNPHandled, c.CNPSent)
+			}
+			fmt.Println()
 		}
 	}
 	if st.OtherClients > 0 {

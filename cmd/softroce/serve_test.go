@@ -24,6 +24,14 @@ func TestServeBadXDPMode(t *testing.T) {
 	}
 }
 
+// A congestion control softroce does not know stops serve before it
+// opens anything, with the usage status.
+func TestServeBadCC(t *testing.T) {
+	if rc := runServe([]string{"--cc", "reno", "--socket", t.TempDir() + "/s"}); rc != 2 {
+		t.Fatalf("serve --cc reno: status %d, want 2", rc)
+	}
+}
+
 // softroce serve --backend afxdp needs the capabilities AF_XDP needs,
 // not root: as nobody with CAP_NET_ADMIN, CAP_NET_RAW, CAP_BPF and
 // CAP_IPC_LOCK (as a service manager grants them) the daemon opens its

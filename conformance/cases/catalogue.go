@@ -149,7 +149,7 @@ func fatalNAK(x *X, syn bth.Syndrome, f bth.Fields, payload []byte, memOff int) 
 // requests, the target answers), then requester cases (the target posts,
 // the peer plays a scripted responder).
 var All = catalogue(basicCases, moreResponder, assemblyCases, accessCases,
-	overlapCases, invalidateCases, moreAccessCases, srqCases, mwCases, datagramCases, cmCases, moreRequester, responseCases, requesterNAKCases, readRecoveryCases, requesterAckCases)
+	overlapCases, invalidateCases, moreAccessCases, srqCases, mwCases, datagramCases, cmCases, moreRequester, responseCases, requesterNAKCases, readRecoveryCases, requesterAckCases, congestionCases)
 
 // catalogue concatenates case lists, responder cases first; a requester
 // case's ID starts with "requester-".
@@ -174,6 +174,7 @@ var catalogueRefs = map[string]string{
 	"psn-sequence-error": "RS-09, LU-01", "duplicate-partial-read": "RS-08", "rnr-nak": "RS-21",
 	"remote-access-bad-rkey": "RS-18, GU-06", "remote-access-out-of-bounds": "GU-07", "remote-access-no-permission": "GU-12",
 	"invalid-request-opcode-sequence": "RS-22", "send-longer-than-receive": "RS-24, GU-01", "icrc-corrupted-dropped": "LU-06",
+	"ce-marked-accepted": "LU-07", "cnp-on-ce-marked": "LU-08", "nak-without-cnp": "LU-09", "cnp-counters-equal-trace": "LU-10",
 	"read-response-segmentation": "RS-02", "zero-length-read-write": "GU-08", "zero-length-invalid-rkey": "GU-08",
 	"psn-gap-mid-message-recovery": "RS-06, LU-01", "remote-access-read-bad-rkey": "RS-18", "atomic-misaligned": "GU-10",
 	"atomic-compare-swap": "RS-05, GU-11", "qp-without-remote-write": "TI-05", "reserved-opcode": "RS-25",
@@ -674,10 +675,6 @@ var catalogueNotCovered = map[string]string{
 	"RS-26": "not scripted yet",
 	"LU-04": "not scripted yet",
 	"LU-05": "not scripted yet",
-	"LU-07": "the peer's links send with ECN 0 (a UDP socket, an in-process pipe)",
-	"LU-08": "rxe sends no CNPs and softroce implements none: nothing to judge on either target",
-	"LU-09": "as LU-08",
-	"LU-10": "as LU-08",
 	"LU-13": "the verbs agent reads no rxe counters",
 	"LU-14": "timings are recorded in the requester cases' notes, not judged",
 	"LU-15": "a property of a switch capture, not of a target",

@@ -29,6 +29,9 @@ type Pkt struct {
 	Src, Dst netip.AddrPort
 	// BadICRC marks a packet the peer sent with a deliberately wrong ICRC.
 	BadICRC bool
+	// TClass is the IP traffic class (TOS) it was sent or received with,
+	// as far as the link tells: its low two bits are the ECN field.
+	TClass uint8
 }
 
 // Opcode is the packet's BTH opcode.
@@ -150,7 +153,7 @@ func (p *Peer) recvLoop() {
 			// The harness is not a data path: one copy per packet keeps
 			// the conversation readable after the buffer is reused.
 			q := &Pkt{Time: now, Dir: 'R', Raw: append([]byte(nil), k.Bytes()...),
-				Src: k.Remote, Dst: netip.AddrPortFrom(p.local, nic.RoCEv2Port)}
+				Src: k.Remote, Dst: netip.AddrPortFrom(p.local, nic.RoCEv2Port), TClass: k.TClass}
 			q.ParseErr = bth.Parse(&q.P, q.Raw)
 			select {
 			case p.rx <- q:
@@ -169,6 +172,10 @@ type Conv struct {
 	PeerQPN uint32
 	QPN     uint32 // the target QP
 	Pkts    []*Pkt
+	// TClass is the traffic class the peer's packets leave with (0: not
+	// ECN-capable; 3 marks them Congestion Experienced, as a congested
+	// switch would).
+	TClass uint8
 	// Stray counts received packets addressed to other QPs (leftovers).
 	Stray int
 	// former are the peer QPNs of QPs the conversation moved away from
@@ -235,7 +242,7 @@ func (c *Conv) SendBytes(b []byte, bad bool) (*Pkt, error) {
 	}
 	n := copy(p.buf, b)
 	k := &p.batch[0]
-	*k = nic.Packet{Buf: p.buf, N: n, Remote: c.dst, SrcPort: nic.RoCEv2Port}
+	*k = nic.Packet{Buf: p.buf, N: n, Remote: c.dst, SrcPort: nic.RoCEv2Port, TClass: c.TClass}
 	if err := p.link.PutICRC(k); err != nil {
 		return nil, fmt.Errorf("compute ICRC: %w", err)
 	}
@@ -245,7 +252,7 @@ func (c *Conv) SendBytes(b []byte, bad bool) (*Pkt, error) {
 		}
 	}
 	q := &Pkt{Time: time.Now(), Dir: 'T', Raw: append([]byte(nil), p.buf[:n]...), BadICRC: bad,
-		Src: netip.AddrPortFrom(p.local, nic.RoCEv2Port), Dst: c.dst}
+		Src: netip.AddrPortFrom(p.local, nic.RoCEv2Port), Dst: c.dst, TClass: c.TClass}
 	q.ParseErr = bth.Parse(&q.P, q.Raw)
 	if _, err := p.link.SendRaw(p.batch); err != nil {
 		return nil, fmt.Errorf("send %s: %w", bth.Opcode(b[0]), err)

@@ -242,11 +242,27 @@ func (s *softSession) connect(spec QPSpec) error {
 	}
 	err = s.qp.Connect(verbs.RemoteInfo{QPN: spec.PeerQPN, PSN: spec.RecvPSN, GID: verbs.GID(t.peer.GID())},
 		&verbs.ConnectOptions{PathMTU: spec.MTU, SQPSN: spec.SendPSN, Timeout: spec.Timeout, RetryCnt: spec.Retry,
-			RNRRetry: spec.RNRRetry, MinRNRTimer: spec.MinRNRTimer, MaxRDAtomic: uint8(spec.MaxDestRdAtomic), Access: access})
+			RNRRetry: spec.RNRRetry, MinRNRTimer: spec.MinRNRTimer, MaxRDAtomic: uint8(spec.MaxDestRdAtomic), Access: access,
+			CC: ccMode(spec.CC)})
 	if err != nil {
 		return fmt.Errorf("connect QP: %w", err)
 	}
 	return nil
+}
+
+// ccMode is the congestion control a QP spec asks of softroce: DCQCN
+// (verbs.CCDefaults, a CNP at most every 50 us per QP) or none.
+func ccMode(on bool) verbs.CCMode {
+	if on {
+		return verbs.CCDCQCN
+	}
+	return verbs.CCNone
+}
+
+// CCCounters implements CCSession.
+func (s *softSession) CCCounters(context.Context) (marked, cnpSent uint64, err error) {
+	c := s.qp.Stats().CC
+	return c.ECNMarked, c.CNPSent, nil
 }
 
 // softGroup is what a session and the sessions OpenQP makes from it share.

@@ -48,6 +48,9 @@ type QPSpec struct {
 	Type string
 	// QKey is a UD QP's Q_Key.
 	QKey uint32
+	// CC asks for congestion control (DCQCN) on the QP, on targets that
+	// have it; others ignore it.
+	CC bool
 	// SRQ, if set, puts the QP on a shared receive queue: Open creates it
 	// as SRQSpec says; OpenQP attaches the new QP to the session's SRQ
 	// (the spec's sizes are then ignored).
@@ -205,6 +208,14 @@ type Target interface {
 
 // Session is one QP of a target, connected to the fake peer, with the
 // memory regions and the CQ a case needs.
+// CCSession is a session whose target can report a QP's congestion
+// control counters, under ConnectX's names.
+type CCSession interface {
+	// CCCounters returns the QP's np_ecn_marked_roce_packets and
+	// np_cnp_sent.
+	CCCounters(ctx context.Context) (marked, cnpSent uint64, err error)
+}
+
 type Session interface {
 	// QPN is the target QP's number.
 	QPN() uint32

@@ -249,7 +249,7 @@ func (d *Driver) settleLocked() bool {
 func (d *Driver) timerEarlierLocked() bool {
 	e := d.e
 	for qp := range e.timed {
-		for _, t := range [2]time.Time{qp.RetryDeadline, qp.RNRDeadline} {
+		for _, t := range qp.deadlines() {
 			if !t.IsZero() && (e.sleepUntil.IsZero() || t.Before(e.sleepUntil)) {
 				return true
 			}
@@ -465,6 +465,10 @@ func (d *Driver) timerLoop() {
 			return
 		case <-d.wake:
 		case <-t.C:
+			if d.e.PaceOnly() {
+				// A paced QP may send: no ACK to wait for.
+				break
+			}
 			// A deadline is due. If this process (or its VM's vCPU)
 			// was not scheduled for a while, the ACKs that arrived
 			// meanwhile wait in the socket, and the runtime runs this

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/bth"
+	"github.com/softroce/softroce/cc/dcqcn"
 	"github.com/softroce/softroce/memreg"
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/qpstate"
@@ -32,8 +33,11 @@ type Engine struct {
 	timed   map[*QP]struct{}
 	now     time.Time
 	// sleepUntil is the deadline NextDeadline last reported: the time the
-	// driver's timer is set for.
+	// driver's timer is set for; paceOnly, that it is a pacer's alone.
 	sleepUntil time.Time
+	paceOnly   bool
+	// paceDue is paceTimers' scratch list.
+	paceDue []*QP
 
 	// tx is the batch Progress returns next; txQP[i] is the QP that built
 	// tx[i], so a QP that enters ERR or is destroyed can take back what it
@@ -94,6 +98,10 @@ type EngineStats struct {
 	RxBadQKey   uint64 // DETH Q_Key is not the QP's (rxe's qkey violation counter)
 	RxUDTooLong uint64 // payload + 40-byte GRH larger than the receive WQE
 	RxUDNoRecv  uint64 // no receive WQE posted
+	// CC counts congestion control's work (docs/congestion.md): CE-marked
+	// packets received, CNPs sent, CNPs handled and ignored (for a QP
+	// without congestion control, or within the rate-reduce period).
+	CC dcqcn.Counters `json:"cc"`
 }
 
 // NewEngine returns an engine whose responders and requesters access
@@ -264,7 +272,7 @@ func (e *Engine) getBuf() []byte {
 func (qp *QP) NewPacket() []byte {
 	e := qp.e
 	e.tx = append(e.tx, nic.Packet{Buf: e.getBuf(), Remote: qp.Attr.Remote, Local: qp.Attr.Local, SrcPort: SrcPort(qp.num),
-		HopLimit: qp.Attr.HopLimit, TClass: qp.Attr.TrafficClass})
+		HopLimit: qp.Attr.HopLimit, TClass: qp.txClass()})
 	e.txQP = append(e.txQP, qp)
 	return e.tx[len(e.tx)-1].Buf
 }
@@ -357,6 +365,12 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 			e.stats.RxUnknownQP++
 			continue
 		}
+		if p.Info.Op == bth.OpCNP {
+			// A CNP is addressed to the QP to slow down, whatever its
+			// service (RoCEv2 annex A17.9): never a bad header.
+			e.receiveCNP(qp, pk)
+			continue
+		}
 		// A packet of another service than the QP's is silently dropped
 		// (IBTA §9.6.1.5.1: the opcode must match the QP's transport).
 		if p.Info.Transport != qp.svc.Transport() {
@@ -364,6 +378,9 @@ func (e *Engine) Receive(now time.Time, pkts []nic.Packet) {
 			continue
 		}
 		qp.svc.Receive(pk, p)
+		if isCE(pk) && (!qp.Attr.Remote.IsValid() || pk.Remote.Addr() == qp.Attr.Remote.Addr()) {
+			e.noteCE(qp)
+		}
 	}
 	// Answers coalesced over the batch (RC's ACKs) leave now.
 	for _, qp := range e.pending {
@@ -378,6 +395,7 @@ func (e *Engine) Progress(now time.Time) (out []nic.Packet, more bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.now = now
+	e.paceTimers(now)
 	for qp := range e.timed {
 		qp.svc.Timers()
 	}
@@ -428,26 +446,44 @@ func (e *Engine) NextDeadline() time.Time {
 	defer e.mu.Unlock()
 	var d time.Time
 	defer func() { e.sleepUntil = d }()
+	e.paceOnly = false
 	for qp := range e.timed {
-		for _, t := range [2]time.Time{qp.RetryDeadline, qp.RNRDeadline} {
+		for i, t := range qp.deadlines() {
 			if !t.IsZero() && (d.IsZero() || t.Before(d)) {
 				d = t
+				e.paceOnly = i == 2
+			} else if !t.IsZero() && t.Equal(d) && i != 2 {
+				e.paceOnly = false
 			}
 		}
 	}
 	return d
 }
 
+// PaceOnly reports whether the deadline NextDeadline returned last is a
+// pacer's alone: the driver need not wait for ACKs before acting on it.
+func (e *Engine) PaceOnly() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.paceOnly
+}
+
+// deadlines are the QP's timers: the local ACK timeout, the RNR wait and
+// the pacer's next send time (zero: not armed).
+func (qp *QP) deadlines() [3]time.Time {
+	return [3]time.Time{qp.RetryDeadline, qp.RNRDeadline, qp.PaceDeadline}
+}
+
 func (qp *QP) UpdateTimerSet() {
 	e := qp.e
-	if qp.RetryDeadline.IsZero() && qp.RNRDeadline.IsZero() {
+	if qp.RetryDeadline.IsZero() && qp.RNRDeadline.IsZero() && qp.PaceDeadline.IsZero() {
 		delete(e.timed, qp)
 		return
 	}
 	e.timed[qp] = struct{}{}
 	// A deadline earlier than the one the driver sleeps until (an RNR
 	// wait set while handling a NAK, say) must wake it to re-arm.
-	for _, t := range [2]time.Time{qp.RetryDeadline, qp.RNRDeadline} {
+	for _, t := range qp.deadlines() {
 		if !t.IsZero() && (e.sleepUntil.IsZero() || t.Before(e.sleepUntil)) && e.Wake != nil {
 			e.Wake()
 			return

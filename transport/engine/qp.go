@@ -124,6 +124,11 @@ type QP struct {
 	// local ACK timeout and RNR wait; UC and UD arm none.
 	RetryDeadline time.Time // zero: not armed
 	RNRDeadline   time.Time // zero: not waiting
+	// PaceDeadline is when the pacer lets the requester send again, with
+	// congestion control on (cc.go); zero: not held.
+	PaceDeadline time.Time
+	// cc is the QP's congestion-control state, nil when it is off.
+	cc *qpCC
 
 	// receive queue ring (unused with an SRQ)
 	rq recvRing
@@ -150,6 +155,9 @@ type QPStats struct {
 	DupRequests              uint64
 	OutOfSeqRequests         uint64
 	Dropped                  uint64
+	// CC is the QP's congestion-control state and counters (zero when it
+	// is off).
+	CC CCQPStats `json:"cc"`
 }
 
 // Num is the QP number.
@@ -167,7 +175,9 @@ func (qp *QP) State() qpstate.State {
 func (qp *QP) Stats() QPStats {
 	qp.e.mu.Lock()
 	defer qp.e.mu.Unlock()
-	return qp.Counters
+	s := qp.Counters
+	s.CC = qp.ccStats()
+	return s
 }
 
 // PSNs returns the PSN the requester gives its next new packet (sq) and
@@ -286,7 +296,7 @@ func (qp *QP) lastWQE() {
 // responderToError keeps them).
 func (qp *QP) stopSending(purge bool) {
 	qp.svc.Stop()
-	qp.RetryDeadline, qp.RNRDeadline = time.Time{}, time.Time{}
+	qp.RetryDeadline, qp.RNRDeadline, qp.PaceDeadline = time.Time{}, time.Time{}, time.Time{}
 	qp.UpdateTimerSet()
 	if purge {
 		qp.e.purge(qp)

@@ -72,6 +72,9 @@ func (qp *rcQP) transmit(budget int) bool {
 		if bth.PSNDiff(psn, qp.compPSN) >= maxUnackedPSNs {
 			return true // window full: an ACK reopens it
 		}
+		if !qp.PaceReady() {
+			return true // congestion control holds the QP: its pacer's deadline kicks it
+		}
 		if bth.PSNDiff(psn, qp.maxSentPSN) <= 0 && qp.sentAny {
 			qp.Counters.Retransmits++
 		} else {
@@ -165,6 +168,7 @@ func (qp *rcQP) buildRequest(w *engine.SendWQE, psn uint32) bool {
 		return false
 	}
 	qp.Sent(n)
+	qp.PaceSent(n)
 	return true
 }
 
