@@ -10,23 +10,23 @@ import (
 // Summary totals a capture: frame counts, ICRC verdicts, opcode counts and
 // one entry per connection.
 type Summary struct {
-	File          string         `json:"file,omitempty"`
-	Frames        int            `json:"frames"`
-	RoCE          int            `json:"roce"`
-	NonRoCE       int            `json:"non_roce"`
-	Bytes         int            `json:"roce_bytes"` // wire bytes of the RoCE frames
-	ICRCOK        int            `json:"icrc_ok"`
-	ICRCBad       int            `json:"icrc_bad"`
-	ICRCTruncated int            `json:"icrc_truncated"`
-	Malformed     int            `json:"malformed"`
-	CNPs          int            `json:"cnps"`
+	File          string `json:"file,omitempty"`
+	Frames        int    `json:"frames"`
+	RoCE          int    `json:"roce"`
+	NonRoCE       int    `json:"non_roce"`
+	Bytes         int    `json:"roce_bytes"` // wire bytes of the RoCE frames
+	ICRCOK        int    `json:"icrc_ok"`
+	ICRCBad       int    `json:"icrc_bad"`
+	ICRCTruncated int    `json:"icrc_truncated"`
+	Malformed     int    `json:"malformed"`
+	CNPs          int    `json:"cnps"`
 	// CEMarked counts packets whose IP header is marked Congestion
 	// Experienced (ECN 11).
 	CEMarked int            `json:"ce_marked,omitempty"`
 	NAKs     map[string]int `json:"naks,omitempty"`
-	RNRNAKs       int            `json:"rnr_naks"`
-	Opcodes       map[string]int `json:"opcodes"`
-	CM            map[string]int `json:"cm,omitempty"` // CM MADs by message
+	RNRNAKs  int            `json:"rnr_naks"`
+	Opcodes  map[string]int `json:"opcodes"`
+	CM       map[string]int `json:"cm,omitempty"` // CM MADs by message
 	// CMConns are the CM exchanges (REQ and what followed, SIDR_REQ and
 	// its SIDR_REP); CMUntracked counts those beyond the first 1000,
 	// CMUnmatched the MADs that belong to none seen.
@@ -104,10 +104,10 @@ type Flow struct {
 	// CEMarked counts the flow's packets marked Congestion Experienced
 	// in the IP header; the CNPs answering them travel in the reverse
 	// flow, addressed to this flow's sender (its CNPs).
-	CEMarked int `json:"ce_marked,omitempty"`
-	ICRCBad         int            `json:"icrc_bad"`
-	ICRCTruncated   int            `json:"icrc_truncated"`
-	Malformed       int            `json:"malformed"`
+	CEMarked      int `json:"ce_marked,omitempty"`
+	ICRCBad       int `json:"icrc_bad"`
+	ICRCTruncated int `json:"icrc_truncated"`
+	Malformed     int `json:"malformed"`
 
 	transport string
 	reqMax    uint32 // highest request PSN
