@@ -44,8 +44,15 @@ func openUDPDevice(t *testing.T, opts *Options) (*Device, uint16) {
 // busy-polling device b, over loopback UDP.
 func busyPair(t *testing.T, depth int) (qa, qb *QP, ca, cb *CQ, b *Device) {
 	a, pa := openUDPDevice(t, nil)
-	var pb uint16
-	b, pb = openUDPDevice(t, &Options{BusyPoll: 200 * time.Microsecond})
+	b, pb := openUDPDevice(t, &Options{BusyPoll: 200 * time.Microsecond})
+	qa, qb, ca, cb = connectRC(t, a, b, pa, pb, depth)
+	return qa, qb, ca, cb, b
+}
+
+// connectRC connects an RC QP on a (UDP port pa) to one on b (port pb),
+// each with its own CQ of 2*depth entries for both queues.
+func connectRC(t *testing.T, a, b *Device, pa, pb uint16, depth int) (qa, qb *QP, ca, cb *CQ) {
+	t.Helper()
 	pda, _ := a.AllocPD()
 	pdb, _ := b.AllocPD()
 	ca, _ = a.CreateCQ(2 * depth)
@@ -66,7 +73,7 @@ func busyPair(t *testing.T, depth int) (qa, qb *QP, ca, cb *CQ, b *Device) {
 	if err := qb.Connect(RemoteInfo{QPN: qa.Num(), PSN: 100, GID: ga}, &ConnectOptions{SQPSN: 200, Timeout: 14, RetryCnt: 7, RNRRetry: 7, RemotePort: pa}); err != nil {
 		t.Fatal(err)
 	}
-	return qa, qb, ca, cb, b
+	return qa, qb, ca, cb
 }
 
 // TestBusyPollInlineAndReceiveGoroutineRace: a stream of SENDs with

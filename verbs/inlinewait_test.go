@@ -14,29 +14,9 @@ import (
 // both with opts.
 func blockingPair(t *testing.T, depth int, opts *Options) (qa, qb *QP, ca, cb *CQ, a, b *Device) {
 	t.Helper()
-	var pa, pb uint16
-	a, pa = openUDPDevice(t, opts)
-	b, pb = openUDPDevice(t, opts)
-	pda, _ := a.AllocPD()
-	pdb, _ := b.AllocPD()
-	ca, _ = a.CreateCQ(2 * depth)
-	cb, _ = b.CreateCQ(2 * depth)
-	cp := QPCap{MaxSendWR: depth, MaxRecvWR: depth}
-	var err error
-	if qa, err = pda.CreateQP(QPInitAttr{SendCQ: ca, RecvCQ: ca, Cap: cp}); err != nil {
-		t.Fatal(err)
-	}
-	if qb, err = pdb.CreateQP(QPInitAttr{SendCQ: cb, RecvCQ: cb, Cap: cp}); err != nil {
-		t.Fatal(err)
-	}
-	ga, _ := a.QueryGID(0)
-	gb, _ := b.QueryGID(0)
-	if err := qa.Connect(RemoteInfo{QPN: qb.Num(), PSN: 200, GID: gb}, &ConnectOptions{SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, RemotePort: pb}); err != nil {
-		t.Fatal(err)
-	}
-	if err := qb.Connect(RemoteInfo{QPN: qa.Num(), PSN: 100, GID: ga}, &ConnectOptions{SQPSN: 200, Timeout: 14, RetryCnt: 7, RNRRetry: 7, RemotePort: pa}); err != nil {
-		t.Fatal(err)
-	}
+	a, pa := openUDPDevice(t, opts)
+	b, pb := openUDPDevice(t, opts)
+	qa, qb, ca, cb = connectRC(t, a, b, pa, pb, depth)
 	return qa, qb, ca, cb, a, b
 }
 
