@@ -28,6 +28,8 @@
 package congest
 
 import (
+	"github.com/softroce/softroce/nic/internal/spec"
+
 	"errors"
 	"fmt"
 	"math"
@@ -94,16 +96,7 @@ func (c *Config) Validate() error {
 // percentage or a fraction. The result is validated.
 func Parse(s string) (Config, error) {
 	var c Config
-	for _, kv := range strings.Split(s, ",") {
-		kv = strings.TrimSpace(kv)
-		if kv == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return Config{}, fmt.Errorf("congest: %q: want key=value", kv)
-		}
-		k, v = strings.ToLower(strings.TrimSpace(k)), strings.TrimSpace(v)
+	err := spec.Each(s, "congest", "rate, queue, kmin, kmax, pmax or seed", func(k, v string) error {
 		var err error
 		switch k {
 		case "rate":
@@ -115,15 +108,16 @@ func Parse(s string) (Config, error) {
 		case "kmax":
 			c.Kmax, err = parseSize(v)
 		case "pmax":
-			c.Pmax, err = parseProb(v)
+			c.Pmax, err = spec.Prob(v)
 		case "seed":
 			c.Seed, err = strconv.ParseUint(v, 0, 64)
 		default:
-			return Config{}, fmt.Errorf("congest: unknown key %q (want rate, queue, kmin, kmax, pmax or seed)", k)
+			return spec.ErrUnknownKey
 		}
-		if err != nil {
-			return Config{}, fmt.Errorf("congest: %s=%s: %w", k, v, err)
-		}
+		return err
+	})
+	if err != nil {
+		return Config{}, err
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
@@ -169,21 +163,6 @@ func parseSize(v string) (int, error) {
 		return 0, errors.New("want a size in bytes such as 65536, 40KB or 1MiB")
 	}
 	return n * mult, nil
-}
-
-func parseProb(v string) (float64, error) {
-	pct := strings.HasSuffix(v, "%")
-	f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
-	if err != nil {
-		return 0, errors.New("not a number")
-	}
-	if pct {
-		f /= 100
-	}
-	if !(f >= 0 && f <= 1) {
-		return 0, errors.New("a probability is a percentage from 0% to 100% or a fraction from 0 to 1")
-	}
-	return f, nil
 }
 
 // String formats c in the syntax Parse reads, omitting zero fields.

@@ -22,6 +22,8 @@
 package impair
 
 import (
+	"github.com/softroce/softroce/nic/internal/spec"
+
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -67,26 +69,17 @@ const DefaultHold = time.Millisecond
 // queue. The empty string is the zero Config.
 func Parse(s string) (Config, error) {
 	var c Config
-	for _, kv := range strings.Split(s, ",") {
-		kv = strings.TrimSpace(kv)
-		if kv == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return Config{}, fmt.Errorf("impair: %q: want key=value", kv)
-		}
-		k, v = strings.ToLower(strings.TrimSpace(k)), strings.TrimSpace(v)
+	err := spec.Each(s, "impair", "loss, dup, reorder, corrupt, delay, jitter, hold, seed or queue", func(k, v string) error {
 		var err error
 		switch k {
 		case "loss":
-			c.Loss, err = parseProb(v)
+			c.Loss, err = spec.Prob(v)
 		case "dup", "duplicate":
-			c.Dup, err = parseProb(v)
+			c.Dup, err = spec.Prob(v)
 		case "reorder":
-			c.Reorder, err = parseProb(v)
+			c.Reorder, err = spec.Prob(v)
 		case "corrupt":
-			c.Corrupt, err = parseProb(v)
+			c.Corrupt, err = spec.Prob(v)
 		case "delay":
 			c.Delay, err = parseDur(v)
 		case "jitter":
@@ -103,31 +96,14 @@ func Parse(s string) (Config, error) {
 			}
 			c.Queue = n
 		default:
-			return Config{}, fmt.Errorf("impair: unknown key %q (want loss, dup, reorder, corrupt, delay, jitter, hold, seed or queue)", k)
+			return spec.ErrUnknownKey
 		}
-		if err != nil {
-			return Config{}, fmt.Errorf("impair: %s=%s: %w", k, v, err)
-		}
+		return err
+	})
+	if err != nil {
+		return Config{}, err
 	}
 	return c, nil
-}
-
-func parseProb(v string) (float64, error) {
-	pct := strings.HasSuffix(v, "%")
-	f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
-	if err != nil {
-		return 0, errors.New("not a number")
-	}
-	if pct {
-		f /= 100
-	}
-	if !(f >= 0 && f <= 1) {
-		if !pct && f > 1 && f <= 100 {
-			return 0, fmt.Errorf("a probability is a percentage or a fraction: write %s%% or %s", v, strconv.FormatFloat(f/100, 'g', -1, 64))
-		}
-		return 0, errors.New("a probability is a percentage from 0% to 100% (10%) or a fraction from 0 to 1 (0.1)")
-	}
-	return f, nil
 }
 
 func parseDur(v string) (time.Duration, error) {
