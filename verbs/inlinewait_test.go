@@ -184,3 +184,39 @@ func TestInlineWaitOtherCQ(t *testing.T) {
 	}
 	pingPong(t, 100, qa, qb, ca, cb)
 }
+
+// TestInlineWaitThenNoWait: after its consumer got its completion through
+// an inline wait and stopped waiting, a device still answers its peer: a
+// WRITE into its memory is executed and acknowledged (the receive
+// goroutine takes the receive path back), several times over.
+func TestInlineWaitThenNoWait(t *testing.T) {
+	qa, qb, ca, cb, _, _ := blockingPair(t, 8, nil)
+	mra, err := qa.pd.RegMR(make([]byte, 64), AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mrb, err := qb.pd.RegMR(make([]byte, 64), AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	write := func(q *QP, c *CQ, from, to *MR, id int) {
+		t.Helper()
+		w := &SendWR{ID: uint64(id), Opcode: WRRDMAWrite, Flags: SendSignaled, RemoteAddr: to.Addr(), RKey: to.RKey(),
+			SGL: []SGE{{Addr: from.Addr(), Length: 64, LKey: from.LKey()}}}
+		if err := q.PostSend(w); err != nil {
+			t.Fatal(err)
+		}
+		wcs := make([]cq.WC, 1)
+		if _, err := c.Wait(ctx, wcs); err != nil || wcs[0].Status != cq.Success {
+			t.Fatalf("WRITE %d: %v %v", id, err, wcs[0].Status)
+		}
+	}
+	for i := 0; i < 20; i++ {
+		// A waits inline for its own WRITE's ACK, then waits no more
+		// while B's WRITE needs A to answer.
+		write(qa, ca, mra, mrb, i)
+		write(qb, cb, mrb, mra, i)
+	}
+}

@@ -93,7 +93,10 @@ func runServe(args []string) int {
 			fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
 			return 1
 		}
-		opts := &verbs.Options{Name: fmt.Sprintf("softroce%d", i)}
+		// The daemon's receive goroutine serves its clients' rings; the
+		// only goroutine that waits on a CQ is the CM's, for MADs, and
+		// while it handled one no one would receive: no inline waits.
+		opts := &verbs.Options{Name: fmt.Sprintf("softroce%d", i), NoInlineWait: true}
 		if cc == verbs.CCDCQCN {
 			p := verbs.CCDefaults()
 			opts.CC = &p

@@ -59,11 +59,11 @@ type Driver struct {
 	// WaitInline) receives on the link, into rxBatch, and gives it back.
 	intr         interruptRecver
 	seat         chan struct{}
-	seatConsumer atomic.Bool   // a consumer holds the seat
-	inHandle     atomic.Bool   // that consumer is handling a batch, not waiting
-	want         atomic.Bool   // a consumer asked the receive goroutine to step aside
-	seatSeq      atomic.Uint64 // inline waits begun: the receive goroutine stays away while it moves
-	inlineOff    atomic.Bool   // the link failed or closed under a consumer: no more inline waits
+	seatConsumer atomic.Bool  // a consumer holds the seat
+	inHandle     atomic.Bool  // that consumer is handling a batch, not waiting
+	want         atomic.Bool  // a consumer asked the receive goroutine to step aside
+	seatFreed    atomic.Int64 // when a consumer last gave the seat back, since epoch
+	inlineOff    atomic.Bool  // the link failed or closed under a consumer: no more inline waits
 
 	fatal     atomic.Pointer[error] // the Recv error that stopped the receive loop
 	txDropped atomic.Uint64

@@ -23,16 +23,20 @@ import (
 // entry; a completion pushed from elsewhere (the timer goroutine, a
 // poster) interrupts its wait through the CQ. Consumers waiting at the
 // same time wait for the seat or their CQ, whichever comes first. The
-// receive goroutine takes the seat back only after a whole step
-// (inlineStep) in which no consumer began an inline wait, so a
-// ping-pong's consumer keeps it from one round trip to the next; a packet
-// that arrives while no one waits is handled at the latest about two
-// steps later.
+// receive goroutine takes the seat back only once it has been free for
+// inlineGap, so a ping-pong's consumer keeps it from one round trip to
+// the next.
 
-// inlineStep is how long the receive goroutine stays out of the way after
-// consumers took the seat: short against RC timers (an IBTA timeout of 8
-// is about 1 ms), long against a round trip.
-const inlineStep = 500 * time.Microsecond
+// inlineStep is how often the receive goroutine looks whether consumers
+// still hold the receive path, and inlineGap how long the path must have
+// been free before it takes it back: long against the moment between two
+// waits of a ping-pong (a post), short against RC timers (an IBTA timeout
+// of 8 is about 1 ms). A packet that arrives while no one waits is
+// handled at the latest about inlineStep+inlineGap later.
+const (
+	inlineStep = 200 * time.Microsecond
+	inlineGap  = 50 * time.Microsecond
+)
 
 // seatLoop is the receive goroutine in blocking mode with inline waits.
 func (d *Driver) seatLoop() {
@@ -63,24 +67,27 @@ func (d *Driver) seatLoop() {
 	}
 }
 
-// stepAside waits until a whole inlineStep passes in which no consumer
-// began an inline wait and none holds the seat. It returns false once
-// the driver is closed.
+// stepAside waits until no consumer has held the receive path for
+// inlineGap. It returns false once the driver is closed.
 func (d *Driver) stepAside(t *time.Timer) bool {
-	seen := d.seatSeq.Load()
+	wait := inlineStep
 	for {
-		t.Reset(inlineStep)
+		t.Reset(wait)
 		select {
 		case <-d.done:
 			t.Stop()
 			return false
 		case <-t.C:
 		}
-		s := d.seatSeq.Load()
-		if s == seen && !d.seatConsumer.Load() {
+		if d.seatConsumer.Load() {
+			wait = inlineStep // a consumer is receiving
+			continue
+		}
+		free := d.now().Sub(d.epoch.Add(time.Duration(d.seatFreed.Load())))
+		if free >= inlineGap {
 			return true
 		}
-		seen = s
+		wait = inlineGap - free
 	}
 }
 
@@ -115,7 +122,6 @@ func (d *Driver) WaitInline(ctx context.Context, ready func() bool, wake <-chan 
 			return false
 		}
 	}
-	d.seatSeq.Add(1)
 	d.seatConsumer.Store(true)
 	var stopCtx func() bool
 	if ctx.Done() != nil {
@@ -131,6 +137,7 @@ func (d *Driver) WaitInline(ctx context.Context, ready func() bool, wake <-chan 
 	if stopCtx != nil {
 		stopCtx()
 	}
+	d.seatFreed.Store(int64(time.Since(d.epoch)))
 	d.seatConsumer.Store(false)
 	d.seat <- struct{}{}
 	if err != nil {
