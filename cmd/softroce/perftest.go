@@ -18,15 +18,16 @@ import (
 )
 
 func init() {
-	register("perftest", "WRITE/READ/atomic/SEND bandwidth, protocol-compatible with ib_write_bw, ib_read_bw, ib_atomic_bw, ib_send_bw", runPerftest)
+	register("perftest", "WRITE/READ/atomic/SEND bandwidth or latency, protocol-compatible with ib_write_bw, ib_read_bw, ib_atomic_bw, ib_send_bw and their _lat twins", runPerftest)
 }
 
 // perftestFlags defines perftest's flags, into cfg and lf where they go.
 func perftestFlags(cfg *perftest.Config, lf *linkFlags) (fs *flag.FlagSet, qpTimeout *uint, atomicOp *string, duration *int, connType *string, timeout *time.Duration, xdpMode *string, peerPort *int, cpuProfile *string, sockBuf *int) {
 	fs = flag.NewFlagSet("perftest", flag.ContinueOnError)
 	fs.IntVar(&cfg.Port, "p", perftest.DefaultPort, "TCP port of the out-of-band exchange")
-	fs.IntVar(&cfg.Size, "s", 0, "message size (default 65536; atomics are 8)")
-	fs.IntVar(&cfg.Iters, "n", 0, "iterations (default 5000 for write, 1000 for the others)")
+	fs.IntVar(&cfg.Size, "s", 0, "message size (default 65536, --lat 2; atomics are 8)")
+	fs.IntVar(&cfg.Iters, "n", 0, "iterations (default 5000 for write, 1000 for the others and with --lat)")
+	fs.BoolVar(&cfg.Latency, "lat", false, "latency test, against ib_write_lat, ib_read_lat, ib_atomic_lat or ib_send_lat (one RC QP; also selected by the test word write_lat, ...)")
 	fs.IntVar(&cfg.MTU, "m", 0, "path MTU: 256, 512, 1024, 2048 or 4096 (default: the port's active MTU; the smaller side wins)")
 	fs.IntVar(&cfg.GIDIndex, "x", 0, "local GID index (the --bind address is index 0)")
 	fs.IntVar(&cfg.TxDepth, "t", 128, "outstanding work requests")
@@ -61,9 +62,12 @@ func perftestFlags(cfg *perftest.Config, lf *linkFlags) (fs *flag.FlagSet, qpTim
 	sockBuf = fs.Int("socket-buffer", 4<<20, "udp backend: SO_RCVBUF/SO_SNDBUF bytes (capped by net.core.rmem_max); a full receive buffer drops packets and costs go-back-N retransmissions")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce perftest write|read|atomic|send [flags]          wait for a client (passive side)\n"+
-			"       softroce perftest write|read|atomic|send [flags] SERVER   connect and post the traffic (active side)\n\n"+
+			"       softroce perftest write|read|atomic|send [flags] SERVER   connect and post the traffic (active side)\n"+
+			"       softroce perftest write|read|atomic|send --lat [flags] [SERVER]   latency (or write_lat, ...)\n\n"+
 			"Talks to ib_write_bw, ib_read_bw, ib_atomic_bw and ib_send_bw (Debian's perftest 4.5, which announces\nversion 6.06; TCP exchange or rdma_cm\nwith -R; RC, UC with -c UC for write and send, UD with -c UD for send) in either role.\n"+
-			"-a runs every size (a row each), -D SECONDS a timed run, --run_infinitely a row every -D seconds until Ctrl-C.\n\n")
+			"-a runs every size (a row each), -D SECONDS a timed run, --run_infinitely a row every -D seconds until Ctrl-C.\n"+
+			"--lat speaks ib_write_lat, ib_read_lat, ib_atomic_lat and ib_send_lat (RC, TCP exchange, -n iterations of one size):\n"+
+			"write and send ping-pong and both sides print the table; for read and atomic only the client posts and prints.\n\n")
 		fs.PrintDefaults()
 	}
 	return
@@ -82,7 +86,12 @@ func runPerftest(args []string) int {
 		fs.Usage()
 		return 2
 	}
-	test, err := perftest.ParseTest(fs.Arg(0))
+	word := fs.Arg(0)
+	if w, ok := strings.CutSuffix(word, "_lat"); ok {
+		// ib_write_lat, write_lat: the latency test.
+		word, cfg.Latency = w, true
+	}
+	test, err := perftest.ParseTest(word)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "softroce perftest:", err)
 		return 2
@@ -209,7 +218,11 @@ func runPerftest(args []string) int {
 			cancel()
 		}()
 	}
-	fmt.Printf("%s\n                    %s BW Test (softroce, perftest protocol %s)\n", strings.Repeat("-", 87), testTitle(test, cfg.Atomic), perftest.Version)
+	kind := "BW"
+	if cfg.Latency {
+		kind = "Latency"
+	}
+	fmt.Printf("%s\n                    %s %s Test (softroce, perftest protocol %s)\n", strings.Repeat("-", 87), testTitle(test, cfg.Atomic), kind, perftest.Version)
 	switch {
 	case cfg.Server == "" && cfg.RDMACM:
 		fmt.Printf(" Waiting for client rdma_cm QP to connect on port %d...\n", cfg.Port)

@@ -22,6 +22,9 @@
 // With Conn UD (-c UD, send only) the QPs are UD with perftest's Q_Key
 // and the receives leave room for the GRH.
 //
+// With Latency the exchange and traffic are those of the latency tools
+// (ib_write_lat, ib_read_lat, ib_atomic_lat, ib_send_lat; see lat.go).
+//
 // perftest 4.5 checks no data, so Run checks what it can see: the bytes
 // the peer wrote into softroce's buffer, an extra READ against the timed
 // ones, the sequence of fetched atomic values (see Result.Checked).

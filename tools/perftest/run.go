@@ -160,6 +160,13 @@ type Config struct {
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	Listen func(network, addr string) (net.Listener, error)
 
+	// Latency selects perftest's latency protocol (ib_write_lat,
+	// ib_read_lat, ib_atomic_lat, ib_send_lat) instead of the bandwidth
+	// one: one operation at a time, a ping-pong for write and send (both
+	// sides post), the connector alone posting for read and atomic. One
+	// RC QP over the TCP exchange, -n iterations of one size.
+	Latency bool
+
 	sizeGiven bool // -s was given: UD refuses a larger size than the MTU instead of adopting it
 }
 
@@ -188,6 +195,11 @@ func (c *Config) defaults() error {
 		}
 	default:
 		return fmt.Errorf("perftest: connection type %v is not implemented (RC, UC or UD)", c.Conn)
+	}
+	if c.Latency {
+		if err := c.latDefaults(); err != nil {
+			return err
+		}
 	}
 	if c.Infinite {
 		c.All = false // perftest's --run_infinitely overrides -a
@@ -335,6 +347,9 @@ type Result struct {
 	// with Duplex, the sum of both sides'). An endless run's last row is
 	// the whole run.
 	Rows []Report
+	// Lat is a latency run's result (nil otherwise, and on the passive
+	// side of read and atomic, which measures nothing).
+	Lat *LatReport
 	// Checked says which data check ran and passed ("" when none could
 	// run, e.g. softroce writing into a write-only perftest buffer).
 	Checked string
@@ -597,6 +612,9 @@ func (s *session) run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	defer s.teardown()
+	if cfg.Latency {
+		return s.runLat(ctx)
+	}
 	if s.ch != nil {
 		// The test QPs connect through the CM between two barriers.
 		if err := s.barrier("barrier before the rdma_cm connections"); err != nil {

@@ -116,7 +116,7 @@ func (s *session) setup() error {
 		return fmt.Errorf("perftest: register %d-byte buffer: %w", n, err)
 	}
 	rxDepth := 1
-	if cfg.Test == Send && !s.connector {
+	if cfg.Test == Send && (!s.connector || cfg.Latency) {
 		rxDepth = cfg.RxDepth
 	}
 	if s.cq, err = s.dev.CreateCQ(min(cfg.QPs*(cfg.TxDepth+rxDepth)+1, verbs.MaxCQE)); err != nil {
