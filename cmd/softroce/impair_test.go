@@ -1,10 +1,19 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/softroce/softroce/internal/abitest"
 )
 
 // qpLine finds the " softroce QP:" lines pingpong and perftest print and
@@ -109,4 +118,101 @@ func TestImpairBadSpec(t *testing.T) {
 			t.Errorf("softroce %s -h lists no --impair", cmd)
 		}
 	}
+}
+
+// serve --impair loss=5%: two daemons on 127.0.0.1, each one's sends
+// impaired, and the distribution's ibv_rc_pingpong between them through
+// softroce run. The programs, unmodified, complete; the daemons'
+// counters (softroce rdma statistic) show the retransmissions that made
+// up for the loss.
+func TestImpairServe(t *testing.T) {
+	_, lib := abitest.Tool(t, "ibv_rc_pingpong", "ibverbs-utils")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), "SOFTROCE_TEST_AS_MAIN=1", "SOFTROCE_ABI_DIR="+filepath.Dir(lib))
+	x, y := freePort("udp"), freePort("udp")
+	daemon := func(port, peer int, seed string) (sock, log string) {
+		dir := t.TempDir()
+		sock, log = filepath.Join(dir, "s.sock"), filepath.Join(dir, "log")
+		cmd := exec.Command(self, "serve", "--addr", "127.0.0.1", "--udp-port", strconv.Itoa(port), "--peer-udp-port", strconv.Itoa(peer),
+			"--socket", sock, "--impair", "loss=5%,seed="+seed)
+		cmd.Env = env
+		f, err := os.Create(log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		cmd.Stdout, cmd.Stderr = f, f
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if _, err := os.Stat(sock); err == nil {
+				return sock, log
+			}
+			if time.Now().After(deadline) {
+				b, _ := os.ReadFile(log)
+				t.Fatalf("softroce serve did not listen:\n%s", b)
+			}
+		}
+	}
+	s1, log1 := daemon(x, y, "11")
+	s2, _ := daemon(y, x, "12")
+	port := strconv.Itoa(freePort("tcp"))
+	pp := func(sock string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+		cmd := exec.Command(self, append([]string{"run", "--socket", sock, "--", "ibv_rc_pingpong", "-g", "0", "-p", port, "-n", "300"}, args...)...)
+		cmd.Env = env
+		out := new(bytes.Buffer)
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, out
+	}
+	srv, srvOut := pp(s1)
+	for deadline := time.Now().Add(time.Minute); !listening(port); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			srv.Process.Kill()
+			srv.Wait()
+			t.Fatalf("ibv_rc_pingpong server did not listen:\n%s", srvOut)
+		}
+	}
+	cli, cliOut := pp(s2, "127.0.0.1")
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			srv.Process.Kill()
+			cli.Process.Kill()
+		}
+	}()
+	srvErr, cliErr := srv.Wait(), cli.Wait()
+	close(done)
+	if srvErr != nil || cliErr != nil || !strings.Contains(srvOut.String(), "300 iters in") || !strings.Contains(cliOut.String(), "300 iters in") {
+		t.Fatalf("ibv_rc_pingpong: server %v, client %v:\n%s\n%s", srvErr, cliErr, srvOut, cliOut)
+	}
+	// The link's counters sum its QPs', destroyed ones included.
+	var total uint64
+	for _, sock := range []string{s1, s2} {
+		var code int
+		out, errOut := runOut(t, func() { code = run([]string{"rdma", "--socket", sock, "-j", "statistic"}) })
+		var st []map[string]any
+		if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || len(st) != 1 {
+			t.Fatalf("softroce rdma -j statistic: exit %d, %v: %s%s", code, err, out, errOut)
+		}
+		n, _ := st[0]["retransmitted_pkts"].(float64)
+		t.Logf("%s: %d retransmitted, %v local ACK timeouts, %v sequence NAKs received", sock, uint64(n), st[0]["local_ack_timeout_err"], st[0]["packet_seq_err"])
+		total += uint64(n)
+	}
+	if total == 0 {
+		t.Errorf("softroce serve --impair loss=5%%: no retransmissions counted")
+	}
+	if b, _ := os.ReadFile(log1); !strings.Contains(string(b), "(udp, sends impaired: loss=5%") {
+		t.Errorf("the daemon does not say its sends are impaired:\n%s", b)
+	}
+	t.Logf("serve --impair loss=5%%, ibv_rc_pingpong -n 300: %d retransmissions on the two daemons", total)
 }
