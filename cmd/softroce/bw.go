@@ -197,7 +197,7 @@ func runPerf(kind string, args []string) int {
 		if f.rawUDP {
 			return fail("the raw UDP reference measures the plain path: drop --impair")
 		}
-		if icfg, err = parseImpair(kind, f.impair); err != nil {
+		if icfg, err = parseImpair(kind, f.impair, false); err != nil {
 			return fail("%v", err)
 		}
 	}

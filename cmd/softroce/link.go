@@ -130,9 +130,10 @@ func localAddr(bind, peer string) (netip.Addr, error) {
 const impairUsage = "impair this side's sends, e.g. loss=1%,dup=1%,reorder=1%,corrupt=1%,delay=100us,jitter=50us,seed=7 (nic/impair syntax; retransmissions are counted)"
 
 // parseImpair parses an --impair spec for cmd and picks a seed if it has
-// none. It says on stderr that the sends are impaired, with the seed, so
-// that a run that fails can be repeated. The error names the flag.
-func parseImpair(cmd, spec string) (impair.Config, error) {
+// none. Unless quiet, it says on stderr that the sends are impaired, with
+// the seed, so that a run that fails can be repeated. The error names the
+// flag.
+func parseImpair(cmd, spec string, quiet bool) (impair.Config, error) {
 	cfg, err := impair.Parse(spec)
 	if err != nil {
 		return cfg, fmt.Errorf("--impair %s: %v", spec, err)
@@ -140,7 +141,9 @@ func parseImpair(cmd, spec string) (impair.Config, error) {
 	if cfg.Seed == 0 {
 		cfg.Seed = uint64(time.Now().UnixNano())%100000 + 1
 	}
-	fmt.Fprintf(os.Stderr, "softroce %s: impaired sends: %v (rerun with seed=%d to repeat)\n", cmd, cfg, cfg.Seed)
+	if !quiet {
+		fmt.Fprintf(os.Stderr, "softroce %s: impaired sends: %v (rerun with seed=%d to repeat)\n", cmd, cfg, cfg.Seed)
+	}
 	return cfg, nil
 }
 

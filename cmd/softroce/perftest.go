@@ -177,7 +177,7 @@ func runPerftest(args []string) int {
 	}
 	var icfg *impair.Config
 	if lf.impair != "" {
-		c, err := parseImpair("perftest", lf.impair)
+		c, err := parseImpair("perftest", lf.impair, false)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "softroce perftest:", err)
 			return 2

@@ -116,7 +116,7 @@ func runPingpong(args []string) int {
 	}
 	var icfg *impair.Config
 	if lf.impair != "" {
-		c, err := parseImpair("pingpong", lf.impair)
+		c, err := parseImpair("pingpong", lf.impair, false)
 		if err != nil {
 			return usage("%v", err)
 		}

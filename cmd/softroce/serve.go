@@ -85,7 +85,7 @@ func runServe(args []string) int {
 	}
 	var icfg *impair.Config
 	if *imp != "" {
-		c, err := parseImpair("serve", *imp)
+		c, err := parseImpair("serve", *imp, *quiet)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
 			return 2
