@@ -120,7 +120,7 @@ func perfFlagSet(kind string, f *perfFlags) (fs *flag.FlagSet) {
 	fs.StringVar(&f.backend, "backend", "udp", "data path: udp (kernel sockets), afxdp (root), or pipe (both sides in this process, no network)")
 	fs.BoolVar(&f.json, "json", false, "print the results as JSON")
 	fs.DurationVar(&f.wait, "wait", 5*time.Second, "how long the client keeps trying to reach the server")
-	fs.StringVar(&f.impair, "impair", "", "impair this side's sends, e.g. loss=1%,dup=1%,reorder=1%,corrupt=1%,delay=100us,jitter=50us,seed=7 (nic/impair syntax; retransmissions are counted)")
+	fs.StringVar(&f.impair, "impair", "", impairUsage)
 	fs.BoolVar(&f.noInline, "no-inline-wait", false, "a blocked wait leaves receiving to the device's receive goroutine, which hands each completion over (a second wake-up per hop): for comparison with the default, where the waiter receives")
 	fs.StringVar(&f.cc, "cc", "none", "congestion control of both sides' QPs: none, or dcqcn (ECN-capable packets, CNPs on CE marks, DCQCN pacing; its counters in --json)")
 	fs.Var(&f.busy, "busy-poll", "the device's receive loop polls the link for this long (bare: 1ms) before it sleeps: lower latency for a core's worth of CPU (udp backend)")
@@ -197,14 +197,9 @@ func runPerf(kind string, args []string) int {
 		if f.rawUDP {
 			return fail("the raw UDP reference measures the plain path: drop --impair")
 		}
-		if icfg, err = impair.Parse(f.impair); err != nil {
-			return fail("--impair %s: %v", f.impair, err)
+		if icfg, err = parseImpair(kind, f.impair, false); err != nil {
+			return fail("%v", err)
 		}
-		if icfg.Seed == 0 {
-			icfg.Seed = uint64(time.Now().UnixNano())%100000 + 1
-		}
-		// Both sides print the seed: a run that fails can be repeated.
-		fmt.Fprintf(os.Stderr, "softroce %s: impaired sends: %v (rerun with seed=%d to repeat)\n", kind, icfg, icfg.Seed)
 	}
 	if f.rawUDP {
 		c.Test = perf.RawTest

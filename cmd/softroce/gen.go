@@ -44,9 +44,12 @@ var flagSets = map[string]func() []*flag.FlagSet{
 		fs, _, _, _, _, _ := pingpongFlags(new(pingpong.Config), new(linkFlags))
 		return sets(fs)
 	},
-	"rping":      func() []*flag.FlagSet { return sets(rpingFlags()) },
-	"run":        func() []*flag.FlagSet { fs, _, _, _, _, _, _ := runFlags(); return sets(fs) },
-	"serve":      func() []*flag.FlagSet { fs, _, _, _, _, _, _, _, _, _, _ := serveFlags(new(addrList)); return sets(fs) },
+	"rping": func() []*flag.FlagSet { return sets(rpingFlags()) },
+	"run":   func() []*flag.FlagSet { fs, _, _, _, _, _, _ := runFlags(); return sets(fs) },
+	"serve": func() []*flag.FlagSet {
+		fs, _, _, _, _, _, _, _, _, _, _, _ := serveFlags(new(addrList))
+		return sets(fs)
+	},
 	"status":     func() []*flag.FlagSet { fs, _, _ := statusFlags(); return sets(fs) },
 	"rdma":       func() []*flag.FlagSet { fs, _, _, _ := rdmaFlags(); return sets(fs) },
 	"man":        func() []*flag.FlagSet { fs, _ := manFlags(); return sets(fs) },

@@ -3,14 +3,17 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/afxdp"
+	"github.com/softroce/softroce/nic/impair"
 	"github.com/softroce/softroce/nic/udp"
 )
 
@@ -25,6 +28,7 @@ type linkFlags struct {
 	// warn reports why a device has no link-local GID.
 	linkLocal bool
 	warn      func(format string, args ...any)
+	impair    string // --impair: the spec this side's sends are impaired by
 }
 
 // dadWait bounds the wait for a link-local address still tentative (DAD
@@ -119,4 +123,43 @@ func localAddr(bind, peer string) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, errors.New("no local IPv4 address found: give one with --bind ADDR")
+}
+
+// impairUsage is the help of --impair, the same in every command that
+// takes it (bw, lat, pingpong, perftest, serve).
+const impairUsage = "impair this side's sends, e.g. loss=1%,dup=1%,reorder=1%,corrupt=1%,delay=100us,jitter=50us,seed=7 (nic/impair syntax; retransmissions are counted)"
+
+// parseImpair parses an --impair spec for cmd and picks a seed if it has
+// none. Unless quiet, it says on stderr that the sends are impaired, with
+// the seed, so that a run that fails can be repeated. The error names the
+// flag.
+func parseImpair(cmd, spec string, quiet bool) (impair.Config, error) {
+	cfg, err := impair.Parse(spec)
+	if err != nil {
+		return cfg, fmt.Errorf("--impair %s: %v", spec, err)
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = uint64(time.Now().UnixNano())%100000 + 1
+	}
+	if !quiet {
+		fmt.Fprintf(os.Stderr, "softroce %s: impaired sends: %v (rerun with seed=%d to repeat)\n", cmd, cfg, cfg.Seed)
+	}
+	return cfg, nil
+}
+
+// impairLink wraps l in cfg's impairment, or returns it as it is when
+// cfg is nil (no --impair).
+func impairLink(l nic.Link, cfg *impair.Config) nic.Link {
+	if cfg == nil {
+		return l
+	}
+	return impair.Wrap(l, *cfg)
+}
+
+// printImpairCounters prints what an impaired link did to this side's
+// sends.
+func printImpairCounters(w io.Writer, l *impair.Link) {
+	c := l.Counters()
+	fmt.Fprintf(w, " softroce impair: %d packets sent, %d dropped, %d duplicated, %d reordered, %d corrupted, %d delayed\n",
+		c.Packets, c.Dropped, c.Duplicated, c.Reordered, c.Corrupted, c.Delayed)
 }

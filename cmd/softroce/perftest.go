@@ -12,6 +12,7 @@ import (
 
 	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/afxdp"
+	"github.com/softroce/softroce/nic/impair"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/tools/perftest"
 	"github.com/softroce/softroce/verbs"
@@ -60,6 +61,7 @@ func perftestFlags(cfg *perftest.Config, lf *linkFlags) (fs *flag.FlagSet, qpTim
 	peerPort = fs.Int("peer-udp-port", 4791, "the peer's UDP port (change only against another softroce on the same address)")
 	cpuProfile = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	sockBuf = fs.Int("socket-buffer", 4<<20, "udp backend: SO_RCVBUF/SO_SNDBUF bytes (capped by net.core.rmem_max); a full receive buffer drops packets and costs go-back-N retransmissions")
+	fs.StringVar(&lf.impair, "impair", "", impairUsage)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce perftest write|read|atomic|send [flags]          wait for a client (passive side)\n"+
 			"       softroce perftest write|read|atomic|send [flags] SERVER   connect and post the traffic (active side)\n"+
@@ -173,6 +175,15 @@ func runPerftest(args []string) int {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 100 * 365 * 24 * time.Hour
 	}
+	var icfg *impair.Config
+	if lf.impair != "" {
+		c, err := parseImpair("perftest", lf.impair, false)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "softroce perftest:", err)
+			return 2
+		}
+		icfg = &c
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -191,6 +202,7 @@ func runPerftest(args []string) int {
 		fmt.Fprintln(os.Stderr, "softroce perftest:", err)
 		return 1
 	}
+	link = impairLink(link, icfg)
 	dev, err := verbs.Open(link, nil)
 	if err != nil {
 		link.Close()
@@ -244,6 +256,9 @@ func runPerftest(args []string) int {
 		st.DupRequests, st.OutOfSeqRequests, st.Dropped, st.RNRNAKsSent, st.RNRNAKsRecv,
 		es.RxMalformed, es.RxUnknownQP, es.RxBadHeader, ds.TxDropped,
 		ls.RxPackets, ls.TxPackets, ls.RxICRCBad, ls.RxMalformed, ls.RxTruncated, ls.TxErrors)
+	if w, ok := link.(*impair.Link); ok {
+		printImpairCounters(os.Stdout, w)
+	}
 	if e := res.Engine; e != nil {
 		// The figures above come from this run of the traffic engine;
 		// its packet rates are counted by the QPs, not derived from bytes.

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/softroce/softroce/nic/impair"
 	"github.com/softroce/softroce/tools/pingpong"
 	"github.com/softroce/softroce/verbs"
 )
@@ -48,6 +49,7 @@ func pingpongFlags(cfg *pingpong.Config, lf *linkFlags) (fs *flag.FlagSet, typ *
 	fs.StringVar(&lf.backend, "backend", "udp", "packet backend: udp or afxdp")
 	fs.IntVar(&lf.udpPort, "udp-port", 4791, "local UDP port")
 	peerPort = fs.Int("peer-udp-port", 4791, "the peer's UDP port (change only against another softroce on the same address)")
+	fs.StringVar(&lf.impair, "impair", "", impairUsage)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: softroce pingpong [--type rc|uc|ud|srq] [flags]            start a server and wait for a connection\n       softroce pingpong [--type rc|uc|ud|srq] [flags] SERVER     connect to SERVER\n\n")
 		fs.PrintDefaults()
@@ -112,11 +114,20 @@ func runPingpong(args []string) int {
 	if err := cfg.Defaults(); err != nil {
 		return usage("%v", err)
 	}
+	var icfg *impair.Config
+	if lf.impair != "" {
+		c, err := parseImpair("pingpong", lf.impair, false)
+		if err != nil {
+			return usage("%v", err)
+		}
+		icfg = &c
+	}
 	link, err := openLink(lf, cfg.Server)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "softroce pingpong:", err)
 		return 1
 	}
+	link = impairLink(link, icfg)
 	dev, err := verbs.Open(link, nil)
 	if err != nil {
 		link.Close()
@@ -126,9 +137,18 @@ func runPingpong(args []string) int {
 	defer dev.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if _, err := pingpong.Run(ctx, dev, cfg, os.Stdout); err != nil {
+	res, err := pingpong.Run(ctx, dev, cfg, os.Stdout)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "softroce pingpong:", err)
 		return 1
+	}
+	if w, ok := link.(*impair.Link); ok {
+		// What the impairment did and what it cost, after the tool's
+		// own lines (which stay as ibv_*_pingpong prints them).
+		st := res.Stats
+		printImpairCounters(os.Stdout, w)
+		fmt.Printf(" softroce QP: %d packets sent, %d received, %d retransmitted, %d timeouts, %d sequence NAKs sent, %d received\n",
+			st.TxPackets, st.RxPackets, st.Retransmits, st.Timeouts, st.SeqNAKsSent, st.SeqNAKsRecv)
 	}
 	return 0
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/softroce/softroce/abi"
 	"github.com/softroce/softroce/nic/afxdp"
+	"github.com/softroce/softroce/nic/impair"
 	"github.com/softroce/softroce/serve"
 	"github.com/softroce/softroce/verbs"
 )
@@ -32,7 +33,7 @@ func (a *addrList) String() string     { return strings.Join(*a, ",") }
 func (a *addrList) Set(s string) error { *a = append(*a, s); return nil }
 
 // serveFlags defines serve's flags, the addresses into addrs.
-func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, group, ccMode *string, port, peerPort *int, quiet, linkLocal *bool, lim *serve.Limits) {
+func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, group, ccMode, imp *string, port, peerPort *int, quiet, linkLocal *bool, lim *serve.Limits) {
 	fs = flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.Var(addrs, "addr", "local IP address of a device (repeat for more devices; default: the host's first IPv4 address)")
 	fs.Var(addrs, "bind", "the same as --addr")
@@ -50,9 +51,11 @@ func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, grou
 		"before the --addr address (GID 1), as kernel RoCE devices (rdma_rxe) order their GID table;\n"+
 		"nothing changes on an interface without one (loopback, IPv6 off)")
 	ccMode = fs.String("cc", "none", "congestion control of every RC QP: none, or dcqcn (ECN-capable packets, CNPs on CE marks, DCQCN pacing; counters in softroce status)")
+	imp = fs.String("impair", "", impairUsage+";\n"+
+		"every device's, so that the programs 'softroce run' starts see a lossy network")
 	lim = limitFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--link-local=false] [--socket PATH] [--group NAME] [--cc none|dcqcn]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: softroce serve [--addr IP]... [--backend udp|afxdp [--xdp-mode auto|native|generic]] [--link-local=false] [--socket PATH] [--group NAME] [--cc none|dcqcn] [--impair SPEC]\n\n"+
 			"Owns one softroce device per address and serves the programs that 'softroce run' starts.\n"+
 			"Programs use a daemon only if it runs as their user or root (or as "+serve.DaemonUIDEnv+" says) and serves\n"+
 			"their network namespace: run one daemon per namespace; a second one in a namespace needs --socket.\n\n")
@@ -63,7 +66,7 @@ func serveFlags(addrs *addrList) (fs *flag.FlagSet, backend, xdpMode, sock, grou
 
 func runServe(args []string) int {
 	var addrs addrList
-	fs, backend, xdpMode, sock, group, ccMode, port, peerPort, quiet, linkLocal, lim := serveFlags(&addrs)
+	fs, backend, xdpMode, sock, group, ccMode, imp, port, peerPort, quiet, linkLocal, lim := serveFlags(&addrs)
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -80,6 +83,15 @@ func runServe(args []string) int {
 		fmt.Fprintf(os.Stderr, "softroce serve: --cc %q: want none or dcqcn\n", *ccMode)
 		return 2
 	}
+	var icfg *impair.Config
+	if *imp != "" {
+		c, err := parseImpair("serve", *imp, *quiet)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
+			return 2
+		}
+		icfg = &c
+	}
 	var devs []*verbs.Device
 	for i, a := range addrs {
 		var warn func(string, ...any)
@@ -92,6 +104,12 @@ func runServe(args []string) int {
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "softroce serve: %v\n", err)
 			return 1
+		}
+		if icfg != nil {
+			// Each device its own stream of decisions.
+			c := *icfg
+			c.Seed += uint64(i)
+			link = impairLink(link, &c)
 		}
 		// The daemon's receive goroutine serves its clients' rings; the
 		// only goroutine that waits on a CQ is the CM's, for MADs, and
@@ -125,9 +143,16 @@ func runServe(args []string) int {
 	}
 	if !*quiet {
 		for _, d := range devs {
-			what := *backend
-			if x, ok := d.Link().(*afxdp.Link); ok {
+			what, l := *backend, d.Link()
+			w, impaired := l.(*impair.Link)
+			if impaired {
+				l = w.Inner()
+			}
+			if x, ok := l.(*afxdp.Link); ok {
 				what = fmt.Sprintf("afxdp on %s, %s XDP, %d queues", x.Interface(), x.Mode(), x.Queues())
+			}
+			if impaired {
+				what += fmt.Sprintf(", sends impaired: %v", w.Config())
 			}
 			var gids []string
 			for i, a := range d.Link().Addrs() {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/internal/traffic"
 	"github.com/softroce/softroce/qpstate"
 	"github.com/softroce/softroce/verbs"
 )
@@ -143,6 +144,9 @@ type Result struct {
 	// the last receive: the GRH of the last datagram (ud_pingpong itself
 	// never reads it).
 	GRH [GRHLen]byte
+	// Stats are the QPs' transport counters summed at the end of the
+	// run (retransmissions, timeouts, sequence NAKs: what loss cost).
+	Stats verbs.QPStats
 }
 
 // Mbps is the throughput the tools print, in Mbit/s.
@@ -208,6 +212,11 @@ func Run(ctx context.Context, dev *verbs.Device, cfg Config, out io.Writer) (*Re
 		return nil, err
 	}
 	res.Local, res.Remote = s.local, s.rem
+	qps := make([]traffic.QP, len(s.qps))
+	for i, qp := range s.qps {
+		qps[i] = qp
+	}
+	res.Stats = traffic.Sum(qps)
 	if cfg.Type == UD {
 		copy(res.GRH[:], s.buf)
 	}
