@@ -99,7 +99,7 @@ func runCongested(t *testing.T, mode verbs.CCMode, nqp int, d time.Duration) ccR
 		s.QPs = append(s.QPs, qpa[i])
 		s.WRs = append(s.WRs, verbs.SendWR{Opcode: verbs.WRRDMAWrite,
 			SGL: []verbs.SGE{{Length: size, LKey: mra.LKey()}}, RKey: mrb.RKey()})
-		names[i] = fmt.Sprintf("QP %d", qpa[i].Num())
+		names[i] = fmt.Sprintf("flow %d", i+1)
 	}
 	s.Prepare = func(q, n int, wr *verbs.SendWR) {
 		off := uint64(q*region + n%depth*size)
