@@ -102,6 +102,9 @@ func RunLocal(ctx context.Context, c Config, lat bool, links *[2]nic.Link, ports
 		l.Close()
 		return nil, err
 	}
+	if c.Started != nil {
+		c.Started(cl.qps)
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	var recvErr error

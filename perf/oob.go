@@ -282,6 +282,9 @@ func Run(ctx context.Context, cc ClientConfig, c Config, lat bool, row func(any)
 	if err := ep.Connect(h.Info, c.MTU); err != nil {
 		return nil, err
 	}
+	if c.Started != nil {
+		c.Started(ep.qps)
+	}
 	rep, runErr := runSizes(ctx, ep, &c, h.Info, lat, row)
 	rep.Backend = cc.Backend
 	d := done{Done: true, Report: *rep}

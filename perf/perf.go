@@ -76,6 +76,10 @@ type Config struct {
 	// with verbs.CCDefaults (docs/congestion.md), and the server's too;
 	// anything else leaves it off.
 	CC verbs.CCMode
+	// Started, if set, is called with the client's QPs once they are
+	// connected, before traffic starts: for a caller that samples them
+	// while the run goes (softroce bw --plot). They are not its to use.
+	Started func(qps []*verbs.QP)
 }
 
 // deviceOptions are the verbs options of a device of this run.

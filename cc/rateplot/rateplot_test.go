@@ -106,3 +106,31 @@ func TestNiceCeil(t *testing.T) {
 		}
 	}
 }
+
+func TestRecorder(t *testing.T) {
+	r := NewRecorder(time.Millisecond, "qp 1", "qp 2")
+	for i := range 10 {
+		q := -1.0
+		if i == 5 {
+			q = 3000
+		}
+		r.Add([]float64{1e9, float64(i) * 1e8}, q)
+	}
+	p := r.Plot("t")
+	if r.Len() != 10 || len(p.Flows) != 2 || len(p.Flows[1].Values) != 10 || p.Flows[1].Values[9] != 9e8 {
+		t.Fatalf("recorded %d samples, plot %+v", r.Len(), p)
+	}
+	if len(p.Queue) != 10 || p.Queue[5] != 3000 || p.Queue[0] != 0 {
+		t.Errorf("queue %v: want 10 samples, 3000 at 5, unknown ones 0", p.Queue)
+	}
+	if p := NewRecorder(time.Millisecond, "a").Plot("t"); p.Queue != nil {
+		t.Error("a recorder that never knew the queue plots one")
+	}
+	var b bytes.Buffer
+	if err := Write(&b, p, "html"); err != nil {
+		t.Fatal(err)
+	}
+	if c := elements(t, b.Bytes()); c["polyline.flow"] != 2 || c["polyline.queue"] != 1 {
+		t.Errorf("polylines %v", c)
+	}
+}

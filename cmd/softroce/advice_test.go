@@ -51,6 +51,7 @@ func commandFlags(t *testing.T, cmd string) map[string]bool {
 // adviceSources says which commands print each source's messages.
 var adviceSources = map[string][]string{
 	"bw.go":                            {"bw", "lat"},
+	"bwplot.go":                        {"bw", "lat"},
 	"latraw.go":                        {"lat"},
 	"link.go":                          {"bw", "lat", "pingpong", "perftest", "serve"},
 	"perftest.go":                      {"perftest"},

@@ -18,6 +18,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/congest"
 	"github.com/softroce/softroce/nic/impair"
 	"github.com/softroce/softroce/nic/pipe"
 	"github.com/softroce/softroce/perf"
@@ -63,6 +64,8 @@ type perfFlags struct {
 	rawUDP   bool
 	impair   string
 	cc       string
+	plot     string
+	congest  string
 }
 
 // busyPollFlag is --busy-poll (defaultBusyPoll) or --busy-poll=DURATION.
@@ -124,6 +127,8 @@ func perfFlagSet(kind string, f *perfFlags) (fs *flag.FlagSet) {
 	fs.BoolVar(&f.noInline, "no-inline-wait", false, "a blocked wait leaves receiving to the device's receive goroutine, which hands each completion over (a second wake-up per hop): for comparison with the default, where the waiter receives")
 	fs.StringVar(&f.cc, "cc", "none", "congestion control of both sides' QPs: none, or dcqcn (ECN-capable packets, CNPs on CE marks, DCQCN pacing; its counters in --json)")
 	fs.Var(&f.busy, "busy-poll", "the device's receive loop polls the link for this long (bare: 1ms) before it sleeps: lower latency for a core's worth of CPU (udp backend)")
+	fs.StringVar(&f.plot, "plot", "", "with --cc dcqcn: record each QP's DCQCN rate (and the --congest queue) every 2 ms and draw them in `FILE`.html or FILE.svg at the end (client side)")
+	fs.StringVar(&f.congest, "congest", "", "put a bottleneck on this side's sends, e.g. rate=1G,queue=256KB,kmin=20KB,kmax=100KB,pmax=20% (nic/congest syntax: ECN marks for --cc dcqcn, drops when full)")
 	if lat {
 		fs.BoolVar(&f.rawUDP, "raw-udp", false, "measure the reference instead: a plain UDP ping-pong of the same sizes between the same two hosts (server echoes on --udp-port; no RC, no TCP exchange)")
 	}
@@ -201,6 +206,45 @@ func runPerf(kind string, args []string) int {
 			return fail("%v", err)
 		}
 	}
+	var ccfg *congest.Config
+	if f.congest != "" {
+		if f.rawUDP {
+			return fail("the raw UDP reference measures the plain path: drop --congest")
+		}
+		cfg, err := congest.Parse(f.congest)
+		if err != nil {
+			return fail("--congest %s: %v", f.congest, err)
+		}
+		ccfg = &cfg
+	}
+	var rec *plotRecorder
+	if f.plot != "" {
+		format, ok := plotFormat(f.plot)
+		switch {
+		case !ok:
+			return fail("--plot %s: want a FILE.html or FILE.svg", f.plot)
+		case c.CC != verbs.CCDCQCN:
+			return fail("--plot draws DCQCN's rates: give --cc dcqcn too")
+		case f.server:
+			return fail("--plot records the client's QPs: give it on the client")
+		}
+		rec = &plotRecorder{file: f.plot, format: format}
+		c.Started = rec.start
+	}
+	// wrap puts the --congest bottleneck under this side's sends.
+	wrap := func(l nic.Link) (nic.Link, error) {
+		if ccfg == nil {
+			return l, nil
+		}
+		w, err := congest.Wrap(l, *ccfg)
+		if err != nil {
+			return nil, err
+		}
+		if rec != nil {
+			rec.link.Store(w)
+		}
+		return w, nil
+	}
 	if f.rawUDP {
 		c.Test = perf.RawTest
 	}
@@ -216,34 +260,51 @@ func runPerf(kind string, args []string) int {
 		}
 		c.Progress = pr.progress
 		var links *[2]nic.Link
-		if f.impair != "" {
-			// Both directions impaired, each with its own stream.
+		if f.impair != "" || ccfg != nil {
 			lc, ls := pipe.New(pipe.Config{Depth: 4096})
-			sc := icfg
-			sc.Seed++
-			links = &[2]nic.Link{impair.Wrap(lc, icfg), impair.Wrap(ls, sc)}
+			// The bottleneck is on the client's sends, the data's way.
+			if lc, err = wrap(lc); err != nil {
+				return fail("--congest: %v", err)
+			}
+			if f.impair != "" {
+				// Both directions impaired, each with its own stream.
+				sc := icfg
+				sc.Seed++
+				lc, ls = impair.Wrap(lc, icfg), impair.Wrap(ls, sc)
+			}
+			links = &[2]nic.Link{lc, ls}
 		}
 		l, err := perf.RunLocal(ctx, c, lat, links, [2]uint16{}, pr.row)
+		rec.stop()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "softroce %s: %v\n", kind, err)
 			return 1
 		}
 		l.Close()
 		l.Report.Backend = "pipe"
+		if code := rec.write(kind); code != 0 {
+			return code
+		}
 		return pr.finish(l.Report)
 	case "udp", "afxdp":
 	default:
 		return fail("--backend %q: want udp, afxdp or pipe", f.backend)
 	}
 	open := perf.Opener(f.backend, bind, f.udpPort)
-	if f.impair != "" {
+	if f.impair != "" || ccfg != nil {
 		plain := open
 		open = func(local netip.Addr) (nic.Link, uint16, error) {
 			l, port, err := plain(local)
 			if err != nil {
 				return nil, 0, err
 			}
-			return impair.Wrap(l, icfg), port, nil
+			if l, err = wrap(l); err != nil {
+				return nil, 0, err
+			}
+			if f.impair != "" {
+				l = impair.Wrap(l, icfg)
+			}
+			return l, port, nil
 		}
 	}
 	if f.server {
@@ -294,10 +355,14 @@ func runPerf(kind string, args []string) int {
 	}
 	c.Progress = pr.progress
 	rep, err := perf.Run(ctx, perf.ClientConfig{Peer: pa, Wait: f.wait, Open: open, Backend: f.backend, Command: kind}, c, lat, pr.row)
+	rec.stop()
 	if err != nil {
 		out.Flush()
 		fmt.Fprintf(os.Stderr, "softroce %s: %v\n", kind, err)
 		return 1
+	}
+	if code := rec.write(kind); code != 0 {
+		return code
 	}
 	return pr.finish(rep)
 }

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/congest"
 	"github.com/softroce/softroce/nic/impair"
 )
 
@@ -28,6 +29,12 @@ type RelayConfig struct {
 	// Port is the UDP destination port of the frames impaired (0: 4791).
 	// All other frames (ARP, NDP, ICMP) pass untouched.
 	Port int
+	// Congest, if set, puts a bottleneck (nic/congest, on the wall clock)
+	// on each direction's RoCE frames instead of Impair: a queue of that
+	// rate that marks ECN-capable frames CE between Kmin and Kmax and
+	// drops what does not fit. Marks are written into the frame's IPv4
+	// TOS (header checksum updated) or IPv6 traffic class.
+	Congest *congest.Config
 }
 
 // Relay forwards Ethernet frames between two interfaces of a middle
@@ -44,6 +51,7 @@ type Relay struct {
 type relayDir struct {
 	in, out   int // AF_PACKET sockets
 	w         *impair.Link
+	cg        *congest.Link // nil without RelayConfig.Congest
 	raw       *frameLink
 	rng       *rand.Rand
 	corrupt   float64
@@ -57,6 +65,7 @@ type RelayCounters struct {
 	Forwarded uint64 // frames read and handed on (before impairment)
 	Corrupted uint64
 	Impair    impair.Counters
+	Congest   congest.Counters // zero without RelayConfig.Congest
 }
 
 // Line builds a <-> m <-> b: namespaces a and b joined through a middle
@@ -107,8 +116,19 @@ func StartRelay(t testing.TB, x, y *End, cfg RelayConfig) *Relay {
 		ic := cfg.Impair
 		ic.Seed, ic.Corrupt = seed, 0
 		fl := &frameLink{fd: out, ifindex: ifindex, mtu: mtu}
-		return &relayDir{in: in, out: out, w: impair.Wrap(fl, ic), raw: fl, port: port,
+		d := &relayDir{in: in, out: out, w: impair.Wrap(fl, ic), raw: fl, port: port,
 			corrupt: cfg.Impair.Corrupt, rng: rand.New(rand.NewPCG(seed, 7))}
+		if cfg.Congest != nil {
+			cc := *cfg.Congest
+			if cc.Seed == 0 {
+				cc.Seed = seed
+			}
+			var err error
+			if d.cg, err = congest.Wrap(fl, cc); err != nil {
+				t.Fatalf("netnstest: relay: %v", err)
+			}
+		}
+		return d
 	}
 	r := &Relay{ab: mk(fx, fy, y.Index, mtu, seed), ba: mk(fy, fx, x.Index, mtu, seed+1)}
 	for _, d := range []*relayDir{r.ab, r.ba} {
@@ -118,8 +138,12 @@ func StartRelay(t testing.TB, x, y *End, cfg RelayConfig) *Relay {
 	t.Cleanup(func() {
 		r.stop.Store(true)
 		r.wg.Wait()
-		r.ab.w.Close() // closes the frame links
-		r.ba.w.Close()
+		for _, d := range []*relayDir{r.ab, r.ba} {
+			if d.cg != nil {
+				d.cg.Close() // stops its pump; closes the frame link too
+			}
+			d.w.Close() // closes the frame links
+		}
 		unix.Close(fx)
 		unix.Close(fy)
 	})
@@ -129,9 +153,22 @@ func StartRelay(t testing.TB, x, y *End, cfg RelayConfig) *Relay {
 // Counters returns what each direction did: x to y, then y to x.
 func (r *Relay) Counters() (xy, yx RelayCounters) {
 	c := func(d *relayDir) RelayCounters {
-		return RelayCounters{Forwarded: d.forwarded.Load(), Corrupted: d.corrupted.Load(), Impair: d.w.Counters()}
+		rc := RelayCounters{Forwarded: d.forwarded.Load(), Corrupted: d.corrupted.Load(), Impair: d.w.Counters()}
+		if d.cg != nil {
+			rc.Congest = d.cg.Counters()
+		}
+		return rc
 	}
 	return c(r.ab), c(r.ba)
+}
+
+// QueueLen returns the bottleneck's queue in bytes in each direction, x
+// to y then y to x; zeros without RelayConfig.Congest.
+func (r *Relay) QueueLen() (xy, yx int) {
+	if r.ab.cg != nil {
+		xy, yx = r.ab.cg.QueueLen(), r.ba.cg.QueueLen()
+	}
+	return xy, yx
 }
 
 // packetSocket opens an AF_PACKET socket bound to one interface that does
@@ -178,6 +215,11 @@ func (r *Relay) run(d *relayDir) {
 			d.raw.Send(pkt)
 			continue
 		}
+		if d.cg != nil {
+			pkt[0].TClass = frameTClass(frame)
+			d.cg.Send(pkt)
+			continue
+		}
 		if d.corrupt > 0 && d.rng.Float64() < d.corrupt && n > off {
 			// Flip one byte of BTH..ICRC, skipping the BTH's resv8a byte,
 			// which the ICRC masks (IBTA A17.3.3).
@@ -218,6 +260,37 @@ func roceOffset(f []byte, port uint16) (int, bool) {
 	return 0, false
 }
 
+// frameTClass reads an IP frame's IPv4 TOS or IPv6 traffic class.
+func frameTClass(f []byte) uint8 {
+	if binary.BigEndian.Uint16(f[12:]) == unix.ETH_P_IP {
+		return f[15]
+	}
+	return f[14]<<4 | f[15]>>4
+}
+
+// setFrameECN writes the ECN bits of tclass into an IP frame, keeping
+// the IPv4 header checksum right (RFC 1624 incremental update).
+func setFrameECN(f []byte, tclass uint8) {
+	if len(f) < 14+20 {
+		return
+	}
+	ecn := tclass & congest.ECNMask
+	if binary.BigEndian.Uint16(f[12:]) == unix.ETH_P_IP {
+		old := binary.BigEndian.Uint16(f[14:])
+		f[15] = f[15]&^congest.ECNMask | ecn
+		nw := binary.BigEndian.Uint16(f[14:])
+		if old == nw {
+			return
+		}
+		sum := uint32(^binary.BigEndian.Uint16(f[14+10:])) + uint32(^old) + uint32(nw)
+		sum = sum&0xffff + sum>>16
+		sum = sum&0xffff + sum>>16
+		binary.BigEndian.PutUint16(f[14+10:], ^uint16(sum))
+		return
+	}
+	f[15] = f[15]&^(congest.ECNMask<<4) | ecn<<4
+}
+
 // frameLink is a nic.Link that transmits whole Ethernet frames on an
 // AF_PACKET socket, so that nic/impair can delay, reorder, drop and
 // duplicate them. It only sends.
@@ -233,6 +306,10 @@ func (f *frameLink) Send(pkts []nic.Packet) (int, error) {
 	}
 	sa := &unix.SockaddrLinklayer{Ifindex: f.ifindex}
 	for i := range pkts {
+		if pkts[i].TClass&congest.CE == congest.CE {
+			// Only a bottleneck sets TClass here: it marked this frame.
+			setFrameECN(pkts[i].Buf[:pkts[i].N], pkts[i].TClass)
+		}
 		if err := unix.Sendto(f.fd, pkts[i].Buf[:pkts[i].N], 0, sa); err != nil {
 			f.txErrors.Add(1)
 		}

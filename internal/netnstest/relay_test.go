@@ -97,3 +97,38 @@ func TestRelay(t *testing.T) {
 		t.Error("no reordering seen")
 	}
 }
+
+// TestSetFrameECN marks IPv4 and IPv6 frames CE: the ECN bits change,
+// the DSCP does not, and the IPv4 header checksum stays right.
+func TestSetFrameECN(t *testing.T) {
+	f4 := make([]byte, 14+20)
+	binary.BigEndian.PutUint16(f4[12:], unix.ETH_P_IP)
+	copy(f4[14:], []byte{0x45, 0xa2, 0, 60, 0x12, 0x34, 0x40, 0, 64, 17, 0, 0, 10, 77, 1, 1, 10, 77, 1, 2})
+	binary.BigEndian.PutUint16(f4[14+10:], ^ipSum(f4[14:]))
+	setFrameECN(f4, 0xa2|0b11)
+	if f4[15] != 0xa3 || frameTClass(f4) != 0xa3 {
+		t.Errorf("IPv4 TOS %#x after marking, want 0xa3", f4[15])
+	}
+	if s := ipSum(f4[14:]); s != 0xffff {
+		t.Errorf("IPv4 header checksum wrong after marking (sum %#x)", s)
+	}
+	f6 := make([]byte, 14+40)
+	binary.BigEndian.PutUint16(f6[12:], unix.ETH_P_IPV6)
+	f6[14], f6[15] = 0x6a, 0x2f // traffic class 0xa2, flow label 0xf....
+	setFrameECN(f6, 0xa3)
+	if f6[14] != 0x6a || f6[15] != 0x3f || frameTClass(f6) != 0xa3 {
+		t.Errorf("IPv6 bytes %#x %#x after marking, want 0x6a 0x3f", f6[14], f6[15])
+	}
+}
+
+// ipSum is the ones' complement sum of an IPv4 header.
+func ipSum(h []byte) uint16 {
+	var s uint32
+	for i := 0; i < 20; i += 2 {
+		s += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for s > 0xffff {
+		s = s&0xffff + s>>16
+	}
+	return uint16(s)
+}
