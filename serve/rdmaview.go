@@ -285,17 +285,22 @@ func (s *Server) rdmaPageJSON(n int, self *client, from uint32) []byte {
 		}
 	}
 	type cd struct {
-		c *client
-		d *device
+		c    *client
+		d    *device
+		comm string
 	}
 	s.mu.Lock()
 	var cs []cd
 	for c := range s.clients {
 		if c != self && c.dev != nil && (all || self.uid >= 0 && c.uid == self.uid) {
-			cs = append(cs, cd{c, c.dev})
+			cs = append(cs, cd{c: c, d: c.dev})
 		}
 	}
 	s.mu.Unlock()
+	// Read /proc before the devices are locked: their pollers wait on it.
+	for k := range cs {
+		cs[k].comm = comm(cs[k].c.pid)
+	}
 	sort.Slice(cs, func(i, j int) bool { return cs[i].c.seq < cs[j].c.seq })
 	// Devices in index order: every other holder of d.mu takes one.
 	for _, d := range s.devs {
@@ -333,7 +338,7 @@ func (s *Server) rdmaPageJSON(n int, self *client, from uint32) []byte {
 			i += cnt
 			continue
 		}
-		cm := comm(c.pid)
+		cm := x.comm
 		ownKeys := self == nil || self.uid >= 0 && self.uid == c.uid
 		for _, h := range sortedKeys(c.qps) {
 			if !want() {
