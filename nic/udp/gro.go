@@ -14,13 +14,9 @@ import (
 
 // setupOffload probes the kernel and turns GSO and GRO on as cfg asks.
 func (l *Link) setupOffload(cfg Config) error {
-	rc, err := l.conn.SyscallConn()
-	if err != nil {
-		return fmt.Errorf("udp: raw socket: %w", err)
-	}
-	raw := l.rawFile != nil
+	raw := l.raw != nil
 	var gsoOK, groOK bool
-	err = rc.Control(func(fd uintptr) {
+	err := l.sock.Control(func(fd uintptr) {
 		gsoOK = probeGSO(int(fd))
 		// The raw socket of IPv4CheckRaw receives instead of the UDP
 		// socket: coalescing would only hide the IDs of real peers'
@@ -174,7 +170,7 @@ func (l *Link) drain(pkts []nic.Packet) int {
 			r.saved[k] = pkts[k].Buf
 		}
 		var ok bool
-		if l.rawFile != nil {
+		if l.raw != nil {
 			ok = l.drainRaw(d, flags, &pkts[k])
 		} else {
 			ok = l.drainUDP(d, flags, src, oob, &pkts[k])

@@ -180,7 +180,7 @@ func TestGSOFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	rc, _ := a.conn.SyscallConn()
+	rc := a.sock
 	var serr error
 	rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_NO_CHECK, 1) })
 	if serr != nil {

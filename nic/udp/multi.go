@@ -8,8 +8,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -30,8 +28,7 @@ import (
 type Multi struct {
 	links []*Link
 	addrs []netip.Addr
-	ep    *os.File // epoll set of the receiving sockets
-	eprc  syscall.RawConn
+	ep    *sock // epoll set of the receiving sockets (waited on as a socket is)
 	batch int
 
 	rxMu sync.Mutex
@@ -89,12 +86,10 @@ func OpenMulti(cfg Config, addrs ...netip.Addr) (*Multi, error) {
 	if err != nil {
 		return fail(fmt.Errorf("udp: epoll: %w", err))
 	}
-	// Non-blocking, so that os.NewFile puts it in the runtime poller.
-	if err := unix.SetNonblock(epfd, true); err != nil {
+	if m.ep, err = newSock(epfd); err != nil {
 		unix.Close(epfd)
 		return fail(fmt.Errorf("udp: epoll: %w", err))
 	}
-	m.ep = os.NewFile(uintptr(epfd), "udp-multi-epoll")
 	for _, l := range m.links {
 		var cerr error
 		err := l.rx.rc.Control(func(fd uintptr) {
@@ -107,11 +102,8 @@ func OpenMulti(cfg Config, addrs ...netip.Addr) (*Multi, error) {
 			return fail(fmt.Errorf("udp: add the socket of %v to epoll: %w", l.local, err))
 		}
 	}
-	// The epoll descriptor is readable while a member socket is: the
-	// runtime poller waits on it like on a socket.
-	if m.eprc, err = m.ep.SyscallConn(); err != nil {
-		return fail(fmt.Errorf("udp: epoll: %w", err))
-	}
+	// The epoll descriptor is readable while a member socket is: a
+	// receive waits on it like on a socket.
 	return m, nil
 }
 
@@ -282,7 +274,10 @@ func (m *Multi) Recv(pkts []nic.Packet) (int, error) {
 	m.rxMu.Lock()
 	defer m.rxMu.Unlock()
 	m.rxPkts, m.rxN, m.rxErr = pkts, 0, nil
-	err := m.eprc.Read(m.readFn)
+	err := m.ep.Read(m.readFn)
+	for err == errInterrupted { // an Interrupt is for RecvEachUntil
+		err = m.ep.Read(m.readFn)
+	}
 	m.rxPkts = nil
 	return m.rxN, m.recvErr(err, m.rxErr)
 }
@@ -346,15 +341,12 @@ func (m *Multi) RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func(
 		if stop != nil && stop() {
 			return nil
 		}
-		err := m.eprc.Read(fn)
+		err := m.ep.Read(fn)
 		if err == nil && fail == nil && stopped {
 			return nil
 		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			// Interrupt: clear its deadline before asking stop, so that
-			// an Interrupt after the question wakes the next wait.
-			m.ep.SetReadDeadline(time.Time{})
-			continue
+		if err == errInterrupted {
+			continue // Interrupt: ask stop
 		}
 		return m.recvErr(err, fail)
 	}
@@ -362,7 +354,7 @@ func (m *Multi) RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func(
 
 // Interrupt wakes a RecvEachUntil waiting for packets (see
 // Link.Interrupt).
-func (m *Multi) Interrupt() { m.ep.SetReadDeadline(time.Unix(1, 0)) }
+func (m *Multi) Interrupt() { m.ep.Interrupt() }
 
 // recvErr maps a receive's errors: the poller's (err) and a Link's (fail).
 func (m *Multi) recvErr(err, fail error) error {

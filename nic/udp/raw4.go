@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"os"
 
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
@@ -57,21 +56,15 @@ func (l *Link) openRaw4(sockBuf int) error {
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, sockBuf)
 	}
 	drop, _ := bpf.Assemble([]bpf.Instruction{bpf.RetConstant{Val: 0}})
-	rc, err := l.conn.SyscallConn()
-	if err != nil {
-		return err
-	}
 	var ferr error
-	if err := rc.Control(func(ufd uintptr) { ferr = attachFilter(int(ufd), drop) }); err != nil || ferr != nil {
+	if err := l.sock.Control(func(ufd uintptr) { ferr = attachFilter(int(ufd), drop) }); err != nil || ferr != nil {
 		return fmt.Errorf("udp: filter UDP socket: %v %v", err, ferr)
 	}
-	l.rawFile = os.NewFile(uintptr(fd), "udp-raw4")
-	ok = true
-	rrc, err := l.rawFile.SyscallConn()
-	if err != nil {
+	if l.raw, err = newSock(fd); err != nil {
 		return err
 	}
-	l.rx = newReceiver(rrc, l.batch, rawHdrLen)
+	ok = true
+	l.rx = newReceiver(l.raw, l.batch, rawHdrLen)
 	l.rawScratch = make([]byte, 60+8+l.mtu)
 	return nil
 }

@@ -114,7 +114,12 @@ func (r *receiver) wait() error {
 	if r.nonblock {
 		return r.rc.Control(r.ctl)
 	}
-	return r.rc.Read(r.fn)
+	for {
+		// An Interrupt is for RecvEachUntil: a plain receive waits on.
+		if err := r.rc.Read(r.fn); err != errInterrupted {
+			return err
+		}
+	}
 }
 
 // read is called by the runtime poller; false means "would block: wait".

@@ -114,7 +114,7 @@ func roceBytes(r *rand.Rand, n int, seq uint32) []byte {
 func TestRxeStyleIPv4(t *testing.T) {
 	h := newHdrincl(t)
 	b := openCheck(t, "127.0.0.1", 9000, IPv4CheckSolve)
-	if b.rawFile != nil {
+	if b.raw != nil {
 		t.Fatal("the receiver opened a raw socket")
 	}
 	r := rand.New(rand.NewPCG(1, 1))

@@ -56,7 +56,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -148,7 +147,7 @@ func (c IPv4Check) String() string {
 
 // Link is a nic.Link over a kernel UDP socket.
 type Link struct {
-	conn   *net.UDPConn
+	sock   *sock // the UDP socket, out of the runtime poller
 	local  netip.AddrPort
 	addrs  []netip.Addr
 	v6     bool
@@ -160,8 +159,8 @@ type Link struct {
 
 	rxMu sync.Mutex
 	rx   *receiver
-	// rawFile is the raw IPv4 socket of Config.VerifyIPv4 (nil without).
-	rawFile    *os.File
+	// raw is the raw IPv4 socket of Config.VerifyIPv4 (nil without).
+	raw        *sock
 	rawScratch []byte
 
 	txMu  sync.Mutex
@@ -267,17 +266,17 @@ func Open(cfg Config) (*Link, error) {
 		}
 		return nil, fmt.Errorf("udp: bind %v: %w", la, err)
 	}
-	l := &Link{conn: conn, local: netip.AddrPortFrom(addr, uint16(port)), addrs: []netip.Addr{addr},
+	l := &Link{local: netip.AddrPortFrom(addr, uint16(port)), addrs: []netip.Addr{addr},
 		v6: v6, mtu: mtu, batch: batch}
-	if err := l.setup(cfg); err != nil {
+	if err := l.setup(cfg, conn); err != nil {
 		conn.Close()
 		return nil, err
 	}
-	rc, err := conn.SyscallConn()
-	if err != nil {
+	if l.sock, err = detach(conn, conn); err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("udp: raw socket: %w", err)
+		return nil, fmt.Errorf("udp: socket: %w", err)
 	}
+	rc := l.sock
 	l.rx = newReceiver(rc, batch, 0)
 	if !v6 {
 		if err := l.setupCheck(cfg); err != nil {
@@ -295,8 +294,8 @@ func Open(cfg Config) (*Link, error) {
 
 // setup sets the socket options: don't-fragment with a deterministic IPv4
 // ID of 0, the local destination address as a control message, buffers.
-func (l *Link) setup(cfg Config) error {
-	rc, err := l.conn.SyscallConn()
+func (l *Link) setup(cfg Config, conn *net.UDPConn) error {
+	rc, err := conn.SyscallConn()
 	if err != nil {
 		return fmt.Errorf("udp: raw socket: %w", err)
 	}
@@ -369,12 +368,12 @@ func (l *Link) setup(cfg Config) error {
 		}
 	})
 	if l.v6 {
-		pc := ipv6.NewPacketConn(l.conn)
+		pc := ipv6.NewPacketConn(conn)
 		if err := pc.SetControlMessage(ipv6.FlagDst, true); err != nil {
 			return fmt.Errorf("udp: enable IPV6_PKTINFO: %w", err)
 		}
 	} else {
-		pc := ipv4.NewPacketConn(l.conn)
+		pc := ipv4.NewPacketConn(conn)
 		if err := pc.SetControlMessage(ipv4.FlagDst, true); err != nil {
 			return fmt.Errorf("udp: enable IP_PKTINFO: %w", err)
 		}
@@ -410,12 +409,8 @@ func (l *Link) setupCheck(cfg Config) error {
 	if l.check == IPv4CheckNone {
 		return nil
 	}
-	rc, err := l.conn.SyscallConn()
-	if err != nil {
-		return fmt.Errorf("udp: raw socket: %w", err)
-	}
 	var serr error
-	err = rc.Control(func(fd uintptr) {
+	err := l.sock.Control(func(fd uintptr) {
 		// The options, to tell a header with options (whose ICRC cannot
 		// be solved) from one without.
 		if e := unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVOPTS, 1); e != nil {
@@ -495,13 +490,7 @@ func (l *Link) LocalAddrPort() netip.AddrPort { return l.local }
 
 // ControlSocket runs f with the UDP socket's descriptor, for what needs
 // the socket itself (the daemon asks it for its network namespace).
-func (l *Link) ControlSocket(f func(fd uintptr)) error {
-	rc, err := l.conn.SyscallConn()
-	if err != nil {
-		return err
-	}
-	return rc.Control(f)
-}
+func (l *Link) ControlSocket(f func(fd uintptr)) error { return l.sock.Control(f) }
 
 // MaxPacket is the largest RoCE packet (BTH through ICRC) the link sends.
 func (l *Link) MaxPacket() int { return l.mtu - nic.Overhead(l.v6) }
@@ -534,10 +523,10 @@ func (l *Link) Close() error {
 	if l.closed.Swap(true) {
 		return net.ErrClosed
 	}
-	if l.rawFile != nil {
-		l.rawFile.Close()
+	if l.raw != nil {
+		l.raw.Close()
 	}
-	return l.conn.Close()
+	return l.sock.Close()
 }
 
 // synth computes the ICRC of roce sent from src to dst over the header
@@ -691,7 +680,7 @@ func (l *Link) acceptBatch(pkts []nic.Packet, n int) int {
 	for i := 0; i < n; i++ {
 		var ok bool
 		m, flags, src, oob := l.rx.message(i)
-		if l.rawFile != nil {
+		if l.raw != nil {
 			ok = l.acceptRaw(m, flags, l.rx.header(i), &pkts[i])
 		} else {
 			ok = l.accept(m, flags, src, oob, &pkts[i])
@@ -796,11 +785,8 @@ func (l *Link) RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func()
 		if err == nil && fail == nil && stopped {
 			return nil
 		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			// Interrupt: clear its deadline before asking stop, so that
-			// an Interrupt after the question wakes the next wait.
-			l.setReadDeadline(time.Time{})
-			continue
+		if err == errInterrupted {
+			continue // Interrupt: ask stop
 		}
 		if err == nil {
 			err = fail
@@ -815,15 +801,14 @@ func (l *Link) RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func()
 // Interrupt wakes a RecvEachUntil waiting for packets, which then asks
 // its stop function; one that is not waiting yet returns from its next
 // wait at once. The caller makes what stop reports true first.
-func (l *Link) Interrupt() { l.setReadDeadline(time.Unix(1, 0)) }
+func (l *Link) Interrupt() { l.readSock().Interrupt() }
 
-// setReadDeadline sets the deadline of the socket the receiver reads.
-func (l *Link) setReadDeadline(t time.Time) {
-	if l.rawFile != nil {
-		l.rawFile.SetReadDeadline(t)
-		return
+// readSock is the socket the receiver reads.
+func (l *Link) readSock() *sock {
+	if l.raw != nil {
+		return l.raw
 	}
-	l.conn.SetReadDeadline(t)
+	return l.sock
 }
 
 // accept fills p from received message i and reports whether it is
