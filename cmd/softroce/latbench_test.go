@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -21,7 +22,8 @@ import (
 // plain blocking UDP ping-pong of the same size), in interleaved rounds so
 // that the host's load hits all alike. It reports each path's median
 // t_typical over the rounds (us) and its ratio to raw's, and the host's
-// load average; ns/op is one whole set of rounds. Rounds and iterations:
+// load average, and each path's context switches per round trip (both
+// processes, start-up included: rusage); ns/op is one whole set of rounds. Rounds and iterations:
 // SOFTROCE_LAT_ROUNDS (default 5), SOFTROCE_LAT_ITERS (default 5000).
 //
 //	go test -run '^$' -bench LatVsRaw -benchtime 1x ./cmd/softroce
@@ -42,15 +44,17 @@ func BenchmarkLatVsRaw(b *testing.B) {
 	}
 	for i := 0; i < b.N; i++ {
 		typ := make([][]float64, len(paths))
+		csw := make([][]float64, len(paths))
 		for r := 0; r < rounds; r++ {
 			for k := range paths {
 				// Each round starts at another path.
 				p := paths[(k+r)%len(paths)]
-				v, err := latRun(self, p.flags, iters)
+				v, c, err := latRun(self, p.flags, iters)
 				if err != nil {
 					b.Fatalf("%s: %v", p.name, err)
 				}
 				typ[(k+r)%len(paths)] = append(typ[(k+r)%len(paths)], v)
+				csw[(k+r)%len(paths)] = append(csw[(k+r)%len(paths)], c/float64(iters))
 			}
 		}
 		raw := medianOf(typ[len(paths)-1])
@@ -58,10 +62,11 @@ func BenchmarkLatVsRaw(b *testing.B) {
 		for k, p := range paths {
 			m := medianOf(typ[k])
 			b.ReportMetric(m, p.name+"-us")
+			b.ReportMetric(medianOf(csw[k]), p.name+"-csw/rt")
 			if p.name != "raw" {
 				b.ReportMetric(m/raw, p.name+"/raw")
 			}
-			fmt.Fprintf(&line, " %s %.1f us (%.2f-%.2f)", p.name, m, slices.Min(typ[k]), slices.Max(typ[k]))
+			fmt.Fprintf(&line, " %s %.1f us (%.2f-%.2f, %.2f context switches a round trip)", p.name, m, slices.Min(typ[k]), slices.Max(typ[k]), medianOf(csw[k]))
 		}
 		load, _ := os.ReadFile("/proc/loadavg")
 		b.Logf("%d rounds x %d round trips, t_typical medians:%s; load average %s", rounds, iters, line.String(), strings.Join(strings.Fields(string(load))[:3], " "))
@@ -69,8 +74,9 @@ func BenchmarkLatVsRaw(b *testing.B) {
 }
 
 // latRun runs one `softroce lat` pair (this test binary as softroce) on
-// free ports of 127.0.0.1 and returns the client's t_typical in us.
-func latRun(self string, flags []string, iters int) (float64, error) {
+// free ports of 127.0.0.1 and returns the client's t_typical in us and
+// the context switches of both processes.
+func latRun(self string, flags []string, iters int) (float64, float64, error) {
 	tcp, udpS, udpC := freePort("tcp"), freePort("udp"), freePort("udp")
 	raw := slices.Contains(flags, "--raw-udp")
 	if raw {
@@ -83,7 +89,7 @@ func latRun(self string, flags []string, iters int) (float64, error) {
 	srv := exec.Command(self, append(common(udpS), "--server")...)
 	srv.Env = env
 	if err := srv.Start(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer srv.Process.Kill()
 	// The client keeps trying for --wait (5 s) until the server listens.
@@ -91,13 +97,14 @@ func latRun(self string, flags []string, iters int) (float64, error) {
 	cli.Env = env
 	out, err := cli.Output()
 	if err != nil {
-		return 0, fmt.Errorf("client: %v\n%s", err, out)
+		return 0, 0, fmt.Errorf("client: %v\n%s", err, out)
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Wait() }()
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
+		return 0, 0, fmt.Errorf("the server did not exit")
 	}
 	var rep struct {
 		Lat []struct {
@@ -105,9 +112,17 @@ func latRun(self string, flags []string, iters int) (float64, error) {
 		} `json:"lat"`
 	}
 	if err := json.Unmarshal(out, &rep); err != nil || len(rep.Lat) == 0 {
-		return 0, fmt.Errorf("client output: %v\n%s", err, out)
+		return 0, 0, fmt.Errorf("client output: %v\n%s", err, out)
 	}
-	return rep.Lat[0].Typical, nil
+	return rep.Lat[0].Typical, float64(switches(cli.ProcessState) + switches(srv.ProcessState)), nil
+}
+
+// switches is a finished process's context switches, voluntary or not.
+func switches(ps *os.ProcessState) int64 {
+	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
+		return ru.Nvcsw + ru.Nivcsw
+	}
+	return 0
 }
 
 func freePort(network string) int {
