@@ -3,6 +3,7 @@ package serve
 import (
 	"net/netip"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -144,5 +145,21 @@ func waitCMEvent(t *testing.T, r *rawClient) []byte {
 		case e != syscall.EAGAIN || time.Now().After(deadline):
 			t.Fatalf("GET_EVENT: %v, %d bytes", e, len(ev))
 		}
+	}
+}
+
+// librdmacm's view of the same (testdata/cm_linklocal.c): the scope ids a
+// program gets back from rdma_get_local_addr and rdma_get_peer_addr, and
+// the ids' source GID (GID 0), on both ends of a request to the device's
+// own link-local address.
+func TestCProgramCMLinkLocal(t *testing.T) {
+	netnstest.Require(t)
+	bin, lib := buildCM(t, "cm_linklocal.c")
+	v := netnstest.Pair(t, netnstest.VethConfig{NoDAD: true})
+	s := startLinkLocalInNS(t, v.A)
+	ll := s.devs[0].v.GIDTable()[0].Addr
+	p := nsTool(t, v.A.NS, s, lib, bin, ll.String(), v.A.Name, "7487")
+	if out := waitTool(t, p, "cm_linklocal"); strings.TrimSpace(out) != "ok" {
+		t.Fatalf("%s", out)
 	}
 }
