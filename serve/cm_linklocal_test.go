@@ -163,3 +163,29 @@ func TestCProgramCMLinkLocal(t *testing.T) {
 		t.Fatalf("%s", out)
 	}
 }
+
+// A struct sr_sockaddr's scope id travels with an IPv6 link-local address
+// both ways; other addresses have none.
+func TestSockaddrScope(t *testing.T) {
+	for _, c := range []struct {
+		scope uint32
+		in    string
+		want  string
+	}{
+		{7, "[fe80::1]:7471", "[fe80::1%7]:7471"},
+		{0, "[fe80::1]:7471", "[fe80::1]:7471"},
+		{7, "[2001:db8::1]:7471", "[2001:db8::1]:7471"},
+		{7, "10.0.0.1:7471", "10.0.0.1:7471"},
+	} {
+		b := appendSockaddr(nil, netip.MustParseAddrPort(c.in))
+		le.PutUint32(b[4:], c.scope)
+		got, ok, err := decodeSockaddr(b)
+		if err != nil || !ok || got.String() != c.want {
+			t.Errorf("%s with scope id %d: %v %v %v, want %s", c.in, c.scope, got, ok, err, c.want)
+			continue
+		}
+		if back := appendSockaddr(nil, got); le.Uint32(back[4:]) != scopeOf(got.Addr()) || (got.Addr().Zone() != "" && le.Uint32(back[4:]) != c.scope) {
+			t.Errorf("%v encoded with scope id %d", got, le.Uint32(back[4:]))
+		}
+	}
+}
