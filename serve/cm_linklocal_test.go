@@ -9,6 +9,10 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/internal/netnstest"
+	"github.com/softroce/softroce/nic"
+	"github.com/softroce/softroce/nic/impair"
+	"github.com/softroce/softroce/nic/udp"
+	"github.com/softroce/softroce/verbs"
 )
 
 // sockaddrAt reads the struct sr_sockaddr at b: the address, with its
@@ -187,5 +191,30 @@ func TestSockaddrScope(t *testing.T) {
 		if back := appendSockaddr(nil, got); le.Uint32(back[4:]) != scopeOf(got.Addr()) || (got.Addr().Zone() != "" && le.Uint32(back[4:]) != c.scope) {
 			t.Errorf("%v encoded with scope id %d", got, le.Uint32(back[4:]))
 		}
+	}
+}
+
+// A device finds its link-local GID's interface through a wrapper of its
+// link (softroce serve --impair) too.
+func TestLinkLocalScopeImpaired(t *testing.T) {
+	netnstest.Require(t)
+	v := netnstest.Pair(t, netnstest.VethConfig{NoDAD: true})
+	var l *udp.Multi
+	v.A.NS.Run(t, func() error {
+		ll, err := udp.LinkLocalOf(v.A.Addr(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		l, err = udp.OpenMulti(udp.Config{Port: 4791}, ll, v.A.Addr())
+		return err
+	})
+	var link nic.Link = impair.Wrap(l, impair.Config{})
+	d, err := verbs.Open(link, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if ll := linkLocalOf(d); ll.index != 0 || ll.scope != uint32(v.A.Index) || ll.addr != l.Addrs()[0] {
+		t.Errorf("link-local GID %d %v on interface %d, want 0 %v on %d", ll.index, ll.addr, ll.scope, l.Addrs()[0], v.A.Index)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/verbs"
 )
@@ -40,7 +41,16 @@ func linkLocalOf(v *verbs.Device) linkLocal {
 	}
 	type controlSocket interface{ ControlSocket(func(fd uintptr)) error }
 	var socks []controlSocket
-	switch l := v.Link().(type) {
+	l := v.Link()
+	for {
+		// A wrapper (softroce serve --impair) over the sockets.
+		w, ok := l.(interface{ Inner() nic.Link })
+		if !ok {
+			break
+		}
+		l = w.Inner()
+	}
+	switch l := l.(type) {
 	case *udp.Multi:
 		for _, x := range l.Links() {
 			socks = append(socks, x)
