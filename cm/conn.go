@@ -59,6 +59,39 @@ func DefaultSGID(table []verbs.GIDEntry) int {
 	return 0
 }
 
+// SGIDFor is the index of the GID of table a message to remote goes
+// from: for an IPv6 link-local peer the device's link-local GID (a peer
+// on the link is reached only from the link's own scope, as the kernel's
+// route lookup picks a link-local source for a link-local destination),
+// otherwise def. ok is false when remote is link-local and the table has
+// no link-local GID.
+func SGIDFor(table []verbs.GIDEntry, remote netip.Addr, def int) (int, bool) {
+	if r := remote.Unmap(); !r.Is6() || !r.IsLinkLocalUnicast() {
+		return def, true
+	}
+	for i, g := range table {
+		if a := g.Addr.Unmap(); a.Is6() && a.IsLinkLocalUnicast() {
+			return i, true
+		}
+	}
+	return def, false
+}
+
+// source is the GID index and address the CM uses toward remote
+// (SGIDFor): its own, or its device's link-local one for a link-local
+// peer.
+func (c *CM) source(remote netip.Addr) (int, netip.Addr, bool) {
+	if r := remote.Unmap(); !r.Is6() || !r.IsLinkLocalUnicast() {
+		return c.sgid, c.local, true
+	}
+	g := c.dev.GIDTable()
+	i, ok := SGIDFor(g, remote, c.sgid)
+	if !ok || i >= len(g) {
+		return c.sgid, c.local, false
+	}
+	return i, g[i].Addr, true
+}
+
 // CM is the connection manager of one device port: an IB CM over a MAD
 // transport with rdma_cm's semantics on top. It runs two goroutines (one
 // receiving, one for timers), whatever the number of connections.
@@ -292,9 +325,9 @@ type Conn struct {
 
 // cmaPrivate is a REQ's (SIDR_REQ's) private data: the cma_hdr from an
 // ephemeral source port to remote, then the consumer's data.
-func (c *CM) cmaPrivate(remote netip.Addr, data []byte) []byte {
+func (c *CM) cmaPrivate(local, remote netip.Addr, data []byte) []byte {
 	private := make([]byte, mad.CMAHeaderLen+len(data))
-	mad.CMAHeader(private).Encode(netip.AddrPortFrom(c.local.Unmap(), uint16(0x8000|rand.IntN(0x7000))), remote.Unmap())
+	mad.CMAHeader(private).Encode(netip.AddrPortFrom(local.Unmap(), uint16(0x8000|rand.IntN(0x7000))), remote.Unmap())
 	copy(private[mad.CMAHeaderLen:], data)
 	return private
 }
@@ -440,9 +473,10 @@ func (c *CM) toRTS(qp *verbs.QP, s *qpSetup) error {
 	if err := qp.Modify(&init, mask); err != nil {
 		return fmt.Errorf("cm: QP %d to INIT: %w", qp.Num(), err)
 	}
+	sgid, _, _ := c.source(s.remote)
 	rtr := verbs.QPAttr{State: verbs.StateRTR, PathMTU: s.mtu, DestQPN: s.destQPN, RQPSN: s.rqPSN,
 		MaxDestRDAtomic: min(s.maxDestRD, verbs.MaxQPRDAtom), MinRNRTimer: 0,
-		AV: verbs.AddressVector{DGID: gid(s.remote), SGIDIndex: uint8(c.sgid), HopLimit: 64}}
+		AV: verbs.AddressVector{DGID: gid(s.remote), SGIDIndex: uint8(sgid), HopLimit: 64}}
 	if err := qp.Modify(&rtr, qpstate.AttrState|qpstate.AttrAV|qpstate.AttrPathMTU|qpstate.AttrDestQPN|
 		qpstate.AttrRQPSN|qpstate.AttrMaxDestRDAtomic|qpstate.AttrMinRNRTimer); err != nil {
 		return fmt.Errorf("cm: QP %d to RTR: %w", qp.Num(), err)
@@ -474,8 +508,12 @@ func (c *CM) Dial(ctx context.Context, remote netip.Addr, ps PortSpace, port uin
 	if len(p.PrivateData) > MaxConnPrivateData {
 		return nil, fmt.Errorf("cm: dial: %d bytes of private data, at most %d fit after the cma_hdr", len(p.PrivateData), MaxConnPrivateData)
 	}
-	if c.local.Unmap().Is4() != remote.Unmap().Is4() {
-		return nil, fmt.Errorf("cm: dial %v: no route: the CM's address %v is of the other IP family", remote, c.local)
+	_, local, ok := c.source(remote)
+	if !ok {
+		return nil, fmt.Errorf("cm: dial %v: no route: device %s has no link-local GID", remote, c.dev.Name())
+	}
+	if local.Unmap().Is4() != remote.Unmap().Is4() {
+		return nil, fmt.Errorf("cm: dial %v: no route: the CM's address %v is of the other IP family", remote, local)
 	}
 	if st := qp.State(); st != verbs.StateReset && st != verbs.StateInit {
 		return nil, fmt.Errorf("cm: dial: QP %d is in %v, want RESET or INIT", qp.Num(), st)
@@ -486,14 +524,14 @@ func (c *CM) Dial(ctx context.Context, remote netip.Addr, ps PortSpace, port uin
 			return nil, fmt.Errorf("cm: dial: QP %d to INIT: %w", qp.Num(), err)
 		}
 	}
-	private := c.cmaPrivate(remote, p.PrivateData)
+	private := c.cmaPrivate(local, remote, p.PrivateData)
 	k := c.newConn(qp, remote.Unmap())
 	_, init := qp.Query()
 	mtu := mtuCode(c.dev.QueryPort().ActiveMTU)
 	ec, err := c.e.connect(c.clock.Now(), &reqParams{peer: c.peerOf(remote.Unmap()), serviceID: ServiceID(ps, port),
 		qpn: qp.Num(), psn: rand.Uint32() & 0xFFFFFF, respRes: p.ResponderResources, initDepth: p.InitiatorDepth,
 		retryCount: p.RetryCount, rnrRetry: p.RNRRetryCount, mtu: mtu, srq: init.SRQ != nil, flowControl: p.FlowControl,
-		localGID: gid(c.local), remoteGID: gid(remote), hopLimit: 64, private: private, user: k})
+		localGID: gid(local), remoteGID: gid(remote), hopLimit: 64, private: private, user: k})
 	if err != nil {
 		return nil, err
 	}
@@ -829,7 +867,11 @@ func (c *CM) ResolveUD(ctx context.Context, remote netip.Addr, port uint16, priv
 	if len(privateData) > MaxUDPrivateData {
 		return nil, fmt.Errorf("cm: resolve UD: %d bytes of private data, at most %d", len(privateData), MaxUDPrivateData)
 	}
-	private := c.cmaPrivate(remote, privateData)
+	_, local, ok := c.source(remote)
+	if !ok {
+		return nil, fmt.Errorf("cm: resolve UD %v: no route: device %s has no link-local GID", remote, c.dev.Name())
+	}
+	private := c.cmaPrivate(local, remote, privateData)
 	k := c.newConn(nil, remote.Unmap())
 	ec, err := c.e.sidrRequest(c.clock.Now(), c.peerOf(remote.Unmap()), ServiceID(PortSpaceUDP, port), private, k)
 	if err != nil {

@@ -126,7 +126,12 @@ func (t *QP1) SendMAD(to Peer, b []byte) error {
 	if t.pending >= qp1Depth {
 		return errSendQueueFull
 	}
-	ah, err := t.pd.CreateAH(verbs.AHAttr{DGID: verbs.GIDFromAddr(to.Addr.Addr()), SGIDIndex: t.sgid, HopLimit: 64})
+	// A link-local peer is answered from the link-local GID (SGIDFor).
+	sgid := t.sgid
+	if a := to.Addr.Addr().Unmap(); a.Is6() && a.IsLinkLocalUnicast() {
+		sgid, _ = SGIDFor(t.dev.GIDTable(), a, t.sgid)
+	}
+	ah, err := t.pd.CreateAH(verbs.AHAttr{DGID: verbs.GIDFromAddr(to.Addr.Addr()), SGIDIndex: sgid, HopLimit: 64})
 	if err != nil {
 		return err
 	}

@@ -470,6 +470,24 @@ func (s *Server) devFor(a netip.Addr, remote bool) *device {
 	return nil
 }
 
+// bindDev is the device binding to a gives an id (nil for the wildcard),
+// or why a is refused: an IPv6 link-local address goes by its scope id
+// (linkLocalDev), any other address that no device owns is
+// EADDRNOTAVAIL, as the kernel's rdma_translate_ip finds no interface
+// with it.
+func (s *Server) bindDev(a netip.Addr) (*device, error) {
+	switch {
+	case isLinkLocal(a):
+		return s.linkLocalDev(a)
+	case s.anyAddr(a):
+		return nil, nil
+	}
+	if d := s.devFor(a, false); d != nil {
+		return d, nil
+	}
+	return nil, fmt.Errorf("%w: %v is no device's address", syscall.EADDRNOTAVAIL, a)
+}
+
 // anyAddr says whether binding to a is binding to no device: the wildcard,
 // or a loopback address no device owns. The kernel's rdma_cm treats a
 // loopback address as the wildcard (cma_any_addr): rdma_bind_addr takes
@@ -512,11 +530,9 @@ func (ch *cmChan) bind(id *cmID, q *cmReq) ([]byte, []int, error) {
 		return nil, nil, fmt.Errorf("%w: bind without an address", syscall.EINVAL)
 	}
 	a := q.src.Addr()
-	var d *device
-	if !ch.c.s.anyAddr(a) {
-		if d = ch.c.s.devFor(a, false); d == nil {
-			return nil, nil, fmt.Errorf("%w: %v is no device's address", syscall.EADDRNOTAVAIL, a)
-		}
+	d, err := ch.c.s.bindDev(a)
+	if err != nil {
+		return nil, nil, err
 	}
 	port := q.src.Port()
 	if port == 0 {
@@ -537,23 +553,44 @@ func (ch *cmChan) resolveAddr(id *cmID, q *cmReq) ([]byte, []int, error) {
 		return nil, nil, fmt.Errorf("%w: cm_id %d is listening or connected", syscall.EINVAL, id.h)
 	}
 	if q.hasSrc && !id.bound {
-		a := q.src.Addr()
-		var d *device
-		if !s.anyAddr(a) {
-			if d = s.devFor(a, false); d == nil {
-				x.mu.Unlock()
-				return nil, nil, fmt.Errorf("%w: %v is no device's address", syscall.EADDRNOTAVAIL, a)
-			}
+		d, err := s.bindDev(q.src.Addr())
+		if err != nil {
+			x.mu.Unlock()
+			return nil, nil, err
 		}
 		id.dev, id.src, id.bound = d, q.src, true
 	}
 	dst := q.dst.Addr()
+	if src := id.src.Addr(); id.bound && (isLinkLocal(src) || isLinkLocal(dst)) && src.Is4() != dst.Is4() {
+		// rdma_resolve_addr refuses a destination of another family
+		// than the bound source (resolve_prepare_src).
+		x.mu.Unlock()
+		return nil, nil, fmt.Errorf("%w: %v from %v: another address family", syscall.EINVAL, dst, id.src.Addr())
+	}
 	ev := cmEvent{typ: cmEvAddrResolved}
 	port := id.src.Port()
 	if port == 0 {
 		port = ephemeral()
 	}
 	switch {
+	case isLinkLocal(dst):
+		// A link-local destination is on the link of the source's
+		// interface: the bound one, or (unbound, as the kernel's
+		// cma_bind_addr copies it to the source) the one the
+		// destination's scope id names.
+		d := id.dev
+		if d == nil {
+			d = s.scopeDev(scopeOf(dst))
+		}
+		if d == nil || d.ll.index < 0 || d.ll.scope == 0 {
+			ev.typ, ev.status = cmEvAddrError, -int32(syscall.ENODEV)
+			break
+		}
+		id.dev = d
+		id.src = netip.AddrPortFrom(d.ll.scoped(), port)
+		id.dst = netip.AddrPortFrom(dst, q.dst.Port())
+		id.resolved = true
+		ev.dev, ev.src, ev.dst = uint32(d.index), id.src, id.dst
 	case s.anyAddr(dst):
 		// cma_resolve_loopback: an id on no device takes the first one
 		// (cma_bind_loopback) and its source becomes the loopback
@@ -691,6 +728,12 @@ func (id *cmID) accepting(d *device, l *cm.Listener) {
 		}
 		child.dev, child.req, child.bound, child.resolved, child.routed = d, r, true, true, true
 		child.src = netip.AddrPortFrom(d.addr(), id.src.Port())
+		if local := r.Local.Unmap(); isLinkLocal(local) && local == d.ll.addr {
+			// Asked for on the device's link-local address: the
+			// kernel's cma_save_ip6_info gives the new id the cma_hdr's
+			// addresses, with no scope id.
+			child.src = netip.AddrPortFrom(local, id.src.Port())
+		}
 		child.dst = netip.AddrPortFrom(r.Remote.Unmap(), r.RemotePort)
 		p := r.Param
 		ch.postLocked(cmEvent{id: child.h, typ: cmEvConnectRequest, listen: id.h, dev: uint32(d.index), qpn: r.RemoteQPN,
@@ -895,7 +938,7 @@ func (ch *cmChan) connect(id *cmID, q *cmReq) error {
 		}
 		ev := cmEvent{typ: cmEvEstablished, dev: uint32(dev.index), src: src, dst: dst}
 		if ud {
-			r, err := c.ResolveUD(id.ctx, dst.Addr(), dst.Port(), priv)
+			r, err := c.ResolveUD(id.ctx, dst.Addr().WithZone(""), dst.Port(), priv)
 			if err != nil {
 				failure(&ev, err, cmEvUnreachable)
 			} else {
@@ -907,7 +950,7 @@ func (ch *cmChan) connect(id *cmID, q *cmReq) error {
 			id.post(ev)
 			return
 		}
-		k, err := c.Dial(id.ctx, dst.Addr(), ps, dst.Port(), qp, p)
+		k, err := c.Dial(id.ctx, dst.Addr().WithZone(""), ps, dst.Port(), qp, p)
 		if err != nil {
 			failure(&ev, err, cmEvConnectError)
 			x := id.lock()

@@ -3,6 +3,7 @@ package serve
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 	"syscall"
 )
 
@@ -71,7 +72,10 @@ type cmReq struct {
 	hasSrc, hasDst                       bool
 }
 
-// decodeSockaddr reads a struct sr_sockaddr; family 0 is "none".
+// decodeSockaddr reads a struct sr_sockaddr; family 0 is "none". The
+// scope id of an IPv6 link-local address (sin6_scope_id, the interface
+// index in the program's network namespace) becomes its zone, in
+// decimal; other addresses have no scope.
 func decodeSockaddr(b []byte) (netip.AddrPort, bool, error) {
 	fam, port := le.Uint16(b), le.Uint16(b[2:])
 	switch fam {
@@ -80,7 +84,11 @@ func decodeSockaddr(b []byte) (netip.AddrPort, bool, error) {
 	case afInet:
 		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[8:12])), port), true, nil
 	case afInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[8:24])).Unmap(), port), true, nil
+		a := netip.AddrFrom16([16]byte(b[8:24])).Unmap()
+		if scope := le.Uint32(b[4:]); scope != 0 && isLinkLocal(a) {
+			a = a.WithZone(strconv.FormatUint(uint64(scope), 10))
+		}
+		return netip.AddrPortFrom(a, port), true, nil
 	}
 	return netip.AddrPort{}, false, fmt.Errorf("%w: address family %d", syscall.EAFNOSUPPORT, fam)
 }
@@ -97,10 +105,25 @@ func appendSockaddr(out []byte, a netip.AddrPort) []byte {
 			le.PutUint16(b[:], afInet6)
 			v := ip.As16()
 			copy(b[8:], v[:])
+			le.PutUint32(b[4:], scopeOf(ip))
 		}
 		le.PutUint16(b[2:], a.Port())
 	}
 	return append(out, b[:]...)
+}
+
+// isLinkLocal says whether a is an IPv6 link-local unicast address (an
+// IPv4 one, fe80::/10's IPv4 counterpart, is not: it has no scope id).
+func isLinkLocal(a netip.Addr) bool { return a.Is6() && !a.Is4In6() && a.IsLinkLocalUnicast() }
+
+// scopeOf is the scope id an address's zone holds (decodeSockaddr), 0 for
+// none.
+func scopeOf(a netip.Addr) uint32 {
+	n, err := strconv.ParseUint(a.Zone(), 10, 32)
+	if err != nil {
+		return 0
+	}
+	return uint32(n)
 }
 
 func decodeCMReq(b []byte) (cmReq, error) {

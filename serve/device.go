@@ -71,8 +71,9 @@ type device struct {
 	drainWork bool   // what drainAll found
 
 	sendCQ, recvCQ *verbs.CQ
-	gidIndex       int   // the GID of the address the device serves (cm.DefaultSGID)
-	cm             cmDev // rdma_cm's CM on QP1, opened on first use (serve/cm.go)
+	gidIndex       int       // the GID of the address the device serves (cm.DefaultSGID)
+	ll             linkLocal // its IPv6 link-local GID, if it has one (linklocal.go)
+	cm             cmDev     // rdma_cm's CM on QP1, opened on first use (serve/cm.go)
 	wcs            [64]verbs.WC
 
 	epfd   int // the clients' doorbell eventfds, wakeFD and quitFD
@@ -100,6 +101,7 @@ func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
 		a := g[d.gidIndex].GID
 		d.guid = 0x0200000000000000 | uint64(a[12])<<24 | uint64(a[13])<<16 | uint64(a[14])<<8 | uint64(a[15]) | uint64(a[11])<<32
 	}
+	d.ll = linkLocalOf(v)
 	var err error
 	if d.sendCQ, err = v.CreateCQ(goCQDepth); err != nil {
 		return nil, err

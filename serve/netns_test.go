@@ -160,8 +160,9 @@ func TestTwoHostsNetns(t *testing.T) {
 
 // Two hosts whose devices have the kernel's GID order: 0 the link-local
 // IPv6 GID, 1 the IPv4 one. The distribution's programs run over GID 0
-// (RoCEv2 over IPv6 link-local, what they get on rxe) for RC and UD, and
-// rdma_cm, which names peers by IPv4 address, finds GID 1 by address.
+// (RoCEv2 over IPv6 link-local, what they get on rxe) for RC and UD;
+// rdma_cm finds GID 1 by IPv4 address, and GID 0 by link-local address
+// and scope id (fe80::X%IFNAME).
 func TestTwoHostsLinkLocalNetns(t *testing.T) {
 	netnstest.Require(t)
 	if _, err := exec.LookPath("ip"); err != nil {
@@ -232,6 +233,60 @@ func TestTwoHostsLinkLocalNetns(t *testing.T) {
 			[]string{"-c", "-a", srvAddr, "-p", "7494", "-C", "10", "-v"}, func() { waitListening(t, sa, 7494) })
 		if !strings.Contains(co, "ping data: rdma-ping-9") || !strings.Contains(so, "server ping data: rdma-ping-9") {
 			t.Errorf("rping did not complete 10 pings:\nclient:\n%s\nserver:\n%s", co, so)
+		}
+	})
+	// rdma_cm over the link-local addresses, scope ids as %IFNAME (each
+	// host's own interface): the ids bind and resolve to GID 0, the REQ
+	// carries the link-local GIDs and the connection's traffic goes over
+	// the link-local sockets.
+	llA := sa.devs[0].v.GIDTable()[0].Addr.String()
+	llB := sb.devs[0].v.GIDTable()[0].Addr.String()
+	llRx := func(s *Server) uint64 { return s.devs[0].v.Link().(*udp.Multi).Links()[0].Stats().RxPackets }
+	t.Run("ucmatose-link-local", func(t *testing.T) {
+		before := llRx(sa)
+		co, so := pair(t, "ucmatose", []string{"-b", llA + "%" + v.A.Name, "-p", "7496", "-c", "2", "-C", "20"},
+			[]string{"-s", llA + "%" + v.B.Name, "-b", llB + "%" + v.B.Name, "-p", "7496", "-c", "2", "-C", "20"},
+			func() { waitListening(t, sa, 7496) })
+		for _, o := range []string{co, so} {
+			if !strings.Contains(o, "data transfers complete") || !strings.Contains(o, "return status 0") {
+				t.Errorf("ucmatose did not complete:\nclient:\n%s\nserver:\n%s", co, so)
+				break
+			}
+		}
+		// 2 connections x 20 SENDs from B, their ACKs and the CM's MADs.
+		if got := llRx(sa) - before; got < 40 {
+			t.Errorf("host A's link-local socket received %d packets, want at least 40", got)
+		} else {
+			t.Logf("host A's link-local socket received %d packets", got)
+		}
+	})
+	t.Run("rping-link-local", func(t *testing.T) {
+		before := llRx(sa)
+		co, so := pair(t, "rping", []string{"-s", "-a", llA + "%" + v.A.Name, "-p", "7497", "-C", "10", "-v"},
+			[]string{"-c", "-a", llA + "%" + v.B.Name, "-p", "7497", "-C", "10", "-v"}, func() { waitListening(t, sa, 7497) })
+		if !strings.Contains(co, "ping data: rdma-ping-9") || !strings.Contains(so, "server ping data: rdma-ping-9") {
+			t.Errorf("rping did not complete 10 pings:\nclient:\n%s\nserver:\n%s", co, so)
+		}
+		if got := llRx(sa) - before; got < 20 {
+			t.Errorf("host A's link-local socket received %d packets, want at least 20", got)
+		} else {
+			t.Logf("host A's link-local socket received %d packets", got)
+		}
+	})
+	t.Run("udaddy-link-local", func(t *testing.T) {
+		before := llRx(sa)
+		co, so := pair(t, "udaddy", []string{"-b", llA + "%" + v.A.Name},
+			[]string{"-s", llA + "%" + v.B.Name}, sleep(300*time.Millisecond))
+		for _, o := range []string{co, so} {
+			if !strings.Contains(o, "data transfers complete") || !strings.Contains(o, "return status 0") {
+				t.Errorf("udaddy did not complete:\nclient:\n%s\nserver:\n%s", co, so)
+				break
+			}
+		}
+		if got := llRx(sa) - before; got < 10 {
+			t.Errorf("host A's link-local socket received %d packets, want at least 10", got)
+		} else {
+			t.Logf("host A's link-local socket received %d packets", got)
 		}
 	})
 	// UD over rdma_cm: the address handle of the ESTABLISHED event names

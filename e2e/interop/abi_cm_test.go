@@ -3,10 +3,13 @@ package interop
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/softroce/softroce/nic/udp"
 )
 
 // cmTool finds a host tool for the librdmacm tests.
@@ -52,6 +55,20 @@ func cmBothRoles(t *testing.T, tool, guestServer, guestClient string, hostServer
 type abiHost struct {
 	daemon func(t *testing.T) []string
 	argv   func(tool string, args []string) (string, []string)
+	// addrs, when set, are the addresses the tools name instead of the
+	// IPv4 ones: the guest's and the host's as the host names them, and
+	// the host's as the guest names it.
+	addrs *cmAddrs
+}
+
+type cmAddrs struct{ guest, host, hostFromGuest string }
+
+// addrsOf is h's addresses, the VM's IPv4 ones unless h says otherwise.
+func (h abiHost) addrsOf() cmAddrs {
+	if h.addrs != nil {
+		return *h.addrs
+	}
+	return cmAddrs{vm.GuestAddr().String(), vm.HostAddr().String(), vm.HostAddr().String()}
 }
 
 // asRoot runs the tools as the test does, on a daemon of its own.
@@ -60,6 +77,7 @@ var asRoot = abiHost{daemon: abiDaemon, argv: func(tool string, args []string) (
 // cmBothRolesAs is cmBothRoles running the host's tool the way h says.
 func cmBothRolesAs(t *testing.T, h abiHost, tool, guestServer, guestClient string, hostServer, hostClient []string, ok, notYet string) {
 	host := cmHostTool(t, tool)
+	addrs := h.addrsOf()
 	t.Run("host-client", func(t *testing.T) {
 		env := h.daemon(t) // one for all attempts: it holds UDP 4791 until the test ends
 		for attempt := 0; ; attempt++ {
@@ -71,7 +89,7 @@ func cmBothRolesAs(t *testing.T, h abiHost, tool, guestServer, guestClient strin
 			// The guest's tool starts slowly under TCG, more slowly on a
 			// loaded host: each attempt gives it longer.
 			time.Sleep(time.Duration(2+2*attempt) * time.Second)
-			p, a := h.argv(host, append(hostClient, vm.GuestAddr().String()))
+			p, a := h.argv(host, append(hostClient, addrs.guest))
 			out, err := hostUntil(ctx, t, env, ok, notYet, p, a...)
 			if !strings.Contains(out, ok) && strings.Contains(out, "REJECTED") && attempt < 5 {
 				t.Logf("attempt %d: rejected, again:\n%s", attempt, out)
@@ -95,7 +113,7 @@ func cmBothRolesAs(t *testing.T, h abiHost, tool, guestServer, guestClient strin
 			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 			args := make([]string, len(hostServer))
 			for i, a := range hostServer {
-				args[i] = strings.ReplaceAll(a, "HOST", vm.HostAddr().String())
+				args[i] = strings.ReplaceAll(a, "HOST", addrs.host)
 			}
 			p, a := h.argv(host, args)
 			cmd := vm.HostCommand(ctx, p, a...)
@@ -106,7 +124,7 @@ func cmBothRolesAs(t *testing.T, h abiHost, tool, guestServer, guestClient strin
 				t.Fatal(err)
 			}
 			time.Sleep(time.Duration(1+attempt) * time.Second) // the host server listens
-			gout, gerr := vm.Run(ctx, "timeout 120 "+guestClient+" "+vm.HostAddr().String())
+			gout, gerr := vm.Run(ctx, "timeout 120 "+guestClient+" "+addrs.hostFromGuest)
 			said := gout // a failed guest command's output is in its error
 			if gerr != nil {
 				said += gerr.Error()
@@ -133,6 +151,67 @@ func cmBothRolesAs(t *testing.T, h abiHost, tool, guestServer, guestClient strin
 // the server disconnects), both roles.
 func TestABIUcmatoseAgainstRxe(t *testing.T) {
 	cmBothRoles(t, "ucmatose", "ucmatose", "ucmatose -s", []string{"-b", "HOST"}, []string{"-s"}, "return status 0", "REJECTED, error: 8")
+}
+
+// TestABILinkLocalAgainstRxe: ucmatose and rping over the IPv6 link-local
+// addresses, both roles: GID 0 on both sides, the host's daemon serving
+// the tap's link-local and IPv4 addresses (the kernel's GID order, as
+// softroce serve opens it), its programs naming addresses with the tap's
+// scope id and the guest's with eth0's.
+func TestABILinkLocalAgainstRxe(t *testing.T) {
+	needVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := vm.Run(ctx, "ip -6 -o addr show dev eth0 scope link")
+	var guestLL netip.Addr
+	for _, f := range strings.Fields(out) {
+		if p, perr := netip.ParsePrefix(f); perr == nil && p.Addr().IsLinkLocalUnicast() {
+			guestLL = p.Addr()
+		}
+	}
+	if err != nil || !guestLL.IsValid() {
+		t.Fatalf("the guest's eth0 has no link-local address: %v\n%s", err, out)
+	}
+	var hostLL netip.Addr
+	var link *udp.Multi
+	if err := vm.Do(func() (err error) {
+		if hostLL, err = udp.LinkLocalOf(vm.HostAddr(), 5*time.Second); err != nil {
+			return err
+		}
+		link, err = udp.OpenMulti(udp.Config{}, hostLL, vm.HostAddr())
+		return err
+	}); err != nil {
+		t.Fatalf("open the tap's link-local and IPv4 sockets in the VM namespace: %v", err)
+	}
+	ll := hostLL.WithZone("").String()
+	h := abiHost{argv: asRoot.argv, addrs: &cmAddrs{guest: guestLL.String() + "%" + vm.Tap(), host: ll + "%" + vm.Tap(),
+		hostFromGuest: ll + "%eth0"}}
+	// One daemon for every run: the link's sockets are opened once.
+	_, env := abiServeOn(t, "", link)
+	h.daemon = func(*testing.T) []string { return env }
+	rx := func() uint64 { return link.Links()[0].Stats().RxPackets }
+	t.Logf("host %s%%%s, guest %s%%eth0", ll, vm.Tap(), guestLL)
+	gb := "-b " + guestLL.String() + "%eth0"
+	t.Run("ucmatose", func(t *testing.T) {
+		before := rx()
+		cmBothRolesAs(t, h, "ucmatose", "ucmatose "+gb, "ucmatose -s", []string{"-b", "HOST"}, []string{"-s"},
+			"return status 0", "REJECTED, error: 8")
+		if got := rx() - before; got < 20 {
+			t.Errorf("the host's link-local socket received %d packets, want at least 20", got)
+		} else {
+			t.Logf("the host's link-local socket received %d packets", got)
+		}
+	})
+	t.Run("rping", func(t *testing.T) {
+		before := rx()
+		cmBothRolesAs(t, h, "rping", "rping -s -C 10 -v -a "+guestLL.String()+"%eth0", "rping -c -C 10 -v -a",
+			[]string{"-s", "-C", "10", "-v", "-a", "HOST"}, []string{"-c", "-C", "10", "-v", "-a"}, "ping data: rdma-ping-9", "REJECTED")
+		if got := rx() - before; got < 20 {
+			t.Errorf("the host's link-local socket received %d packets, want at least 20", got)
+		} else {
+			t.Logf("the host's link-local socket received %d packets", got)
+		}
+	})
 }
 
 // TestABIRpingAgainstRxe: rping (SEND, RDMA READ and WRITE of the

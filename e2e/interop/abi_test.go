@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/abi"
+	"github.com/softroce/softroce/nic"
 	"github.com/softroce/softroce/nic/udp"
 	"github.com/softroce/softroce/serve"
 	"github.com/softroce/softroce/verbs"
@@ -75,7 +76,6 @@ func abiDaemon(t *testing.T) []string {
 // daemon too.
 func abiServe(t *testing.T, group string) (*serve.Server, []string) {
 	t.Helper()
-	lib := abiLibrary(t)
 	var link *udp.Link
 	if err := vm.Do(func() error {
 		var err error
@@ -84,6 +84,13 @@ func abiServe(t *testing.T, group string) (*serve.Server, []string) {
 	}); err != nil {
 		t.Fatalf("open UDP link in the VM namespace: %v", err)
 	}
+	return abiServeOn(t, group, link)
+}
+
+// abiServeOn is abiServe on link.
+func abiServeOn(t *testing.T, group string, link nic.Link) (*serve.Server, []string) {
+	t.Helper()
+	lib := abiLibrary(t)
 	dev, err := verbs.Open(link, nil)
 	if err != nil {
 		t.Fatal(err)
