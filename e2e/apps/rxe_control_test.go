@@ -19,15 +19,17 @@ import (
 //     ud_verbs): rxe leaves wc.sl 0 for UD receives, and UCX 1.13's
 //     UCX_UD_VERBS_ETH_DGID_CHECK then reads an IPv4 packet's header as a
 //     GRH and drops the datagram; both ends hit UCX's UD timeout.
-//   - fi_pingpong -p 'verbs;ofi_rxm' -e rdm: rxm asks for a CQ of 262144
-//     entries, rxe's max_cqe is 32767, and fi_enable fails with EINVAL.
+//   - fi_pingpong -p 'verbs;ofi_rxm' -e rdm: rxm asks for a CQ larger
+//     than rxe's max_cqe (32767), and fi_enable fails with EINVAL.
 //
 // If rxe is to blame they fail rxe to rxe as they do against softroce,
 // and they do: the test asserts those failures. Two runs show the guests
 // themselves work: fi_pingpong over MSG endpoints and UCT put_bw over
 // rc_verbs. Two more show the causes: tag_lat over ud_verbs runs with
 // UCX_UD_VERBS_ETH_DGID_CHECK=n, and ofi_rxm with FI_UNIVERSE_SIZE=64,
-// which makes rxm's CQ smaller.
+// which makes rxm's CQ smaller. (Interposing ibv_create_cq on rxe shows
+// the CQ's size: 65536 entries at libfabric's default universe size of
+// 256, 16384 at 64.)
 func TestRxeToRxeControl(t *testing.T) {
 	if os.Getenv("SOFTROCE_RXE") != "1" {
 		t.Skip("no rdma_rxe guests: set SOFTROCE_RXE=1 and run as root (.ci/run does)")
@@ -121,8 +123,8 @@ func TestRxeToRxeControl(t *testing.T) {
 	}
 	t.Logf("ud_verbs runs done after %v", time.Since(wall).Round(time.Second))
 
-	// ofi_rxm: the server's fi_enable fails (its CQ of 262144 entries is
-	// more than rxe's max_cqe) and the client, waiting for it, finds the
+	// ofi_rxm: the server's fi_enable fails (its CQ has more entries than
+	// rxe's max_cqe) and the client, waiting for it, finds the
 	// control connection closed. libfabric's warnings say which call
 	// failed. With FI_UNIVERSE_SIZE=64 the CQ is smaller and the same run
 	// completes.
