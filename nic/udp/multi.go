@@ -310,6 +310,16 @@ func (m *Multi) RecvEach(pkts []nic.Packet, deliver func(n int)) error {
 // arrives after that makes the epoll descriptor ready again, so the wait
 // ends at once.
 func (m *Multi) RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool) error {
+	return m.recvEachUntil(pkts, deliver, stop, false)
+}
+
+// WaitEachUntil is RecvEachUntil waiting in a system call (see
+// Link.WaitEachUntil).
+func (m *Multi) WaitEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool) error {
+	return m.recvEachUntil(pkts, deliver, stop, true)
+}
+
+func (m *Multi) recvEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool, kernel bool) error {
 	if len(pkts) == 0 {
 		return errors.New("udp: RecvEach with no buffers")
 	}
@@ -341,7 +351,12 @@ func (m *Multi) RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func(
 		if stop != nil && stop() {
 			return nil
 		}
-		err := m.ep.Read(fn)
+		var err error
+		if kernel {
+			err = m.ep.ReadKernel(fn)
+		} else {
+			err = m.ep.Read(fn)
+		}
 		if err == nil && fail == nil && stopped {
 			return nil
 		}

@@ -17,7 +17,7 @@ import (
 // from a reused sockaddr buffer, so receiving allocates nothing. Waiting
 // goes through the runtime poller (RawConn.Read), as with any net.Conn.
 type receiver struct {
-	rc   syscall.RawConn
+	rc   *sock
 	hdrs []unix.Mmsghdr
 	iovs []unix.Iovec // per message: [header scratch,] packet buffer
 	// hdrLen > 0 puts the first hdrLen bytes of each datagram (the IPv4
@@ -55,7 +55,7 @@ type receiver struct {
 	bigSet bool
 }
 
-func newReceiver(rc syscall.RawConn, batch, hdrLen int) *receiver {
+func newReceiver(rc *sock, batch, hdrLen int) *receiver {
 	r := &receiver{rc: rc, hdrs: make([]unix.Mmsghdr, batch), iovs: make([]unix.Iovec, 2*batch),
 		names: make([]unix.RawSockaddrInet6, batch), oob: make([]byte, batch*oobSize),
 		hdrLen: hdrLen, hdr: make([]byte, batch*hdrLen), saved: make([][]byte, batch)}

@@ -2,27 +2,32 @@ package udp
 
 import (
 	"net"
+	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/softroce/softroce/nic"
 )
 
 // TestSocketOutOfPoller: a Link's sockets are in no epoll set of the
-// process but its own Multi's: the runtime poller would wake a thread for
-// every datagram sent and received (sock).
+// process but their socks' own: the runtime poller would wake a thread
+// for every datagram sent and received (sock).
 func TestSocketOutOfPoller(t *testing.T) {
 	l := open(t, "127.0.0.1", 9000)
-	var fds []int
+	var fds, own []int
 	for _, s := range []*sock{l.sock, l.raw} {
 		if s != nil {
 			s.Control(func(fd uintptr) { fds = append(fds, int(fd)) })
+			own = append(own, s.epfd)
 		}
 	}
 	if len(fds) == 0 {
 		t.Fatal("no socket")
 	}
-	watched := epollTargets(t)
+	watched := epollTargets(t, own...)
 	if len(watched) == 0 {
 		t.Fatal("found no epoll set in /proc/self/fdinfo (the runtime's poller has one)")
 	}
@@ -40,7 +45,7 @@ func TestSocketOutOfPoller(t *testing.T) {
 
 // epollTargets lists the descriptors each epoll set of this process
 // watches (the "tfd:" lines of /proc/self/fdinfo).
-func epollTargets(t *testing.T) map[int]bool {
+func epollTargets(t *testing.T, except ...int) map[int]bool {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
@@ -49,6 +54,9 @@ func epollTargets(t *testing.T) map[int]bool {
 	out := map[int]bool{}
 	for _, e := range ents {
 		if target, _ := os.Readlink("/proc/self/fd/" + e.Name()); target != "anon_inode:[eventpoll]" {
+			continue
+		}
+		if n, _ := strconv.Atoi(e.Name()); slices.Contains(except, n) {
 			continue
 		}
 		b, err := os.ReadFile("/proc/self/fdinfo/" + e.Name())
@@ -83,4 +91,52 @@ func pollerSocket(t *testing.T) int {
 	fd := -1
 	rc.Control(func(f uintptr) { fd = int(f) })
 	return fd
+}
+
+// waiter runs RecvEachUntil's sequence through WaitEachUntil.
+type waiter struct{ *Link }
+
+func (w waiter) RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool) error {
+	return w.WaitEachUntil(pkts, deliver, stop)
+}
+
+// TestWaitEachUntil: WaitEachUntil delivers, stops, is interrupted and
+// ends at Close as RecvEachUntil does, waiting in ppoll (the only such
+// reader in the process).
+func TestWaitEachUntil(t *testing.T) {
+	a := open(t, "127.0.0.1", 9000)
+	b := open(t, "127.0.0.1", 9000)
+	if n := kernelReaders.Load(); n != 0 {
+		t.Fatalf("%d socks counted as kernel readers before the test", n)
+	}
+	w0 := kernelWaits.Load()
+	recvEachUntil(t, a, waiter{b}, func(uint32) netip.AddrPort { return b.LocalAddrPort() })
+	if kernelWaits.Load() == w0 {
+		t.Error("no wait in ppoll")
+	}
+	if n := kernelReaders.Load(); n != 0 {
+		t.Errorf("%d socks still counted after Close", n)
+	}
+}
+
+// TestWaitEachUntilTwoReaders: with two kernel readers in the process
+// WaitEachUntil waits in the poller (kernelWaitOK), and still works.
+func TestWaitEachUntilTwoReaders(t *testing.T) {
+	a := open(t, "127.0.0.1", 9000)
+	b := open(t, "127.0.0.1", 9000)
+	other := open(t, "127.0.0.1", 9000)
+	// other becomes a kernel reader: it waits once, interrupted.
+	other.Interrupt()
+	asked := 0
+	if err := other.WaitEachUntil(packets(1, 300), func(int) {}, func() bool { asked++; return asked > 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if n := kernelReaders.Load(); n != 1 {
+		t.Fatalf("%d kernel readers, want 1", n)
+	}
+	w0 := kernelWaits.Load()
+	recvEachUntil(t, a, waiter{b}, func(uint32) netip.AddrPort { return b.LocalAddrPort() })
+	if d := kernelWaits.Load() - w0; d != 0 {
+		t.Errorf("%d waits in ppoll with two kernel readers", d)
+	}
 }

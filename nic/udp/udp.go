@@ -272,7 +272,7 @@ func Open(cfg Config) (*Link, error) {
 		conn.Close()
 		return nil, err
 	}
-	if l.sock, err = detach(conn, conn); err != nil {
+	if l.sock, err = detach(conn); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("udp: socket: %w", err)
 	}
@@ -716,6 +716,17 @@ func (l *Link) RecvEach(pkts []nic.Packet, deliver func(n int)) error {
 // completion receives this way on its own goroutine, and whoever hands it
 // that completion from elsewhere calls Interrupt. stop may be nil (never).
 func (l *Link) RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool) error {
+	return l.recvEachUntil(pkts, deliver, stop, false)
+}
+
+// WaitEachUntil is RecvEachUntil for a consumer waiting for its own
+// completion: it waits in a system call, not the runtime poller (see
+// sock), so the packet wakes the consumer's own thread.
+func (l *Link) WaitEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool) error {
+	return l.recvEachUntil(pkts, deliver, stop, true)
+}
+
+func (l *Link) recvEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool, kernel bool) error {
 	if len(pkts) == 0 {
 		return errors.New("udp: RecvEach with no buffers")
 	}
@@ -781,7 +792,12 @@ func (l *Link) RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func()
 		if stop != nil && stop() {
 			return nil
 		}
-		err := r.rc.Read(fn)
+		var err error
+		if kernel {
+			err = r.rc.ReadKernel(fn)
+		} else {
+			err = r.rc.Read(fn)
+		}
 		if err == nil && fail == nil && stopped {
 			return nil
 		}

@@ -52,7 +52,7 @@ func (d *Driver) seatLoop() {
 		case <-d.seat:
 		}
 		d.want.Store(false)
-		err := d.intr.RecvEachUntil(batch, deliver, d.want.Load)
+		err := d.recvUntil()(batch, deliver, d.want.Load)
 		d.seat <- struct{}{}
 		if err != nil {
 			d.inlineOff.Store(true)
@@ -128,7 +128,7 @@ func (d *Driver) WaitInline(ctx context.Context, ready func() bool, wake <-chan 
 		stopCtx = context.AfterFunc(ctx, d.intr.Interrupt)
 	}
 	batch := d.rxBatch
-	err := d.intr.RecvEachUntil(batch, func(n int) {
+	err := d.recvUntil()(batch, func(n int) {
 		d.inHandle.Store(true)
 		d.handle(batch[:n])
 		d.inline.Add(uint64(n))
@@ -147,6 +147,22 @@ func (d *Driver) WaitInline(ctx context.Context, ready func() bool, wake <-chan 
 		return false
 	}
 	return true
+}
+
+// kernelWaiter is a link whose receive loop can also wait in a system
+// call rather than the runtime poller where that pays (nic/udp:
+// WaitEachUntil), so that a packet wakes the thread that handles it: one
+// thread wake-up a hop.
+type kernelWaiter interface {
+	WaitEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool) error
+}
+
+// recvUntil is the receive loop the seat's holder runs.
+func (d *Driver) recvUntil() func(pkts []nic.Packet, deliver func(n int), stop func() bool) error {
+	if kw, ok := d.intr.(kernelWaiter); ok {
+		return kw.WaitEachUntil
+	}
+	return d.intr.RecvEachUntil
 }
 
 // Interrupt wakes a consumer blocked receiving in WaitInline: a completion
