@@ -55,6 +55,11 @@ type sock struct {
 	eprc    syscall.RawConn
 	inSet   bool // fd is in the private set (under the reader)
 	counted bool // counted in kernelReaders (under mu)
+	// The poller's callback and its state (under the reader), set up
+	// once: a closure per wait would allocate.
+	pollFn func(uintptr) bool
+	pollF  func(fd uintptr) bool
+	fired  bool
 }
 
 var _ syscall.RawConn = (*sock)(nil)
@@ -77,6 +82,7 @@ func newSock(fd int) (*sock, error) {
 		return nil, err
 	}
 	s := &sock{fd: fd, ev: ev, epfd: epfd}
+	s.pollFn = s.pollStep
 	err = unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, ev, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ev)})
 	if err == nil {
 		// Non-blocking, so that os.NewFile puts it in the runtime poller.
@@ -219,23 +225,27 @@ func (s *sock) readPoller(f func(fd uintptr) (done bool)) error {
 		}
 		s.inSet = true
 	}
-	fired := false
-	// f runs inside the poller's Read, after it cleared the set's
-	// readiness, so input that arrives after an empty f wakes the wait.
-	err := s.eprc.Read(func(uintptr) bool {
-		if s.kicked.Load() {
-			fired = true
-			return true
-		}
-		return f(uintptr(s.fd))
-	})
+	s.pollF, s.fired = f, false
+	err := s.eprc.Read(s.pollFn)
+	s.pollF = nil
 	if err != nil {
 		return err
 	}
-	if fired {
+	if s.fired {
 		return s.interrupted()
 	}
 	return nil
+}
+
+// pollStep is readPoller's callback. f runs inside the poller's Read,
+// after it cleared the set's readiness, so input that arrives after an
+// empty f wakes the wait.
+func (s *sock) pollStep(uintptr) bool {
+	if s.kicked.Load() {
+		s.fired = true
+		return true
+	}
+	return s.pollF(uintptr(s.fd))
 }
 
 // interrupted consumes an Interrupt (or reports the Close).

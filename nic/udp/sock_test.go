@@ -4,10 +4,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/nic"
 )
@@ -138,5 +142,64 @@ func TestWaitEachUntilTwoReaders(t *testing.T) {
 	recvEachUntil(t, a, waiter{b}, func(uint32) netip.AddrPort { return b.LocalAddrPort() })
 	if d := kernelWaits.Load() - w0; d != 0 {
 		t.Errorf("%d waits in ppoll with two kernel readers", d)
+	}
+}
+
+// TestSockWaitNoAllocs: a wait in ppoll and one in the poller allocate
+// nothing (Read and ReadKernel themselves; RecvEachUntil's closures are
+// made once a call).
+func TestSockWaitNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are not meaningful under the race detector")
+	}
+	a := open(t, "127.0.0.1", 9000)
+	b := open(t, "127.0.0.1", 9000)
+	out := packets(1, 300)
+	kick := make(chan struct{})
+	defer close(kick)
+	go func() {
+		for range kick {
+			time.Sleep(200 * time.Microsecond)
+			out[0].N, out[0].Remote = 64, b.LocalAddrPort()
+			a.Send(out)
+		}
+	}()
+	var buf [512]byte
+	read := func(fd uintptr) bool {
+		n, err := unix.Read(int(fd), buf[:])
+		return err == nil && n > 0
+	}
+	s := b.readSock()
+	for _, kernel := range []bool{true, false} {
+		// Not testing.AllocsPerRun: it sets GOMAXPROCS to 1, where
+		// waits in ppoll are not granted.
+		once := func() {
+			kick <- struct{}{} // the packet arrives while the reader waits
+			var err error
+			if kernel {
+				err = s.ReadKernel(read)
+			} else {
+				err = s.Read(read)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		once()
+		w0 := kernelWaits.Load()
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		for range 50 {
+			once()
+		}
+		runtime.ReadMemStats(&m1)
+		// The runtime and the sender's goroutine allocate now and
+		// then; one allocation a wait would be 50.
+		if n := m1.Mallocs - m0.Mallocs; n >= 25 {
+			t.Errorf("kernel %v: %d allocations in 50 waits", kernel, n)
+		}
+		if kernel != (kernelWaits.Load() > w0) {
+			t.Errorf("kernel %v: %d waits in ppoll", kernel, kernelWaits.Load()-w0)
+		}
 	}
 }
