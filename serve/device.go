@@ -2,8 +2,10 @@ package serve
 
 import (
 	"errors"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -76,8 +78,17 @@ type device struct {
 	cm             cmDev     // rdma_cm's CM on QP1, opened on first use (serve/cm.go)
 	wcs            [64]verbs.WC
 
-	epfd   int // the clients' doorbell eventfds, wakeFD and quitFD
-	wakeFD int // route's request for a pass (overruns)
+	epfd int // the clients' doorbell eventfds, wakeFD and quitFD
+	// epf owns epfd; eprc, if the network poller took it (an epoll fd is
+	// readable while one of its descriptors is), is where the poller
+	// sleeps rather than in a blocking epoll_wait.
+	epf    *os.File
+	eprc   syscall.RawConn
+	evs    [32]unix.EpollEvent
+	evn    int
+	everr  error
+	epoll0 func(uintptr) bool // d.epollNow, made once: no allocation per sleep
+	wakeFD int                // route's request for a pass (overruns)
 	quitFD int
 	quit   chan struct{}
 	done   sync.WaitGroup
@@ -122,6 +133,7 @@ func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
 		}
 		unix.EpollCtl(d.epfd, unix.EPOLL_CTL_ADD, *p, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(*p)})
 	}
+	d.pollable()
 	d.done.Add(2)
 	go d.poll()
 	go d.events()
@@ -135,7 +147,11 @@ func (d *device) close() {
 	d.done.Wait()
 	d.sendCQ.SetPushHook(nil)
 	d.recvCQ.SetPushHook(nil)
-	unix.Close(d.epfd)
+	if d.epf != nil {
+		d.epf.Close() // closes epfd
+	} else {
+		unix.Close(d.epfd)
+	}
 	unix.Close(d.quitFD)
 	unix.Close(d.wakeFD)
 	d.v.Close()
@@ -146,6 +162,67 @@ func ring(fd int) {
 	var one [8]byte
 	one[0] = 1
 	unix.Write(fd, one[:])
+}
+
+// pollable puts epfd into Go's network poller, so that the poller's sleep
+// holds no P. Blocked in a raw epoll_wait, it held its P in a system call,
+// as the UDP link's receive goroutine holds one in ppoll: on a 2-core host
+// that is every P, so the runtime's monitor (sysmon) found none idle, kept
+// polling every 20 us and retook a P from the system call to hand it to
+// another thread, each a context switch that, on cores spinning programs
+// hold, delays the packet or doorbell a round trip waits for.
+func (d *device) pollable() {
+	if err := unix.SetNonblock(d.epfd, true); err != nil {
+		return
+	}
+	d.epf = os.NewFile(uintptr(d.epfd), "softroce-doorbells")
+	rc, err := d.epf.SyscallConn()
+	if err == nil {
+		err = d.epf.SetReadDeadline(time.Time{}) // fails unless the poller took it
+	}
+	if err != nil {
+		return // wait blocks in epoll_wait (which ignores O_NONBLOCK)
+	}
+	d.eprc = rc
+	d.epoll0 = d.epollNow
+}
+
+// epollNow collects the ready descriptors without waiting; false asks the
+// network poller to wait until epfd is readable.
+func (d *device) epollNow(fd uintptr) bool {
+	d.evn, d.everr = unix.EpollWait(int(fd), d.evs[:], 0)
+	return d.evn != 0 || d.everr != nil
+}
+
+// wait sleeps until a doorbell, wakeFD or quitFD is written, or the
+// backstop passes, and reads the eventfds that were; it reports false on
+// quit.
+func (d *device) wait() bool {
+	evs := d.evs[:]
+	var n int
+	var err error
+	if d.eprc == nil {
+		n, err = unix.EpollWait(d.epfd, evs, int(backstop/time.Millisecond))
+	} else {
+		d.epf.SetReadDeadline(time.Now().Add(backstop))
+		if d.eprc.Read(d.epoll0) == nil {
+			n, err = d.evn, d.everr
+		} else { // the backstop
+			n, err = unix.EpollWait(d.epfd, evs, 0)
+		}
+	}
+	if n == 0 && err == nil {
+		d.s.backstops.Add(1)
+	}
+	var buf [8]byte
+	for i := range max(n, 0) {
+		fd := int(evs[i].Fd)
+		if fd == d.quitFD {
+			return false
+		}
+		unix.Read(fd, buf[:])
+	}
+	return true
 }
 
 // addDoorbell makes the poller wake when fd (a client's eventfd) is
@@ -164,8 +241,6 @@ func (d *device) removeDoorbell(fd int) {
 // that posts the WQEs: no hand-off between a doorbell waiter and a poller.
 func (d *device) poll() {
 	defer d.done.Done()
-	var evs [32]unix.EpollEvent
-	var buf [8]byte
 	idle := 0
 	for {
 		d.mu.Lock()
@@ -189,18 +264,8 @@ func (d *device) poll() {
 		d.mu.Lock()
 		work = d.pass()
 		d.mu.Unlock()
-		if !work {
-			n, err := unix.EpollWait(d.epfd, evs[:], int(backstop/time.Millisecond))
-			if n == 0 && err == nil {
-				d.s.backstops.Add(1)
-			}
-			for i := range max(n, 0) {
-				fd := int(evs[i].Fd)
-				if fd == d.quitFD {
-					return
-				}
-				unix.Read(fd, buf[:])
-			}
+		if !work && !d.wait() {
+			return
 		}
 		d.setAsleep(false)
 		idle = 0
