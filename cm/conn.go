@@ -323,11 +323,14 @@ type Conn struct {
 	ending bool
 }
 
-// cmaPrivate is a REQ's (SIDR_REQ's) private data: the cma_hdr from an
-// ephemeral source port to remote, then the consumer's data.
-func (c *CM) cmaPrivate(local, remote netip.Addr, data []byte) []byte {
+// cmaPrivate is a REQ's (SIDR_REQ's) private data: the cma_hdr from
+// srcPort (0: an ephemeral port) to remote, then the consumer's data.
+func (c *CM) cmaPrivate(local, remote netip.Addr, srcPort uint16, data []byte) []byte {
 	private := make([]byte, mad.CMAHeaderLen+len(data))
-	mad.CMAHeader(private).Encode(netip.AddrPortFrom(local.Unmap(), uint16(0x8000|rand.IntN(0x7000))), remote.Unmap())
+	if srcPort == 0 {
+		srcPort = uint16(0x8000 | rand.IntN(0x7000))
+	}
+	mad.CMAHeader(private).Encode(netip.AddrPortFrom(local.Unmap(), srcPort), remote.Unmap())
 	copy(private[mad.CMAHeaderLen:], data)
 	return private
 }
@@ -524,7 +527,7 @@ func (c *CM) Dial(ctx context.Context, remote netip.Addr, ps PortSpace, port uin
 			return nil, fmt.Errorf("cm: dial: QP %d to INIT: %w", qp.Num(), err)
 		}
 	}
-	private := c.cmaPrivate(local, remote, p.PrivateData)
+	private := c.cmaPrivate(local, remote, p.SourcePort, p.PrivateData)
 	k := c.newConn(qp, remote.Unmap())
 	_, init := qp.Query()
 	mtu := mtuCode(c.dev.QueryPort().ActiveMTU)
@@ -861,6 +864,12 @@ type UDRemote struct {
 // MaxUDPrivateData bytes). Errors: ErrNoListener (SIDR status 1), a
 // rejection, ErrUnreachable after the retries.
 func (c *CM) ResolveUD(ctx context.Context, remote netip.Addr, port uint16, privateData []byte) (*UDRemote, error) {
+	return c.ResolveUDFrom(ctx, 0, remote, port, privateData)
+}
+
+// ResolveUDFrom is ResolveUD whose cma_hdr names srcPort as the source
+// port (0: an ephemeral one), as rdma_cm names its id's port.
+func (c *CM) ResolveUDFrom(ctx context.Context, srcPort uint16, remote netip.Addr, port uint16, privateData []byte) (*UDRemote, error) {
 	if c.isClosed() {
 		return nil, ErrClosed
 	}
@@ -871,7 +880,7 @@ func (c *CM) ResolveUD(ctx context.Context, remote netip.Addr, port uint16, priv
 	if !ok {
 		return nil, fmt.Errorf("cm: resolve UD %v: no route: device %s has no link-local GID", remote, c.dev.Name())
 	}
-	private := c.cmaPrivate(local, remote, privateData)
+	private := c.cmaPrivate(local, remote, srcPort, privateData)
 	k := c.newConn(nil, remote.Unmap())
 	ec, err := c.e.sidrRequest(c.clock.Now(), c.peerOf(remote.Unmap()), ServiceID(PortSpaceUDP, port), private, k)
 	if err != nil {

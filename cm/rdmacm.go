@@ -91,6 +91,10 @@ type ConnParam struct {
 	// uses.
 	RetryCount    uint8
 	RNRRetryCount uint8
+	// SourcePort is the source port the REQ's cma_hdr names, which the
+	// passive side reports as its peer's (rdma_get_peer_addr): rdma_cm
+	// puts its id's own port there. 0: an ephemeral port.
+	SourcePort uint16
 }
 
 // DefaultConnParam is what a nil *ConnParam means: one READ each way,

@@ -120,7 +120,15 @@ func TestDialLinkLocalREQ(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		remote := netip.MustParseAddr(c2.remote)
-		go func() { _, err := c.Dial(ctx, remote, PortSpaceTCP, 7471, qp, nil); done <- err }()
+		// The IPv4 dial names its source port; the other takes an
+		// ephemeral one.
+		var param *ConnParam
+		if remote.Is4() {
+			p := DefaultConnParam
+			p.SourcePort = 40123
+			param = &p
+		}
+		go func() { _, err := c.Dial(ctx, remote, PortSpaceTCP, 7471, qp, param); done <- err }()
 		var r mad.REQ
 		select {
 		case r = <-reqs:
@@ -136,6 +144,9 @@ func TestDialLinkLocalREQ(t *testing.T) {
 		if p.LocalGID().Unmap() != local || p.RemoteGID().Unmap() != remote || h.SrcAddr().Unmap() != local || h.DstAddr().Unmap() != remote {
 			t.Errorf("dial %v: REQ path GIDs %v -> %v, cma_hdr %v -> %v; want %v -> %v", remote,
 				p.LocalGID(), p.RemoteGID(), h.SrcAddr(), h.DstAddr(), local, remote)
+		}
+		if port := h.Port(); param != nil && port != 40123 || param == nil && port < 0x8000 {
+			t.Errorf("dial %v: cma_hdr source port %d", remote, port)
 		}
 	}
 }

@@ -938,7 +938,7 @@ func (ch *cmChan) connect(id *cmID, q *cmReq) error {
 		}
 		ev := cmEvent{typ: cmEvEstablished, dev: uint32(dev.index), src: src, dst: dst}
 		if ud {
-			r, err := c.ResolveUD(id.ctx, dst.Addr().WithZone(""), dst.Port(), priv)
+			r, err := c.ResolveUDFrom(id.ctx, src.Port(), dst.Addr().WithZone(""), dst.Port(), priv)
 			if err != nil {
 				failure(&ev, err, cmEvUnreachable)
 			} else {
@@ -950,7 +950,13 @@ func (ch *cmChan) connect(id *cmID, q *cmReq) error {
 			id.post(ev)
 			return
 		}
-		k, err := c.Dial(id.ctx, dst.Addr().WithZone(""), ps, dst.Port(), qp, p)
+		// The cma_hdr names the id's port, as the kernel's does.
+		withPort := cm.DefaultConnParam
+		if p != nil {
+			withPort = *p
+		}
+		withPort.SourcePort = src.Port()
+		k, err := c.Dial(id.ctx, dst.Addr().WithZone(""), ps, dst.Port(), qp, &withPort)
 		if err != nil {
 			failure(&ev, err, cmEvConnectError)
 			x := id.lock()

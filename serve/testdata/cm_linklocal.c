@@ -78,7 +78,8 @@ int main(int argc, char **argv)
 	ev = next(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
 	CHECK(ev->listen_id == lid);
 	CHECK(is(rdma_get_local_addr(ev->id), &a.sin6_addr, 0, port));
-	CHECK(is(rdma_get_peer_addr(ev->id), &a.sin6_addr, 0, 0));
+	/* The peer's port is the connecting id's own, as the kernel's cma_hdr says. */
+	CHECK(is(rdma_get_peer_addr(ev->id), &a.sin6_addr, 0, ntohs(rdma_get_src_port(cli))));
 	CHECK(!memcmp(&ev->id->route.addr.addr.ibaddr.sgid, &g0, 16));
 	CHECK(rdma_reject(ev->id, NULL, 0) == 0);
 	rdma_ack_cm_event(ev);
