@@ -41,6 +41,7 @@ type Multi struct {
 	rxErr  error
 	stopFn func(n int) bool
 	readFn func(uintptr) bool
+	each   multiEach // RecvEachUntil's state
 
 	closed   atomic.Bool
 	txErrors atomic.Uint64
@@ -325,27 +326,12 @@ func (m *Multi) recvEachUntil(pkts []nic.Packet, deliver func(n int), stop func(
 	}
 	m.rxMu.Lock()
 	defer m.rxMu.Unlock()
-	var fail error
-	stopped := false
-	each := func(n int) bool {
-		deliver(n)
-		stopped = stop != nil && stop()
-		return !stopped
-	}
-	fn := func(uintptr) bool {
-		for first := true; ; first = false {
-			more, err := m.pass(pkts, first, each)
-			if err != nil {
-				fail = err
-				return true
-			}
-			if stopped {
-				return true
-			}
-			if !more {
-				return false
-			}
-		}
+	e := &m.each
+	e.pkts, e.deliver, e.stop, e.fail, e.stopped = pkts, deliver, stop, nil, false
+	defer func() { e.pkts, e.deliver, e.stop = nil, nil, nil }()
+	if e.fn == nil {
+		// Bound once: closures per call would allocate.
+		e.m, e.fn, e.gotFn = m, e.step, e.got
 	}
 	for {
 		if stop != nil && stop() {
@@ -353,17 +339,54 @@ func (m *Multi) recvEachUntil(pkts []nic.Packet, deliver func(n int), stop func(
 		}
 		var err error
 		if kernel {
-			err = m.ep.ReadKernel(fn)
+			err = m.ep.ReadKernel(e.fn)
 		} else {
-			err = m.ep.Read(fn)
+			err = m.ep.Read(e.fn)
 		}
-		if err == nil && fail == nil && stopped {
+		if err == nil && e.fail == nil && e.stopped {
 			return nil
 		}
 		if err == errInterrupted {
 			continue // Interrupt: ask stop
 		}
-		return m.recvErr(err, fail)
+		return m.recvErr(err, e.fail)
+	}
+}
+
+// multiEach is Multi.RecvEachUntil's state (under rxMu).
+type multiEach struct {
+	m       *Multi
+	pkts    []nic.Packet
+	deliver func(n int)
+	stop    func() bool
+	fail    error
+	stopped bool
+	fn      func(uintptr) bool // step
+	gotFn   func(n int) bool   // got
+}
+
+// got delivers n packets and reports whether to go on.
+func (e *multiEach) got(n int) bool {
+	e.deliver(n)
+	e.stopped = e.stop != nil && e.stop()
+	return !e.stopped
+}
+
+// step passes over the Links until they are empty (false: wait) or stop
+// or an error says to return (true).
+func (e *multiEach) step(uintptr) bool {
+	for first := true; ; first = false {
+		more, err := e.m.pass(e.pkts, first, e.gotFn)
+		if err != nil {
+			e.fail = err
+			return true
+		}
+		if e.stopped {
+			return true
+		}
+		if !more {
+			return false
+		}
 	}
 }
 

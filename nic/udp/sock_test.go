@@ -146,8 +146,7 @@ func TestWaitEachUntilTwoReaders(t *testing.T) {
 }
 
 // TestSockWaitNoAllocs: a wait in ppoll and one in the poller allocate
-// nothing (Read and ReadKernel themselves; RecvEachUntil's closures are
-// made once a call).
+// nothing.
 func TestSockWaitNoAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are not meaningful under the race detector")
@@ -200,6 +199,53 @@ func TestSockWaitNoAllocs(t *testing.T) {
 		}
 		if kernel != (kernelWaits.Load() > w0) {
 			t.Errorf("kernel %v: %d waits in ppoll", kernel, kernelWaits.Load()-w0)
+		}
+	}
+}
+
+// TestWaitEachUntilAllocs: a Link's WaitEachUntil or RecvEachUntil call
+// that waits once allocates nothing.
+func TestWaitEachUntilAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are not meaningful under the race detector")
+	}
+	a := open(t, "127.0.0.1", 9000)
+	b := open(t, "127.0.0.1", 9000)
+	out := packets(1, 300)
+	kick := make(chan struct{})
+	defer close(kick)
+	go func() {
+		for range kick {
+			time.Sleep(200 * time.Microsecond)
+			out[0].N, out[0].Remote = 64, b.LocalAddrPort()
+			a.Send(out)
+		}
+	}()
+	in := packets(4, 300)
+	got := 0
+	deliver := func(n int) { got += n }
+	stop := func() bool { return got > 0 }
+	for _, kernel := range []bool{true, false} {
+		recv := b.RecvEachUntil
+		if kernel {
+			recv = b.WaitEachUntil
+		}
+		once := func() {
+			got = 0
+			kick <- struct{}{}
+			if err := recv(in, deliver, stop); err != nil {
+				t.Fatal(err)
+			}
+		}
+		once()
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		for range 50 {
+			once()
+		}
+		runtime.ReadMemStats(&m1)
+		if n := m1.Mallocs - m0.Mallocs; n >= 25 {
+			t.Errorf("kernel %v: %d allocations in 50 calls", kernel, n)
 		}
 	}
 }

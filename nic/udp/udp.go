@@ -159,6 +159,7 @@ type Link struct {
 
 	rxMu sync.Mutex
 	rx   *receiver
+	each eachLoop // RecvEachUntil's state (under rxMu)
 	// raw is the raw IPv4 socket of Config.VerifyIPv4 (nil without).
 	raw        *sock
 	rawScratch []byte
@@ -738,55 +739,15 @@ func (l *Link) recvEachUntil(pkts []nic.Packet, deliver func(n int), stop func()
 	// into pkts' buffers): deliver is done with them before the next
 	// recvmmsg overwrites them.
 	r.alias = true
+	e := &l.each
+	e.pkts, e.deliver, e.stop, e.fail, e.stopped = pkts, deliver, stop, nil, false
 	defer func() {
 		r.restore(pkts)
 		r.alias = false
+		e.pkts, e.deliver, e.stop = nil, nil, nil
 	}()
-	var fail error
-	stopped := false
-	give := func(k int) bool {
-		deliver(k)
-		stopped = stop != nil && stop()
-		return stopped
-	}
-	fn := func(fd uintptr) bool {
-		for {
-			if l.gro {
-				if k := l.drain(pkts); k > 0 {
-					if give(k) {
-						return true
-					}
-					continue
-				}
-				r.setupBig()
-			} else {
-				r.setup(pkts)
-			}
-			if !r.read(fd) {
-				return false // EAGAIN: wait
-			}
-			if r.errno != 0 {
-				if r.errno == syscall.ECONNREFUSED || r.errno == syscall.EHOSTUNREACH {
-					continue // an ICMP error for something we sent earlier
-				}
-				fail = r.errno
-				r.n = 0
-				return true
-			}
-			full := r.n == r.want
-			if l.gro {
-				for r.cur < r.n {
-					if k := l.drain(pkts); k > 0 && give(k) {
-						return true // the rest stays for the next receive
-					}
-				}
-			} else if k := l.acceptBatch(pkts, r.n); k > 0 && give(k) {
-				return true
-			}
-			if !full {
-				return false // the queue was empty: wait for the next packet
-			}
-		}
+	if e.fn == nil {
+		e.l, e.fn = l, e.step // bound once: a closure per call would allocate
 	}
 	for {
 		if stop != nil && stop() {
@@ -794,23 +755,84 @@ func (l *Link) recvEachUntil(pkts []nic.Packet, deliver func(n int), stop func()
 		}
 		var err error
 		if kernel {
-			err = r.rc.ReadKernel(fn)
+			err = r.rc.ReadKernel(e.fn)
 		} else {
-			err = r.rc.Read(fn)
+			err = r.rc.Read(e.fn)
 		}
-		if err == nil && fail == nil && stopped {
+		if err == nil && e.fail == nil && e.stopped {
 			return nil
 		}
 		if err == errInterrupted {
 			continue // Interrupt: ask stop
 		}
 		if err == nil {
-			err = fail
+			err = e.fail
 		}
 		if l.closed.Load() || errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrClosed) {
 			return net.ErrClosed
 		}
 		return fmt.Errorf("udp: recvmmsg on %v: %w", l.local, err)
+	}
+}
+
+// eachLoop is RecvEachUntil's state (under rxMu).
+type eachLoop struct {
+	l       *Link
+	pkts    []nic.Packet
+	deliver func(n int)
+	stop    func() bool
+	fail    error
+	stopped bool
+	fn      func(fd uintptr) bool // step
+}
+
+// give delivers k packets and reports whether stop says to return.
+func (e *eachLoop) give(k int) bool {
+	e.deliver(k)
+	e.stopped = e.stop != nil && e.stop()
+	return e.stopped
+}
+
+// step receives and delivers until the socket is empty (false: wait) or
+// stop, an error or the end of a batch says to return (true).
+func (e *eachLoop) step(fd uintptr) bool {
+	l, r, pkts := e.l, e.l.rx, e.pkts
+	for {
+		if l.gro {
+			if k := l.drain(pkts); k > 0 {
+				if e.give(k) {
+					return true
+				}
+				continue
+			}
+			r.setupBig()
+		} else {
+			r.setup(pkts)
+		}
+		if !r.read(fd) {
+			return false // EAGAIN: wait
+		}
+		if r.errno != 0 {
+			if r.errno == syscall.ECONNREFUSED || r.errno == syscall.EHOSTUNREACH {
+				continue // an ICMP error for something we sent earlier
+			}
+			e.fail = r.errno
+			r.n = 0
+			return true
+		}
+		full := r.n == r.want
+		if l.gro {
+			for r.cur < r.n {
+				if k := l.drain(pkts); k > 0 && e.give(k) {
+					return true // the rest stays for the next receive
+				}
+			}
+		} else if k := l.acceptBatch(pkts, r.n); k > 0 && e.give(k) {
+			return true
+		}
+		if !full {
+			return false // the queue was empty: wait for the next packet
+		}
 	}
 }
 

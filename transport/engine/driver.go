@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"net"
 	"runtime"
@@ -64,6 +65,14 @@ type Driver struct {
 	want         atomic.Bool  // a consumer asked the receive goroutine to step aside
 	seatFreed    atomic.Int64 // when a consumer last gave the seat back, since epoch
 	inlineOff    atomic.Bool  // the link failed or closed under a consumer: no more inline waits
+	// The seat holder's receive loop and a consumer's callbacks, bound
+	// once (a closure per wait would allocate); the consumer's ready and
+	// ctx are set while it holds the seat.
+	recvFn          func(pkts []nic.Packet, deliver func(n int), stop func() bool) error
+	inlineDeliverFn func(n int)
+	inlineStopFn    func() bool
+	inlineReady     func() bool
+	inlineCtx       context.Context
 
 	fatal     atomic.Pointer[error] // the Recv error that stopped the receive loop
 	txDropped atomic.Uint64
@@ -143,6 +152,11 @@ func newDriver(e *Engine, link nic.Link, cfg DriverConfig) *Driver {
 		d.intr = ir
 		d.seat = make(chan struct{}, 1)
 		d.seat <- struct{}{}
+		d.recvFn = ir.RecvEachUntil
+		if kw, ok := ir.(kernelWaiter); ok {
+			d.recvFn = kw.WaitEachUntil
+		}
+		d.inlineDeliverFn, d.inlineStopFn = d.inlineDeliver, d.inlineStop
 	}
 	d.rxBatch = make([]nic.Packet, link.BatchSize())
 	for i := range d.rxBatch {

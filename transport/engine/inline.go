@@ -52,7 +52,7 @@ func (d *Driver) seatLoop() {
 		case <-d.seat:
 		}
 		d.want.Store(false)
-		err := d.recvUntil()(batch, deliver, d.want.Load)
+		err := d.recvFn(batch, deliver, d.want.Load)
 		d.seat <- struct{}{}
 		if err != nil {
 			d.inlineOff.Store(true)
@@ -127,13 +127,9 @@ func (d *Driver) WaitInline(ctx context.Context, ready func() bool, wake <-chan 
 	if ctx.Done() != nil {
 		stopCtx = context.AfterFunc(ctx, d.intr.Interrupt)
 	}
-	batch := d.rxBatch
-	err := d.recvUntil()(batch, func(n int) {
-		d.inHandle.Store(true)
-		d.handle(batch[:n])
-		d.inline.Add(uint64(n))
-		d.inHandle.Store(false)
-	}, func() bool { return ready() || ctx.Err() != nil })
+	d.inlineReady, d.inlineCtx = ready, ctx
+	err := d.recvFn(d.rxBatch, d.inlineDeliverFn, d.inlineStopFn)
+	d.inlineReady, d.inlineCtx = nil, nil
 	if stopCtx != nil {
 		stopCtx()
 	}
@@ -157,13 +153,17 @@ type kernelWaiter interface {
 	WaitEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool) error
 }
 
-// recvUntil is the receive loop the seat's holder runs.
-func (d *Driver) recvUntil() func(pkts []nic.Packet, deliver func(n int), stop func() bool) error {
-	if kw, ok := d.intr.(kernelWaiter); ok {
-		return kw.WaitEachUntil
-	}
-	return d.intr.RecvEachUntil
+// inlineDeliver handles a batch received by a consumer in WaitInline.
+func (d *Driver) inlineDeliver(n int) {
+	d.inHandle.Store(true)
+	d.handle(d.rxBatch[:n])
+	d.inline.Add(uint64(n))
+	d.inHandle.Store(false)
 }
+
+// inlineStop is WaitInline's stop: the consumer's CQ has an entry or its
+// ctx ended.
+func (d *Driver) inlineStop() bool { return d.inlineReady() || d.inlineCtx.Err() != nil }
 
 // Interrupt wakes a consumer blocked receiving in WaitInline: a completion
 // for it was pushed from another goroutine. A consumer handling a batch
