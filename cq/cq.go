@@ -66,6 +66,9 @@ type CQ struct {
 	onPush func(WC, bool) bool // SetPushHook's function, guarded by mu
 	onPoll func() bool         // SetPollHook's function, guarded by mu
 	waiter InlineWaiter        // SetWaitHook's, guarded by mu
+	// readyFn is ready, bound once: a method value per Wait would
+	// allocate.
+	readyFn func() bool
 	// inlineWaits counts Waits inside waiter.WaitInline: a Push then
 	// interrupts the waiter, which may be blocked receiving.
 	inlineWaits atomic.Int32
@@ -89,12 +92,14 @@ func New(depth int) (*CQ, error) {
 	if depth < 1 || depth > MaxDepth {
 		return nil, fmt.Errorf("cq: create: depth %d out of range 1..%d", depth, MaxDepth)
 	}
-	return &CQ{
+	c := &CQ{
 		ring:   make([]WC, depth),
 		notify: make(chan struct{}, 1),
 		events: make(chan Event, 1),
 		wake:   make(chan struct{}, 1),
-	}, nil
+	}
+	c.readyFn = c.ready
+	return c, nil
 }
 
 // Depth returns the number of completions the CQ can hold.
@@ -307,7 +312,7 @@ func (c *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 		}
 		if w != nil {
 			c.inlineWaits.Add(1)
-			ok := w.WaitInline(ctx, c.ready, c.wake)
+			ok := w.WaitInline(ctx, c.readyFn, c.wake)
 			c.inlineWaits.Add(-1)
 			if ok {
 				if err := ctx.Err(); err != nil && !c.ready() {
