@@ -358,7 +358,10 @@ func TestAllocationTestPattern(t *testing.T) {
 		ast.Inspect(body, func(n ast.Node) bool {
 			switch x := n.(type) {
 			case *ast.SelectorExpr:
-				found = found || x.Sel.Name == "AllocsPerRun"
+				// AllocsPerRun, or a count of MemStats.Mallocs (a test
+				// that needs GOMAXPROCS above 1, which AllocsPerRun
+				// sets to 1).
+				found = found || x.Sel.Name == "AllocsPerRun" || x.Sel.Name == "Mallocs"
 			case *ast.CallExpr:
 				if id, ok := x.Fun.(*ast.Ident); ok && helpers[id.Name] {
 					found = true
