@@ -720,9 +720,11 @@ func (l *Link) RecvEachUntil(pkts []nic.Packet, deliver func(n int), stop func()
 	return l.recvEachUntil(pkts, deliver, stop, false)
 }
 
-// WaitEachUntil is RecvEachUntil for a consumer waiting for its own
-// completion: it waits in a system call, not the runtime poller (see
-// sock), so the packet wakes the consumer's own thread.
+// WaitEachUntil is RecvEachUntil for the one goroutine that holds a
+// device's receive path (a consumer waiting for its completion, or the
+// receive goroutine): where that pays it waits in a ppoll system call,
+// not the runtime poller, so the packet wakes the thread that handles it
+// (see sock and kernelWaitOK).
 func (l *Link) WaitEachUntil(pkts []nic.Packet, deliver func(n int), stop func() bool) error {
 	return l.recvEachUntil(pkts, deliver, stop, true)
 }
