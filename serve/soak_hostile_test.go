@@ -203,6 +203,12 @@ func (d *daemonProc) Write(b []byte) (int, error) { return d.out.Write(b) }
 
 func (d *daemonProc) output() string { return d.out.String() }
 
+// tail is the last n bytes of the daemon's output.
+func (d *daemonProc) tail(n int) string {
+	o := d.output()
+	return o[max(0, len(o)-n):]
+}
+
 func (d *daemonProc) alive() bool {
 	select {
 	case <-d.done:
@@ -336,7 +342,8 @@ func honestRound(t *testing.T, d *daemonProc, pp, lib string, cred *syscall.Cred
 func honestPair(t *testing.T, d *daemonProc, pp, lib string, cred *syscall.Credential) (float64, error) {
 	port := strconv.Itoa(freeTCPPort(t))
 	args := []string{"-g", "0", "-p", port, "-n", "500", "-s", "4096", "--chk"}
-	env := append(os.Environ(), "SOFTROCE_SOCKET="+d.sock, "LD_LIBRARY_PATH="+lib)
+	// SOFTROCE_DEBUG: a library that finds no daemon to use says why.
+	env := append(os.Environ(), "SOFTROCE_SOCKET="+d.sock, "LD_LIBRARY_PATH="+lib, "SOFTROCE_DEBUG=1")
 	run := func(args ...string) (*exec.Cmd, *lockedBuf, error) {
 		c := exec.Command(pp, args...)
 		c.Env = env
@@ -353,7 +360,7 @@ func honestPair(t *testing.T, d *daemonProc, pp, lib string, cred *syscall.Crede
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Wait() }()
 	if err := waitListen(port, srvDone); err != nil {
-		return 0, fmt.Errorf("server: %v\n%s", err, so)
+		return 0, fmt.Errorf("server: %v\n%s\nthe daemon's last output:\n%s", err, so, d.tail(2048))
 	}
 	cli, co, err := run(append(args, "127.0.0.1")...)
 	if err != nil {

@@ -179,6 +179,9 @@ static int sr_dial(void *hello, size_t n, size_t *got)
 		k = recv(fd, in, sizeof(in), 0);
 	while (k < 0 && errno == EINTR);
 	if (k < (ssize_t)(sizeof(r) + sizeof(h))) {
+		if (k < (ssize_t)sizeof(r) && getenv("SOFTROCE_DEBUG"))
+			fprintf(stderr, "softroce: the daemon on %s answered HELLO with %zd bytes: %s\n", a.sun_path, k,
+				k < 0 ? strerror(errno) : "closed");
 		if (k >= (ssize_t)sizeof(r)) {
 			memcpy(&r, in, sizeof(r));
 			if (r.err)
