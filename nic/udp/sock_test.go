@@ -145,17 +145,13 @@ func TestWaitEachUntilTwoReaders(t *testing.T) {
 	}
 }
 
-// TestSockWaitNoAllocs: a wait in ppoll and one in the poller allocate
-// nothing.
-func TestSockWaitNoAllocs(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are not meaningful under the race detector")
-	}
+// lateSender returns a channel: each send on it makes a datagram reach b
+// 200 us later, while b's reader waits.
+func lateSender(t *testing.T, b *Link) chan<- struct{} {
 	a := open(t, "127.0.0.1", 9000)
-	b := open(t, "127.0.0.1", 9000)
 	out := packets(1, 300)
 	kick := make(chan struct{})
-	defer close(kick)
+	t.Cleanup(func() { close(kick) })
 	go func() {
 		for range kick {
 			time.Sleep(200 * time.Microsecond)
@@ -163,6 +159,17 @@ func TestSockWaitNoAllocs(t *testing.T) {
 			a.Send(out)
 		}
 	}()
+	return kick
+}
+
+// TestSockWaitNoAllocs: a wait in ppoll and one in the poller allocate
+// nothing.
+func TestSockWaitNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are not meaningful under the race detector")
+	}
+	b := open(t, "127.0.0.1", 9000)
+	kick := lateSender(t, b)
 	var buf [512]byte
 	read := func(fd uintptr) bool {
 		n, err := unix.Read(int(fd), buf[:])
@@ -209,18 +216,8 @@ func TestWaitEachUntilAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are not meaningful under the race detector")
 	}
-	a := open(t, "127.0.0.1", 9000)
 	b := open(t, "127.0.0.1", 9000)
-	out := packets(1, 300)
-	kick := make(chan struct{})
-	defer close(kick)
-	go func() {
-		for range kick {
-			time.Sleep(200 * time.Microsecond)
-			out[0].N, out[0].Remote = 64, b.LocalAddrPort()
-			a.Send(out)
-		}
-	}()
+	kick := lateSender(t, b)
 	in := packets(4, 300)
 	got := 0
 	deliver := func(n int) { got += n }
