@@ -23,7 +23,8 @@
 #   STRACE     when set, `strace -c -f` of the first daemon for each ABI run, into $OUT
 #   STAT       when set, `perf stat` (context switches, CPU time) of both daemons for each ABI run,
 #              into $OUT/NAME.ROUND/stat.txt: counts per iteration hold up under load where times do not
-#   OUT        directory for logs and profiles (default: a temporary one, printed)
+#   OUT        directory for logs and profiles (default: a temporary one, printed); each
+#              ABI run leaves both daemons' `softroce status --json` in NAME.ROUND/status.{a,b}.json
 #   TIMEOUT    seconds each tool may run (default 120)
 #
 # It prints one line per tool run and a summary of ranges per path. Not a
@@ -147,6 +148,10 @@ abi() {
 		kill -INT "$prof" 2>/dev/null || true
 		wait "$prof" 2>/dev/null || true
 	fi
+	# The daemons' counters (a binary without the status command writes nothing).
+	for x in a b; do
+		"$bin" status --json --socket "$d/$x.sock" >"$d/status.$x.json" 2>/dev/null || true
+	done
 	kill $pa $pb 2>/dev/null || true
 	wait $pa $pb 2>/dev/null || true
 }
