@@ -629,8 +629,8 @@ func (c *client) createQP(b []byte) ([]byte, []int, error) {
 	if srq != nil {
 		srq.nQP++
 	}
-	// A QP born while no one looks at the rings must ring.
-	store32(m.b, offSleeping, d.sleepingFlag())
+	// A QP born while the poller sleeps must ring: start with the flag set.
+	store32(m.b, offSleeping, 1)
 	c.qps[h] = q
 	d.qps = append(d.qps, q)
 	d.rmu.Lock()

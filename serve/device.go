@@ -72,13 +72,6 @@ type device struct {
 	drainFn   func() // d.drainAll, made once: Batch takes it without allocating
 	drainWork bool   // what drainAll found
 
-	// lookers counts who looks at the rings (see looking); it starts at
-	// one, the poller, awake when it starts. lookExits are looks that
-	// ended while d.mu was taken, for the next pass to count out.
-	lookers   int
-	lookExits atomic.Int64
-	look      look // the receive goroutine's (afterReceive)
-
 	sendCQ, recvCQ *verbs.CQ
 	gidIndex       int       // the GID of the address the device serves (cm.DefaultSGID)
 	ll             linkLocal // its IPv6 link-local GID, if it has one (linklocal.go)
@@ -128,10 +121,6 @@ func newDevice(s *Server, i int, v *verbs.Device) (*device, error) {
 		return nil, err
 	}
 	d.drainFn = d.drainAll
-	d.lookers, d.look.budget = 1, lookFor
-	if d.look.pending = v.PendingProbe(); d.look.pending != nil {
-		v.SetAfterReceive(d.afterReceive)
-	}
 	d.sendCQ.SetPushHook(d.routeSend)
 	d.recvCQ.SetPushHook(d.routeRecv)
 	if d.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
@@ -271,58 +260,37 @@ func (d *device) poll() {
 		}
 		// Announce the sleep, then look once more: a WQE posted before the
 		// announcement was seen is found now, one posted after it rings.
+		d.setAsleep(true)
 		d.mu.Lock()
-		d.looking(-1)
 		work = d.pass()
 		d.mu.Unlock()
 		if !work && !d.wait() {
 			return
 		}
-		d.mu.Lock()
-		d.looking(1)
-		d.mu.Unlock()
+		d.setAsleep(false)
 		idle = 0
 	}
 }
 
-// looking counts a goroutine in (1) or out (-1) of looking at the rings:
-// the poller while awake, the receive goroutine while it looks after a
-// batch (afterReceive). The QPs' sleeping flags are set while no one
-// looks, so that a post rings the doorbell then and only then. Whoever
-// takes the count to zero must pass over the rings once more after it
-// (a WQE posted while the flag was clear is found then). d.mu is held.
-func (d *device) looking(delta int) {
-	was := d.lookers > 0
-	d.lookers += delta
-	if now := d.lookers > 0; now != was {
-		f := d.sleepingFlag()
-		for _, q := range d.qps {
-			store32(q.mem.b, offSleeping, f)
-		}
-		for _, o := range d.srqs {
-			store32(o.mem.b, offSleeping, f)
-		}
+func (d *device) setAsleep(v bool) {
+	d.mu.Lock()
+	f := uint32(0)
+	if v {
+		f = 1
 	}
-}
-
-// sleepingFlag is the flag a new QP or SRQ starts with: set while no one
-// looks at the rings (see looking). d.mu is held.
-func (d *device) sleepingFlag() uint32 {
-	if d.lookers > 0 {
-		return 0
+	for _, q := range d.qps {
+		store32(q.mem.b, offSleeping, f)
 	}
-	return 1
+	for _, o := range d.srqs {
+		store32(o.mem.b, offSleeping, f)
+	}
+	d.mu.Unlock()
 }
 
 // pass runs every QP's rings once; d.mu is held. It reports whether it did
 // anything.
 func (d *device) pass() bool {
 	work := false
-	if n := d.lookExits.Swap(0); n != 0 {
-		// Looks the receive goroutine ended without d.mu; the caller
-		// looks now, so the count cannot reach zero before its pass.
-		d.looking(-int(n))
-	}
 	if d.errPending.Load() {
 		d.moveOverrunsToErr()
 		work = true

@@ -81,12 +81,6 @@ type Stats struct {
 	// AcceptErrors counts accepts that failed (descriptors or memory
 	// short): the daemon waits and accepts again.
 	AcceptErrors uint64 `json:"accept_errors"`
-	// The receive goroutine's looks at the rings after a batch (look.go):
-	// those that took posted work, those that packets cut short, and
-	// those that ran out of time.
-	LooksFound   uint64 `json:"looks_found"`
-	LooksCut     uint64 `json:"looks_cut"`
-	LooksExpired uint64 `json:"looks_expired"`
 	// Refusals counts the requests and connections refused by each limit,
 	// by its name (the flag of softroce serve that raises it).
 	Refusals map[string]uint64 `json:"refusals,omitempty"`
@@ -309,14 +303,8 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	n := len(s.clients)
 	s.mu.Unlock()
-	st := Stats{Clients: n, Accepted: s.accepted.Load(), BadRequests: s.badReq.Load(), BadWQEs: s.badWQE.Load(), Overruns: s.overruns.Load(),
+	return Stats{Clients: n, Accepted: s.accepted.Load(), BadRequests: s.badReq.Load(), BadWQEs: s.badWQE.Load(), Overruns: s.overruns.Load(),
 		Backstops: s.backstops.Load(), QueueFull: s.queueFull.Load(), AcceptErrors: s.acceptErrs.Load(), Refusals: s.led.refusalCounts()}
-	for _, d := range s.devs {
-		st.LooksFound += d.look.found.Load()
-		st.LooksCut += d.look.cut.Load()
-		st.LooksExpired += d.look.expired.Load()
-	}
-	return st
 }
 
 // QPs is how many client QPs exist on all devices.

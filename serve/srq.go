@@ -56,7 +56,7 @@ func (c *client) createSRQ(pdH, maxWR, maxSGE, limit uint32) ([]byte, []int, err
 	h := c.handleID()
 	o := &srqObj{handle: h, c: c, pd: pdH, srq: s, mem: m, recv: recvWQE{sgl: make([]verbs.SGE, maxSGE)}}
 	o.rq = wqeRing{kind: o, c: c, name: "SRQ", off: ctlPage, size: size, stride: stride, prodAt: offRQProd, consAt: offRQCons}
-	store32(m.b, offSleeping, d.sleepingFlag())
+	store32(m.b, offSleeping, 1) // born while the poller may sleep: ring
 	c.srqs[h] = o
 	d.srqs = append(d.srqs, o)
 	d.bySRQ[s] = o

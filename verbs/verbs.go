@@ -441,18 +441,6 @@ type EngineStats = engine.EngineStats
 // per-QP ones), congestion control's in CC.
 func (d *Device) Stats() EngineStats { return d.eng.Stats() }
 
-// SetAfterReceive makes f run on the device's receive goroutine after each
-// batch of received packets is handled and its replies sent
-// (engine.Driver.SetAfterReceive); nil removes it. f must not wait for
-// the device's receive path, and should return as soon as the probe of
-// PendingProbe reports packets waiting.
-func (d *Device) SetAfterReceive(f func()) { d.drv.SetAfterReceive(f) }
-
-// PendingProbe returns a function that reports whether packets wait for
-// the device's receive, without reading them, or nil if its link cannot
-// tell (engine.Driver.PendingProbe).
-func (d *Device) PendingProbe() func() bool { return d.drv.PendingProbe() }
-
 // CC returns a copy of the device's congestion-control parameters
 // (Options.CC), nil when it is off.
 func (d *Device) CC() *dcqcn.Params {

@@ -390,17 +390,6 @@ func (e *multiEach) step(uintptr) bool {
 	}
 }
 
-// Pending reports whether packets wait on any of the links (Link.Pending);
-// only the goroutine that receives may call it.
-func (m *Multi) Pending() bool {
-	for _, l := range m.links {
-		if l.Pending() {
-			return true
-		}
-	}
-	return false
-}
-
 // Interrupt wakes a RecvEachUntil waiting for packets (see
 // Link.Interrupt).
 func (m *Multi) Interrupt() { m.ep.Interrupt() }

@@ -60,8 +60,6 @@ type sock struct {
 	pollFn func(uintptr) bool
 	pollF  func(fd uintptr) bool
 	fired  bool
-	probe  [1]unix.PollFd // readable's (under the reader)
-	zero   unix.Timespec
 }
 
 var _ syscall.RawConn = (*sock)(nil)
@@ -131,18 +129,6 @@ func detach(conn interface {
 		return nil, err
 	}
 	return s, nil
-}
-
-// readable reports whether input waits on the descriptor, without
-// reading it or waiting; called by the reader.
-func (s *sock) readable() bool {
-	if !s.enter() {
-		return false
-	}
-	s.probe[0] = unix.PollFd{Fd: int32(s.fd), Events: unix.POLLIN}
-	n, err := unix.Ppoll(s.probe[:], &s.zero, nil)
-	s.leave()
-	return err == nil && n > 0
 }
 
 func (s *sock) enter() bool {

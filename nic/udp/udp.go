@@ -777,19 +777,6 @@ func (l *Link) recvEachUntil(pkts []nic.Packet, deliver func(n int), stop func()
 	}
 }
 
-// Pending reports whether packets wait to be received: segments of
-// coalesced datagrams read but not yet delivered, or datagrams on the
-// socket, which it does not read. Only the goroutine that receives may
-// call it (in RecvEach's deliver, or between receives): a daemon's
-// receive goroutine that looks at other work after a batch asks it when
-// to go back to receiving (engine.Driver.PendingProbe).
-func (l *Link) Pending() bool {
-	if l.gro && l.rx.cur < l.rx.n {
-		return true
-	}
-	return l.readSock().readable()
-}
-
 // eachLoop is RecvEachUntil's state (under rxMu).
 type eachLoop struct {
 	l       *Link

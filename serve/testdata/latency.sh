@@ -17,6 +17,7 @@
 #   ROUNDS     rounds (default 3); N iterations per tool (default 5000)
 #   SIZE_LAT   ib_write_lat / softroce lat message size (default 2)
 #   SIZE_PP    ibv_rc_pingpong / softroce pingpong message size (default 4096)
+#   PP_ARGS    more ibv_rc_pingpong arguments (-e: sleep on completion channels)
 #   PORT       first UDP port (default 4821); PORT+1 is the other daemon, PORT+10.. the Go tools
 #   TCP        first TCP port of the out-of-band exchanges (default 18621)
 #   PERF       when set, `perf record -g` of the first daemon for each ABI run, into $OUT
@@ -138,7 +139,7 @@ abi() {
 			echo "$r $name readbw $(bwrow "$d/readbw.cli")" >>"$RES"
 			;;
 		pingpong)
-			abipair pp ibv_rc_pingpong -g 0 -s "$SIZE_PP" -n "$N" -p "$tcp"
+			abipair pp ibv_rc_pingpong -g 0 -s "$SIZE_PP" -n "$N" -p "$tcp" ${PP_ARGS:-}
 			echo "$r $name pingpong $(pprow "$d/pp.cli")" >>"$RES"
 			;;
 		esac

@@ -74,9 +74,6 @@ type Driver struct {
 	inlineReady     func() bool
 	inlineCtx       context.Context
 
-	// afterRecv, if set, runs after each received batch (SetAfterReceive).
-	afterRecv atomic.Pointer[func()]
-
 	fatal     atomic.Pointer[error] // the Recv error that stopped the receive loop
 	txDropped atomic.Uint64
 	lastTxErr atomic.Pointer[error]
@@ -190,38 +187,6 @@ func (d *Driver) handle(pkts []nic.Packet) {
 	d.e.Receive(d.now(), pkts)
 	d.flush()
 	d.endBatch()
-	if f := d.afterRecv.Load(); f != nil {
-		(*f)()
-	}
-}
-
-// SetAfterReceive makes f run after each batch of received packets is
-// handled and what followed from it sent, on the goroutine that handled
-// it, with no lock of the driver's held; nil removes it. A daemon whose
-// clients answer what it just placed in their memory looks at their
-// queues there, while its receive goroutine is awake anyway. f holds up
-// the receive path while it runs: PendingProbe tells it when to stop.
-func (d *Driver) SetAfterReceive(f func()) {
-	if f == nil {
-		d.afterRecv.Store(nil)
-		return
-	}
-	d.afterRecv.Store(&f)
-}
-
-// pendingRecver is a link that can tell, without reading, whether packets
-// wait for its receive (nic/udp).
-type pendingRecver interface {
-	Pending() bool
-}
-
-// PendingProbe returns a function that reports whether packets wait for
-// the link's receive, or nil if the link cannot tell.
-func (d *Driver) PendingProbe() func() bool {
-	if p, ok := d.rx.(pendingRecver); ok {
-		return p.Pending
-	}
-	return nil
 }
 
 func (d *Driver) beginBatch() {
