@@ -153,7 +153,7 @@ func TestABIUcmatoseAgainstRxe(t *testing.T) {
 	cmBothRoles(t, "ucmatose", "ucmatose", "ucmatose -s", []string{"-b", "HOST"}, []string{"-s"}, "return status 0", "REJECTED, error: 8")
 }
 
-// TestABILinkLocalAgainstRxe: ucmatose and rping over the IPv6 link-local
+// TestABILinkLocalAgainstRxe: ucmatose, rping and udaddy over the IPv6 link-local
 // addresses, both roles: GID 0 on both sides, the host's daemon serving
 // the tap's link-local and IPv4 addresses (the kernel's GID order, as
 // softroce serve opens it), its programs naming addresses with the tap's
@@ -206,6 +206,17 @@ func TestABILinkLocalAgainstRxe(t *testing.T) {
 		before := rx()
 		cmBothRolesAs(t, h, "rping", "rping -s -C 10 -v -a "+guestLL.String()+"%eth0", "rping -c -C 10 -v -a",
 			[]string{"-s", "-C", "10", "-v", "-a", "HOST"}, []string{"-c", "-C", "10", "-v", "-a"}, "ping data: rdma-ping-9", "REJECTED")
+		if got := rx() - before; got < 20 {
+			t.Errorf("the host's link-local socket received %d packets, want at least 20", got)
+		} else {
+			t.Logf("the host's link-local socket received %d packets", got)
+		}
+	})
+	t.Run("udaddy", func(t *testing.T) {
+		// SIDR over link-local GIDs, then 10 datagrams each way whose
+		// GRHs carry them.
+		before := rx()
+		cmBothRolesAs(t, h, "udaddy", "udaddy "+gb, "udaddy -s", []string{"-b", "HOST"}, []string{"-s"}, "return status 0", "REJECTED")
 		if got := rx() - before; got < 20 {
 			t.Errorf("the host's link-local socket received %d packets, want at least 20", got)
 		} else {
