@@ -12,6 +12,7 @@ import (
 
 	"github.com/softroce/softroce/cm"
 	"github.com/softroce/softroce/cq"
+	"github.com/softroce/softroce/internal/rawsys"
 	"github.com/softroce/softroce/transport/engine"
 	"github.com/softroce/softroce/verbs"
 )
@@ -161,7 +162,7 @@ func (d *device) close() {
 func ring(fd int) {
 	var one [8]byte
 	one[0] = 1
-	unix.Write(fd, one[:])
+	rawsys.Write(fd, one[:])
 }
 
 // pollable puts epfd into Go's network poller, so that the poller's sleep
@@ -190,7 +191,7 @@ func (d *device) pollable() {
 // epollNow collects the ready descriptors without waiting; false asks the
 // network poller to wait until epfd is readable.
 func (d *device) epollNow(fd uintptr) bool {
-	d.evn, d.everr = unix.EpollWait(int(fd), d.evs[:], 0)
+	d.evn, d.everr = rawsys.EpollNow(int(fd), d.evs[:])
 	return d.evn != 0 || d.everr != nil
 }
 
@@ -220,7 +221,7 @@ func (d *device) wait() bool {
 		if fd == d.quitFD {
 			return false
 		}
-		unix.Read(fd, buf[:])
+		rawsys.Read(fd, buf[:])
 	}
 	return true
 }

@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"math/bits"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/softroce/softroce/cq"
-
+	"github.com/softroce/softroce/internal/rawsys"
 	"github.com/softroce/softroce/verbs"
 	"github.com/softroce/softroce/wr"
 )
@@ -78,7 +76,7 @@ type chanObj struct {
 
 func (ch *chanObj) fire(cq uint32) {
 	le.PutUint32(ch.buf[:], cq)
-	unix.Write(ch.w, ch.buf[:]) // non-blocking: a full pipe already holds events
+	rawsys.Write(ch.w, ch.buf[:]) // non-blocking: a full pipe already holds events
 }
 
 // qpObj is a client QP: its verbs QP and its rings.

@@ -103,7 +103,8 @@ func newSender(rc syscall.RawConn, batch int) *sender {
 }
 
 func (s *sender) write(fd uintptr) bool {
-	n, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[s.from])), uintptr(s.want), unix.MSG_DONTWAIT, 0, 0)
+	// Raw (see receiver.read): MSG_DONTWAIT never blocks.
+	n, _, errno := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[s.from])), uintptr(s.want), unix.MSG_DONTWAIT, 0, 0)
 	if errno == unix.EAGAIN || errno == unix.EINTR {
 		return false
 	}

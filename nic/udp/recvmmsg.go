@@ -123,9 +123,17 @@ func (r *receiver) wait() error {
 }
 
 // read is called by the runtime poller; false means "would block: wait".
+//
+// The call is raw, as is sender.write's sendmmsg: neither blocks
+// (MSG_DONTWAIT), and one made through the runtime's syscall entry, in
+// a process that was idle, wakes the runtime's monitor thread (sysmon),
+// which then polls every 20 us for a while: in a daemon answering a
+// ping-pong that was a thread wake-up per message on a busy core, and
+// `ib_write_lat` through two daemons went from 128-141 to 68-73 us
+// (docs/performance.md).
 func (r *receiver) read(fd uintptr) bool {
 	r.calls++
-	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(r.want), unix.MSG_DONTWAIT, 0, 0)
+	n, _, errno := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(r.want), unix.MSG_DONTWAIT, 0, 0)
 	if errno == unix.EAGAIN {
 		return false
 	}

@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/internal/rawsys"
 )
 
 // sock is a socket (or Multi's epoll set) kept out of the Go runtime's
@@ -255,7 +257,7 @@ func (s *sock) interrupted() error {
 	}
 	s.kicked.Store(false)
 	var b [8]byte
-	unix.Read(s.ev, b[:])
+	rawsys.Read(s.ev, b[:])
 	return errInterrupted
 }
 
@@ -328,7 +330,7 @@ func (s *sock) Interrupt() {
 		return
 	}
 	s.kicked.Store(true)
-	unix.Write(s.ev, one[:])
+	rawsys.Write(s.ev, one[:])
 	s.leave()
 }
 
@@ -346,7 +348,7 @@ func (s *sock) Close() error {
 		return nil
 	}
 	s.kicked.Store(true)
-	unix.Write(s.ev, one[:])
+	rawsys.Write(s.ev, one[:])
 	return nil
 }
 
