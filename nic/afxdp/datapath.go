@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/icrc"
+	"github.com/softroce/softroce/internal/rawsys"
 	"github.com/softroce/softroce/nic"
 )
 
@@ -369,7 +370,7 @@ func (l *Link) rxReady(epfd uintptr) bool {
 	// Consume the epoll readiness so that the next packet makes a new edge
 	// for the runtime poller, then look once more for a packet that came
 	// in between.
-	unix.EpollWait(int(epfd), l.epEvents, 0)
+	rawsys.EpollNow(int(epfd), l.epEvents)
 	l.rxN = l.rxAll(l.rxPkts)
 	return l.rxN > 0
 }

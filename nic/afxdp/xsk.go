@@ -291,9 +291,10 @@ func (x *xsk) kick() error {
 func (x *xsk) txPending() bool { return x.tx.loadCons() != x.tx.loadProd() }
 
 // xskSendto is the TX kick (a variable so that tests can play a device
-// whose queue is full).
+// whose queue is full). It and wakeRx's call never block: raw, so that
+// they do not wake the runtime's monitor (internal/rawsys).
 var xskSendto = func(fd int) unix.Errno {
-	_, _, errno := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+	_, _, errno := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 	return errno
 }
 
@@ -301,7 +302,7 @@ var xskSendto = func(fd int) unix.Errno {
 // to be told.
 func (x *xsk) wakeRx() {
 	if x.fill.needWakeup() {
-		unix.Syscall6(unix.SYS_RECVFROM, uintptr(x.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(x.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 	}
 }
 
