@@ -296,6 +296,7 @@ func bucketOrder() []string {
 // eth0's packets, and the kernel profile's samples by function.
 type guestCost struct {
 	cpu      cpuStat
+	up       float64 // the guest's uptime over the runs, in USER_HZ ticks
 	tx, rx   int64
 	funcs    map[string]int64
 	profiled bool // the profile was read for every run counted
@@ -305,15 +306,16 @@ type guestCost struct {
 // costMark is a guest's counters at one moment.
 type costMark struct {
 	cpu    cpuStat
+	up     float64 // /proc/uptime in USER_HZ ticks
 	tx, rx int64
 	ok     bool
 }
 
-// markCost reads a guest's /proc/stat and eth0 packet counters in one
-// command; with reset it first zeroes the kernel profile (any write but
+// markCost reads a guest's /proc/stat, eth0 packet counters and uptime
+// in one command; with reset it first zeroes the kernel profile (any write but
 // one of exactly four bytes does; those set the timer multiplier).
 func markCost(ctx context.Context, g *rxevm.VM, reset bool) costMark {
-	cmd := "head -1 /proc/stat; cat /sys/class/net/eth0/statistics/tx_packets /sys/class/net/eth0/statistics/rx_packets"
+	cmd := "head -1 /proc/stat; cat /sys/class/net/eth0/statistics/tx_packets /sys/class/net/eth0/statistics/rx_packets /proc/uptime"
 	if reset {
 		cmd = "[ -e /proc/profile ] && echo reset > /proc/profile; " + cmd
 	}
@@ -326,16 +328,17 @@ func markCost(ctx context.Context, g *rxevm.VM, reset bool) costMark {
 
 func parseCostMark(out string) costMark {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) < 3 {
+	if len(lines) < 4 {
 		return costMark{}
 	}
 	cpu, ok := parseCPULine(lines[0])
 	tx, err1 := strconv.ParseInt(strings.TrimSpace(lines[1]), 10, 64)
 	rx, err2 := strconv.ParseInt(strings.TrimSpace(lines[2]), 10, 64)
-	if !ok || err1 != nil || err2 != nil {
+	up, err3 := strconv.ParseFloat(strings.Fields(lines[3] + " x")[0], 64)
+	if !ok || err1 != nil || err2 != nil || err3 != nil {
 		return costMark{}
 	}
-	return costMark{cpu: cpu, tx: tx, rx: rx, ok: true}
+	return costMark{cpu: cpu, up: up * userHZ, tx: tx, rx: rx, ok: true}
 }
 
 // readKernelProfile fetches a guest's /proc/profile (gzipped on the way:
@@ -390,6 +393,7 @@ func (c *guestCost) add(before, after costMark, funcs map[string]int64) {
 	c.cpu.irq += a.irq - b.irq
 	c.cpu.softirq += a.softirq - b.softirq
 	c.cpu.steal += a.steal - b.steal
+	c.up += after.up - before.up
 	c.tx += after.tx - before.tx
 	c.rx += after.rx - before.rx
 	if funcs == nil {
@@ -447,6 +451,13 @@ func costTable(names []string, costs []*guestCost, per []int64) string {
 	row("system", func(c *guestCost, p int64) string { return fmt.Sprintf("%.0f", ns(c.cpu.sys, p)) })
 	row("irq + softirq", func(c *guestCost, p int64) string { return fmt.Sprintf("%.0f", ns(c.cpu.irq+c.cpu.softirq, p)) })
 	row("idle", func(c *guestCost, p int64) string { return fmt.Sprintf("%.0f", ns(c.cpu.idle, p)) })
+	// Time in none of /proc/stat's categories: without a periodic tick
+	// and without precise interrupt time accounting, interrupt work
+	// on an idle CPU is neither idle nor counted.
+	row("in no /proc/stat category (uptime minus all)", func(c *guestCost, p int64) string {
+		cu := c.cpu
+		return fmt.Sprintf("%.0f", ns(c.up-(cu.user+cu.sys+cu.irq+cu.softirq+cu.idle+cu.steal), p))
+	})
 	row("kernel profile samples (idle ones)", func(c *guestCost, _ int64) string {
 		if !c.profiled {
 			return "-"
@@ -573,15 +584,16 @@ func TestKernelProfileBuckets(t *testing.T) {
 	// 7 system + 1 softirq ticks over 100 packets, 5 of the 33 samples
 	// that are not idle ICRC: 8 * 1e7 * 5/33 / 100 = 121212 ns.
 	c := &guestCost{}
-	c.add(costMark{ok: true}, costMark{cpu: cpuStat{user: 2, sys: 7, softirq: 1, idle: 5}, tx: 60, rx: 40, ok: true}, funcs)
+	c.add(costMark{ok: true, up: 100}, costMark{cpu: cpuStat{user: 2, sys: 7, softirq: 1, idle: 5}, up: 118, tx: 60, rx: 40, ok: true}, funcs)
 	tab := costTable([]string{"g"}, []*guestCost{c}, []int64{100})
 	for _, w := range []string{"| runs; eth0 packets sent / received | 1; 60 / 40 |", "| busy (user + system + irq + softirq) | 1000000 |",
-		"| kernel: ICRC (crc32_le) | 121212 |", "| kernel profile samples (idle ones) | 39 (6) |"} {
+		"| kernel: ICRC (crc32_le) | 121212 |", "| kernel profile samples (idle ones) | 39 (6) |",
+		"| in no /proc/stat category (uptime minus all) | 300000 |"} {
 		if !strings.Contains(tab, w) {
 			t.Errorf("table lacks %q:\n%s", w, tab)
 		}
 	}
-	if m := parseCostMark("cpu  10 0 20 30 0 1 2 0 0 0\n7\n9\n"); !m.ok || m.tx != 7 || m.rx != 9 || m.cpu.sys != 20 {
+	if m := parseCostMark("cpu  10 0 20 30 0 1 2 0 0 0\n7\n9\n1234.56 1000.00\n"); !m.ok || m.tx != 7 || m.rx != 9 || m.cpu.sys != 20 || m.up != 123456 {
 		t.Errorf("parseCostMark = %+v", m)
 	}
 }
@@ -656,6 +668,7 @@ func (c *guestCost) merge(o *guestCost) {
 	c.cpu.irq += o.cpu.irq
 	c.cpu.softirq += o.cpu.softirq
 	c.cpu.steal += o.cpu.steal
+	c.up += o.up
 	c.tx += o.tx
 	c.rx += o.rx
 	if c.funcs == nil {
