@@ -47,7 +47,7 @@ func parseKallsyms(s string) (*kernelSyms, error) {
 	k := &kernelSyms{}
 	for _, line := range strings.Split(s, "\n") {
 		f := strings.Fields(line)
-		if len(f) < 3 || len(f) > 3 {
+		if len(f) != 3 {
 			continue // blank, or a module's symbol
 		}
 		addr, err := strconv.ParseUint(f[0], 16, 64)
