@@ -49,7 +49,14 @@ const twoGuestPort = 4792
 //	                                   first word "alt" runs the binary
 //	                                   SOFTROCE_TWO_GUESTS_ALT_BIN names
 //	SOFTROCE_TWO_GUESTS_PROFILE=dir    write the guests' CPU profiles there
-//	                                   and log the guests' CPU use
+//	                                   and log the guests' CPU use; boot
+//	                                   the guests with profile=2 and log,
+//	                                   for rxe and every variant, both
+//	                                   guests' CPU per data packet split by
+//	                                   /proc/stat and by the guest kernel's
+//	                                   profile (guestcpu_test.go), and
+//	                                   write the kernel samples by
+//	                                   function there
 func TestNumbersTwoGuests(t *testing.T) {
 	needVM(t)
 	wall := time.Now()
@@ -59,9 +66,18 @@ func TestNumbersTwoGuests(t *testing.T) {
 	if err != nil {
 		t.Fatalf("build the rxe guest: %v", err)
 	}
+	profDir := os.Getenv("SOFTROCE_TWO_GUESTS_PROFILE")
 	// Two queue pairs on each guest's NIC: with one vCPU the guest uses
 	// one, and native XDP takes the other for its transmissions.
-	pair, err := rxevm.BootPair(ctx, img, rxevm.Options{MTU: 1500, NICQueues: 2, Log: os.Stderr})
+	opts := rxevm.Options{MTU: 1500, NICQueues: 2, Log: os.Stderr}
+	if profDir != "" {
+		// The kernel's tick profile of its own text, /proc/profile,
+		// one counter per 4 bytes; with the periodic tick also when
+		// idle, so that interrupt work on an idle vCPU (rxe's receive
+		// path) is sampled and counted in /proc/stat.
+		opts.Env = map[string]string{"profile": "2", "nohz": "off"}
+	}
+	pair, err := rxevm.BootPair(ctx, img, opts)
 	if err != nil {
 		t.Fatalf("boot two guests: %v", err)
 	}
@@ -80,7 +96,6 @@ func TestNumbersTwoGuests(t *testing.T) {
 	if alt := os.Getenv("SOFTROCE_TWO_GUESTS_ALT_BIN"); alt != "" {
 		shipSoftroceTo(t, ctx, alt, sr+"-alt", a, b)
 	}
-	profDir := os.Getenv("SOFTROCE_TWO_GUESTS_PROFILE")
 	rounds := 2
 	if n, err := strconv.Atoi(os.Getenv("SOFTROCE_TWO_GUESTS_ROUNDS")); err == nil && n > 0 {
 		rounds = n
@@ -104,6 +119,52 @@ func TestNumbersTwoGuests(t *testing.T) {
 	}
 	port := 18900
 	server, client := b, a
+	// costs[size][column][client, server]: guest CPU and packets of the
+	// runs, with the kernel profile if kallsyms could be read (see
+	// guestcpu_test.go).
+	var costs [][][2]*guestCost
+	var syms [2]*kernelSyms
+	if profDir != "" {
+		costs = make([][][2]*guestCost, len(sizes))
+		for si := range costs {
+			costs[si] = make([][2]*guestCost, 1+len(variants))
+			for col := range costs[si] {
+				costs[si][col] = [2]*guestCost{{}, {}}
+			}
+		}
+		for i, g := range []*rxevm.VM{client, server} {
+			k, err := fetchGzipped(ctx, g, "/proc/kallsyms")
+			if err == nil {
+				syms[i], err = parseKallsyms(string(k))
+			}
+			if err != nil {
+				t.Logf("no kernel profile for %s: %v", g.GuestAddr(), err)
+			}
+		}
+	}
+	// markRun and countRun bracket a run for costs.
+	markRun := func() [2]costMark {
+		if profDir == "" {
+			return [2]costMark{}
+		}
+		return [2]costMark{markCost(ctx, client, syms[0] != nil), markCost(ctx, server, syms[1] != nil)}
+	}
+	countRun := func(si, col int, before [2]costMark) {
+		if profDir == "" {
+			return
+		}
+		after := [2]costMark{markCost(ctx, client, false), markCost(ctx, server, false)}
+		for i, g := range []*rxevm.VM{client, server} {
+			var funcs map[string]int64
+			if syms[i] != nil {
+				var err error
+				if funcs, err = readKernelProfile(ctx, g, syms[i]); err != nil {
+					t.Logf("kernel profile of %s: %v", g.GuestAddr(), err)
+				}
+			}
+			costs[si][col][i].add(before[i], after[i], funcs)
+		}
+	}
 	for round := range rounds {
 		for si, sz := range sizes {
 			// Each round starts at another column, so that no run
@@ -113,6 +174,7 @@ func TestNumbersTwoGuests(t *testing.T) {
 				if col == 0 {
 					rxeBefore := [2]map[string]int64{guestRxeCounters(ctx, client), guestRxeCounters(ctx, server)}
 					netBefore := takeNetSnapshot(ctx, client, server)
+					costBefore := markRun()
 					res, _, _, err := retryOnce(t, &port, sz.bytes, sz.iters, func(port int) (rxevm.BWResult, string, string, error) {
 						args := fmt.Sprintf("-s %d -n %d -p %d", sz.bytes, sz.iters, port)
 						return runAcross(ctx, server, client,
@@ -122,6 +184,7 @@ func TestNumbersTwoGuests(t *testing.T) {
 					if err != nil {
 						t.Fatalf("round %d: rxe A -> rxe B, %d bytes: %v", round, sz.bytes, err)
 					}
+					countRun(si, 0, costBefore)
 					checkRow(t, res, sz.bytes, sz.iters)
 					results[si][0] = append(results[si][0], res.AvgBW)
 					after := guestRxeCounters(ctx, client)
@@ -139,6 +202,7 @@ func TestNumbersTwoGuests(t *testing.T) {
 				if profDir != "" {
 					before = [2]cpuStat{readCPU(ctx, client), readCPU(ctx, server)}
 				}
+				costBefore := markRun()
 				res, cout, sout, err := retryOnce(t, &port, sz.bytes, sz.iters, func(port int) (rxevm.BWResult, string, string, error) {
 					args := fmt.Sprintf("-s %d -n %d -p %d", sz.bytes, sz.iters, port)
 					sargs := fmt.Sprintf("%s --bind %s --udp-port %d --peer-udp-port %d --timeout 140s", args, server.GuestAddr(), twoGuestPort, twoGuestPort)
@@ -154,6 +218,7 @@ func TestNumbersTwoGuests(t *testing.T) {
 				if err != nil {
 					t.Fatalf("round %d: softroce A -> softroce B %q, %d bytes: %v", round, variant, sz.bytes, err)
 				}
+				countRun(si, col, costBefore)
 				checkRow(t, res, sz.bytes, sz.iters)
 				results[si][1+vi] = append(results[si][1+vi], res.AvgBW)
 				timeouts[si][1+vi] += qpTimeouts(cout)
@@ -199,6 +264,13 @@ func TestNumbersTwoGuests(t *testing.T) {
 	}
 	t.Logf("ib_write_bw defaults across two guests on one bridge (1 vCPU each, qemu TCG), netdev MTU 1500 (RoCE MTU 1024), softroce on UDP %d, %d round(s), wall time %s:\n%s",
 		twoGuestPort, rounds, time.Since(wall).Round(time.Second), table.String())
+	if profDir != "" {
+		labels := []string{"rxe"}
+		for _, v := range variants {
+			labels = append(labels, "softroce"+variantLabel(v))
+		}
+		logCosts(t, profDir, labels, func(si int) string { return fmt.Sprintf("%d bytes x %d", sizes[si].bytes, sizes[si].iters) }, costs)
+	}
 }
 
 // retryOnce runs fn on the next TCP port and, if it fails, once more on
@@ -401,13 +473,22 @@ type cpuStat struct{ user, sys, idle, irq, softirq, steal float64 }
 
 func readCPU(ctx context.Context, g *rxevm.VM) cpuStat {
 	out, err := g.Run(ctx, "head -1 /proc/stat")
-	f := strings.Fields(out)
-	if err != nil || len(f) < 9 || f[0] != "cpu" {
+	if err != nil {
 		return cpuStat{}
+	}
+	c, _ := parseCPULine(out)
+	return c
+}
+
+// parseCPULine parses /proc/stat's "cpu" line.
+func parseCPULine(line string) (cpuStat, bool) {
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return cpuStat{}, false
 	}
 	v := func(i int) float64 { x, _ := strconv.ParseFloat(f[i], 64); return x }
 	// user nice system idle iowait irq softirq steal
-	return cpuStat{user: v(1) + v(2), sys: v(3), idle: v(4) + v(5), irq: v(6), softirq: v(7), steal: v(8)}
+	return cpuStat{user: v(1) + v(2), sys: v(3), idle: v(4) + v(5), irq: v(6), softirq: v(7), steal: v(8)}, true
 }
 
 func (c cpuStat) since(b cpuStat) string {
