@@ -333,24 +333,10 @@ func (m *Multi) recvEachUntil(pkts []nic.Packet, deliver func(n int), stop func(
 		// Bound once: closures per call would allocate.
 		e.m, e.fn, e.gotFn = m, e.step, e.got
 	}
-	for {
-		if stop != nil && stop() {
-			return nil
-		}
-		var err error
-		if kernel {
-			err = m.ep.ReadKernel(e.fn)
-		} else {
-			err = m.ep.Read(e.fn)
-		}
-		if err == nil && e.fail == nil && e.stopped {
-			return nil
-		}
-		if err == errInterrupted {
-			continue // Interrupt: ask stop
-		}
+	if done, err := m.ep.waitEach(e.fn, stop, kernel, &e.stopped, &e.fail); !done {
 		return m.recvErr(err, e.fail)
 	}
+	return nil
 }
 
 // multiEach is Multi.RecvEachUntil's state (under rxMu).

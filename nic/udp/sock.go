@@ -250,6 +250,30 @@ func (s *sock) pollStep(uintptr) bool {
 	return s.pollF(uintptr(s.fd))
 }
 
+// waitEach is RecvEachUntil's wait loop on s (Link's socket or Multi's
+// epoll set): it waits with fn, a receive loop that sets *stopped or
+// *fail when it returns true, asking stop before each wait; an Interrupt
+// only makes it ask again. done reports a clean end (stop, or the loop
+// stopped); otherwise err is the wait's error (nil if the loop failed).
+func (s *sock) waitEach(fn func(uintptr) bool, stop func() bool, kernel bool, stopped *bool, fail *error) (done bool, err error) {
+	for {
+		if stop != nil && stop() {
+			return true, nil
+		}
+		if kernel {
+			err = s.ReadKernel(fn)
+		} else {
+			err = s.Read(fn)
+		}
+		if err == nil && *fail == nil && *stopped {
+			return true, nil
+		}
+		if err != errInterrupted {
+			return false, err
+		}
+	}
+}
+
 // interrupted consumes an Interrupt (or reports the Close).
 func (s *sock) interrupted() error {
 	if s.isClosed() {

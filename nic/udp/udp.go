@@ -751,30 +751,17 @@ func (l *Link) recvEachUntil(pkts []nic.Packet, deliver func(n int), stop func()
 	if e.fn == nil {
 		e.l, e.fn = l, e.step // bound once: a closure per call would allocate
 	}
-	for {
-		if stop != nil && stop() {
-			return nil
-		}
-		var err error
-		if kernel {
-			err = r.rc.ReadKernel(e.fn)
-		} else {
-			err = r.rc.Read(e.fn)
-		}
-		if err == nil && e.fail == nil && e.stopped {
-			return nil
-		}
-		if err == errInterrupted {
-			continue // Interrupt: ask stop
-		}
-		if err == nil {
-			err = e.fail
-		}
-		if l.closed.Load() || errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrClosed) {
-			return net.ErrClosed
-		}
-		return fmt.Errorf("udp: recvmmsg on %v: %w", l.local, err)
+	done, err := r.rc.waitEach(e.fn, stop, kernel, &e.stopped, &e.fail)
+	if done {
+		return nil
 	}
+	if err == nil {
+		err = e.fail
+	}
+	if l.closed.Load() || errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrClosed) {
+		return net.ErrClosed
+	}
+	return fmt.Errorf("udp: recvmmsg on %v: %w", l.local, err)
 }
 
 // eachLoop is RecvEachUntil's state (under rxMu).
