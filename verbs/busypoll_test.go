@@ -182,15 +182,7 @@ func (e *wcError) Error() string { return "send completed with " + e.wc.Status.S
 // goroutine, allocates nothing.
 func TestBusyPollRoundTripAllocs(t *testing.T) {
 	qa, qb, _, cb, b := busyPair(t, 8)
-	pda := qa.pd
-	buf := make([]byte, 64)
-	mr, err := pda.RegMR(buf, AccessLocalWrite|AccessRemoteWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, _ := qb.pd.RegMR(make([]byte, 64), AccessLocalWrite)
-	w := &SendWR{Opcode: WRRDMAWrite, Flags: SendSignaled, RemoteAddr: mr.Addr(), RKey: mr.RKey(),
-		SGL: []SGE{{Addr: src.Addr(), Length: 64, LKey: src.LKey()}}}
+	w := write64(t, qa, qb)
 	wcs := make([]cq.WC, 1)
 	round := func() {
 		if err := qb.PostSend(w); err != nil {
@@ -203,16 +195,7 @@ func TestBusyPollRoundTripAllocs(t *testing.T) {
 			t.Fatalf("write completed with %v", wcs[0].Status)
 		}
 	}
-	for i := 0; i < 20; i++ {
-		round()
-	}
-	before := b.drv.Stats().Inline
-	if a := testing.AllocsPerRun(50, round); a != 0 {
-		t.Fatalf("%v allocations per round trip, want 0", a)
-	}
-	if b.drv.Stats().Inline == before {
-		t.Fatal("no ACK was received on the polling goroutine")
-	}
+	roundTripAllocs(t, b, round, "the polling goroutine")
 }
 
 // TestBusyPollWakesWaitersOnOtherCQs: while a consumer spins on an empty

@@ -14,13 +14,7 @@ func TestInlineWaitRoundTripAllocs(t *testing.T) {
 	a, pa := openUDPDevice(t, nil)
 	b, pb := openUDPDevice(t, nil)
 	qa, qb, _, cb := connectRC(t, a, b, pa, pb, 8)
-	mr, err := qa.pd.RegMR(make([]byte, 64), AccessLocalWrite|AccessRemoteWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, _ := qb.pd.RegMR(make([]byte, 64), AccessLocalWrite)
-	w := &SendWR{Opcode: WRRDMAWrite, Flags: SendSignaled, RemoteAddr: mr.Addr(), RKey: mr.RKey(),
-		SGL: []SGE{{Addr: src.Addr(), Length: 64, LKey: src.LKey()}}}
+	w := write64(t, qa, qb)
 	wcs := make([]cq.WC, 1)
 	ctx := context.Background()
 	round := func() {
@@ -31,6 +25,25 @@ func TestInlineWaitRoundTripAllocs(t *testing.T) {
 			t.Fatalf("wait = %d, %v, status %v", n, err, wcs[0].Status)
 		}
 	}
+	roundTripAllocs(t, b, round, "the waiting goroutine")
+}
+
+// write64 is a signaled 64-byte WRITE from qb into a fresh MR of qa.
+func write64(t *testing.T, qa, qb *QP) *SendWR {
+	t.Helper()
+	mr, err := qa.pd.RegMR(make([]byte, 64), AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, _ := qb.pd.RegMR(make([]byte, 64), AccessLocalWrite)
+	return &SendWR{Opcode: WRRDMAWrite, Flags: SendSignaled, RemoteAddr: mr.Addr(), RKey: mr.RKey(),
+		SGL: []SGE{{Addr: src.Addr(), Length: 64, LKey: src.LKey()}}}
+}
+
+// roundTripAllocs warms round up, then fails if it allocates or if no
+// ACK was handled inline on b (by who, for the message).
+func roundTripAllocs(t *testing.T, b *Device, round func(), who string) {
+	t.Helper()
 	for i := 0; i < 20; i++ {
 		round()
 	}
@@ -39,6 +52,6 @@ func TestInlineWaitRoundTripAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per round trip, want 0", a)
 	}
 	if b.drv.Stats().Inline == before {
-		t.Fatal("no ACK was received by the waiting goroutine")
+		t.Fatalf("no ACK was received by %s", who)
 	}
 }
