@@ -1,0 +1,282 @@
+package netns
+
+import (
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/internal/netnstest"
+)
+
+// The RC-shaped floor: RC WRITE's datagrams on the wire with none of
+// softroce's work. A 64 KiB WRITE at path MTU 4096 is 16 packets: a
+// FIRST of 4128 bytes (BTH, RETH, payload, ICRC) and 15 MIDDLE and LAST
+// packets of 4112. 16 x 4112 would not fit one UDP datagram and FIRST is
+// longer than the rest, so nic/udp sends each WRITE as two messages of
+// one sendmmsg: FIRST alone and a 15-segment UDP_SEGMENT run. This
+// benchmark sends exactly that from blocking system calls, with zeroed
+// payloads (no BTH, no ICRC, no copy from an MR, no engine), into a
+// UDP_GRO receiver that reads with recvmmsg as the path limit does.
+//
+// acks=on adds RC's flow: at most rcShapeWindow WRITEs in flight, and the
+// receiver sends one 20-byte datagram (an ACK's size) after each batch
+// that completed a WRITE, which the sender waits for when its window is
+// full. Both threads then sleep and are woken as RC's do. acks=off is
+// the shape alone: the sender loops blindly, as the path limit's does.
+//
+// The path limit is measured on the same veth pair, half before and half
+// after; x-path is this floor's ratio to it. What RC WRITE loses against
+// this floor is softroce's own; what this floor loses against the path
+// limit comes with RC's packets and acknowledgements on this kernel.
+const (
+	rcShapeFirst  = 12 + 16 + 4096 + 4 // BTH, RETH, payload, ICRC
+	rcShapeMiddle = 12 + 4096 + 4      // BTH, payload, ICRC
+	rcShapeRun    = 15                 // MIDDLE and LAST packets per run
+	rcShapeWrite  = rcShapeFirst + rcShapeRun*rcShapeMiddle
+	rcShapeWindow = inFlight // WRITEs in flight, as BenchmarkRCWrite
+	rcShapeAckLen = 20       // BTH, AETH, ICRC
+	rcShapePort   = pathPort + 1
+)
+
+func BenchmarkRCShape(b *testing.B) {
+	netnstest.Require(b)
+	for _, acks := range []bool{false, true} {
+		b.Run("acks="+onOff(acks), func(b *testing.B) {
+			v := netnstest.Pair(b, netnstest.VethConfig{MTU: 9000, KeepTxChecksum: true})
+			s := newRCShape(b, v)
+			ref := startPathRef(b, v, int64(b.N)*writeSize)
+			b.SetBytes(writeSize)
+			b.ResetTimer()
+			c0 := procCPU()
+			el, nacks := s.run(b, b.N, acks)
+			cpu := procCPU() - c0
+			b.StopTimer()
+			g := float64(b.N) * writeSize * 8 / el.Seconds() / 1e9
+			b.ReportMetric(g, "Gbit/s")
+			cpuPerPkt := float64(cpu.Nanoseconds()) / float64(b.N*(1+rcShapeRun))
+			b.ReportMetric(cpuPerPkt, "cpu-ns/pkt")
+			ref.report(b, g, cpuPerPkt)
+			if acks {
+				b.ReportMetric(float64(nacks)/float64(b.N), "acks/op")
+			}
+		})
+	}
+}
+
+// rcShape is the floor's sockets and buffers: data from A to B, ACKs from
+// B to A, each way a blocking UDP socket at each end.
+type rcShape struct {
+	txData, rxData int // A's sender, B's receiver (UDP_GRO)
+	txAck, rxAck   int // B's ACK sender, A's ACK receiver
+	first, rest    []byte
+	ack            []byte
+	oob            []byte
+	dataDst        unix.RawSockaddrInet4
+	ackDst         unix.RawSockaddrInet4
+	whdrs          []unix.Mmsghdr // two per WRITE, rcShapeWindow WRITEs
+	wiovs          []unix.Iovec
+	rhdrs          []unix.Mmsghdr
+	riovs          []unix.Iovec
+	rbufs          []byte
+	ahdrs          []unix.Mmsghdr
+	aiovs          []unix.Iovec
+	abufs          []byte
+}
+
+func newRCShape(t testing.TB, v *netnstest.Veth) *rcShape {
+	s := &rcShape{txData: -1, rxData: -1, txAck: -1, rxAck: -1}
+	t.Cleanup(func() {
+		for _, fd := range []int{s.txData, s.rxData, s.txAck, s.rxAck} {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	})
+	open := func(e *netnstest.End, port int) (fd int) {
+		e.NS.Run(t, func() (err error) {
+			if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+				return err
+			}
+			return unix.Bind(fd, &unix.SockaddrInet4{Addr: e.Addr().As4(), Port: port})
+		})
+		return fd
+	}
+	s.txData, s.rxAck = open(v.A, rcShapePort), open(v.A, rcShapePort+1)
+	s.rxData, s.txAck = open(v.B, rcShapePort), open(v.B, rcShapePort+1)
+	for _, fd := range []int{s.txData, s.txAck} {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.SetsockoptInt(s.rxData, unix.SOL_UDP, unix.UDP_GRO, 1); err != nil {
+		t.Skipf("no UDP GRO: %v", err)
+	}
+	for _, o := range [][3]int{{s.txData, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}, {s.rxData, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}} {
+		if unix.SetsockoptInt(o[0], unix.SOL_SOCKET, o[1], 4<<20) != nil {
+			unix.SetsockoptInt(o[0], unix.SOL_SOCKET, o[2], 4<<20)
+		}
+	}
+	// A wait this long means the path is broken: fail, do not hang.
+	for _, fd := range []int{s.rxData, s.rxAck} {
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dst := func(e *netnstest.End, port int) unix.RawSockaddrInet4 {
+		a := unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: e.Addr().As4()}
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&a.Port))[:], uint16(port))
+		return a
+	}
+	s.dataDst, s.ackDst = dst(v.B, rcShapePort), dst(v.A, rcShapePort+1)
+	s.first, s.rest = make([]byte, rcShapeFirst), make([]byte, rcShapeRun*rcShapeMiddle)
+	s.ack = make([]byte, rcShapeAckLen)
+	s.oob = make([]byte, unix.CmsgSpace(2))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&s.oob[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	binary.NativeEndian.PutUint16(s.oob[unix.CmsgLen(0):], rcShapeMiddle)
+
+	s.whdrs, s.wiovs = make([]unix.Mmsghdr, 2*rcShapeWindow), make([]unix.Iovec, 2*rcShapeWindow)
+	for i := range s.whdrs {
+		m := &s.whdrs[i].Hdr
+		m.Name, m.Namelen = (*byte)(unsafe.Pointer(&s.dataDst)), unix.SizeofSockaddrInet4
+		m.Iov = &s.wiovs[i]
+		m.SetIovlen(1)
+		if i%2 == 0 {
+			s.wiovs[i].Base = &s.first[0]
+			s.wiovs[i].SetLen(len(s.first))
+		} else {
+			s.wiovs[i].Base = &s.rest[0]
+			s.wiovs[i].SetLen(len(s.rest))
+			m.Control = &s.oob[0]
+			m.SetControllen(len(s.oob))
+		}
+	}
+	s.rhdrs, s.riovs, s.rbufs = recvBatch(pathBatch, 1<<16)
+	s.ahdrs, s.aiovs, s.abufs = recvBatch(rcShapeWindow, 64)
+	return s
+}
+
+// recvBatch makes n receive headers, each with one buffer of size bytes.
+func recvBatch(n, size int) ([]unix.Mmsghdr, []unix.Iovec, []byte) {
+	hdrs, iovs, bufs := make([]unix.Mmsghdr, n), make([]unix.Iovec, n), make([]byte, n*size)
+	for i := range hdrs {
+		iovs[i].Base = &bufs[i*size]
+		iovs[i].SetLen(size)
+		hdrs[i].Hdr.Iov = &iovs[i]
+		hdrs[i].Hdr.SetIovlen(1)
+	}
+	return hdrs, iovs, bufs
+}
+
+// run moves n WRITEs' worth of datagrams and returns the time from the
+// first send until the receiver has them all, and the ACKs the receiver
+// sent.
+func (s *rcShape) run(t testing.TB, n int, acks bool) (el time.Duration, nacks int) {
+	var wg sync.WaitGroup
+	var stop atomic.Bool // the receiver has had n WRITEs (acks=off)
+	var rerr error
+	var done int // WRITEs the receiver completed (after wg.Wait)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer stop.Store(true)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		var bytes int64
+		for done < n {
+			k, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(s.rxData), uintptr(unsafe.Pointer(&s.rhdrs[0])), uintptr(len(s.rhdrs)), unix.MSG_WAITFORONE, 0, 0)
+			if e == unix.EINTR {
+				continue
+			}
+			if e != 0 {
+				rerr = fmt.Errorf("receiver: recvmmsg: %w after %d WRITEs", e, done)
+				return
+			}
+			for i := range int(k) {
+				bytes += int64(s.rhdrs[i].Len)
+			}
+			if now := int(bytes / rcShapeWrite); now > done {
+				done = now
+				if acks {
+					binary.NativeEndian.PutUint64(s.ack, uint64(done))
+					nacks++
+					if err := unix.Sendto(s.txAck, s.ack, 0, &unix.SockaddrInet4{Addr: s.ackDst.Addr, Port: rcShapePort + 1}); err != nil {
+						rerr = fmt.Errorf("receiver: ACK: %w", err)
+						return
+					}
+				}
+			}
+		}
+	}()
+
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	start := time.Now()
+	sent, acked := 0, 0
+	var serr error
+	for acks && sent < n || !acks && !stop.Load() {
+		// Without ACKs the sender loops until the receiver has had n
+		// WRITEs: what the receiver's queue drops is not counted.
+		k := rcShapeWindow
+		if acks {
+			k = min(n-sent, rcShapeWindow-(sent-acked))
+		}
+		if k > 0 {
+			m, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(s.txData), uintptr(unsafe.Pointer(&s.whdrs[0])), uintptr(2*k), 0, 0, 0)
+			if e != 0 && e != unix.ENOBUFS && e != unix.EINTR {
+				serr = fmt.Errorf("sender: sendmmsg: %w", e)
+				break
+			}
+			if e == 0 {
+				sent += int(m) / 2 // a FIRST sent without its run is sent again whole
+			}
+			if !acks {
+				continue
+			}
+		}
+		if sent-acked < rcShapeWindow {
+			continue
+		}
+		m, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(s.rxAck), uintptr(unsafe.Pointer(&s.ahdrs[0])), uintptr(len(s.ahdrs)), unix.MSG_WAITFORONE, 0, 0)
+		if e == unix.EINTR {
+			continue
+		}
+		if e != 0 {
+			serr = fmt.Errorf("sender: ACK recvmmsg: %w after %d WRITEs, %d acknowledged", e, sent, acked)
+			break
+		}
+		for i := range int(m) {
+			acked = max(acked, int(binary.NativeEndian.Uint64(s.abufs[i*64:])))
+		}
+	}
+	if serr != nil {
+		// Whatever the receiver still waits for will not come.
+		unix.Shutdown(s.rxData, unix.SHUT_RD)
+	}
+	wg.Wait()
+	el = time.Since(start)
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	// Drain what is left, so the next round starts empty.
+	for _, fd := range []int{s.rxData, s.rxAck} {
+		for {
+			_, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&s.rhdrs[0])), uintptr(len(s.rhdrs)), unix.MSG_DONTWAIT, 0, 0)
+			if e != 0 && e != unix.EINTR {
+				break
+			}
+		}
+	}
+	return el, nacks
+}
