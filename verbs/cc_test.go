@@ -87,10 +87,12 @@ func TestCCOptions(t *testing.T) {
 // TestCCBottleneck: a device with DCQCN sending through a 100 Mb/s
 // ECN-marking bottleneck on the wall clock: the receiver answers marks
 // with CNPs, the sender cuts its rate, nothing is dropped, every WRITE
-// completes.
+// completes. The queue holds one requester window (512 KiB at path MTU
+// 1024): the QP's first window reaches the queue whole before any CNP
+// can come back through it (the queue peaks at the window's size).
 func TestCCBottleneck(t *testing.T) {
 	la, lb := pipe.New(pipe.Config{MTU: 1500, Depth: 4096})
-	neck, err := congest.Wrap(la, congest.Config{Rate: 100e6, Queue: 256 << 10, Kmin: 8 << 10, Kmax: 64 << 10, Pmax: 1, Seed: 1})
+	neck, err := congest.Wrap(la, congest.Config{Rate: 100e6, Queue: 1 << 20, Kmin: 8 << 10, Kmax: 64 << 10, Pmax: 1, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,3 +49,28 @@ func TestAckReqEvery64(t *testing.T) {
 		t.Fatalf("%d ACKs, %d retransmissions; want 1..4 ACKs, none", acks, qps[0].Stats().Retransmits)
 	}
 }
+
+// TestRequesterWindow: with nothing acknowledged, the requester sends at
+// most 512 PSNs and at most 1 MiB of payload, then waits: 256 packets at
+// a path MTU of 4096, 512 at 1024 and at 256.
+func TestRequesterWindow(t *testing.T) {
+	for _, c := range []struct{ pmtu, want int }{{4096, 256}, {1024, 512}, {256, 512}} {
+		s := enginetest.NewSim(t, 1, enginetest.Impairment{Loss: 1}) // no packet arrives
+		qps := s.Connect(enginetest.QPOpts{PMTU: c.pmtu, Timeout: 14})
+		sent := map[uint32]bool{}
+		s.TraceSent(func(i int, pk *bth.Packet) {
+			if i == 0 {
+				sent[pk.BTH.PSN()] = true
+			}
+		})
+		const n = 4 << 20
+		lmr, _ := s.Reg(0, n)
+		rmr, _ := s.Reg(1, n)
+		enginetest.MustPost(t, qps[0], &wr.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+			SGL: []wr.SGE{{Addr: lmr.Addr(), Length: n, LKey: lmr.LKey()}}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()})
+		s.Pump(func() bool { return false }, time.Millisecond) // well within the 67 ms ACK timeout
+		if len(sent) != c.want || qps[0].Stats().Retransmits != 0 {
+			t.Errorf("path MTU %d: %d PSNs sent (%d retransmissions) before an ACK, want %d", c.pmtu, len(sent), qps[0].Stats().Retransmits, c.want)
+		}
+	}
+}

@@ -9,16 +9,28 @@ import (
 
 // Defaults follow rxe where IBTA leaves a choice.
 const (
-	// maxUnackedPSNs bounds the requester's window of unacknowledged PSNs
-	// (rxe: RXE_MAX_UNACKED_PSNS).
-	maxUnackedPSNs = 128
+	// maxUnackedPSNs and maxUnackedBytes bound the requester's window of
+	// unacknowledged packets: 512 PSNs, and no more than 1 MiB of payload
+	// (256 PSNs at a path MTU of 4096). rxe keeps 128 PSNs
+	// (RXE_MAX_UNACKED_PSNS); that window held the requester idle for
+	// ACKs, on a veth pair at MTU 4096 (512 KiB) and across two guests
+	// at MTU 1024 (128 KiB): docs/performance.md, "The requester's
+	// window". The bytes bound keeps what several QPs have in flight
+	// within a receiver's socket buffer.
+	maxUnackedPSNs  = 512
+	maxUnackedBytes = 1 << 20
 	// ackReqEvery sets AckReq inside long messages so the window keeps
-	// moving: every 64th packet, as rxe does, two per window of
-	// maxUnackedPSNs. Each ACK costs the responder a send and its guest
-	// kernel's receive work for what arrived meanwhile; every 32nd doubled
-	// the ACKs of a 64 KiB message and was slower across two guests.
+	// moving: every 64th packet, as rxe does. Each ACK costs the responder
+	// a send and its guest kernel's receive work for what arrived
+	// meanwhile; every 32nd doubled the ACKs of a 64 KiB message and was
+	// slower across two guests.
 	ackReqEvery = 64
 )
+
+// unackedWindow is the requester's window in PSNs at path MTU pmtu.
+func unackedWindow(pmtu int) int {
+	return min(maxUnackedPSNs, maxUnackedBytes/max(pmtu, 1))
+}
 
 // transmit is the requester: it sends new and go-back-N packets from the
 // send queue until the budget, the PSN window or max_rd_atomic stops it.
@@ -28,6 +40,7 @@ func (qp *rcQP) transmit(budget int) bool {
 		return true
 	}
 	pmtu := qp.Attr.PMTU
+	window := unackedWindow(pmtu)
 	for qp.Batched() < budget {
 		if qp.SQSendOff >= qp.SQCount {
 			return true
@@ -69,7 +82,7 @@ func (qp *rcQP) transmit(budget int) bool {
 			}
 		}
 		psn := bth.PSNAdd(w.FirstPSN, qp.SQPkt)
-		if bth.PSNDiff(psn, qp.compPSN) >= maxUnackedPSNs {
+		if bth.PSNDiff(psn, qp.compPSN) >= window {
 			return true // window full: an ACK reopens it
 		}
 		if !qp.PaceReady() {
