@@ -377,3 +377,63 @@ func TestRawReassembledNotSplit(t *testing.T) {
 		t.Errorf("stats %+v %+v", st, ost)
 	}
 }
+
+// TestRawMergedSegmentIDs: a DF datagram of three 1040-byte RoCE packets
+// reaches the raw receiver as a NIC's GRO would merge them, under the
+// first packet's header (ID 7). Segments whose ICRC is right under the
+// counted-up ID (7, 8, 9) or the first one's (a sender with a fixed ID)
+// are fully verified; others (IDs that jump) are checked by solving for
+// the ID and counted partial; a corrupt one is dropped, the rest kept.
+func TestRawMergedSegmentIDs(t *testing.T) {
+	h := newHdrincl(t)
+	ad := netip.MustParseAddr("127.0.0.1")
+	b, err := Open(Config{Addr: ad, Port: freePort(t, ad), MTU: 1500, IPv4Check: IPv4CheckRaw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r := rand.New(rand.NewPCG(3, 4))
+	const size = 12 + 1024 + icrc.Len
+	for _, c := range []struct {
+		name         string
+		ids          [3]uint16
+		corrupt      int // segment to damage after its ICRC, or -1
+		verified     uint64
+		partial, bad uint64
+	}{
+		{"counting up", [3]uint16{7, 8, 9}, -1, 3, 0, 0},
+		{"fixed", [3]uint16{7, 7, 7}, -1, 3, 0, 0},
+		{"jumping", [3]uint16{7, 300, 301}, -1, 1, 2, 0},
+		{"corrupt", [3]uint16{7, 300, 301}, 1, 1, 1, 1},
+	} {
+		st0 := b.Stats()
+		roce := make([]byte, 0, 3*size)
+		for j := range 3 {
+			seg := roceBytes(r, size, uint32(j))
+			crc, _ := synthV4(h.src, b.LocalAddrPort(), c.ids[j], true, seg)
+			icrc.Put(seg, crc)
+			if j == c.corrupt {
+				seg[100] ^= 1
+			}
+			roce = append(roce, seg...)
+		}
+		d := h.datagram(b.LocalAddrPort(), c.ids[0], 0x40, nil, roce)
+		copy(d[28:], roce) // keep every segment's ICRC (datagram rewrote the last)
+		h.send(t, d)
+		want := 3 - int(c.bad)
+		in := recvN(t, b, packets(4, 1500), want)
+		for _, p := range in {
+			if p.N != size {
+				t.Errorf("%s: a %d-byte packet", c.name, p.N)
+			}
+		}
+		if c.name == "jumping" && (in[1].IPID != 300 || in[2].IPID != 301 || in[1].ICRC != nic.ICRCPartial || in[0].ICRC != nic.ICRCVerified) {
+			t.Errorf("%s: IDs %d %d %d, verdicts %v %v %v", c.name, in[0].IPID, in[1].IPID, in[2].IPID, in[0].ICRC, in[1].ICRC, in[2].ICRC)
+		}
+		st := b.Stats()
+		if st.RxICRCVerified-st0.RxICRCVerified != c.verified || st.RxICRCPartial-st0.RxICRCPartial != c.partial || st.RxICRCBad-st0.RxICRCBad != c.bad {
+			t.Errorf("%s: verified %d, partial %d, bad %d; want %d, %d, %d", c.name, st.RxICRCVerified-st0.RxICRCVerified,
+				st.RxICRCPartial-st0.RxICRCPartial, st.RxICRCBad-st0.RxICRCBad, c.verified, c.partial, c.bad)
+		}
+	}
+}
