@@ -52,7 +52,7 @@ func BenchmarkAccept(b *testing.B) {
 						copy(l.rx.header(0), d[:rawHdrLen])
 						copy(p.Buf, d[rawHdrLen:])
 						m, fl, _, _ := l.rx.message(0)
-						ok = l.acceptRaw(m, fl, l.rx.header(0), &p, 0)
+						ok = l.acceptRaw(m, fl, l.rx.header(0), &p)
 					} else {
 						copy(p.Buf, d[28:])
 						m, fl, src, oob := l.rx.message(0)

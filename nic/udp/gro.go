@@ -18,15 +18,10 @@ func (l *Link) setupOffload(cfg Config) error {
 	var gsoOK, groOK bool
 	err := l.sock.Control(func(fd uintptr) {
 		gsoOK = probeGSO(int(fd))
-		// With IPv4CheckRaw the UDP socket only holds the port, and
-		// its filter drops everything. Without UDP_GRO the kernel would
-		// first cut every super-packet that reaches it into packets,
-		// each run through the filter: 7% of an RC WRITE's CPU on a
-		// veth. With it, a NIC's GRO may also merge a real peer's
-		// packets before the raw socket sees them; drainRaw splits
-		// those and acceptRaw checks each segment (solving for its ID
-		// when the IDs do not count up).
-		if cfg.GRO != OffloadOff {
+		// The raw socket of IPv4CheckRaw receives instead of the UDP
+		// socket: coalescing would only hide the IDs of real peers'
+		// packets from it.
+		if cfg.GRO != OffloadOff && !raw {
 			groOK = unix.SetsockoptInt(int(fd), unix.SOL_UDP, udpGRO, 1) == nil
 		}
 	})
@@ -263,7 +258,7 @@ func (l *Link) drainRaw(d []byte, flags int32, p *nic.Packet) bool {
 		if !l.take(p, d[rawHdrLen:]) {
 			return false
 		}
-		return l.acceptRaw(len(d), flags, d[:rawHdrLen], p, 0)
+		return l.acceptRaw(len(d), flags, d[:rawHdrLen], p)
 	}
 	payload := d[rawHdrLen:]
 	src := netip.AddrPortFrom(netip.AddrFrom4([4]byte(d[12:16])), binary.BigEndian.Uint16(d[20:]))
@@ -292,7 +287,7 @@ func (l *Link) drainRaw(d []byte, flags int32, p *nic.Packet) bool {
 	binary.BigEndian.PutUint16(h[2:], uint16(rawHdrLen+len(seg)))
 	binary.BigEndian.PutUint16(h[4:], base+uint16(j))
 	binary.BigEndian.PutUint16(h[24:], uint16(8+len(seg)))
-	return l.acceptRaw(rawHdrLen+len(seg), 0, h, p, j)
+	return l.acceptRaw(rawHdrLen+len(seg), 0, h, p)
 }
 
 // findSegment returns the segment size of a super-packet's payload: the

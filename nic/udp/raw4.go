@@ -79,15 +79,7 @@ func attachFilter(fd int, prog []bpf.RawInstruction) error {
 
 // acceptRaw fills p from datagram i of the raw socket (IPv4 header, UDP
 // header, payload) and verifies the ICRC over the header as received.
-//
-// j > 0 is segment j of a split datagram, whose header is the first
-// segment's with the ID counted up by j (see drainRaw).
-// If the ICRC is wrong under that ID, the segment may come from packets
-// a receiving NIC's GRO merged, whose IDs need not count up: the ID is
-// then solved for. An ID equal to the first segment's (a sender with a
-// fixed ID) is as strong a check as the full one; any other leaves the
-// 16 bits of the unprivileged check, and the packet is counted partial.
-func (l *Link) acceptRaw(n int, flags int32, h []byte, p *nic.Packet, j int) bool {
+func (l *Link) acceptRaw(n int, flags int32, h []byte, p *nic.Packet) bool {
 	if flags&unix.MSG_TRUNC != 0 {
 		l.rxTruncated.Add(1)
 		return false
@@ -138,35 +130,19 @@ func (l *Link) acceptRaw(n int, flags int32, h []byte, p *nic.Packet, j int) boo
 		l.rxMalformed.Add(1)
 		return false
 	}
-	id, verdict := binary.BigEndian.Uint16(ip[4:]), nic.ICRCVerified
 	if crc != icrc.Wire(roce) {
-		if j == 0 {
-			l.rxBad.Add(1)
-			return false
-		}
-		solved, ok, err := solveV4(src, dst, ip[6]&0x40 != 0, roce)
-		if err != nil || !ok {
-			l.rxBad.Add(1)
-			return false
-		}
-		if solved != id-uint16(j) {
-			verdict = nic.ICRCPartial
-		}
-		id = solved
+		l.rxBad.Add(1)
+		return false
 	}
 	p.N = len(roce)
 	p.Remote = src
 	p.Local = dst.Addr()
 	p.SrcPort = 0
-	p.ICRC = verdict
+	p.ICRC = nic.ICRCVerified
 	// The header as received, for a UD receiver's GRH (which holds a
 	// 20-byte header only).
-	p.IPKnown, p.HopLimit, p.TClass, p.IPID, p.FlowLabel = ihl == 20, ip[8], ip[1], id, 0
-	if verdict == nic.ICRCVerified {
-		l.rxVerified.Add(1)
-	} else {
-		l.rxPartial.Add(1)
-	}
+	p.IPKnown, p.HopLimit, p.TClass, p.IPID, p.FlowLabel = ihl == 20, ip[8], ip[1], binary.BigEndian.Uint16(ip[4:]), 0
+	l.rxVerified.Add(1)
 	l.rxPackets.Add(1)
 	l.rxBytes.Add(uint64(p.N))
 	return true

@@ -682,7 +682,7 @@ func (l *Link) acceptBatch(pkts []nic.Packet, n int) int {
 		var ok bool
 		m, flags, src, oob := l.rx.message(i)
 		if l.raw != nil {
-			ok = l.acceptRaw(m, flags, l.rx.header(i), &pkts[i], 0)
+			ok = l.acceptRaw(m, flags, l.rx.header(i), &pkts[i])
 		} else {
 			ok = l.accept(m, flags, src, oob, &pkts[i])
 		}
