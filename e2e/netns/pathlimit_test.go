@@ -53,52 +53,11 @@ type pathLimit struct {
 // UDP_GRO and a 4 MiB buffer (as nic/udp's in the benchmarks). It skips
 // when the kernel has no UDP GSO/GRO.
 func newPathLimit(t testing.TB, v *netnstest.Veth) *pathLimit {
-	p := &pathLimit{tx: -1, rx: -1}
-	t.Cleanup(func() {
-		for _, fd := range []int{p.tx, p.rx} {
-			if fd >= 0 {
-				unix.Close(fd)
-			}
-		}
-	})
-	open := func(e *netnstest.End) (fd int) {
-		e.NS.Run(t, func() (err error) {
-			if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
-				return err
-			}
-			return unix.Bind(fd, &unix.SockaddrInet4{Addr: e.Addr().As4(), Port: pathPort})
-		})
-		return fd
-	}
-	p.tx, p.rx = open(v.A), open(v.B)
-	if err := unix.SetsockoptInt(p.tx, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := unix.GetsockoptInt(p.tx, unix.SOL_UDP, unix.UDP_SEGMENT); err != nil {
-		t.Skipf("no UDP GSO (UDP_SEGMENT): %v", err)
-	}
-	if err := unix.SetsockoptInt(p.rx, unix.SOL_UDP, unix.UDP_GRO, 1); err != nil {
-		t.Skipf("no UDP GRO: %v", err)
-	}
-	for _, o := range [][3]int{{p.tx, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}, {p.rx, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}} {
-		if unix.SetsockoptInt(o[0], unix.SOL_SOCKET, o[1], 4<<20) != nil {
-			unix.SetsockoptInt(o[0], unix.SOL_SOCKET, o[2], 4<<20)
-		}
-	}
-	// A receive that waits this long means the path is broken: fail,
-	// do not hang.
-	if err := unix.SetsockoptTimeval(p.rx, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5}); err != nil {
-		t.Fatal(err)
-	}
-
-	p.dst = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: v.B.Addr().As4()}
-	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&p.dst.Port))[:], pathPort)
+	p := &pathLimit{}
+	p.tx, p.rx = bulkPair(t, v, pathPort)
+	p.dst = sockaddr4(v.B, pathPort)
 	p.super = make([]byte, pathSegs*pathSize)
-	p.oob = make([]byte, unix.CmsgSpace(2))
-	h := (*unix.Cmsghdr)(unsafe.Pointer(&p.oob[0]))
-	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
-	h.SetLen(unix.CmsgLen(2))
-	binary.NativeEndian.PutUint16(p.oob[unix.CmsgLen(0):], pathSize)
+	p.oob = segmentControl(pathSize)
 	p.iov.Base = &p.super[0]
 	p.iov.SetLen(len(p.super))
 	p.msg.Name = (*byte)(unsafe.Pointer(&p.dst))
@@ -108,15 +67,83 @@ func newPathLimit(t testing.TB, v *netnstest.Veth) *pathLimit {
 	p.msg.Control = &p.oob[0]
 	p.msg.SetControllen(len(p.oob))
 
-	p.rhdrs, p.riovs = make([]unix.Mmsghdr, pathBatch), make([]unix.Iovec, pathBatch)
-	p.rbufs = make([]byte, pathBatch<<16)
-	for i := range p.rhdrs {
-		p.riovs[i].Base = &p.rbufs[i<<16]
-		p.riovs[i].SetLen(1 << 16)
-		p.rhdrs[i].Hdr.Iov = &p.riovs[i]
-		p.rhdrs[i].Hdr.SetIovlen(1)
-	}
+	p.rhdrs, p.riovs, p.rbufs = recvBatch(pathBatch, 1<<16)
 	return p
+}
+
+// bulkPair opens a blocking UDP socket on port at each end of v, closed
+// when t ends: tx at A with don't-fragment (IPv4 ID 0, as nic/udp sends)
+// and a 4 MiB send buffer, rx at B with UDP_GRO, a 4 MiB receive buffer
+// and a 5 s receive timeout. It skips when the kernel has no UDP GSO/GRO.
+func bulkPair(t testing.TB, v *netnstest.Veth, port int) (tx, rx int) {
+	tx, rx = udpSocket(t, v.A, port), udpSocket(t, v.B, port)
+	if err := unix.SetsockoptInt(tx, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.GetsockoptInt(tx, unix.SOL_UDP, unix.UDP_SEGMENT); err != nil {
+		t.Skipf("no UDP GSO (UDP_SEGMENT): %v", err)
+	}
+	if err := unix.SetsockoptInt(rx, unix.SOL_UDP, unix.UDP_GRO, 1); err != nil {
+		t.Skipf("no UDP GRO: %v", err)
+	}
+	for _, o := range [][3]int{{tx, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}, {rx, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}} {
+		if unix.SetsockoptInt(o[0], unix.SOL_SOCKET, o[1], 4<<20) != nil {
+			unix.SetsockoptInt(o[0], unix.SOL_SOCKET, o[2], 4<<20)
+		}
+	}
+	receiveTimeout(t, rx)
+	return tx, rx
+}
+
+// udpSocket opens a blocking UDP socket bound to e's address and port,
+// closed when t ends.
+func udpSocket(t testing.TB, e *netnstest.End, port int) (fd int) {
+	e.NS.Run(t, func() (err error) {
+		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		return unix.Bind(fd, &unix.SockaddrInet4{Addr: e.Addr().As4(), Port: port})
+	})
+	return fd
+}
+
+// receiveTimeout makes a receive on fd that waits 5 s fail: the path is
+// broken then, and the benchmark must not hang.
+func receiveTimeout(t testing.TB, fd int) {
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sockaddr4 is e's address and port for a msghdr's name.
+func sockaddr4(e *netnstest.End, port int) unix.RawSockaddrInet4 {
+	a := unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: e.Addr().As4()}
+	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&a.Port))[:], uint16(port))
+	return a
+}
+
+// segmentControl is a UDP_SEGMENT control message for segments of size
+// bytes.
+func segmentControl(size int) []byte {
+	oob := make([]byte, unix.CmsgSpace(2))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	binary.NativeEndian.PutUint16(oob[unix.CmsgLen(0):], uint16(size))
+	return oob
+}
+
+// recvBatch makes n receive headers, each with one buffer of size bytes.
+func recvBatch(n, size int) ([]unix.Mmsghdr, []unix.Iovec, []byte) {
+	hdrs, iovs, bufs := make([]unix.Mmsghdr, n), make([]unix.Iovec, n), make([]byte, n*size)
+	for i := range hdrs {
+		iovs[i].Base = &bufs[i*size]
+		iovs[i].SetLen(size)
+		hdrs[i].Hdr.Iov = &iovs[i]
+		hdrs[i].Hdr.SetIovlen(1)
+	}
+	return hdrs, iovs, bufs
 }
 
 // measure moves at least bytes of 4 KiB datagrams (rounded up to whole

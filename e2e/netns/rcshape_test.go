@@ -91,57 +91,14 @@ type rcShape struct {
 }
 
 func newRCShape(t testing.TB, v *netnstest.Veth) *rcShape {
-	s := &rcShape{txData: -1, rxData: -1, txAck: -1, rxAck: -1}
-	t.Cleanup(func() {
-		for _, fd := range []int{s.txData, s.rxData, s.txAck, s.rxAck} {
-			if fd >= 0 {
-				unix.Close(fd)
-			}
-		}
-	})
-	open := func(e *netnstest.End, port int) (fd int) {
-		e.NS.Run(t, func() (err error) {
-			if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
-				return err
-			}
-			return unix.Bind(fd, &unix.SockaddrInet4{Addr: e.Addr().As4(), Port: port})
-		})
-		return fd
-	}
-	s.txData, s.rxAck = open(v.A, rcShapePort), open(v.A, rcShapePort+1)
-	s.rxData, s.txAck = open(v.B, rcShapePort), open(v.B, rcShapePort+1)
-	for _, fd := range []int{s.txData, s.txAck} {
-		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := unix.SetsockoptInt(s.rxData, unix.SOL_UDP, unix.UDP_GRO, 1); err != nil {
-		t.Skipf("no UDP GRO: %v", err)
-	}
-	for _, o := range [][3]int{{s.txData, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}, {s.rxData, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}} {
-		if unix.SetsockoptInt(o[0], unix.SOL_SOCKET, o[1], 4<<20) != nil {
-			unix.SetsockoptInt(o[0], unix.SOL_SOCKET, o[2], 4<<20)
-		}
-	}
-	// A wait this long means the path is broken: fail, do not hang.
-	for _, fd := range []int{s.rxData, s.rxAck} {
-		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dst := func(e *netnstest.End, port int) unix.RawSockaddrInet4 {
-		a := unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: e.Addr().As4()}
-		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&a.Port))[:], uint16(port))
-		return a
-	}
-	s.dataDst, s.ackDst = dst(v.B, rcShapePort), dst(v.A, rcShapePort+1)
+	s := &rcShape{}
+	s.txData, s.rxData = bulkPair(t, v, rcShapePort)
+	s.txAck, s.rxAck = udpSocket(t, v.B, rcShapePort+1), udpSocket(t, v.A, rcShapePort+1)
+	receiveTimeout(t, s.rxAck)
+	s.dataDst, s.ackDst = sockaddr4(v.B, rcShapePort), sockaddr4(v.A, rcShapePort+1)
 	s.first, s.rest = make([]byte, rcShapeFirst), make([]byte, rcShapeRun*rcShapeMiddle)
 	s.ack = make([]byte, rcShapeAckLen)
-	s.oob = make([]byte, unix.CmsgSpace(2))
-	h := (*unix.Cmsghdr)(unsafe.Pointer(&s.oob[0]))
-	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
-	h.SetLen(unix.CmsgLen(2))
-	binary.NativeEndian.PutUint16(s.oob[unix.CmsgLen(0):], rcShapeMiddle)
+	s.oob = segmentControl(rcShapeMiddle)
 
 	s.whdrs, s.wiovs = make([]unix.Mmsghdr, 2*rcShapeWindow), make([]unix.Iovec, 2*rcShapeWindow)
 	for i := range s.whdrs {
@@ -162,18 +119,6 @@ func newRCShape(t testing.TB, v *netnstest.Veth) *rcShape {
 	s.rhdrs, s.riovs, s.rbufs = recvBatch(pathBatch, 1<<16)
 	s.ahdrs, s.aiovs, s.abufs = recvBatch(rcShapeWindow, 64)
 	return s
-}
-
-// recvBatch makes n receive headers, each with one buffer of size bytes.
-func recvBatch(n, size int) ([]unix.Mmsghdr, []unix.Iovec, []byte) {
-	hdrs, iovs, bufs := make([]unix.Mmsghdr, n), make([]unix.Iovec, n), make([]byte, n*size)
-	for i := range hdrs {
-		iovs[i].Base = &bufs[i*size]
-		iovs[i].SetLen(size)
-		hdrs[i].Hdr.Iov = &iovs[i]
-		hdrs[i].Hdr.SetIovlen(1)
-	}
-	return hdrs, iovs, bufs
 }
 
 // run moves n WRITEs' worth of datagrams and returns the time from the
