@@ -225,3 +225,18 @@ func (s *rcShape) run(t testing.TB, n int, acks bool) (el time.Duration, nacks i
 	}
 	return el, nacks
 }
+
+// TestRCShapeRuns runs the floor's exchange both ways on a veth pair:
+// every WRITE's bytes arrive, and with ACKs the receiver acknowledges at
+// least once and at most once per WRITE.
+func TestRCShapeRuns(t *testing.T) {
+	netnstest.Require(t)
+	s := newRCShape(t, netnstest.Pair(t, netnstest.VethConfig{MTU: 9000, KeepTxChecksum: true}))
+	const n = 300
+	if el, nacks := s.run(t, n, true); nacks < 1 || nacks > n || el <= 0 {
+		t.Errorf("acks=on: %d ACKs for %d WRITEs in %v", nacks, n, el)
+	}
+	if el, nacks := s.run(t, n, false); nacks != 0 || el <= 0 {
+		t.Errorf("acks=off: %d ACKs in %v", nacks, el)
+	}
+}
