@@ -7,7 +7,7 @@ import (
 	"github.com/softroce/softroce/wr"
 )
 
-// Defaults follow rxe where IBTA leaves a choice.
+// Defaults follow rxe where IBTA leaves a choice, but for the window.
 const (
 	// maxUnackedPSNs and maxUnackedBytes bound the requester's window of
 	// unacknowledged packets: 512 PSNs, and no more than 1 MiB of payload
